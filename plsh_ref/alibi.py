@@ -1,0 +1,203 @@
+"""ALiBi: slopes, token positions, the bias matrix and the kernel matrix ``L*``.
+
+Source: Press, Smith & Lewis, *Train Short, Test Long* (ICLR 2022), and SPEC section 1.
+The kernel-matrix view ``L*_ij = exp(-|p_i - p_j| / sigma)`` is the object of
+Wolfson & Wagner (2026), section 2; ``proofs_notes/softmax_bias_identity.md`` shows that
+softmax with the bias equals ``D^-1 (A o L*) V``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._validation import as_positions, check_int, check_sigma
+
+__all__ = [
+    "alibi_bias",
+    "alibi_slopes",
+    "causal_mask",
+    "default_positions",
+    "kernel_matrix",
+    "resolve_positions",
+    "sigma_from_slopes",
+]
+
+
+def _power_of_two_slopes(num_heads: int) -> np.ndarray:
+    h = np.arange(1, num_heads + 1, dtype=np.float64)
+    return np.exp2(-8.0 * h / num_heads)
+
+
+def alibi_slopes(num_heads: int) -> np.ndarray:
+    """ALiBi slopes ``m_h`` for ``num_heads`` heads, in head order (never sorted).
+
+    For a power of two ``H``: ``m_h = 2^(-8 (h+1) / H)``, ``h = 0..H-1``. Otherwise, with
+    ``c`` the largest power of two below ``H``, the slopes for ``c`` followed by the
+    first ``H - c`` entries of ``slopes(2c)[0::2]`` (Press et al.'s rule).
+
+    Parameters
+    ----------
+    num_heads : int
+        Number of attention heads, ``>= 1``.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, shape ``(num_heads,)``; units: inverse tokens.
+
+    Raises
+    ------
+    TypeError
+        If ``num_heads`` is not an integer.
+    ValueError
+        If ``num_heads < 1``.
+
+    Examples
+    --------
+    >>> alibi_slopes(6).tolist()
+    [0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]
+
+    References
+    ----------
+    Press et al. (2022), section 3 and their reference code; SPEC section 1.
+    """
+    num_heads = check_int("num_heads", num_heads, minimum=1)
+    if num_heads & (num_heads - 1) == 0:
+        return _power_of_two_slopes(num_heads)
+    c = 1 << (num_heads.bit_length() - 1)
+    extra = _power_of_two_slopes(2 * c)[0::2][: num_heads - c]
+    return np.concatenate([_power_of_two_slopes(c), extra])
+
+
+def sigma_from_slopes(slopes) -> np.ndarray:
+    """Length scales ``sigma_h = 1 / m_h`` (tokens), float64, same shape as ``slopes``.
+
+    Raises
+    ------
+    ValueError
+        If a slope is not finite and > 0 (argument name ``slopes``).
+    """
+    return 1.0 / check_sigma("slopes", slopes)
+
+
+def default_positions(n_q: int, n_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Default absolute positions: keys ``0..n_k-1``, queries aligned to the end.
+
+    ``p_query = n_k - n_q + (0..n_q-1)``, as FlashAttention aligns a short query block
+    against a KV cache. Positions may be negative when ``n_q > n_k``.
+
+    Returns
+    -------
+    (query_positions, key_positions) : tuple of numpy.ndarray
+        int64, shapes ``(n_q,)`` and ``(n_k,)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``n_q`` or ``n_k`` is not an integer ``>= 0``.
+    """
+    n_q = check_int("n_q", n_q, minimum=0)
+    n_k = check_int("n_k", n_k, minimum=0)
+    return (np.arange(n_q, dtype=np.int64) + (n_k - n_q), np.arange(n_k, dtype=np.int64))
+
+
+def resolve_positions(n_q: int, n_k: int, query_positions=None, key_positions=None
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """Explicit positions where given (validated, int64), defaults otherwise.
+
+    Raises
+    ------
+    TypeError
+        If positions are not integers.
+    ValueError
+        If their lengths differ from ``n_q``/``n_k`` or they are not one-dimensional.
+    """
+    default_q, default_k = default_positions(n_q, n_k)
+    qpos = default_q if query_positions is None else as_positions(
+        "query_positions", query_positions, length=n_q)
+    kpos = default_k if key_positions is None else as_positions(
+        "key_positions", key_positions, length=n_k)
+    return qpos, kpos
+
+
+def causal_mask(query_positions, key_positions) -> np.ndarray:
+    """Boolean admissibility ``p_key <= p_query``, shape ``(n_q, n_k)``."""
+    qpos = as_positions("query_positions", query_positions)
+    kpos = as_positions("key_positions", key_positions)
+    return kpos[None, :] <= qpos[:, None]
+
+
+def _distance(qpos: np.ndarray, kpos: np.ndarray) -> np.ndarray:
+    # Exact: int64 difference, then float64 (exact below 2**53).
+    return np.abs(qpos[:, None] - kpos[None, :]).astype(np.float64)
+
+
+def alibi_bias(slopes, query_positions, key_positions, *, causal: bool) -> np.ndarray:
+    """ALiBi bias ``B[h, i, j] = -m_h |p_i - p_j|`` (``-inf`` where causal forbids).
+
+    Parameters
+    ----------
+    slopes : array_like, shape ``(num_heads,)``
+        Positive slopes (inverse tokens).
+    query_positions, key_positions : array_like of int, shapes ``(n_q,)``, ``(n_k,)``
+    causal : bool
+        If true, entries with ``p_key > p_query`` are ``-inf``.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, shape ``(num_heads, n_q, n_k)``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On non-positive/non-finite slopes or non-integer positions.
+
+    References
+    ----------
+    SPEC section 1; Press et al. (2022).
+    """
+    m = check_sigma("slopes", slopes)
+    if m.ndim != 1:
+        raise ValueError(f"slopes: must be one-dimensional, got shape {m.shape}")
+    qpos = as_positions("query_positions", query_positions)
+    kpos = as_positions("key_positions", key_positions)
+    bias = -m[:, None, None] * _distance(qpos, kpos)[None]
+    if causal:
+        bias = np.where(causal_mask(qpos, kpos)[None], bias, -np.inf)
+    return bias
+
+
+def kernel_matrix(sigma, query_positions, key_positions, *, causal: bool = False) -> np.ndarray:
+    """Kernel matrix ``L*_ij = exp(-|p_i - p_j| / sigma)`` (times the causal 0/1 mask).
+
+    Parameters
+    ----------
+    sigma : float or array_like, shape ``(num_heads,)``
+        Length scale(s) in tokens, ``sigma = 1 / slope``, each > 0.
+    query_positions, key_positions : array_like of int, shapes ``(n_q,)``, ``(n_k,)``
+    causal : bool
+        Multiply by ``1[p_key <= p_query]``.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, shape ``(n_q, n_k)`` for scalar sigma, else ``(num_heads, n_q, n_k)``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        If sigma <= 0 or non-finite, or positions are not integers.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), section 2 (``L* = E[M(h)]``); SPEC section 1.
+    """
+    sig = check_sigma("sigma", sigma)
+    qpos = as_positions("query_positions", query_positions)
+    kpos = as_positions("key_positions", key_positions)
+    dist = _distance(qpos, kpos)
+    out = np.exp(-dist / sig[..., None, None])
+    if causal:
+        out = out * causal_mask(qpos, kpos)
+    return out

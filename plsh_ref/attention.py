@@ -1,0 +1,322 @@
+"""Float64 reference attention: exact ALiBi, PLSH (two algorithms), and the baselines.
+
+All functions take the ``(batch, num_heads, seq_len, head_dim)`` layout of
+``torch.nn.functional.scaled_dot_product_attention`` and return ``(output, lse)``:
+
+* ``output``: float64, ``(batch, num_heads, n_q, head_dim_v)``;
+* ``lse``: float64, ``(batch, num_heads, n_q)``, ``log sum_j A_ij W_ij`` (natural log)
+  with ``A_ij = exp(scale q_i . k_j)`` and ``W`` the kernel/weight matrix. A row with no
+  admissible key has output 0 and ``lse = -inf`` (never NaN).
+
+Softmax with an additive bias ``B`` equals ``D^-1 (A o exp(B)) V`` with
+``D = diag((A o exp(B)) 1)``: ``proofs_notes/softmax_bias_identity.md``. Exact ALiBi uses
+``W = L*``; PLSH attention (Wolfson & Wagner 2026, Theorem 2.2) uses ``W = M~ = C / s``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._validation import as_float_array, check_int, check_positive_float, check_sigma
+from .alibi import alibi_bias, alibi_slopes, resolve_positions
+from .partition import PartitionSample, bins, counts
+
+__all__ = [
+    "alibi_attention",
+    "biased_attention",
+    "fixed_block_attention",
+    "no_bias_attention",
+    "plsh_attention",
+    "validate_qkv",
+]
+
+
+def validate_qkv(query, key, value):
+    """Validate and convert ``query``, ``key``, ``value`` to float64 arrays.
+
+    Parameters
+    ----------
+    query : array_like, ``(batch, num_heads, n_q, head_dim)``
+    key : array_like, ``(batch, num_heads_kv, n_k, head_dim)``
+    value : array_like, ``(batch, num_heads_kv, n_k, head_dim_v)``
+        ``num_heads % num_heads_kv == 0`` (grouped-query attention).
+
+    Returns
+    -------
+    (query, key, value) : tuple of numpy.ndarray
+        float64 copies/views.
+
+    Raises
+    ------
+    TypeError
+        If an input is not a real numeric array.
+    ValueError
+        On wrong rank, NaN/inf, or inconsistent batch, head, length or head_dim.
+    """
+    q = as_float_array("query", query, ndim=4)
+    k = as_float_array("key", key, ndim=4)
+    v = as_float_array("value", value, ndim=4)
+    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
+        raise ValueError(f"key: batch sizes differ: query {q.shape[0]}, key {k.shape[0]}, "
+                         f"value {v.shape[0]}")
+    if k.shape[3] != q.shape[3]:
+        raise ValueError(f"key: head_dim {k.shape[3]} differs from query head_dim {q.shape[3]}")
+    if v.shape[1] != k.shape[1] or v.shape[2] != k.shape[2]:
+        raise ValueError(f"value: (num_heads_kv, n_k) = {v.shape[1:3]} differs from key's "
+                         f"{k.shape[1:3]}")
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
+        raise ValueError(f"key: num_heads_kv={k.shape[1]} must divide num_heads={q.shape[1]}")
+    return q, k, v
+
+
+def _scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / np.sqrt(head_dim) if head_dim > 0 else 1.0
+    return check_positive_float("scale", scale)
+
+
+def _expand_kv(x: np.ndarray, num_heads: int) -> np.ndarray:
+    """Repeat kv heads so that query head h sees kv head h // group."""
+    return np.repeat(x, num_heads // x.shape[1], axis=1)
+
+
+def _softmax_with_log_weight(q, k, v, log_weight, scale):
+    """Stable ``softmax(scale q k^T + log_weight) v`` and its LSE; empty rows -> (0, -inf)."""
+    num_heads = q.shape[1]
+    k = _expand_kv(k, num_heads)
+    v = _expand_kv(v, num_heads)
+    logits = scale * np.einsum("bhid,bhjd->bhij", q, k) + log_weight
+    row_max = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
+    empty = ~np.isfinite(row_max)
+    shift = np.where(empty, 0.0, row_max)
+    p = np.exp(logits - shift)
+    z = p.sum(axis=-1, keepdims=True)
+    out = np.einsum("bhij,bhjd->bhid", p, v) / np.where(empty, 1.0, z)
+    out = np.where(empty, 0.0, out)
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, -np.inf, shift + np.log(np.where(empty, 1.0, z)))[..., 0]
+    return out, lse
+
+
+def _log(w: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore"):
+        return np.log(w)
+
+
+def biased_attention(query, key, value, bias, *, scale=None):
+    """Softmax attention with an additive bias: ``softmax(scale q k^T + bias) v``.
+
+    Parameters
+    ----------
+    query, key, value : array_like
+        See :func:`validate_qkv`.
+    bias : array_like, ``(num_heads, n_q, n_k)`` or ``(batch, num_heads, n_q, n_k)``
+        float64; ``-inf`` marks inadmissible pairs (NaN and ``+inf`` are refused).
+    scale : float, optional
+        Logit scale, default ``1 / sqrt(head_dim)``.
+
+    Returns
+    -------
+    (output, lse) : tuple of numpy.ndarray
+        float64, ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        See :func:`validate_qkv`; a bias of the wrong shape or holding NaN/``+inf``.
+
+    References
+    ----------
+    ``proofs_notes/softmax_bias_identity.md``.
+    """
+    q, k, v = validate_qkv(query, key, value)
+    b = as_float_array("bias", bias, ndim=(3, 4), finite=False)
+    if np.any(np.isnan(b)) or np.any(b == np.inf):
+        raise ValueError("bias: contains NaN or +inf (use -inf for masked pairs)")
+    want = (q.shape[1], q.shape[2], k.shape[2])
+    if b.shape[-3:] != want or (b.ndim == 4 and b.shape[0] != q.shape[0]):
+        raise ValueError(f"bias: shape {b.shape} does not match (num_heads, n_q, n_k) = {want}")
+    if b.ndim == 3:
+        b = b[None]
+    return _softmax_with_log_weight(q, k, v, b, _scale(scale, q.shape[3]))
+
+
+def _resolve_slopes(slopes, num_heads: int) -> np.ndarray:
+    if slopes is None:
+        return alibi_slopes(num_heads)
+    m = check_sigma("slopes", slopes)
+    if m.shape != (num_heads,):
+        raise ValueError(f"slopes: must have shape ({num_heads},), got {m.shape}")
+    return m
+
+
+def alibi_attention(query, key, value, *, slopes=None, causal: bool = True, scale=None,
+                    query_positions=None, key_positions=None):
+    """Exact ALiBi attention in float64: ``softmax(scale q k^T - m_h |p_i - p_j|) v``.
+
+    Equal to ``T*_i = sum_j A_ij L*_ij v_j / sum_j A_ij L*_ij`` with
+    ``L*_ij = exp(-|p_i - p_j| / sigma_h)``.
+
+    Parameters
+    ----------
+    query, key, value : array_like
+        ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
+        ``(batch, num_heads_kv, n_k, head_dim_v)``; grouped-query heads allowed.
+    slopes : array_like, ``(num_heads,)``, optional
+        Positive slopes (inverse tokens); default :func:`plsh_ref.alibi.alibi_slopes`.
+    causal : bool
+        Mask keys with ``p_key > p_query``.
+    scale : float, optional
+        Logit scale, default ``1 / sqrt(head_dim)``.
+    query_positions, key_positions : array_like of int, optional
+        Absolute positions ``(n_q,)``, ``(n_k,)``; default keys ``0..n_k-1`` and queries
+        aligned to the end.
+
+    Returns
+    -------
+    (output, lse) : tuple of numpy.ndarray
+        float64 ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad shapes, NaN/inf, non-dividing head counts, non-positive slopes or scale,
+        non-integer positions.
+
+    References
+    ----------
+    Press et al. (2022); SPEC section 1.
+    """
+    q, k, v = validate_qkv(query, key, value)
+    m = _resolve_slopes(slopes, q.shape[1])
+    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
+    bias = alibi_bias(m, qpos, kpos, causal=causal)
+    return _softmax_with_log_weight(q, k, v, bias[None], _scale(scale, q.shape[3]))
+
+
+def no_bias_attention(query, key, value, *, causal: bool = True, scale=None,
+                      query_positions=None, key_positions=None):
+    """Baseline without positional bias: ``softmax(scale q k^T) v`` (causal mask optional).
+
+    Shapes, returns and errors as :func:`alibi_attention`. The paper's "no bias" baseline.
+    """
+    q, k, v = validate_qkv(query, key, value)
+    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
+    log_w = np.zeros((1, 1, q.shape[2], k.shape[2]))
+    if causal:
+        log_w = np.where(kpos[None, :] <= qpos[:, None], 0.0, -np.inf)[None, None]
+    return _softmax_with_log_weight(q, k, v, log_w, _scale(scale, q.shape[3]))
+
+
+def fixed_block_attention(query, key, value, block_size: int, *, causal: bool = True,
+                          scale=None, query_positions=None, key_positions=None):
+    """Baseline with fixed blocks: attend only within ``floor(p / block_size)`` bins.
+
+    The deterministic block-diagonal mask of the paper's "fixed blocks" baseline.
+
+    Parameters
+    ----------
+    block_size : int
+        Block length in tokens, ``>= 1``.
+
+    Other parameters, returns and errors as :func:`alibi_attention`.
+    """
+    block_size = check_int("block_size", block_size, minimum=1)
+    q, k, v = validate_qkv(query, key, value)
+    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
+    same = (qpos[:, None] // block_size) == (kpos[None, :] // block_size)
+    if causal:
+        same &= kpos[None, :] <= qpos[:, None]
+    log_w = np.where(same, 0.0, -np.inf)[None, None]
+    return _softmax_with_log_weight(q, k, v, log_w, _scale(scale, q.shape[3]))
+
+
+def _check_partition_heads(partition, num_heads: int) -> PartitionSample:
+    if not isinstance(partition, PartitionSample):
+        raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
+    if partition.num_heads != num_heads:
+        raise ValueError(f"partition: has {partition.num_heads} heads, query has {num_heads}")
+    return partition
+
+
+def plsh_attention(query, key, value, partition: PartitionSample, *, causal: bool = True,
+                   scale=None, query_positions=None, key_positions=None,
+                   method: str = "counts"):
+    """PLSH attention ``T~_i = sum_j A_ij M~_ij v_j / sum_j A_ij M~_ij`` in float64.
+
+    Parameters
+    ----------
+    query, key, value : array_like
+        As :func:`alibi_attention`.
+    partition : PartitionSample
+        ``num_heads`` must equal the query's; from :func:`plsh_ref.partition.draw_partition`.
+    causal, scale, query_positions, key_positions
+        As :func:`alibi_attention`.
+    method : {"counts", "reduction"}
+        ``"counts"``: softmax with bias ``log C_ij`` (one fused pass; SPEC section 3b).
+        ``"reduction"``: the paper's algorithm: for every sample, unbiased attention inside
+        each block, then the ``s`` partial results are merged by their numerators and
+        denominators (an LSE merge). Both compute the same function (to rounding).
+
+    Returns
+    -------
+    (output, lse) : tuple of numpy.ndarray
+        float64 ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``;
+        ``lse = log sum_j A_ij M~_ij``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`alibi_attention`; a partition with a different number of heads; an
+        unknown ``method``.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
+    """
+    q, k, v = validate_qkv(query, key, value)
+    partition = _check_partition_heads(partition, q.shape[1])
+    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
+    c = _scale(scale, q.shape[3])
+    if method == "counts":
+        w = counts(partition, qpos, kpos, causal=causal) / partition.num_samples
+        return _softmax_with_log_weight(q, k, v, _log(w)[None], c)
+    if method == "reduction":
+        return _reduction(q, k, v, partition, qpos, kpos, causal, c)
+    raise ValueError(f"method: must be 'counts' or 'reduction', got {method!r}")
+
+
+def _reduction(q, k, v, partition, qpos, kpos, causal, c):
+    """Paper's reduction: per sample, unbiased block attention; LSE-merge the samples."""
+    batch, num_heads, n_q, _ = q.shape
+    group = num_heads // k.shape[1]
+    s = partition.num_samples
+    bq, bk = bins(partition, qpos), bins(partition, kpos)
+    lse_t = np.full((s, batch, num_heads, n_q), -np.inf)
+    out_t = np.zeros((s, batch, num_heads, n_q, v.shape[3]))
+    for h in range(num_heads):
+        kq, kk, kv = q[:, h], k[:, h // group], v[:, h // group]
+        for t in range(s):
+            for b in np.unique(bq[h, t]):
+                iq = np.flatnonzero(bq[h, t] == b)
+                ik = np.flatnonzero(bk[h, t] == b)
+                if ik.size == 0:
+                    continue
+                log_w = np.zeros((iq.size, ik.size))
+                if causal:
+                    log_w = np.where(kpos[ik][None, :] <= qpos[iq][:, None], 0.0, -np.inf)
+                o, l = _softmax_with_log_weight(kq[:, None, iq], kk[:, None, ik],
+                                                kv[:, None, ik], log_w[None, None], c)
+                out_t[t, :, h][:, iq] = o[:, 0]
+                lse_t[t, :, h][:, iq] = l[:, 0]
+    # Merge: numerator_t = exp(lse_t) out_t, denominator_t = exp(lse_t); M~ = C / s.
+    row_max = np.max(lse_t, axis=0)
+    empty = ~np.isfinite(row_max)
+    shift = np.where(empty, 0.0, row_max)
+    wts = np.exp(lse_t - shift)
+    z = wts.sum(axis=0)
+    out = np.einsum("tbhi,tbhid->bhid", wts, out_t) / np.where(empty, 1.0, z)[..., None]
+    out = np.where(empty[..., None], 0.0, out)
+    with np.errstate(divide="ignore"):
+        lse = np.where(empty, -np.inf, shift + np.log(np.where(empty, 1.0, z)) - np.log(s))
+    return out, lse

@@ -1,0 +1,139 @@
+"""Attention at arbitrary precision with mpmath, for small inputs.
+
+The inputs (query, key, value, slopes, scale) are taken as the exact binary64 values
+they hold; every operation after that runs at ``dps`` decimal digits inside
+``mpmath.workdps``, which restores mpmath's global precision on exit, so the float64
+reference can be checked to its last few ulps. Cost: ``O(B H n_q n_k d)`` multiprecision
+operations; keep ``n <= 64``.
+
+Source: the definitions of SPEC sections 1 and 3; the identity of
+``proofs_notes/softmax_bias_identity.md``.
+"""
+
+from __future__ import annotations
+
+import mpmath
+import numpy as np
+
+from ._validation import check_int
+from .alibi import resolve_positions
+from .attention import _check_partition_heads, _resolve_slopes, _scale, validate_qkv
+from .partition import counts
+
+__all__ = ["alibi_attention_mp", "plsh_attention_mp", "weighted_attention_mp"]
+
+
+def _check_dps(dps) -> int:
+    return check_int("dps", dps, minimum=15)
+
+
+def weighted_attention_mp(query, key, value, weight, *, scale=None, dps: int = 30):
+    """``T_i = sum_j A_ij W_ij v_j / sum_j A_ij W_ij`` and ``lse_i = log sum_j A_ij W_ij``.
+
+    Parameters
+    ----------
+    query, key, value : array_like
+        ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
+        ``(batch, num_heads_kv, n_k, head_dim_v)``.
+    weight : callable or array_like
+        Non-negative weights ``(num_heads, n_q, n_k)`` as an array of floats, or a
+        callable ``weight(h, i, j) -> mpf`` evaluated at the working precision (used for
+        ``exp(-m_h |p_i - p_j|)``).
+    scale : float, optional
+        Default ``1 / sqrt(head_dim)`` rounded to binary64 (the float64 reference's value).
+    dps : int
+        Decimal digits, ``>= 15``.
+
+    Returns
+    -------
+    (output, lse) : tuple of numpy.ndarray of ``mpmath.mpf`` (dtype object)
+        Shapes ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``;
+        empty rows give 0 and ``-inf``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`plsh_ref.attention.validate_qkv`; ``dps < 15``; a weight array of the
+        wrong shape or with negative entries.
+    """
+    dps = _check_dps(dps)
+    q, k, v = validate_qkv(query, key, value)
+    batch, num_heads, n_q, head_dim = q.shape
+    n_k, dv = k.shape[2], v.shape[3]
+    group = num_heads // k.shape[1]
+    c = _scale(scale, head_dim)
+    if not callable(weight):
+        w_arr = np.asarray(weight, dtype=np.float64)
+        if w_arr.shape != (num_heads, n_q, n_k):
+            raise ValueError(f"weight: shape {w_arr.shape} must be {(num_heads, n_q, n_k)}")
+        if np.any(~np.isfinite(w_arr)) or np.any(w_arr < 0):
+            raise ValueError("weight: entries must be finite and >= 0")
+
+        def weight(h, i, j, _w=w_arr):
+            return mpmath.mpf(float(_w[h, i, j]))
+
+    out = np.empty((batch, num_heads, n_q, dv), dtype=object)
+    lse = np.empty((batch, num_heads, n_q), dtype=object)
+    with mpmath.workdps(dps):
+        cm = mpmath.mpf(c)
+        for b in range(batch):
+            for h in range(num_heads):
+                hk = h // group
+                for i in range(n_q):
+                    z = mpmath.mpf(0)
+                    num = [mpmath.mpf(0)] * dv
+                    for j in range(n_k):
+                        wij = weight(h, i, j)
+                        if wij == 0:
+                            continue
+                        dot = mpmath.fsum(mpmath.mpf(float(x)) * mpmath.mpf(float(y))
+                                          for x, y in zip(q[b, h, i], k[b, hk, j]))
+                        aw = mpmath.exp(cm * dot) * wij
+                        z += aw
+                        for e in range(dv):
+                            num[e] += aw * mpmath.mpf(float(v[b, hk, j, e]))
+                    if z == 0:
+                        out[b, h, i] = [mpmath.mpf(0)] * dv
+                        lse[b, h, i] = mpmath.ninf
+                    else:
+                        out[b, h, i] = [x / z for x in num]
+                        lse[b, h, i] = mpmath.log(z)
+    return out, lse
+
+
+def alibi_attention_mp(query, key, value, *, slopes=None, causal: bool = True, scale=None,
+                       query_positions=None, key_positions=None, dps: int = 30):
+    """Exact ALiBi attention at ``dps`` digits (same arguments as
+    :func:`plsh_ref.attention.alibi_attention`, plus ``dps``).
+
+    The weights ``exp(-m_h |p_i - p_j|)`` are evaluated at the working precision from the
+    binary64 slopes. Returns object arrays of ``mpmath.mpf``; raises as the float64 version
+    and on ``dps < 15``.
+    """
+    q, k, _ = validate_qkv(query, key, value)
+    m = _resolve_slopes(slopes, q.shape[1])
+    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
+
+    def weight(h, i, j):
+        if causal and kpos[j] > qpos[i]:
+            return mpmath.mpf(0)
+        return mpmath.exp(-mpmath.mpf(float(m[h])) * abs(int(qpos[i]) - int(kpos[j])))
+
+    return weighted_attention_mp(query, key, value, weight, scale=scale, dps=dps)
+
+
+def plsh_attention_mp(query, key, value, partition, *, causal: bool = True, scale=None,
+                      query_positions=None, key_positions=None, dps: int = 30):
+    """PLSH attention with weights ``M~ = C / s`` at ``dps`` digits (arguments as
+    :func:`plsh_ref.attention.plsh_attention`). Counts are exact integers; ``C / s`` is
+    formed at the working precision."""
+    q, k, _ = validate_qkv(query, key, value)
+    partition = _check_partition_heads(partition, q.shape[1])
+    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
+    cnt = counts(partition, qpos, kpos, causal=causal)
+    s = partition.num_samples
+
+    def weight(h, i, j):
+        return mpmath.mpf(int(cnt[h, i, j])) / s
+
+    return weighted_attention_mp(query, key, value, weight, scale=scale, dps=dps)

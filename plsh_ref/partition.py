@@ -1,0 +1,321 @@
+"""Positional LSH: random binning of token positions (SPEC section 2).
+
+One hash function for a head with length scale ``sigma`` draws a pitch
+``delta ~ Gamma(shape=2, scale=sigma)`` and an offset ``u ~ Uniform[0, delta)`` and maps a
+position ``p`` to ``bin(p) = floor((p - u) / delta)`` evaluated in IEEE binary64. The
+0/1 mask ``M(h)_ij = 1[bin(p_i) = bin(p_j)]`` is block diagonal with contiguous blocks and
+``E[M(h)] = L*`` exactly (Wolfson & Wagner 2026, section 2, after Rahimi & Recht 2007;
+derivation in ``proofs_notes/collision_probability.md``).
+
+A :class:`PartitionSample` holds ``pitch[H, s]`` and ``offset[H, s]``; every other
+quantity (bins, blocks, masks, counts, the empirical mean ``M~``) is a function of it and of
+the positions, so the reference and the fast path compute the same function when handed
+the same sample.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validation import as_float_array, as_positions, check_int, check_sigma
+
+__all__ = [
+    "PartitionSample",
+    "bins",
+    "block_sizes",
+    "blocks",
+    "counts",
+    "draw_partition",
+    "empirical_mean",
+    "head_rng",
+    "masks",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class PartitionSample:
+    """A sample of ``num_samples`` random binnings for each of ``num_heads`` heads.
+
+    Attributes
+    ----------
+    pitch : numpy.ndarray
+        float64, shape ``(num_heads, num_samples)``, each finite and > 0 (tokens).
+    offset : numpy.ndarray
+        float64, same shape, finite (tokens); drawn in ``[0, pitch)``.
+
+    Nothing downstream assumes the samples are independent: correlated samplers may
+    produce the same representation (SPEC section 2).
+
+    Raises
+    ------
+    ValueError
+        If the arrays are not two-dimensional with equal shapes, if a pitch is not
+        finite and > 0, or an offset is not finite.
+    TypeError
+        If they are not real numeric arrays.
+    """
+
+    pitch: np.ndarray
+    offset: np.ndarray
+
+    def __post_init__(self):
+        pitch = as_float_array("pitch", self.pitch, ndim=2)
+        offset = as_float_array("offset", self.offset, ndim=2)
+        if pitch.shape != offset.shape:
+            raise ValueError(f"offset: shape {offset.shape} differs from pitch shape {pitch.shape}")
+        if pitch.shape[1] < 1:
+            raise ValueError("pitch: needs at least one sample (num_samples >= 1)")
+        if np.any(pitch <= 0):
+            raise ValueError("pitch: every entry must be > 0")
+        pitch = np.array(pitch, dtype=np.float64, order="C")
+        offset = np.array(offset, dtype=np.float64, order="C")
+        pitch.flags.writeable = False
+        offset.flags.writeable = False
+        object.__setattr__(self, "pitch", pitch)
+        object.__setattr__(self, "offset", offset)
+
+    @property
+    def num_heads(self) -> int:
+        """Number of heads ``H``."""
+        return self.pitch.shape[0]
+
+    @property
+    def num_samples(self) -> int:
+        """Number of samples ``s`` per head."""
+        return self.pitch.shape[1]
+
+    def heads(self, start: int, stop: int | None = None) -> "PartitionSample":
+        """The sub-sample for heads ``start..stop-1`` (as :func:`draw_partition` with ``head_start``)."""
+        start = check_int("start", start, minimum=0)
+        stop = self.num_heads if stop is None else check_int("stop", stop, minimum=start + 1)
+        if stop > self.num_heads:
+            raise ValueError(f"stop: must be <= num_heads={self.num_heads}, got {stop}")
+        return PartitionSample(self.pitch[start:stop], self.offset[start:stop])
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, PartitionSample):
+            return NotImplemented
+        return (self.pitch.shape == other.pitch.shape
+                and np.array_equal(self.pitch, other.pitch)
+                and np.array_equal(self.offset, other.offset))
+
+    def __repr__(self) -> str:
+        return f"PartitionSample(num_heads={self.num_heads}, num_samples={self.num_samples})"
+
+    def save(self, path) -> None:
+        """Write ``pitch`` and ``offset`` to an ``.npz`` file (bit-exact round trip)."""
+        np.savez(path, pitch=self.pitch, offset=self.offset)
+
+    @classmethod
+    def load(cls, path) -> "PartitionSample":
+        """Read a sample written by :meth:`save`.
+
+        Raises
+        ------
+        ValueError
+            If the file lacks ``pitch`` or ``offset``.
+        """
+        with np.load(path) as data:
+            for key in ("pitch", "offset"):
+                if key not in data:
+                    raise ValueError(f"path: file has no array {key!r}")
+            return cls(data["pitch"], data["offset"])
+
+
+def head_rng(seed: int, head: int) -> np.random.Generator:
+    """The numpy ``Generator`` of global head ``head`` for ``seed``.
+
+    ``default_rng(SeedSequence(seed, spawn_key=(head,)))``: the same stream as the
+    ``head``-th child of ``SeedSequence(seed).spawn``, so heads can be drawn one at a time,
+    on different devices, in any order.
+    """
+    seed = check_int("seed", seed, minimum=0)
+    head = check_int("head", head, minimum=0)
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(head,)))
+
+
+def draw_partition(sigma, num_samples: int, seed: int | None = None, *,
+                   head_start: int = 0) -> PartitionSample:
+    """Draw a partition sample: pitch ``~ Gamma(2, scale=sigma_h)``, offset ``~ U[0, pitch)``.
+
+    Parameters
+    ----------
+    sigma : array_like, shape ``(num_heads,)``
+        Length scale of each head in tokens (``1 / slope``), each finite and > 0.
+    num_samples : int
+        ``s >= 1`` hash functions per head.
+    seed : int, optional
+        Non-negative seed. Global head ``head_start + h`` draws from
+        :func:`head_rng` ``(seed, head_start + h)``: ``pitch = rng.gamma(2.0, scale=sigma_h,
+        size=s)`` then ``offset = pitch * rng.random(s)``. ``None`` draws fresh OS entropy
+        (not reproducible).
+    head_start : int
+        Global index of the first head; slicing heads of a larger draw gives the same sample.
+
+    Returns
+    -------
+    PartitionSample
+        ``pitch`` and ``offset`` of shape ``(num_heads, num_samples)``, float64.
+
+    Raises
+    ------
+    ValueError
+        If ``sigma <= 0`` or non-finite, ``num_samples < 1``, ``seed < 0``, ``head_start < 0``.
+    TypeError
+        If ``num_samples``, ``seed`` or ``head_start`` are not integers.
+
+    References
+    ----------
+    Rahimi & Recht (2007), random binning features; Wolfson & Wagner (2026), section 2.
+    """
+    sig = check_sigma("sigma", sigma)
+    if sig.ndim != 1:
+        raise ValueError(f"sigma: must be one-dimensional (num_heads,), got shape {sig.shape}")
+    s = check_int("num_samples", num_samples, minimum=1)
+    head_start = check_int("head_start", head_start, minimum=0)
+    if seed is None:
+        seed = int(np.random.SeedSequence().generate_state(2, np.uint64)[0])
+    seed = check_int("seed", seed, minimum=0)
+    pitch = np.empty((sig.shape[0], s))
+    offset = np.empty((sig.shape[0], s))
+    for h, sigma_h in enumerate(sig):
+        rng = head_rng(seed, head_start + h)
+        pitch[h] = rng.gamma(2.0, scale=sigma_h, size=s)
+        offset[h] = pitch[h] * rng.random(s)
+    return PartitionSample(pitch, offset)
+
+
+def _check_partition(partition) -> PartitionSample:
+    if not isinstance(partition, PartitionSample):
+        raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
+    return partition
+
+
+def bins(partition: PartitionSample, positions) -> np.ndarray:
+    """Bin index ``floor((p - offset) / pitch)`` of every position under every hash.
+
+    The subtraction and the division are the correctly rounded binary64 operations of
+    IEEE 754 (numpy float64); this function is the definition that every fast path must
+    reproduce bit for bit (SPEC section 2).
+
+    Parameters
+    ----------
+    partition : PartitionSample
+    positions : array_like of int, shape ``(n,)``
+        Absolute token positions, ``|p| < 2**53``.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64, shape ``(num_heads, num_samples, n)``.
+
+    Raises
+    ------
+    TypeError
+        If ``partition`` is not a PartitionSample or positions are not integers.
+    ValueError
+        If positions are not one-dimensional.
+    """
+    partition = _check_partition(partition)
+    p = as_positions("positions", positions).astype(np.float64)
+    quotient = (p[None, None, :] - partition.offset[..., None]) / partition.pitch[..., None]
+    return np.floor(quotient).astype(np.int64)
+
+
+def blocks(partition: PartitionSample, positions, head: int, sample: int) -> list[np.ndarray]:
+    """The blocks of hash ``(head, sample)``: index arrays into ``positions``, one per bin.
+
+    Blocks are listed in increasing bin order; for sorted positions each block is a
+    contiguous run of indices.
+
+    Returns
+    -------
+    list of numpy.ndarray
+        int64 index arrays partitioning ``range(len(positions))``.
+    """
+    partition = _check_partition(partition)
+    head = check_int("head", head, minimum=0)
+    sample = check_int("sample", sample, minimum=0)
+    if head >= partition.num_heads:
+        raise ValueError(f"head: must be < num_heads={partition.num_heads}, got {head}")
+    if sample >= partition.num_samples:
+        raise ValueError(f"sample: must be < num_samples={partition.num_samples}, got {sample}")
+    b = bins(partition.heads(head, head + 1), positions)[0, sample]
+    order = np.argsort(b, kind="stable")
+    _, starts = np.unique(b[order], return_index=True)
+    return np.split(order, starts[1:]) if b.size else []
+
+
+def block_sizes(partition: PartitionSample, positions) -> list[list[np.ndarray]]:
+    """Sizes of the blocks of every hash, ``sizes[h][t]`` (int64, in bin order).
+
+    The nonzero spectrum of one mask ``M(h)`` is exactly this list (each all-ones block of
+    size ``k`` has the single nonzero eigenvalue ``k``).
+    """
+    partition = _check_partition(partition)
+    b = bins(partition, positions)
+    return [[np.unique(b[h, t], return_counts=True)[1] for t in range(b.shape[1])]
+            for h in range(b.shape[0])]
+
+
+def masks(partition: PartitionSample, query_positions, key_positions, *,
+          causal: bool = False) -> np.ndarray:
+    """All masks ``M(h_t)_ij = 1[bin_t(p_i) = bin_t(p_j)]`` (and ``p_j <= p_i`` if causal).
+
+    Returns
+    -------
+    numpy.ndarray
+        bool, shape ``(num_heads, num_samples, n_q, n_k)`` (memory ``H s n_q n_k`` bytes).
+    """
+    bq = bins(partition, query_positions)
+    bk = bins(partition, key_positions)
+    out = bq[..., :, None] == bk[..., None, :]
+    if causal:
+        qpos = as_positions("query_positions", query_positions)
+        kpos = as_positions("key_positions", key_positions)
+        out &= (kpos[None, :] <= qpos[:, None])
+    return out
+
+
+def counts(partition: PartitionSample, query_positions, key_positions, *,
+           causal: bool = False) -> np.ndarray:
+    """Collision counts ``C[h, i, j] = #{t : bin_t(p_i) = bin_t(p_j)}`` (0..s).
+
+    Parameters
+    ----------
+    partition : PartitionSample
+    query_positions, key_positions : array_like of int, shapes ``(n_q,)``, ``(n_k,)``
+    causal : bool
+        Zero the entries with ``p_key > p_query``.
+
+    Returns
+    -------
+    numpy.ndarray
+        int64, shape ``(num_heads, n_q, n_k)``. ``counts / num_samples`` is ``M~``.
+
+    References
+    ----------
+    SPEC sections 2-3 (``C = s M~``).
+    """
+    bq = bins(partition, query_positions)
+    bk = bins(partition, key_positions)
+    out = np.zeros((bq.shape[0], bq.shape[2], bk.shape[2]), dtype=np.int64)
+    for t in range(bq.shape[1]):
+        out += bq[:, t, :, None] == bk[:, t, None, :]
+    if causal:
+        qpos = as_positions("query_positions", query_positions)
+        kpos = as_positions("key_positions", key_positions)
+        out *= (kpos[None, :] <= qpos[:, None])
+    return out
+
+
+def empirical_mean(partition: PartitionSample, query_positions, key_positions, *,
+                   causal: bool = False) -> np.ndarray:
+    """Empirical mean ``M~ = (1/s) sum_t M(h_t)``, float64, shape ``(num_heads, n_q, n_k)``.
+
+    Unbiased for ``L*`` (``E[M~] = L*``) when the pitches/offsets are drawn by
+    :func:`draw_partition`; see ``proofs_notes/collision_probability.md``.
+    """
+    return counts(partition, query_positions, key_positions, causal=causal) / partition.num_samples

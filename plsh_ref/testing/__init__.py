@@ -1,0 +1,2 @@
+"""Validation toolkit for other people's kernels (Hypothesis strategies, tolerance rule,
+pytest plugin). See ``docs/validation.md``."""
