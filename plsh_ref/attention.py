@@ -216,18 +216,26 @@ def fixed_block_attention(query, key, value, block_size: int, *, causal: bool = 
 
     Parameters
     ----------
-    block_size : int
-        Block length in tokens, ``>= 1``.
+    block_size : int or sequence of int
+        Block length in tokens, ``>= 1``: one for all heads, or one per head
+        (length ``num_heads``).
 
     Other parameters, returns and errors as :func:`alibi_attention`.
     """
-    block_size = check_int("block_size", block_size, minimum=1)
     q, k, v = validate_qkv(query, key, value)
+    if np.ndim(block_size) == 0:
+        sizes = [check_int("block_size", block_size, minimum=1)] * q.shape[1]
+    else:
+        sizes = [check_int("block_size", b, minimum=1) for b in block_size]
+        if len(sizes) != q.shape[1]:
+            raise ValueError(f"block_size: needs {q.shape[1]} entries (one per head), "
+                             f"got {len(sizes)}")
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
-    same = (qpos[:, None] // block_size) == (kpos[None, :] // block_size)
+    size = np.asarray(sizes, dtype=np.int64)[:, None, None]
+    same = (qpos[None, :, None] // size) == (kpos[None, None, :] // size)
     if causal:
-        same &= kpos[None, :] <= qpos[:, None]
-    log_w = np.where(same, 0.0, -np.inf)[None, None]
+        same &= kpos[None, None, :] <= qpos[None, :, None]
+    log_w = np.where(same, 0.0, -np.inf)[None]
     return _softmax_with_log_weight(q, k, v, log_w, _scale(scale, q.shape[3]))
 
 

@@ -94,6 +94,18 @@ class PartitionSample:
             raise ValueError(f"stop: must be <= num_heads={self.num_heads}, got {stop}")
         return PartitionSample(self.pitch[start:stop], self.offset[start:stop])
 
+    def samples(self, start: int, stop: int | None = None) -> "PartitionSample":
+        """The sub-sample of hashes ``start..stop-1`` of every head.
+
+        Counts of disjoint sample ranges add up: ``counts(p) == counts(p.samples(0, k)) +
+        counts(p.samples(k))``, which lets experiments grow ``s`` incrementally.
+        """
+        start = check_int("start", start, minimum=0)
+        stop = self.num_samples if stop is None else check_int("stop", stop, minimum=start + 1)
+        if stop > self.num_samples:
+            raise ValueError(f"stop: must be <= num_samples={self.num_samples}, got {stop}")
+        return PartitionSample(self.pitch[:, start:stop], self.offset[:, start:stop])
+
     def __eq__(self, other) -> bool:
         if not isinstance(other, PartitionSample):
             return NotImplemented
