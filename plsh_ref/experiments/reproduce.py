@@ -1,0 +1,407 @@
+"""``plsh reproduce``: the paper's convergence experiment (the project's main job).
+
+Two parts, as in Wolfson & Wagner (2026), section 4 ("convergence"):
+
+1. **Kernel matrix.** For ``n`` aligned positions and each ``sigma``, the error
+   ``||M~ - L*||`` in spectral, max and Frobenius norm as the number of samples ``s``
+   grows, over independent repetitions, with the fitted log-log slope per sigma and norm
+   (Theorem 2.1 predicts ``s^(-1/2)``).
+2. **Attention output on real activations.** On the shipped query/key/value of a
+   pretrained transformer (``plsh_ref/data``; or ``--qkv FILE``) with the standard ALiBi
+   slopes inserted, causal: the error of PLSH attention against exact ALiBi attention
+   (max-abs and relative Frobenius) vs ``s``, beside the no-bias and fixed-block baselines
+   (Theorem 2.2).
+
+Within one repetition the ``s`` values are nested prefixes of one draw of
+``max(samples)`` hashes (a running average, as when a user increases ``s``);
+repetitions are independent draws. Every number is computed by this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.linalg
+
+from .._validation import check_int
+from ..alibi import alibi_slopes, kernel_matrix, sigma_from_slopes
+from ..attention import (alibi_attention, biased_attention, fixed_block_attention,
+                         no_bias_attention)
+from ..partition import counts, draw_partition
+
+__all__ = ["HELP", "add_arguments", "fit_loglog_slope", "matrix_error_experiment",
+           "output_error_experiment", "run"]
+
+HELP = ("The paper's convergence experiment: ||M~ - L*|| and the attention output error on "
+        "real activations vs the number of samples s.")
+
+NORMS = ("spectral", "max", "frobenius")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
+    return sorted(set(values))
+
+
+def _float_list(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
+    if not values or min(values) <= 0 or not all(np.isfinite(values)):
+        raise argparse.ArgumentTypeError(f"expected finite numbers > 0, got {text!r}")
+    return values
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the options of ``plsh reproduce`` on ``parser``."""
+    parser.add_argument("--n", type=int, default=1024,
+                        help="sequence length of the kernel-matrix part (default 1024)")
+    parser.add_argument("--sigmas", type=_float_list, default=[4.0, 16.0, 64.0],
+                        help="comma-separated length scales for the kernel-matrix part "
+                             "(default 4,16,64)")
+    parser.add_argument("--samples", type=_int_list,
+                        default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+                        help="comma-separated numbers of samples s (default 1,2,4,...,256)")
+    parser.add_argument("--reps", type=int, default=5,
+                        help="independent repetitions of the kernel-matrix part (default 5)")
+    parser.add_argument("--output-reps", type=int, default=3,
+                        help="independent repetitions of the attention-output part (default 3)")
+    parser.add_argument("--fit-min-samples", type=int, default=4,
+                        help="fit the log-log slope on s >= this value (default 4)")
+    parser.add_argument("--qkv", type=Path, default=None,
+                        help="an .npz with arrays query, key, value of shape "
+                             "(batch, num_heads, seq_len, head_dim) (see docs); default: the "
+                             "shipped all-MiniLM-L6-v2 activations")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="use only the first N tokens of the activations")
+    parser.add_argument("--fixed-block-size", type=int, default=None,
+                        help="block size of the fixed-block baseline (default: per head, "
+                             "the mean block size 2*sigma_h of one PLSH mask, rounded)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the partition draws")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default plsh_out/reproduce-<UTC time>)")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def fit_loglog_slope(samples, errors) -> float:
+    """Least-squares slope of ``log(error)`` against ``log(s)``.
+
+    Parameters
+    ----------
+    samples : array_like of int, shape ``(k,)``, ``k >= 2``
+    errors : array_like of float, shape ``(k,)``, each > 0
+
+    Returns
+    -------
+    float
+        The fitted exponent ``a`` in ``error ~ C s^a`` (Theorem 2.1 predicts ``-1/2``).
+
+    Raises
+    ------
+    ValueError
+        Fewer than two points, mismatched lengths, or non-positive values.
+    """
+    x = np.asarray(samples, dtype=np.float64)
+    y = np.asarray(errors, dtype=np.float64)
+    if x.shape != y.shape or x.ndim != 1 or x.size < 2:
+        raise ValueError(f"samples: need two or more (s, error) pairs of equal length, got "
+                         f"{x.shape} and {y.shape}")
+    if np.any(x <= 0) or np.any(y <= 0) or not np.all(np.isfinite(y)):
+        raise ValueError("errors: all values must be finite and > 0 for a log-log fit")
+    return float(np.polyfit(np.log(x), np.log(y), 1)[0])
+
+
+def _spectral_norm_symmetric(e: np.ndarray) -> float:
+    lo = scipy.linalg.eigvalsh(e, subset_by_index=[0, 0])[0]
+    hi = scipy.linalg.eigvalsh(e, subset_by_index=[e.shape[0] - 1, e.shape[0] - 1])[0]
+    return float(max(abs(lo), abs(hi)))
+
+
+def _running_counts(partition, checkpoints, qpos, kpos, causal):
+    """Yield ``(s, counts of the first s hashes)`` for increasing ``s`` in ``checkpoints``."""
+    total = None
+    done = 0
+    for s in checkpoints:
+        part = counts(partition.samples(done, s), qpos, kpos, causal=causal)
+        total = part if total is None else total + part
+        done = s
+        yield s, total
+
+
+def matrix_error_experiment(n: int, sigmas, samples, reps: int, seed: int, progress=None):
+    """Errors ``||M~ - L*||`` (bidirectional, positions ``0..n-1``) vs ``s``.
+
+    Parameters
+    ----------
+    n : int
+        Sequence length, ``>= 2``.
+    sigmas : sequence of float
+        Length scales (tokens), each > 0; drawn as the heads of one partition sample.
+    samples : sequence of int
+        Increasing numbers of samples ``s >= 1``.
+    reps : int
+        Independent repetitions (seeds ``seed + 1000 r``).
+    seed : int
+        Base seed (``>= 0``).
+    progress : callable, optional
+        Called with no argument after each (repetition, s) step.
+
+    Returns
+    -------
+    dict
+        ``errors[norm]``: float64 array ``(len(sigmas), len(samples), reps)`` for each of
+        ``"spectral"``, ``"max"``, ``"frobenius"``; also ``"relative_frobenius"``
+        (divided by ``||L*||_F``) and ``"n"``.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.1.
+    """
+    n = check_int("n", n, minimum=2)
+    reps = check_int("reps", reps, minimum=1)
+    sig = np.asarray(sigmas, dtype=np.float64)
+    pos = np.arange(n, dtype=np.int64)
+    kernel = kernel_matrix(sig, pos, pos)
+    kernel_fro = np.linalg.norm(kernel, axis=(1, 2))
+    shape = (sig.size, len(samples), reps)
+    errors = {name: np.empty(shape) for name in NORMS}
+    for r in range(reps):
+        partition = draw_partition(sig, max(samples), seed=seed + 1000 * r)
+        for k, (s, cnt) in enumerate(_running_counts(partition, samples, pos, pos, False)):
+            diff = cnt / s - kernel
+            for h in range(sig.size):
+                errors["spectral"][h, k, r] = _spectral_norm_symmetric(diff[h])
+                errors["max"][h, k, r] = np.abs(diff[h]).max()
+                errors["frobenius"][h, k, r] = np.linalg.norm(diff[h])
+            if progress is not None:
+                progress()
+    errors["relative_frobenius"] = errors["frobenius"] / kernel_fro[:, None, None]
+    errors["n"] = n
+    return errors
+
+
+def _output_errors(out, ref):
+    max_abs = float(np.abs(out - ref).max())
+    rel_fro = float(np.linalg.norm(out - ref) / np.linalg.norm(ref))
+    return max_abs, rel_fro
+
+
+def output_error_experiment(query, key, value, samples, reps: int, seed: int,
+                            fixed_block_size=None, progress=None):
+    """Attention output error of PLSH against exact ALiBi (causal, standard slopes) vs ``s``.
+
+    Parameters
+    ----------
+    query, key, value : numpy.ndarray
+        float64, ``(batch, num_heads, n, head_dim)`` (key/value may have fewer heads).
+    samples : sequence of int
+        Increasing ``s`` values.
+    reps : int
+        Independent partition draws (seeds ``seed + 1000 r + 1``).
+    seed : int
+        Base seed.
+    fixed_block_size : int, optional
+        Block size of the fixed-block baseline; default per head ``round(2 sigma_h)``.
+    progress : callable, optional
+        Called after each (repetition, s) step.
+
+    Returns
+    -------
+    dict
+        ``"plsh_max_abs"``, ``"plsh_rel_fro"``: arrays ``(len(samples), reps)``;
+        ``"no_bias"`` and ``"fixed_blocks"``: ``{"max_abs", "rel_fro"}``; ``"slopes"``.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2 and section 4.
+    """
+    reps = check_int("reps", reps, minimum=1)
+    num_heads = query.shape[1]
+    slopes = alibi_slopes(num_heads)
+    sigma = sigma_from_slopes(slopes)
+    n_q, n_k = query.shape[2], key.shape[2]
+    qpos, kpos = np.arange(n_k - n_q, n_k), np.arange(n_k)
+    ref, _ = alibi_attention(query, key, value, slopes=slopes, causal=True)
+    result = {"slopes": slopes.tolist(),
+              "plsh_max_abs": np.empty((len(samples), reps)),
+              "plsh_rel_fro": np.empty((len(samples), reps))}
+    for r in range(reps):
+        partition = draw_partition(sigma, max(samples), seed=seed + 1000 * r + 1)
+        for k, (s, cnt) in enumerate(_running_counts(partition, samples, qpos, kpos, True)):
+            with np.errstate(divide="ignore"):
+                bias = np.log(cnt / s)
+            out, _ = biased_attention(query, key, value, bias)
+            result["plsh_max_abs"][k, r], result["plsh_rel_fro"][k, r] = _output_errors(out, ref)
+            if progress is not None:
+                progress()
+    out, _ = no_bias_attention(query, key, value, causal=True)
+    result["no_bias"] = dict(zip(("max_abs", "rel_fro"), _output_errors(out, ref)))
+    if fixed_block_size is None:
+        fixed_block_size = [max(1, int(round(2 * s_h))) for s_h in sigma]
+    out, _ = fixed_block_attention(query, key, value, fixed_block_size, causal=True)
+    result["fixed_blocks"] = dict(zip(("max_abs", "rel_fro"), _output_errors(out, ref)))
+    result["fixed_block_size"] = (np.atleast_1d(fixed_block_size).astype(int).tolist())
+    return result
+
+
+def _table(title, header, rows) -> str:
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))  # noqa: E731
+    return "\n".join([title, line(header), line(["-" * w for w in widths])]
+                     + [line(r) for r in rows])
+
+
+def _spread(a: np.ndarray) -> str:
+    return f"{a.mean():.4g} ± {a.std(ddof=1) if a.size > 1 else 0.0:.2g}"
+
+
+def _plot(out_dir: Path, samples, sigmas, matrix, output) -> list[Path]:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    s = np.asarray(samples, dtype=np.float64)
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4), constrained_layout=True)
+    for ax, norm in zip(axes, NORMS):
+        for h, sig in enumerate(sigmas):
+            err = matrix[norm][h]
+            ax.errorbar(s, err.mean(axis=1), yerr=err.std(axis=1), marker="o", ms=3,
+                        capsize=2, label=f"sigma={sig:g}")
+        ref = matrix[norm][:, 0].mean() * s ** -0.5
+        ax.plot(s, ref, "k--", lw=0.8, label="s^-1/2")
+        ax.set(xscale="log", yscale="log", xlabel="samples s", title=f"{norm} norm of M~ - L*, n={matrix['n']}")
+        ax.legend(fontsize=7)
+    path = out_dir / "matrix_error.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    paths.append(path)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    for ax, key, label in zip(axes, ("max_abs", "rel_fro"),
+                              ("max-abs error", "relative Frobenius error")):
+        err = output[f"plsh_{key}"]
+        ax.errorbar(s, err.mean(axis=1), yerr=err.std(axis=1), marker="o", ms=3, capsize=2,
+                    label="positional LSH")
+        ax.axhline(output["no_bias"][key], color="C3", ls=":", label="no positional bias")
+        ax.axhline(output["fixed_blocks"][key], color="C2", ls="-.", label="fixed blocks")
+        ax.plot(s, err[0].mean() * s ** -0.5, "k--", lw=0.8, label="s^-1/2")
+        ax.set(xscale="log", yscale="log", xlabel="samples s",
+               title=f"attention output: {label}\nagainst exact ALiBi")
+        ax.legend(fontsize=7)
+    path = out_dir / "output_error.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    paths.append(path)
+    return paths
+
+
+def _load_activations(path, max_tokens):
+    from ..data import load_qkv
+
+    data = load_qkv(path)
+    q, k, v = data["query"], data["key"], data["value"]
+    if max_tokens is not None:
+        q, k, v = q[:, :, :max_tokens], k[:, :, :max_tokens], v[:, :, :max_tokens]
+    source = str(path) if path is not None else "shipped all-MiniLM-L6-v2 activations"
+    return q, k, v, source
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the experiment with parsed ``args``; returns the exit status (0, or 2 on bad input)."""
+    from tqdm import tqdm
+
+    try:
+        n = check_int("--n", args.n, minimum=2)
+        check_int("--reps", args.reps, minimum=1)
+        check_int("--output-reps", args.output_reps, minimum=1)
+        check_int("--seed", args.seed, minimum=0)
+        if args.max_tokens is not None:
+            check_int("--max-tokens", args.max_tokens, minimum=1)
+        q, k, v, source = _load_activations(args.qkv, args.max_tokens)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"plsh reproduce: {exc}", file=sys.stderr)
+        return 2
+    samples = list(args.samples)
+    fit_samples = [s for s in samples if s >= args.fit_min_samples]
+    if len(fit_samples) < 2:
+        fit_samples = samples
+    stamp = _dt.datetime.now(_dt.timezone.utc)
+    out_dir = args.out or Path("plsh_out") / f"reproduce-{stamp:%Y%m%d-%H%M%S}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    steps = args.reps * len(samples) + args.output_reps * len(samples)
+    t0 = time.perf_counter()
+    with tqdm(total=steps, desc="plsh reproduce", unit="step", disable=args.quiet,
+              file=sys.stderr) as bar:
+        matrix = matrix_error_experiment(n, args.sigmas, samples, args.reps, args.seed,
+                                         progress=lambda: bar.update(1))
+        output = output_error_experiment(q, k, v, samples, args.output_reps, args.seed,
+                                         args.fixed_block_size, progress=lambda: bar.update(1))
+    elapsed = time.perf_counter() - t0
+
+    idx = [samples.index(s) for s in fit_samples]
+    slopes_fit = {norm: {f"{sig:g}": fit_loglog_slope(fit_samples, matrix[norm][h, idx].mean(1))
+                         for h, sig in enumerate(args.sigmas)} for norm in NORMS}
+    out_slopes = {key: fit_loglog_slope(fit_samples, output[f"plsh_{key}"][idx].mean(1))
+                  for key in ("max_abs", "rel_fro")}
+
+    print()
+    for norm in NORMS:
+        rows = [[s] + [_spread(matrix[norm][h, j]) for h in range(len(args.sigmas))]
+                for j, s in enumerate(samples)]
+        rows.append(["slope"] + [f"{slopes_fit[norm][f'{sig:g}']:+.3f}" for sig in args.sigmas])
+        print(_table(f"||M~ - L*|| ({norm} norm), n={n}, mean ± sd over {args.reps} reps",
+                     ["s"] + [f"sigma={sig:g}" for sig in args.sigmas], rows))
+        print()
+    rows = [[s, _spread(output["plsh_max_abs"][j]), _spread(output["plsh_rel_fro"][j])]
+            for j, s in enumerate(samples)]
+    rows.append(["slope", f"{out_slopes['max_abs']:+.3f}", f"{out_slopes['rel_fro']:+.3f}"])
+    rows.append(["no bias", f"{output['no_bias']['max_abs']:.4g}",
+                 f"{output['no_bias']['rel_fro']:.4g}"])
+    rows.append(["fixed blocks", f"{output['fixed_blocks']['max_abs']:.4g}",
+                 f"{output['fixed_blocks']['rel_fro']:.4g}"])
+    print(_table(f"Attention output error vs exact ALiBi (causal, {q.shape[1]} heads, standard "
+                 f"slopes, n={q.shape[2]}, batch={q.shape[0]}; {source})",
+                 ["s", "max-abs", "rel. Frobenius"], rows))
+    print(f"\nfitted on s in {fit_samples}; expected slope about -0.5 (Theorem 2.1)")
+
+    record = {
+        "command": "plsh reproduce " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["reproduce"]
+        else " ".join(sys.argv),
+        "date_utc": stamp.isoformat(timespec="seconds"),
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "numpy": np.__version__, "cpu_count": os.cpu_count()},
+        "seconds": round(elapsed, 2),
+        "config": {"n": n, "sigmas": list(args.sigmas), "samples": samples, "reps": args.reps,
+                   "output_reps": args.output_reps, "seed": args.seed,
+                   "fit_samples": fit_samples, "qkv": source,
+                   "qkv_shape": {"query": list(q.shape), "key": list(k.shape),
+                                 "value": list(v.shape)}},
+        "matrix_error": {norm: matrix[norm].tolist() for norm in (*NORMS, "relative_frobenius")},
+        "matrix_error_slopes": slopes_fit,
+        "output_error": {key: (val.tolist() if isinstance(val, np.ndarray) else val)
+                         for key, val in output.items()},
+        "output_error_slopes": out_slopes,
+    }
+    (out_dir / "results.json").write_text(json.dumps(record, indent=1))
+    written = [out_dir / "results.json"]
+    if not args.no_plots:
+        written += _plot(out_dir, samples, args.sigmas, matrix, output)
+    print(f"\n{elapsed:.1f} s. Wrote {', '.join(p.name for p in written)} to {out_dir}/")
+    return 0

@@ -1,0 +1,99 @@
+"""The main job `plsh reproduce` and the torch-free promise of plsh_ref."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from plsh_ref.cli import main
+from plsh_ref.experiments.reproduce import (fit_loglog_slope, matrix_error_experiment,
+                                            output_error_experiment)
+
+
+def test_fit_loglog_slope_recovers_exponent():
+    s = np.array([1, 2, 4, 8, 16])
+    assert fit_loglog_slope(s, 3.0 * s ** -0.5) == pytest.approx(-0.5, abs=1e-12)
+    assert fit_loglog_slope(s, 0.1 * s ** -1.0) == pytest.approx(-1.0, abs=1e-12)
+
+
+@pytest.mark.parametrize("errors", [[1.0, 0.0], [1.0, -1.0], [1.0, np.nan]])
+def test_fit_loglog_slope_rejects_nonpositive(errors):
+    with pytest.raises(ValueError, match="errors"):
+        fit_loglog_slope([1, 2], errors)
+
+
+def test_matrix_errors_decrease_with_samples():
+    # n=128, sigma=8: the mean spectral/Frobenius error over 4 reps at s=64 is about 8x
+    # smaller than at s=1 (ratio sqrt(64)); the max norm saturates near 1 at s=1 and is
+    # about 0.2 at s=64 (DKW). Factors 3 and 2 leave wide margins; the seeds are fixed.
+    err = matrix_error_experiment(128, [8.0], [1, 64], reps=4, seed=3)
+    for norm, factor in (("spectral", 3), ("frobenius", 3), ("max", 2)):
+        assert err[norm][0, 1].mean() * factor < err[norm][0, 0].mean()
+
+
+def test_output_error_baselines_and_convergence():
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.normal(size=(1, 4, 48, 8)) for _ in range(3))
+    res = output_error_experiment(q, k, v, [2, 256], reps=2, seed=0)
+    assert res["plsh_rel_fro"].shape == (2, 2)
+    # More samples, smaller error (deterministic given the seeds).
+    assert res["plsh_rel_fro"][1].mean() < res["plsh_rel_fro"][0].mean()
+    assert res["no_bias"]["rel_fro"] > 0 and res["fixed_blocks"]["rel_fro"] > 0
+
+
+def test_cli_small_run_writes_outputs(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["reproduce", "--n", "64", "--sigmas", "2,8", "--samples", "1,4,16",
+                 "--reps", "2", "--output-reps", "1", "--max-tokens", "64",
+                 "--out", str(out), "--quiet"])
+    assert code == 0
+    record = json.loads((out / "results.json").read_text())
+    assert set(record["matrix_error_slopes"]) == {"spectral", "max", "frobenius"}
+    assert np.array(record["matrix_error"]["frobenius"]).shape == (2, 3, 2)
+    assert (out / "matrix_error.png").stat().st_size > 1000
+    assert (out / "output_error.png").stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "slope" in printed and str(out) in printed
+
+
+def test_cli_user_qkv_and_bad_file(tmp_path, capsys):
+    rng = np.random.default_rng(1)
+    path = tmp_path / "mine.npz"
+    np.savez(path, query=rng.normal(size=(1, 2, 40, 4)), key=rng.normal(size=(1, 1, 40, 4)),
+             value=rng.normal(size=(1, 1, 40, 4)))
+    code = main(["reproduce", "--n", "32", "--sigmas", "4", "--samples", "1,8", "--reps", "1",
+                 "--output-reps", "1", "--qkv", str(path), "--out", str(tmp_path / "o"),
+                 "--no-plots", "--quiet"])
+    assert code == 0
+    record = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert record["config"]["qkv_shape"]["key"] == [1, 1, 40, 4]
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, query=rng.normal(size=(1, 2, 40, 4)))
+    assert main(["reproduce", "--qkv", str(bad), "--out", str(tmp_path / "b"), "--quiet"]) == 2
+    assert "key" in capsys.readouterr().err
+
+
+def test_plsh_ref_runs_without_torch(tmp_path):
+    """Import every torch-free module and run the main job with torch/triton made unimportable."""
+    code = textwrap.dedent(f"""
+        import sys, importlib, importlib.abc
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.split('.')[0] in ('torch', 'triton'):
+                    raise ImportError('blocked ' + name)
+        sys.meta_path.insert(0, Block())
+        import pkgutil, plsh_ref
+        for mod in pkgutil.walk_packages(plsh_ref.__path__, 'plsh_ref.'):
+            importlib.import_module(mod.name)
+        from plsh_ref.cli import main
+        assert main(['reproduce', '--n', '32', '--sigmas', '4', '--samples', '1,2',
+                     '--reps', '1', '--output-reps', '1', '--max-tokens', '32',
+                     '--no-plots', '--quiet', '--out', {str(tmp_path / 'x')!r}]) == 0
+        assert 'torch' not in sys.modules
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
