@@ -1,0 +1,114 @@
+"""Plain attention with a dense bias in a low-precision dtype: the yardstick of SPEC section 6.
+
+The tolerance rule compares a kernel's error against the error of the most direct
+implementation in the same dtype, ``softmax(scale q k^T + bias) v`` computed with every
+intermediate in that dtype. :func:`plain_attention_numpy` does it in numpy (float16,
+float32, float64; bfloat16 is emulated by rounding each intermediate to bfloat16), and
+:func:`plain_attention_torch` in torch, imported only when called.
+
+Rows without an admissible key (all bias entries ``-inf``) return output 0 and
+``lse = -inf``, the convention of the reference.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .problems import round_to_dtype
+
+__all__ = ["plain_attention_numpy", "plain_attention_torch"]
+
+
+def _expand_kv(x, num_heads):
+    return np.repeat(x, num_heads // x.shape[1], axis=1)
+
+
+def plain_attention_numpy(query, key, value, bias, *, scale, dtype: str):
+    """``softmax(scale q k^T + bias) v`` with every intermediate rounded to ``dtype``.
+
+    Parameters
+    ----------
+    query, key, value : numpy.ndarray
+        Layout ``(batch, num_heads[_kv], seq_len, head_dim)``; grouped-query heads allowed.
+    bias : numpy.ndarray
+        float64, ``(num_heads, n_q, n_k)``; ``-inf`` where masked.
+    scale : float or None
+        Logit scale; ``None`` means ``1 / sqrt(head_dim)``.
+    dtype : {"float16", "bfloat16", "float32", "float64"}
+
+    Returns
+    -------
+    (output, lse) : tuple of numpy.ndarray
+        float64 arrays holding values of ``dtype``: ``(batch, num_heads, n_q, head_dim_v)``
+        and ``(batch, num_heads, n_q)``.
+
+    Raises
+    ------
+    ValueError
+        If ``dtype`` is unknown.
+    """
+    def r(x):
+        return round_to_dtype(x, dtype).astype(np.float64)
+
+    q = r(query)
+    k = r(_expand_kv(np.asarray(key, dtype=np.float64), q.shape[1]))
+    v = r(_expand_kv(np.asarray(value, dtype=np.float64), q.shape[1]))
+    c = (1.0 / np.sqrt(q.shape[3]) if q.shape[3] else 1.0) if scale is None else float(scale)
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        logits = r(r(np.einsum("bhid,bhjd->bhij", q, k)) * r(np.float64(c)))
+        logits = r(logits + r(bias)[None])
+        row_max = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
+        empty = ~np.isfinite(row_max)
+        shift = np.where(empty, 0.0, row_max)
+        p = r(np.exp(logits - shift))
+        z = r(p.sum(axis=-1, keepdims=True))
+        out = r(r(np.einsum("bhij,bhjd->bhid", p, v)) / np.where(empty, 1.0, z))
+        lse = r(shift + np.log(np.where(empty, 1.0, z)))[..., 0]
+    out = np.where(empty, 0.0, out)
+    lse = np.where(empty[..., 0], -np.inf, lse)
+    return out, lse
+
+
+def plain_attention_torch(query, key, value, bias, *, scale, dtype: str, device: str = "cpu"):
+    """The same as :func:`plain_attention_numpy`, computed by torch in ``dtype`` on ``device``.
+
+    Parameters
+    ----------
+    query, key, value, bias, scale
+        As :func:`plain_attention_numpy` (numpy arrays).
+    dtype : {"float16", "bfloat16", "float32", "float64"}
+    device : str
+        A torch device string, e.g. ``"cpu"`` or ``"cuda"``.
+
+    Returns
+    -------
+    (output, lse) : tuple of numpy.ndarray
+        float64 copies of the torch results.
+
+    Raises
+    ------
+    ImportError
+        If torch is not installed.
+    """
+    import torch
+
+    tdtype = getattr(torch, dtype)
+
+    def t(x):
+        return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)).to(device, tdtype)
+
+    q = t(query)
+    k = t(_expand_kv(np.asarray(key, dtype=np.float64), q.shape[1]))
+    v = t(_expand_kv(np.asarray(value, dtype=np.float64), q.shape[1]))
+    c = (1.0 / np.sqrt(q.shape[3]) if q.shape[3] else 1.0) if scale is None else float(scale)
+    logits = (q @ k.transpose(-1, -2)) * c + t(bias)[None]
+    empty = torch.isneginf(logits).all(dim=-1) if logits.shape[-1] else torch.ones(
+        logits.shape[:-1], dtype=torch.bool, device=device)
+    weights = torch.softmax(logits, dim=-1) if logits.shape[-1] else logits
+    out = torch.nan_to_num(weights @ v, nan=0.0)
+    lse = torch.logsumexp(logits, dim=-1) if logits.shape[-1] else torch.full(
+        logits.shape[:-1], -float("inf"), dtype=tdtype, device=device)
+    out = torch.where(empty[..., None], torch.zeros_like(out), out)
+    lse = torch.where(empty, torch.full_like(lse, -float("inf")), lse)
+    return (out.detach().to("cpu", torch.float64).numpy(),
+            lse.detach().to("cpu", torch.float64).numpy())

@@ -1,0 +1,87 @@
+"""One-line property suites for pytest: :func:`make_property_suite`.
+
+In a kernel author's repository::
+
+    # tests/test_my_kernel.py
+    from plsh_ref.testing import make_property_suite
+
+    test_my_alibi_kernel = make_property_suite("mypkg.attention:alibi_forward", kind="alibi")
+
+pytest collects ``test_my_alibi_kernel`` as a Hypothesis test: every drawn problem
+(:func:`plsh_ref.testing.strategies.problem_specs`) is run through
+:func:`plsh_ref.testing.suite.check_case`, and a failure is shrunk to the smallest problem
+and reported with its spec and worst element.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+
+from .reference import KINDS
+from .strategies import problem_specs
+from .suite import FRAMEWORKS, check_case, check_signature, load_kernel
+
+__all__ = ["make_property_suite"]
+
+
+def make_property_suite(kernel, *, kind: str = "alibi", framework: str = "numpy",
+                        device: str = "cpu", max_examples: int | None = None, **bounds):
+    """Build a pytest test function that runs the property suite against ``kernel``.
+
+    Parameters
+    ----------
+    kernel : callable or str
+        The kernel, or ``"MODULE:FUNCTION"`` imported when the test runs (so an import
+        error fails that test instead of the collection).
+    kind : {"alibi", "plsh"}
+        Its contract (:mod:`plsh_ref.testing.reference`).
+    framework : {"numpy", "torch"}
+        What it takes and returns.
+    device : str
+        torch device for ``framework="torch"``.
+    max_examples : int, optional
+        Hypothesis examples; default: the active settings profile.
+    **bounds
+        Keyword arguments of :func:`~plsh_ref.testing.strategies.problem_specs`
+        (``max_seq_len``, ``dtypes``, ``causal``, ...).
+
+    Returns
+    -------
+    callable
+        A test function without arguments, decorated with ``hypothesis.given``; assign it
+        to a module-level name starting with ``test_``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        On an unknown ``kind`` or ``framework`` or invalid bounds (at once, not in the test).
+
+    Examples
+    --------
+    >>> from plsh_ref.testing import examples, make_property_suite
+    >>> test_numpy_alibi = make_property_suite(examples.numpy_alibi, max_examples=5)
+    >>> test_numpy_alibi()  # passes silently; a broken kernel raises AssertionError
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind: must be one of {KINDS}, got {kind!r}")
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework: must be one of {FRAMEWORKS}, got {framework!r}")
+    if not (callable(kernel) or isinstance(kernel, str)):
+        raise TypeError(f"kernel: must be callable or 'MODULE:FUNCTION', got "
+                        f"{type(kernel).__name__}")
+    strategy = problem_specs(kind, **bounds)
+
+    def run_one(spec):
+        fn = load_kernel(kernel) if isinstance(kernel, str) else kernel
+        check_signature(fn, kind)
+        result = check_case(fn, spec.build(), framework=framework, device=device)
+        assert result.passed, f"{result.message} [{spec.summary()}]"
+
+    name = kernel if isinstance(kernel, str) else getattr(kernel, "__qualname__", "kernel")
+    run_one.__name__ = "test_plsh_property_suite"
+    run_one.__doc__ = f"Property suite ({kind}, {framework}) for {name}."
+    test = given(strategy)(run_one)
+    overrides = {"deadline": None}
+    if max_examples is not None:
+        overrides["max_examples"] = max_examples
+    return settings(**overrides)(test)

@@ -1,0 +1,328 @@
+"""Hypothesis strategies for attention problems (numpy data, small sizes by default).
+
+The main strategy is :func:`attention_problems`: it draws a :class:`ProblemSpec`
+(shapes, grouped-query heads, dtype, causal or not, default / explicit / left-padded
+positions, slopes, number of partition samples, scale, a data seed) and builds its arrays.
+Hypothesis shrinks the spec, so a failure is reported as the smallest problem found, and
+the spec alone rebuilds it. The smaller strategies (:func:`dtypes`, :func:`slopes`,
+:func:`positions`, :func:`partition_samples`) are there for property tests of your own.
+
+:func:`sample_specs` draws a fixed list of specs from a seed, without a test function;
+``plsh verify`` uses it, so ``--seed S --case K`` names one case reproducibly (for a given
+Hypothesis version).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import seed as hypothesis_seed
+from hypothesis import strategies as st
+
+from .._validation import check_int
+from ..alibi import alibi_slopes
+from ..partition import PartitionSample, draw_partition
+from .problems import DTYPES, POSITION_MODES, SLOPE_MODES, AttentionProblem, ProblemSpec
+from .reference import KINDS
+
+__all__ = [
+    "attention_problems",
+    "dtypes",
+    "partition_samples",
+    "positions",
+    "problem_specs",
+    "sample_specs",
+    "slopes",
+]
+
+#: dtypes drawn by default: the ones a numpy kernel can take (bfloat16 is opt-in)
+DEFAULT_DTYPES = ("float16", "float32", "float64")
+
+
+def _check_choices(name: str, values, allowed) -> tuple:
+    values = (values,) if isinstance(values, str) else tuple(values)
+    if not values:
+        raise ValueError(f"{name}: needs at least one entry")
+    for v in values:
+        if v not in allowed:
+            raise ValueError(f"{name}: entries must be in {tuple(allowed)}, got {v!r}")
+    return values
+
+
+def dtypes(allowed=DEFAULT_DTYPES) -> st.SearchStrategy[str]:
+    """dtype names, shrinking toward the first entry.
+
+    Parameters
+    ----------
+    allowed : sequence of str
+        Subset of ``("float16", "bfloat16", "float32", "float64")``.
+
+    Returns
+    -------
+    hypothesis.strategies.SearchStrategy
+        Draws one of ``allowed`` (a ``str``).
+
+    Raises
+    ------
+    ValueError
+        If ``allowed`` is empty or names an unknown dtype.
+    """
+    return st.sampled_from(_check_choices("allowed", allowed, DTYPES))
+
+
+def slopes(num_heads: int, *, standard: bool | None = None) -> st.SearchStrategy[np.ndarray]:
+    """ALiBi slopes for ``num_heads`` heads: Press et al.'s or log-uniform in ``[2^-10, 2]``.
+
+    Parameters
+    ----------
+    num_heads : int
+        ``>= 1``.
+    standard : bool, optional
+        ``True``: only :func:`plsh_ref.alibi.alibi_slopes`; ``False``: only random slopes;
+        ``None`` (default): either.
+
+    Returns
+    -------
+    hypothesis.strategies.SearchStrategy
+        Draws float64 arrays of shape ``(num_heads,)``, each entry > 0 (inverse tokens).
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``num_heads`` is not an integer ``>= 1``.
+    """
+    num_heads = check_int("num_heads", num_heads, minimum=1)
+    exponents = st.lists(st.floats(-10.0, 1.0), min_size=num_heads, max_size=num_heads)
+    random = exponents.map(lambda e: np.exp2(np.asarray(e, dtype=np.float64)))
+    fixed = st.just(None).map(lambda _: alibi_slopes(num_heads))
+    if standard is True:
+        return fixed
+    if standard is False:
+        return random
+    return fixed | random
+
+
+def positions(n_q: int, n_k: int, *, modes=POSITION_MODES
+              ) -> st.SearchStrategy[tuple[np.ndarray | None, np.ndarray | None]]:
+    """``(query_positions, key_positions)`` for lengths ``n_q`` and ``n_k``.
+
+    Parameters
+    ----------
+    n_q, n_k : int
+        Sequence lengths, ``>= 0``.
+    modes : sequence of str
+        Subset of ``("default", "explicit", "left_padding")``: ``default`` gives
+        ``(None, None)``; ``explicit`` increasing int64 positions with gaps, up to ``10^6``
+        from 0; ``left_padding`` the default layout shifted by a pad length, so the first
+        tokens sit at negative positions.
+
+    Returns
+    -------
+    hypothesis.strategies.SearchStrategy
+        Draws pairs of int64 arrays of shapes ``(n_q,)``, ``(n_k,)``, or ``(None, None)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On negative lengths or unknown modes.
+    """
+    n_q = check_int("n_q", n_q, minimum=0)
+    n_k = check_int("n_k", n_k, minimum=0)
+    modes = _check_choices("modes", modes, POSITION_MODES)
+
+    def build(mode, pad, data_seed):
+        spec = ProblemSpec(n_q=n_q, n_k=n_k, positions=mode, pad=pad, data_seed=data_seed)
+        return spec._positions(np.random.default_rng(data_seed))
+
+    return st.builds(build, st.sampled_from(modes), st.integers(0, 8),
+                     st.integers(0, 2**32 - 1))
+
+
+def partition_samples(sigma, *, max_samples: int = 8) -> st.SearchStrategy[PartitionSample]:
+    """Partition samples for length scales ``sigma`` drawn by :func:`~plsh_ref.partition.draw_partition`.
+
+    Parameters
+    ----------
+    sigma : array_like, ``(num_heads,)``
+        Length scales in tokens, each > 0.
+    max_samples : int
+        Largest ``num_samples`` drawn (``>= 1``); shrinks toward 1.
+
+    Returns
+    -------
+    hypothesis.strategies.SearchStrategy
+        Draws :class:`~plsh_ref.partition.PartitionSample` of shape ``(num_heads, s)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On invalid ``sigma`` or ``max_samples``.
+    """
+    sig = np.array(sigma, dtype=np.float64)
+    draw_partition(sig, 1, seed=0)  # validates sigma now rather than inside a test
+    max_samples = check_int("max_samples", max_samples, minimum=1)
+    return st.builds(lambda s, seed: draw_partition(sig, s, seed=seed),
+                     st.integers(1, max_samples), st.integers(0, 2**32 - 1))
+
+
+@st.composite
+def _specs(draw, kind, max_batch, max_heads, max_seq_len, max_head_dim, dtype_names,
+           causal, gqa, position_modes, max_samples, max_amplitude):
+    num_heads = draw(st.integers(1, max_heads))
+    if gqa:
+        divisors = [g for g in range(1, num_heads + 1) if num_heads % g == 0]
+        num_heads_kv = draw(st.sampled_from(divisors[::-1]))  # shrinks toward no grouping
+    else:
+        num_heads_kv = num_heads
+    n_k = draw(st.integers(0, max_seq_len))
+    n_q = draw(st.one_of(st.just(n_k), st.integers(0, max_seq_len)))
+    head_dim = draw(st.integers(1, max_head_dim))
+    head_dim_v = draw(st.one_of(st.just(head_dim), st.integers(1, max_head_dim)))
+    return ProblemSpec(
+        kind=kind,
+        batch=draw(st.integers(1, max_batch)),
+        num_heads=num_heads,
+        num_heads_kv=num_heads_kv,
+        n_q=n_q,
+        n_k=n_k,
+        head_dim=head_dim,
+        head_dim_v=head_dim_v,
+        dtype=draw(st.sampled_from(dtype_names)),
+        causal=draw(st.booleans()) if causal is None else bool(causal),
+        positions=draw(st.sampled_from(position_modes)),
+        pad=draw(st.integers(0, max_seq_len)),
+        slopes=draw(st.sampled_from(SLOPE_MODES)),
+        num_samples=draw(st.integers(1, max_samples)),
+        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
+        amplitude=draw(st.floats(0.25, max_amplitude)),
+        data_seed=draw(st.integers(0, 2**32 - 1)),
+    )
+
+
+def problem_specs(kind: str = "alibi", *, max_batch: int = 2, max_heads: int = 4,
+                  max_seq_len: int = 16, max_head_dim: int = 8, dtypes=DEFAULT_DTYPES,
+                  causal: bool | None = None, gqa: bool = True,
+                  positions=POSITION_MODES, max_samples: int = 8,
+                  max_amplitude: float = 3.0) -> st.SearchStrategy[ProblemSpec]:
+    """Specs of attention problems (no arrays): see :class:`~plsh_ref.testing.problems.ProblemSpec`.
+
+    Parameters
+    ----------
+    kind : {"alibi", "plsh"}
+        Exact ALiBi problems, or PLSH problems with a partition sample.
+    max_batch, max_heads, max_seq_len, max_head_dim : int
+        Upper bounds (lengths may be 0, ``n_q`` may differ from ``n_k``, the value head_dim
+        may differ from the query/key head_dim).
+    dtypes : sequence of str
+        dtype names to draw from (see :func:`dtypes`).
+    causal : bool, optional
+        Fix causal (``True``) or bidirectional (``False``); default: both.
+    gqa : bool
+        Allow ``num_heads_kv`` to be a proper divisor of ``num_heads``.
+    positions : sequence of str
+        Position modes (see :func:`positions`).
+    max_samples : int
+        Largest number of partition samples ``s`` (``plsh`` problems).
+    max_amplitude : float
+        Largest standard deviation of query/key entries (peaked softmax rows).
+
+    Returns
+    -------
+    hypothesis.strategies.SearchStrategy
+        Draws :class:`~plsh_ref.testing.problems.ProblemSpec`.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On invalid bounds or choices (message starts with the argument name).
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind: must be one of {KINDS}, got {kind!r}")
+    max_batch = check_int("max_batch", max_batch, minimum=1)
+    max_heads = check_int("max_heads", max_heads, minimum=1)
+    max_seq_len = check_int("max_seq_len", max_seq_len, minimum=0)
+    max_head_dim = check_int("max_head_dim", max_head_dim, minimum=1)
+    max_samples = check_int("max_samples", max_samples, minimum=1)
+    dtype_names = _check_choices("dtypes", dtypes, DTYPES)
+    position_modes = _check_choices("positions", positions, POSITION_MODES)
+    if not (np.isfinite(max_amplitude) and max_amplitude >= 0.25):
+        raise ValueError(f"max_amplitude: must be finite and >= 0.25, got {max_amplitude!r}")
+    return _specs(kind, max_batch, max_heads, max_seq_len, max_head_dim, dtype_names,
+                  causal, bool(gqa), position_modes, max_samples, float(max_amplitude))
+
+
+def attention_problems(kind: str = "alibi", **bounds) -> st.SearchStrategy[AttentionProblem]:
+    """Attention problems with their arrays: ``problem_specs(kind, **bounds)`` built.
+
+    Parameters
+    ----------
+    kind : {"alibi", "plsh"}
+    **bounds
+        Keyword arguments of :func:`problem_specs`.
+
+    Returns
+    -------
+    hypothesis.strategies.SearchStrategy
+        Draws :class:`~plsh_ref.testing.problems.AttentionProblem` (numpy arrays, no torch).
+
+    Examples
+    --------
+    >>> from hypothesis import given
+    >>> from plsh_ref.testing import attention_problems
+    >>> @given(attention_problems("plsh", dtypes=["float64"]))
+    ... def test_rows_are_convex_combinations(problem):
+    ...     out, lse = problem.reference()
+    ...     assert np.all(np.abs(out) <= np.abs(problem.value).max() + 1e-12)
+    >>> test_rows_are_convex_combinations()
+    """
+    return problem_specs(kind, **bounds).map(ProblemSpec.build)
+
+
+def sample_specs(kind: str = "alibi", *, seed: int = 0, num_cases: int = 50,
+                 **bounds) -> list[ProblemSpec]:
+    """A fixed list of ``num_cases`` specs generated by Hypothesis from ``seed``.
+
+    Runs Hypothesis' generation phase only (no shrinking, no example database), so the
+    list depends on ``seed``, ``kind``, ``bounds`` and the Hypothesis version only.
+
+    Parameters
+    ----------
+    kind : {"alibi", "plsh"}
+    seed : int
+        ``>= 0``.
+    num_cases : int
+        ``>= 1``. Fewer specs are returned only if Hypothesis exhausts the space.
+    **bounds
+        Keyword arguments of :func:`problem_specs`.
+
+    Returns
+    -------
+    list of ProblemSpec
+
+    Raises
+    ------
+    TypeError, ValueError
+        On an invalid ``seed``, ``num_cases`` or bound.
+
+    Examples
+    --------
+    >>> a = sample_specs("alibi", seed=3, num_cases=5)
+    >>> a == sample_specs("alibi", seed=3, num_cases=5)
+    True
+    """
+    seed = check_int("seed", seed, minimum=0)
+    num_cases = check_int("num_cases", num_cases, minimum=1)
+    strategy = problem_specs(kind, **bounds)
+    found: list[ProblemSpec] = []
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=num_cases, database=None, derandomize=False, deadline=None,
+              phases=[Phase.generate], suppress_health_check=list(HealthCheck),
+              report_multiple_bugs=False)
+    @given(strategy)
+    def collect(spec):
+        if len(found) < num_cases:
+            found.append(spec)
+
+    collect()
+    return found
