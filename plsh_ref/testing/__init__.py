@@ -7,36 +7,50 @@
   :func:`plsh_reference` (:mod:`plsh_ref.testing.reference`);
 * the property suite: :func:`check_case` (one problem), :func:`make_property_suite`
   (a pytest test in one line), and the pytest fixtures of :mod:`plsh_ref.testing.plugin`;
+* the tolerance rule of SPEC section 6 (:mod:`plsh_ref.testing.tolerance`);
 * the ``plsh verify MODULE:FUNCTION`` command (:mod:`plsh_ref.testing.verify`).
 
-Everything here is numpy only; torch is imported only to run a torch kernel. See the
-validation guide in the documentation.
+Everything here is numpy only; torch is imported only to run a torch kernel. The names
+below are imported lazily (on first use), so that the pytest plugin, which pytest loads
+in every session of an environment where positional-lsh is installed, costs nothing.
 """
 
-from .problems import AttentionProblem, ProblemSpec
-from .property_suite import make_property_suite
-from .reference import alibi_reference, plsh_reference, reference_for
-from .strategies import (attention_problems, dtypes, partition_samples, positions,
-                         problem_specs, sample_specs, slopes)
-from .suite import CaseResult, KernelContractError, check_case, check_signature, load_kernel
+from __future__ import annotations
 
-__all__ = [
-    "AttentionProblem",
-    "CaseResult",
-    "KernelContractError",
-    "ProblemSpec",
-    "alibi_reference",
-    "attention_problems",
-    "check_case",
-    "check_signature",
-    "dtypes",
-    "load_kernel",
-    "make_property_suite",
-    "partition_samples",
-    "plsh_reference",
-    "positions",
-    "problem_specs",
-    "reference_for",
-    "sample_specs",
-    "slopes",
-]
+import importlib
+
+#: public name -> submodule defining it
+_EXPORTS = {
+    "AttentionProblem": "problems",
+    "ProblemSpec": "problems",
+    "make_property_suite": "property_suite",
+    "alibi_reference": "reference",
+    "plsh_reference": "reference",
+    "reference_for": "reference",
+    "attention_problems": "strategies",
+    "dtypes": "strategies",
+    "partition_samples": "strategies",
+    "positions": "strategies",
+    "problem_specs": "strategies",
+    "sample_specs": "strategies",
+    "slopes": "strategies",
+    "CaseResult": "suite",
+    "KernelContractError": "suite",
+    "check_case": "suite",
+    "check_signature": "suite",
+    "load_kernel": "suite",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

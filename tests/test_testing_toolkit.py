@@ -1,0 +1,299 @@
+"""Tests of plsh_ref.testing: strategies, problems, reference callables, the property suite,
+make_property_suite and the pytest plugin fixtures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plsh_ref.alibi import alibi_slopes
+from plsh_ref.attention import alibi_attention, plsh_attention
+from plsh_ref.partition import PartitionSample
+from plsh_ref.testing import (KernelContractError, ProblemSpec, alibi_reference,
+                              attention_problems, check_case, check_signature, dtypes,
+                              examples, load_kernel, make_property_suite, partition_samples,
+                              plsh_reference, positions, problem_specs, sample_specs, slopes)
+from plsh_ref.testing.baseline import plain_attention_numpy
+from plsh_ref.testing.problems import round_to_dtype
+
+
+# --- problems and strategies -------------------------------------------------------------
+
+@given(attention_problems("plsh", dtypes=["float16", "bfloat16", "float32", "float64"]))
+def test_problems_are_consistent(problem):
+    spec = problem.spec
+    assert problem.query.shape == (spec.batch, spec.num_heads, spec.n_q, spec.head_dim)
+    assert problem.key.shape == (spec.batch, spec.num_heads_kv, spec.n_k, spec.head_dim)
+    assert problem.value.shape == (spec.batch, spec.num_heads_kv, spec.n_k, spec.head_dim_v)
+    assert spec.num_heads % spec.num_heads_kv == 0
+    want = "float32" if spec.dtype == "bfloat16" else spec.dtype
+    assert problem.query.dtype == np.dtype(want)
+    assert problem.slopes.shape == (spec.num_heads,) and np.all(problem.slopes > 0)
+    assert isinstance(problem.partition, PartitionSample)
+    assert problem.partition.pitch.shape == (spec.num_heads, spec.num_samples)
+    if spec.positions == "default":
+        assert problem.query_positions is None and problem.key_positions is None
+    else:
+        assert problem.query_positions.dtype == np.int64
+        assert problem.query_positions.shape == (spec.n_q,)
+        assert problem.key_positions.shape == (spec.n_k,)
+        assert np.all(np.diff(problem.key_positions) > 0)
+    if problem.query.size:
+        assert np.any(problem.query != 0)  # fresh random inputs, never zeros
+
+
+def test_build_is_deterministic_and_seeded():
+    spec = ProblemSpec(kind="plsh", positions="explicit", pad=3, n_q=5, n_k=7, data_seed=11)
+    a, b = spec.build(), spec.build()
+    for name in ("query", "key", "value", "query_positions", "key_positions"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    assert a.partition == b.partition
+    c = spec.replace(data_seed=12).build()
+    assert not np.array_equal(a.query, c.query)
+
+
+def test_left_padding_puts_padding_at_negative_positions():
+    p = ProblemSpec(positions="left_padding", pad=3, n_q=4, n_k=6).build()
+    assert p.key_positions.tolist() == [-3, -2, -1, 0, 1, 2]
+    assert p.query_positions.tolist() == [-1, 0, 1, 2]  # end-aligned, shifted by the pad
+
+
+def test_spec_validation_names_the_field():
+    with pytest.raises(ValueError, match="^num_heads_kv"):
+        ProblemSpec(num_heads=4, num_heads_kv=3)
+    with pytest.raises(ValueError, match="^dtype"):
+        ProblemSpec(dtype="int8")
+    with pytest.raises(ValueError, match="^kind"):
+        ProblemSpec(kind="flash")
+    with pytest.raises(ValueError, match="^positions"):
+        problem_specs(positions=["nowhere"])
+    with pytest.raises(TypeError, match="^max_seq_len"):
+        problem_specs(max_seq_len=2.5)
+
+
+def test_round_to_bfloat16_matches_torch():
+    torch = pytest.importorskip("torch")
+    x = np.random.default_rng(0).standard_normal(10_000) * 10.0 ** np.arange(-4, 6).repeat(1000)
+    x = np.concatenate([x, [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8)]])  # ties to even
+    ours = round_to_dtype(x, "bfloat16")
+    theirs = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_sample_specs_reproducible_and_seed_dependent():
+    a = sample_specs("alibi", seed=5, num_cases=20)
+    assert len(a) == 20 and a == sample_specs("alibi", seed=5, num_cases=20)
+    assert a != sample_specs("alibi", seed=6, num_cases=20)
+    # the draws cover the features the suite is meant to exercise
+    many = sample_specs("alibi", seed=0, num_cases=60)
+    assert {s.positions for s in many} == {"default", "explicit", "left_padding"}
+    assert any(s.num_heads_kv < s.num_heads for s in many)
+    assert any(s.n_q != s.n_k for s in many) and {s.causal for s in many} == {True, False}
+    assert {s.dtype for s in many} == {"float16", "float32", "float64"}
+
+
+@given(st.data())
+def test_small_strategies(data):
+    assert data.draw(dtypes(["float32", "float64"])) in ("float32", "float64")
+    m = data.draw(slopes(6, standard=True))
+    np.testing.assert_array_equal(m, alibi_slopes(6))
+    m = data.draw(slopes(3, standard=False))
+    assert m.shape == (3,) and np.all((m >= 2.0**-10) & (m <= 2.0))
+    qpos, kpos = data.draw(positions(3, 5, modes=["explicit"]))
+    assert qpos.shape == (3,) and kpos.shape == (5,) and kpos.dtype == np.int64
+    part = data.draw(partition_samples([2.0, 8.0], max_samples=3))
+    assert part.num_heads == 2 and 1 <= part.num_samples <= 3
+
+
+# --- reference callables and the plain-attention baseline ---------------------------------
+
+def test_reference_callables_are_the_reference():
+    p = ProblemSpec(kind="plsh", dtype="float64", num_heads=4, num_heads_kv=2, n_q=5, n_k=9,
+                    positions="explicit", pad=2, data_seed=3).build()
+    kw = dict(causal=True, scale=None, query_positions=p.query_positions,
+              key_positions=p.key_positions)
+    for got, want in zip(plsh_reference(p.query, p.key, p.value, partition=p.partition, **kw),
+                         plsh_attention(p.query, p.key, p.value, p.partition, **kw)):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(alibi_reference(p.query, p.key, p.value, slopes=p.slopes, **kw),
+                         alibi_attention(p.query, p.key, p.value, slopes=p.slopes, **kw)):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("kind", ["alibi", "plsh"])
+def test_plain_attention_float64_is_the_reference(kind):
+    p = ProblemSpec(kind=kind, dtype="float64", n_q=6, n_k=4, causal=True, data_seed=1).build()
+    out, lse = plain_attention_numpy(p.query, p.key, p.value, p.log_weight(), scale=None,
+                                     dtype="float64")
+    ref_out, ref_lse = p.reference()
+    np.testing.assert_allclose(out, ref_out, rtol=0, atol=1e-14)
+    assert np.all(np.isneginf(lse) == np.isneginf(ref_lse))  # n_q > n_k: empty causal rows
+    assert np.isneginf(ref_lse).any()
+
+
+# --- the property suite ------------------------------------------------------------------
+
+@given(problem_specs("alibi"))
+@settings(max_examples=30)
+def test_correct_numpy_kernel_passes(spec):
+    result = check_case(examples.numpy_alibi, spec.build())
+    assert result.passed, result.message
+
+
+BROKEN_SPEC = ProblemSpec(kind="plsh", dtype="float32", num_heads=2, num_heads_kv=2, n_q=12,
+                          n_k=12, head_dim=4, head_dim_v=4, causal=True, num_samples=4,
+                          data_seed=7)
+
+
+@pytest.mark.parametrize("kernel, kind", [(examples.sign_flipped_alibi, "alibi"),
+                                          (examples.averaged_plsh, "plsh"),
+                                          (examples.mask_only_plsh, "plsh")])
+def test_broken_kernels_fail(kernel, kind):
+    result = check_case(kernel, BROKEN_SPEC.replace(kind=kind).build())
+    assert not result.passed
+    assert result.error > 100 * result.allowed  # not a marginal failure
+    assert "output error" in result.message and result.worst_index is not None
+
+
+def test_averaging_estimator_agrees_at_one_sample():
+    # the wrong estimator is the right one when s = 1: the suite must draw s > 1 to catch it
+    result = check_case(examples.averaged_plsh, BROKEN_SPEC.replace(num_samples=1).build())
+    assert result.passed, result.message
+
+
+def _kernel(**behaviour):
+    def kernel(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+        out, lse = alibi_reference(query, key, value, slopes=slopes, causal=causal,
+                                   scale=scale, query_positions=query_positions,
+                                   key_positions=key_positions)
+        out = out.astype(query.dtype)
+        return behaviour["ret"](out, lse) if "ret" in behaviour else (out, lse)
+    return kernel
+
+
+@pytest.mark.parametrize("ret, message", [
+    (lambda o, l: o[..., :1], "output has shape"),
+    (lambda o, l: o.astype(np.float64), "output has dtype float64"),
+    (lambda o, l: (o, l[..., None]), "lse has shape"),
+    (lambda o, l: (o, l, l), "length 3"),
+    (lambda o, l: (o.tolist(), l), "output of type list; expected numpy.ndarray"),
+    (lambda o, l: (o, "lse"), "lse of type str"),
+])
+def test_contract_violations(ret, message):
+    problem = ProblemSpec(dtype="float32", n_q=3, n_k=4, head_dim_v=2).build()
+    with pytest.raises(KernelContractError, match=message):
+        check_case(_kernel(ret=ret), problem)
+
+
+def test_nan_output_and_wrong_empty_row_lse_fail():
+    problem = ProblemSpec(dtype="float64", n_q=6, n_k=3, causal=True).build()  # 3 empty rows
+    nan = check_case(_kernel(ret=lambda o, l: (np.full_like(o, np.nan), l)), problem)
+    assert not nan.passed and "NaN" in nan.message
+    finite = check_case(_kernel(ret=lambda o, l: (o, np.where(np.isneginf(l), -1e4, l))), problem)
+    assert not finite.passed and "-inf" in finite.message
+
+
+def test_raising_kernel_fails_the_case():
+    def kernel(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+        raise RuntimeError("CUDA error: out of luck")
+    result = check_case(kernel, ProblemSpec().build())
+    assert not result.passed and result.message == "raised RuntimeError: CUDA error: out of luck"
+
+
+def test_signature_and_loading():
+    check_signature(examples.numpy_alibi, "alibi")
+    with pytest.raises(KernelContractError, match="does not match the plsh contract"):
+        check_signature(examples.numpy_alibi, "plsh")
+    with pytest.raises(KernelContractError, match="does not match the alibi contract"):
+        check_signature(lambda q, k: q, "alibi")
+    assert load_kernel("plsh_ref.testing.examples:numpy_alibi") is examples.numpy_alibi
+    for bad, message in [("nocolon", "MODULE:FUNCTION"), ("no_such_mod_xyz:f", "cannot import"),
+                         ("plsh_ref.testing.examples:nope", "no attribute"),
+                         ("plsh_ref.testing.examples:__doc__", "not a function")]:
+        with pytest.raises(KernelContractError, match=message):
+            load_kernel(bad)
+
+
+def test_torch_framework_conversion():
+    torch = pytest.importorskip("torch")
+
+    def torch_kernel(query, key, value, *, slopes, causal, scale, query_positions,
+                     key_positions):
+        assert isinstance(query, torch.Tensor) and slopes.dtype == torch.float64
+        assert query_positions is None or query_positions.dtype == torch.int64
+        out, lse = alibi_reference(query, key, value, slopes=slopes.numpy(), causal=causal,
+                                   scale=scale, query_positions=query_positions,
+                                   key_positions=key_positions)
+        return torch.from_numpy(out).to(query.dtype), torch.from_numpy(lse).float()
+
+    for dtype in ("bfloat16", "float16", "float32"):
+        spec = ProblemSpec(dtype=dtype, positions="explicit", pad=2, n_q=5, n_k=7)
+        result = check_case(torch_kernel, spec.build(), framework="torch")
+        assert result.passed, result.message
+    with pytest.raises(KernelContractError, match="bfloat16 needs"):
+        check_case(examples.numpy_alibi, ProblemSpec(dtype="bfloat16").build())
+
+
+# --- make_property_suite and the pytest plugin -------------------------------------------
+
+def test_make_property_suite():
+    make_property_suite(examples.numpy_alibi, max_examples=15)()
+    make_property_suite("plsh_ref.testing.examples:numpy_alibi", max_examples=5)()
+    with pytest.raises(AssertionError, match="output error"):
+        make_property_suite(examples.sign_flipped_alibi, max_examples=15)()
+    with pytest.raises(ValueError, match="^kind"):
+        make_property_suite(examples.numpy_alibi, kind="flash")
+    with pytest.raises(TypeError, match="^kernel"):
+        make_property_suite(42)
+
+
+def _run_pytest(tmp_path, source, *args):
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(source))
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-p", "no:xdist", str(tmp_path / "test_user.py"), *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+
+
+def test_plugin_in_a_foreign_repository(tmp_path):
+    proc = _run_pytest(tmp_path, """
+        from plsh_ref.testing import examples, make_property_suite, ProblemSpec
+
+        test_good = make_property_suite(examples.numpy_alibi, max_examples=5)
+        test_bad = make_property_suite(examples.sign_flipped_alibi, max_examples=5)
+
+        def test_fixtures(plsh_reference, plsh_check):
+            problem = ProblemSpec(dtype="float64").build()
+            out, lse = plsh_reference.alibi(problem.query, problem.key, problem.value,
+                                            slopes=problem.slopes)
+            assert out.shape == problem.value.shape
+            plsh_check(examples.numpy_alibi, problem)
+
+        def test_option(plsh_kernel):
+            assert plsh_kernel is examples.numpy_alibi
+    """)
+    assert "2 passed, 1 skipped" in proc.stdout and "1 failed" in proc.stdout, proc.stdout
+    assert "test_bad" in proc.stdout
+    proc = _run_pytest(tmp_path, """
+        def test_option(plsh_kernel):
+            pass
+    """, "--plsh-kernel", "plsh_ref.testing.examples:numpy_alibi")
+    assert "1 passed" in proc.stdout, proc.stdout
+
+
+def test_plugin_is_inert(tmp_path):
+    proc = _run_pytest(tmp_path, """
+        import sys
+
+        def test_nothing_imported():
+            # the plugin module is loaded, the toolkit behind it is not
+            assert "plsh_ref.testing.plugin" in sys.modules
+            assert "plsh_ref.testing.suite" not in sys.modules
+            assert "plsh_ref.testing.strategies" not in sys.modules
+    """)
+    assert "1 passed" in proc.stdout, proc.stdout

@@ -1,0 +1,122 @@
+"""Tests of `plsh verify MODULE:FUNCTION` (plsh_ref.testing.verify through the dispatcher)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from plsh_ref.cli import main
+
+EX = "plsh_ref.testing.examples"
+
+
+def verify(capsys, *args):
+    code = main(["verify", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_correct_kernel_passes(capsys):
+    code, out, err = verify(capsys, f"{EX}:numpy_alibi", "--cases", "40")
+    assert code == 0, out + err
+    assert "40/40 cases passed" in out and out.rstrip().endswith("PASS")
+
+
+@pytest.mark.parametrize("kernel, kind", [("sign_flipped_alibi", "alibi"),
+                                          ("averaged_plsh", "plsh"),
+                                          ("mask_only_plsh", "plsh")])
+def test_broken_kernel_fails_with_reproducible_cases(capsys, kernel, kind):
+    code, out, _ = verify(capsys, f"{EX}:{kernel}", "--kind", kind, "--cases", "30",
+                          "--seed", "4")
+    assert code == 1 and "FAIL:" in out
+    reruns = re.findall(r"rerun: plsh verify (.*)", out)
+    assert reruns, out
+    # the printed command reruns exactly that case, which fails again with the same error
+    first_error = re.search(r"output error (\S+) > allowed", out).group(1)
+    code, again, _ = verify(capsys, *reruns[0].split())
+    assert code == 1
+    assert f"output error {first_error} > allowed" in again
+    assert "0/1 cases passed" in again
+
+
+def test_options_shape_the_cases(capsys):
+    code, out, _ = verify(capsys, f"{EX}:numpy_alibi", "--cases", "15", "--dtypes", "float64",
+                          "--causal", "no", "--no-gqa", "--positions", "left_padding",
+                          "--max-seq-len", "5", "-v")
+    assert code == 0
+    cases = [line for line in out.splitlines() if line.strip().startswith("case ")]
+    assert len(cases) >= 15
+    body = "\n".join(cases)
+    assert "float16" not in body and " causal " not in body and "kv " not in body
+    assert "positions=default" not in body and "positions=explicit" not in body
+
+
+def _write_module(tmp_path, monkeypatch, source):
+    (tmp_path / "user_kernels.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("user_kernels", None)
+
+
+BAD_KERNELS = """
+    import numpy as np
+    from plsh_ref.testing import alibi_reference
+
+    def two_args(query, key):
+        return query
+
+    def wrong_shape(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+        return np.zeros((1, 1, 1, 1), dtype=query.dtype)
+
+    def wrong_dtype(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+        return alibi_reference(query, key, value, slopes=slopes, causal=causal, scale=scale,
+                               query_positions=query_positions, key_positions=key_positions)
+
+    not_a_function = 3
+
+    raise_on_import = False
+    """
+
+
+@pytest.mark.parametrize("args, message", [
+    (["no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
+    (["user_kernels"], "expected MODULE:FUNCTION"),
+    (["user_kernels:missing"], "has no attribute 'missing'"),
+    (["user_kernels:not_a_function"], "is a int, not a function"),
+    (["user_kernels:two_args"], "does not match the alibi contract"),
+    (["user_kernels:wrong_shape"], "output has shape (1, 1, 1, 1)"),
+    (["user_kernels:wrong_dtype", "--dtypes", "float32"], "output has dtype float64"),
+    ([f"{EX}:numpy_alibi", "--dtypes", "bfloat16"], "bfloat16 needs --framework torch"),
+    ([f"{EX}:numpy_alibi", "--dtypes", "float8"], "unknown dtype 'float8'"),
+    ([f"{EX}:numpy_alibi", "--case", "50", "--cases", "50"], "case: must be in 0..49"),
+    ([f"{EX}:numpy_alibi", "--device", "cuda"], "numpy kernels run on cpu"),
+    ([f"{EX}:numpy_alibi", "--positions", "middle"], "positions: entries must be in"),
+])
+def test_bad_input_one_line_exit_2(capsys, tmp_path, monkeypatch, args, message):
+    _write_module(tmp_path, monkeypatch, BAD_KERNELS)
+    code, out, err = verify(capsys, *args)
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert err.startswith("plsh verify: ") and message in err, err
+
+
+def test_console_script_no_traceback(tmp_path):
+    """Through the installed entry point: an import error inside the user's module."""
+    (tmp_path / "broken_mod.py").write_text("import numpy\nraise RuntimeError('boom')\n")
+    proc = subprocess.run([sys.executable, "-m", "plsh_ref.cli", "verify", "broken_mod:f"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == ("plsh verify: kernel: cannot import module 'broken_mod': "
+                                   "RuntimeError: boom")
+
+
+def test_torch_framework_with_plsh_fast(capsys):
+    pytest.importorskip("torch")
+    pytest.importorskip("plsh_fast")
+    code, out, err = verify(capsys, f"{EX}:plsh_fast_kernel", "--kind", "plsh", "--framework",
+                            "torch", "--cases", "12", "--max-seq-len", "12")
+    assert code == 0, out + err
