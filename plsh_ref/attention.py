@@ -56,9 +56,10 @@ def validate_qkv(query, key, value):
     q = as_float_array("query", query, ndim=4)
     k = as_float_array("key", key, ndim=4)
     v = as_float_array("value", value, ndim=4)
-    if k.shape[0] != q.shape[0] or v.shape[0] != q.shape[0]:
-        raise ValueError(f"key: batch sizes differ: query {q.shape[0]}, key {k.shape[0]}, "
-                         f"value {v.shape[0]}")
+    for name, x in (("key", k), ("value", v)):
+        if x.shape[0] != q.shape[0]:
+            raise ValueError(f"{name}: batch size {x.shape[0]} differs from query batch size "
+                             f"{q.shape[0]}")
     if k.shape[3] != q.shape[3]:
         raise ValueError(f"key: head_dim {k.shape[3]} differs from query head_dim {q.shape[3]}")
     if v.shape[1] != k.shape[1] or v.shape[2] != k.shape[2]:
@@ -85,7 +86,14 @@ def _softmax_with_log_weight(q, k, v, log_weight, scale):
     num_heads = q.shape[1]
     k = _expand_kv(k, num_heads)
     v = _expand_kv(v, num_heads)
-    logits = scale * np.einsum("bhid,bhjd->bhij", q, k) + log_weight
+    with np.errstate(over="ignore", invalid="ignore"):
+        scores = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    if not np.all(np.isfinite(scores)):
+        # Finite inputs whose logits overflow binary64 would otherwise look like empty rows
+        # (output 0, lse -inf) or give NaN: refuse instead of returning a wrong answer.
+        raise ValueError("query: scale * query . key overflows float64 (non-finite logits); "
+                         "rescale query/key or pass a smaller scale")
+    logits = scores + log_weight
     row_max = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
     empty = ~np.isfinite(row_max)
     shift = np.where(empty, 0.0, row_max)
@@ -181,7 +189,7 @@ def alibi_attention(query, key, value, *, slopes=None, causal: bool = True, scal
     ------
     TypeError, ValueError
         Bad shapes, NaN/inf, non-dividing head counts, non-positive slopes or scale,
-        non-integer positions.
+        non-integer positions, logits ``scale q.k`` that overflow float64 (``query``).
 
     References
     ----------

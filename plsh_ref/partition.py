@@ -281,12 +281,12 @@ def masks(partition: PartitionSample, query_positions, key_positions, *,
     numpy.ndarray
         bool, shape ``(num_heads, num_samples, n_q, n_k)`` (memory ``H s n_q n_k`` bytes).
     """
-    bq = bins(partition, query_positions)
-    bk = bins(partition, key_positions)
+    qpos = as_positions("query_positions", query_positions)
+    kpos = as_positions("key_positions", key_positions)
+    bq = bins(partition, qpos)
+    bk = bins(partition, kpos)
     out = bq[..., :, None] == bk[..., None, :]
     if causal:
-        qpos = as_positions("query_positions", query_positions)
-        kpos = as_positions("key_positions", key_positions)
         out &= (kpos[None, :] <= qpos[:, None])
     return out
 
@@ -311,14 +311,14 @@ def counts(partition: PartitionSample, query_positions, key_positions, *,
     ----------
     SPEC sections 2-3 (``C = s M~``).
     """
-    bq = bins(partition, query_positions)
-    bk = bins(partition, key_positions)
+    qpos = as_positions("query_positions", query_positions)
+    kpos = as_positions("key_positions", key_positions)
+    bq = bins(partition, qpos)
+    bk = bins(partition, kpos)
     out = np.zeros((bq.shape[0], bq.shape[2], bk.shape[2]), dtype=np.int64)
     for t in range(bq.shape[1]):
         out += bq[:, t, :, None] == bk[:, t, None, :]
     if causal:
-        qpos = as_positions("query_positions", query_positions)
-        kpos = as_positions("key_positions", key_positions)
         out *= (kpos[None, :] <= qpos[:, None])
     return out
 
