@@ -1,0 +1,191 @@
+"""Torch-side argument checks of :func:`plsh_fast.plsh_attention`.
+
+Every check raises :class:`ValueError` or :class:`TypeError` whose message starts with the
+name of the offending argument, before any kernel is launched. Scalar and host-array checks
+reuse :mod:`plsh_ref._validation`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import torch
+
+from plsh_ref._validation import as_positions, check_int, check_positive_float, check_sigma
+from plsh_ref.alibi import alibi_slopes
+from plsh_ref.partition import PartitionSample
+
+__all__ = [
+    "BACKENDS",
+    "MAX_HEAD_DIM_TRITON",
+    "check_backend",
+    "check_finite",
+    "check_num_samples",
+    "check_partition",
+    "check_positions",
+    "check_qkv",
+    "check_scale",
+    "check_slopes",
+]
+
+BACKENDS = ("auto", "cpu", "triton")
+#: Largest head_dim of the Triton kernels (SPEC section 5).
+MAX_HEAD_DIM_TRITON = 256
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def check_qkv(query, key, value) -> None:
+    """Check types, devices, dtypes, ranks and shapes of ``query``, ``key``, ``value``.
+
+    Shapes: ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
+    ``(batch, num_heads_kv, n_k, head_dim_v)`` with ``num_heads % num_heads_kv == 0``,
+    ``head_dim >= 1``, ``head_dim_v >= 1``. All three share one device and one floating
+    dtype (float16, bfloat16, float32, or float64 on the CPU).
+
+    Raises
+    ------
+    TypeError
+        A non-tensor, a non-floating dtype, mixed dtypes, or float64 on a non-CPU device.
+    ValueError
+        Different devices, wrong ranks, inconsistent batch/length/head_dim, head counts that
+        do not divide.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name}: must have 4 dimensions (batch, heads, seq_len, head_dim), "
+                             f"got shape {tuple(t.shape)}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise TypeError(f"{name}: dtype must be float16, bfloat16, float32 or float64, "
+                            f"got {t.dtype}")
+    for name, t in (("key", key), ("value", value)):
+        if t.device != query.device:
+            raise ValueError(f"{name}: on device {t.device}, query on {query.device}")
+        if t.dtype != query.dtype:
+            raise TypeError(f"{name}: dtype {t.dtype} differs from query dtype {query.dtype}")
+    if query.dtype == torch.float64 and query.device.type != "cpu":
+        raise TypeError("query: float64 is supported on the CPU path only")
+    b, h, _, d = query.shape
+    if key.shape[0] != b or value.shape[0] != b:
+        raise ValueError(f"key: batch sizes differ: query {b}, key {key.shape[0]}, "
+                         f"value {value.shape[0]}")
+    if d < 1 or value.shape[3] < 1:
+        raise ValueError(f"query: head_dim and head_dim_v must be >= 1, got {d}, {value.shape[3]}")
+    if key.shape[3] != d:
+        raise ValueError(f"key: head_dim {key.shape[3]} differs from query head_dim {d}")
+    if value.shape[1] != key.shape[1] or value.shape[2] != key.shape[2]:
+        raise ValueError(f"value: (num_heads_kv, n_k) = {tuple(value.shape[1:3])} differs from "
+                         f"key's {tuple(key.shape[1:3])}")
+    if h < 1 or key.shape[1] < 1 or h % key.shape[1] != 0:
+        raise ValueError(f"key: num_heads_kv={key.shape[1]} must divide num_heads={h} (both >= 1)")
+
+
+def check_finite(query, key, value) -> None:
+    """Refuse NaN/inf in ``query``, ``key``, ``value`` (one extra pass over each tensor).
+
+    Raises
+    ------
+    ValueError
+        Naming the first tensor that holds a non-finite value.
+    """
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if t.numel() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{name}: contains NaN or infinite values")
+
+
+def check_slopes(slopes, num_heads: int) -> np.ndarray:
+    """Slopes as a float64 host array ``(num_heads,)``; default ALiBi slopes when ``None``.
+
+    Raises
+    ------
+    ValueError
+        Wrong length, non-positive or non-finite slopes.
+    TypeError
+        Non-numeric slopes.
+    """
+    if slopes is None:
+        return alibi_slopes(num_heads)
+    m = check_sigma("slopes", slopes)
+    if m.shape != (num_heads,):
+        raise ValueError(f"slopes: must have shape ({num_heads},), got {m.shape}")
+    return m.astype(np.float64)
+
+
+def check_partition(partition, num_heads: int, num_samples, seed) -> None:
+    """Check a given partition sample against the query and the other arguments.
+
+    Raises
+    ------
+    TypeError
+        ``partition`` is not a :class:`plsh_ref.partition.PartitionSample`.
+    ValueError
+        Its head count differs from the query's; ``num_samples`` disagrees with it; a
+        ``seed`` is passed as well (the two are exclusive).
+    """
+    if not isinstance(partition, PartitionSample):
+        raise TypeError(f"partition: must be a plsh_ref.partition.PartitionSample, "
+                        f"got {type(partition).__name__}")
+    if partition.num_heads != num_heads:
+        raise ValueError(f"partition: has {partition.num_heads} heads, query has {num_heads}")
+    if num_samples is not None and num_samples != partition.num_samples:
+        raise ValueError(f"num_samples: {num_samples} differs from the partition's "
+                         f"{partition.num_samples}")
+    if seed is not None:
+        raise ValueError("seed: pass either a partition or a seed, not both")
+
+
+def check_positions(name: str, positions, length: int, device) -> torch.Tensor | None:
+    """Explicit positions as an int64 tensor on ``device``, or ``None`` if not given.
+
+    Integers (or integral floats) of magnitude ``< 2**53``, one-dimensional, of length
+    ``length`` (validated on the host by :func:`plsh_ref._validation.as_positions`).
+    """
+    if positions is None:
+        return None
+    arr = as_positions(name, positions, length=length)
+    return torch.from_numpy(np.ascontiguousarray(arr)).to(device)
+
+
+def check_scale(scale, head_dim: int) -> float:
+    """Logit scale: ``1 / sqrt(head_dim)`` by default, else a finite float > 0."""
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    return check_positive_float("scale", scale)
+
+
+def check_backend(backend: str, device: torch.device, head_dim: int, head_dim_v: int) -> str:
+    """Resolve ``backend`` ("auto", "cpu", "triton") for tensors on ``device``.
+
+    ``"auto"``: the CPU path for CPU tensors, Triton otherwise. ``"triton"`` on CPU tensors
+    runs the kernels in the Triton interpreter and needs ``TRITON_INTERPRET=1`` in the
+    environment before Triton is imported (tests only).
+
+    Raises
+    ------
+    ValueError
+        Unknown backend; ``"cpu"`` with non-CPU tensors; ``"triton"`` on CPU without
+        ``TRITON_INTERPRET=1``; head_dim above 256 on the Triton path.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        backend = "cpu" if device.type == "cpu" else "triton"
+    if backend == "cpu" and device.type != "cpu":
+        raise ValueError(f"backend: 'cpu' needs CPU tensors, got device {device}")
+    if backend == "triton":
+        if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError("backend: 'triton' on CPU tensors needs TRITON_INTERPRET=1 set "
+                             "before triton is imported (a CUDA-only option otherwise)")
+        if max(head_dim, head_dim_v) > MAX_HEAD_DIM_TRITON:
+            raise ValueError(f"backend: head_dim up to {MAX_HEAD_DIM_TRITON} on the Triton path, "
+                             f"got {max(head_dim, head_dim_v)}")
+    return backend
+
+
+def check_num_samples(num_samples) -> int:
+    """``num_samples`` as an int ``>= 1``."""
+    return check_int("num_samples", num_samples, minimum=1)

@@ -1,0 +1,140 @@
+"""Public torch entry point: :func:`plsh_attention` (validation, partition, dispatch)."""
+
+from __future__ import annotations
+
+import torch
+
+from . import _validation as V
+from .autograd import PLSHAttentionFunction
+from .partition import partition_tensors, resolve_partition
+
+__all__ = ["plsh_attention"]
+
+DEFAULT_NUM_SAMPLES = 16
+
+
+def _default_positions(n_q: int, n_k: int, device):
+    """Keys ``0..n_k-1``; queries aligned to the end, ``n_k - n_q + (0..n_q-1)`` (SPEC 1)."""
+    return (torch.arange(n_k - n_q, n_k, dtype=torch.int64, device=device),
+            torch.arange(n_k, dtype=torch.int64, device=device))
+
+
+def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: bool = True,
+                   scale=None, partition=None, seed=None, query_positions=None,
+                   key_positions=None, return_lse: bool = False, backend: str = "auto",
+                   check_finite: bool = False):
+    """PLSH attention: softmax attention with the count-weighted ALiBi approximation.
+
+    Computes ``T~_i = sum_j A_ij C_ij v_j / sum_j A_ij C_ij`` with
+    ``A_ij = exp(scale q_i . k_j)`` and ``C_ij`` the number of the ``num_samples`` random
+    binnings of positions that put ``p_i`` and ``p_j`` in the same bin (times the causal
+    mask), i.e. ``softmax(scale Q K^T + log C) V``. Its expectation over partitions
+    approximates exact ALiBi attention with slopes ``m_h`` at rate ``s^(-1/2)``. For the
+    same partition sample it is the function of :func:`plsh_ref.attention.plsh_attention`
+    (float64 reference). Differentiable in ``query``, ``key``, ``value`` (and through the
+    returned LSE).
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim)``; float16, bfloat16, float32 (float64 on the CPU
+        path); any strides; ``n_q >= 0``; ``head_dim <= 256`` on the Triton path.
+    key : torch.Tensor
+        ``(batch, num_heads_kv, n_k, head_dim)`` with ``num_heads % num_heads_kv == 0``
+        (grouped-query attention: query head ``h`` reads kv head
+        ``h // (num_heads // num_heads_kv)``).
+    value : torch.Tensor
+        ``(batch, num_heads_kv, n_k, head_dim_v)``.
+    slopes : array_like or torch.Tensor, shape ``(num_heads,)``, optional
+        ALiBi slopes ``m_h > 0`` (inverse tokens), held in float64 on the host; default
+        :func:`plsh_ref.alibi.alibi_slopes` ``(num_heads)``. Used to draw the partition
+        (``sigma_h = 1 / m_h``); ignored when ``partition`` is given.
+    num_samples : int, optional
+        Number of random binnings ``s >= 1`` per head (default 16). Must match the
+        partition when one is given.
+    causal : bool
+        Key ``j`` admissible for query ``i`` iff ``p_j <= p_i``.
+    scale : float, optional
+        Logit scale, default ``1 / sqrt(head_dim)``.
+    partition : plsh_ref.partition.PartitionSample, optional
+        The partition sample (``pitch``, ``offset`` of shape ``(num_heads, s)``). When
+        omitted one is drawn by :func:`plsh_ref.partition.draw_partition` with
+        ``sigma = 1 / slopes`` and ``seed``.
+    seed : int, optional
+        Seed of the draw (``None``: fresh OS entropy, not reproducible). Exclusive with
+        ``partition``.
+    query_positions, key_positions : array_like of int or torch.Tensor, optional
+        Absolute positions ``(n_q,)``, ``(n_k,)``, shared by the batch, any order, repeats
+        allowed, ``|p| < 2**53``. Default: keys ``0..n_k-1``, queries aligned to the end
+        (``n_k - n_q + (0..n_q-1)``).
+    return_lse : bool
+        Also return the LSE.
+    backend : {"auto", "cpu", "triton"}
+        ``"auto"``: the CPU path for CPU tensors, the Triton kernels for CUDA tensors.
+        ``"triton"`` with CPU tensors runs the Triton interpreter (``TRITON_INTERPRET=1``
+        must be set before Triton is imported; for tests).
+    check_finite : bool
+        Refuse NaN/inf in ``query``, ``key``, ``value``. Off by default: it costs one extra
+        read of every input (and a device synchronisation). With it off, a NaN input
+        propagates to the rows that can reach it.
+
+    Returns
+    -------
+    out : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim_v)``, dtype of ``query``; 0 on rows with no
+        admissible key.
+    lse : torch.Tensor
+        Only if ``return_lse``: ``(batch, num_heads, n_q)``, float32 (float64 for float64
+        inputs), ``log sum_j exp(scale q_i . k_j) C_ij / s`` (natural log); ``-inf`` on
+        rows with no admissible key.
+
+    Raises
+    ------
+    TypeError
+        Non-tensor inputs, non-floating or mixed dtypes, float64 off the CPU, a partition
+        that is not a ``PartitionSample``, non-integer ``num_samples``/``seed``/positions.
+    ValueError
+        Tensors on different devices, wrong ranks or inconsistent shapes, head counts that
+        do not divide, ``num_samples < 1``, slopes of the wrong length or not > 0, a
+        partition with another head count or sample count, both ``partition`` and
+        ``seed``, positions of the wrong length, an unknown or unavailable ``backend``,
+        non-finite inputs when ``check_finite``. All raised before any kernel launch.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), *Positional LSH*, Theorem 2.2; SPEC sections 2-3 and 5;
+    ``proofs_notes/backward.md`` for the gradients.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from plsh_fast import plsh_attention
+    >>> q = k = v = torch.randn(1, 4, 128, 64)
+    >>> out = plsh_attention(q, k, v, num_samples=16, seed=0)
+    >>> tuple(out.shape)
+    (1, 4, 128, 64)
+    """
+    V.check_qkv(query, key, value)
+    batch, num_heads, n_q, head_dim = query.shape
+    n_k, head_dim_v = key.shape[2], value.shape[3]
+    device = query.device
+    backend = V.check_backend(backend, device, head_dim, head_dim_v)
+    m = V.check_slopes(slopes, num_heads)
+    if partition is not None:
+        V.check_partition(partition, num_heads, num_samples, seed)
+    else:
+        num_samples = V.check_num_samples(DEFAULT_NUM_SAMPLES if num_samples is None
+                                          else num_samples)
+    c = V.check_scale(scale, head_dim)
+    qpos = V.check_positions("query_positions", query_positions, n_q, device)
+    kpos = V.check_positions("key_positions", key_positions, n_k, device)
+    default_q, default_k = _default_positions(n_q, n_k, device)
+    qpos = default_q if qpos is None else qpos
+    kpos = default_k if kpos is None else kpos
+    if check_finite:
+        V.check_finite(query, key, value)
+    sample = resolve_partition(partition, m, num_samples, seed)
+    pitch, offset = partition_tensors(sample, device)
+    out, lse = PLSHAttentionFunction.apply(query, key, value, pitch, offset, qpos, kpos, c,
+                                           bool(causal), backend)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,82 @@
+"""Moving a :class:`plsh_ref.partition.PartitionSample` to torch, and bins in torch.
+
+The partition sample is always drawn on the host by :func:`plsh_ref.partition.draw_partition`
+(numpy, seeded per global head), so the reference and the fast paths compute the same
+function. This module only converts it to float64 device tensors and evaluates the bins
+``floor((float64(p) - offset) / pitch)`` with torch's binary64 subtraction and division,
+which are the correctly rounded IEEE 754 operations that :func:`plsh_ref.partition.bins`
+uses (SPEC section 2): the two give identical int64 bins (tested bit for bit in
+``tests/test_cpu_path.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from plsh_ref.alibi import sigma_from_slopes
+from plsh_ref.partition import PartitionSample, draw_partition
+
+__all__ = ["bins", "partition_tensors", "resolve_partition"]
+
+
+def resolve_partition(partition, slopes: np.ndarray, num_samples: int, seed) -> PartitionSample:
+    """The partition sample to use: ``partition`` if given, else a fresh draw.
+
+    Parameters
+    ----------
+    partition : PartitionSample or None
+        Used as is when given (its head count is checked by the caller).
+    slopes : numpy.ndarray
+        float64 ``(num_heads,)`` slopes; the draw uses ``sigma = 1 / slopes``.
+    num_samples : int
+        ``s >= 1``.
+    seed : int or None
+        Seed of :func:`plsh_ref.partition.draw_partition` (``None``: OS entropy).
+
+    Returns
+    -------
+    PartitionSample
+    """
+    if partition is not None:
+        return partition
+    return draw_partition(sigma_from_slopes(slopes), num_samples, seed)
+
+
+def partition_tensors(partition: PartitionSample, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pitch, offset)`` of ``partition`` as float64 tensors ``(num_heads, num_samples)`` on ``device``.
+
+    The values are copied bit for bit (float64 to float64).
+    """
+    pitch = torch.from_numpy(np.array(partition.pitch, dtype=np.float64))
+    offset = torch.from_numpy(np.array(partition.offset, dtype=np.float64))
+    return pitch.to(device), offset.to(device)
+
+
+def bins(pitch: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Bin index ``floor((float64(p) - offset) / pitch)`` of every position under every hash.
+
+    Parameters
+    ----------
+    pitch, offset : torch.Tensor
+        float64, ``(num_heads, num_samples)``.
+    positions : torch.Tensor
+        int64, ``(n,)``, ``|p| < 2**53`` (so that ``float64(p)`` is exact).
+
+    Returns
+    -------
+    torch.Tensor
+        int64, ``(num_heads, num_samples, n)``, equal bit for bit to
+        :func:`plsh_ref.partition.bins` on the same sample and positions.
+
+    References
+    ----------
+    SPEC section 2 (bins are defined in binary64; never in float32).
+    """
+    if pitch.dtype != torch.float64 or offset.dtype != torch.float64:
+        raise TypeError(f"pitch: pitch and offset must be float64, got {pitch.dtype}, {offset.dtype}")
+    if positions.dtype != torch.int64:
+        raise TypeError(f"positions: must be int64, got {positions.dtype}")
+    p = positions.to(torch.float64)
+    quotient = (p[None, None, :] - offset[..., None]) / pitch[..., None]
+    return torch.floor(quotient).to(torch.int64)
