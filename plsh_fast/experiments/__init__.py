@@ -1,0 +1,1 @@
+"""Experiments that need torch: ``plsh train-lm`` (:mod:`.train_lm`)."""

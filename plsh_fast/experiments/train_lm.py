@@ -1,0 +1,335 @@
+"""``plsh train-lm``: small byte-level LMs with exact ALiBi, PLSH and baselines.
+
+The paper's downstream claim (Wolfson & Wagner 2026, section 5): with few hashes
+(s = 10, 20) positional LSH trains models as good as exact ALiBi, better than no
+positional bias and than fixed blocks, also when evaluated at twice the training length.
+This command checks it at a scale that runs on two CPU cores: every variant trains the
+same model (same initial weights, same batches in the same order) on the CPython standard
+library sources (:mod:`plsh_fast.experiments.corpus`), then is evaluated on held-out files
+at the training length ``L`` and at ``2L`` and ``4L``.
+
+PLSH variants draw a fresh partition every training forward and are evaluated with their
+fixed, seeded eval partition; they are also evaluated with exact ALiBi swapped in
+(rows ``plsh-S (eval: exact ALiBi)``), which shows whether the weights or the
+approximation at eval time account for a difference.
+
+Outputs in ``--out`` (default ``train_lm_<UTC time>``): ``results.json``,
+``results.md`` (table and the exact command), ``results.png`` (training curves and
+validation bits per byte against evaluation length).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+HELP = ("Train small causal byte-level transformers on the Python standard library with "
+        "exact ALiBi, positional LSH (s=10, 20), no positional bias and fixed blocks; "
+        "report validation bits per byte at 1x, 2x, 4x the training length.")
+
+DEFAULT_VARIANTS = "alibi,plsh-10,plsh-20,none,blocks"
+
+#: (flag, attribute, type, default, help) of every option, in command order
+_OPTIONS = [
+    ("--variants", "variants", str, DEFAULT_VARIANTS,
+     "comma-separated variants: alibi, plsh-S (S hashes), none, blocks"),
+    ("--seq-len", "seq_len", int, 128, "training length L (bytes)"),
+    ("--steps", "steps", int, 300, "optimizer steps per variant"),
+    ("--batch-size", "batch_size", int, 32, "sequences per step"),
+    ("--d-model", "d_model", int, 128, "model width"),
+    ("--layers", "layers", int, 4, "transformer layers"),
+    ("--heads", "heads", int, 4, "attention heads (standard ALiBi slopes)"),
+    ("--lr", "lr", float, 3e-3, "peak AdamW learning rate (linear warmup, cosine decay)"),
+    ("--weight-decay", "weight_decay", float, 0.01, "AdamW weight decay"),
+    ("--eval-lengths", "eval_lengths", str, "1,2,4", "evaluation lengths as multiples of L"),
+    ("--eval-tokens", "eval_tokens", int, 65536,
+     "validation bytes scored at each evaluation length (same text for every length)"),
+    ("--block-size", "block_size", int, 0,
+     "block size of the 'blocks' variant; 0: per head round(2 sigma_h)"),
+    ("--backend", "backend", str, "fast", "PLSH backend: fast (plsh_attention) or dense"),
+    ("--seed", "seed", int, 0, "seed of the initial weights and of the partitions"),
+    ("--data-seed", "data_seed", int, 0, "seed of the training batch order"),
+    ("--val-fraction", "val_fraction", float, 0.05, "fraction of files held out"),
+    ("--max-bytes", "max_bytes", int, 0, "cap on the bytes read per split (0: no cap)"),
+    ("--corpus", "corpus", str, "", "directory of .py files (default: the stdlib)"),
+    ("--threads", "threads", int, 2, "torch CPU threads"),
+    ("--out", "out", str, "", "output folder (default train_lm_<UTC time>)"),
+]
+
+
+def add_arguments(parser) -> None:
+    """Register the options of ``plsh train-lm`` on an ``argparse`` parser."""
+    for flag, dest, typ, default, text in _OPTIONS:
+        parser.add_argument(flag, dest=dest, type=typ, default=default,
+                            help=f"{text} (default: {default!r})")
+    parser.add_argument("--no-eval-exact", dest="eval_exact", action="store_false",
+                        help="skip evaluating PLSH-trained models with exact ALiBi")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="hide the progress bars")
+
+
+def command_line(args) -> str:
+    """The full ``plsh train-lm`` command (every option spelled out) that reproduces ``args``."""
+    parts = ["plsh", "train-lm"]
+    for flag, dest, _, _, _ in _OPTIONS:
+        value = getattr(args, dest)
+        if dest == "out" or (dest == "corpus" and not value):
+            continue
+        parts += [flag, str(value)]
+    if not args.eval_exact:
+        parts.append("--no-eval-exact")
+    return " ".join(parts)
+
+
+def _check_args(args) -> tuple[list[str], list[int]]:
+    from .model import parse_variant
+
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    if not variants:
+        raise ValueError("variants: empty list")
+    for v in variants:
+        parse_variant(v)
+    if len(set(variants)) != len(variants):
+        raise ValueError(f"variants: duplicates in {variants}")
+    try:
+        factors = sorted({int(f) for f in args.eval_lengths.split(",")})
+    except ValueError:
+        raise ValueError(f"eval_lengths: must be comma-separated integers, got "
+                         f"{args.eval_lengths!r}") from None
+    if not factors or factors[0] < 1:
+        raise ValueError(f"eval_lengths: multiples must be >= 1, got {args.eval_lengths!r}")
+    for name in ("seq_len", "steps", "batch_size", "d_model", "layers", "heads",
+                 "eval_tokens", "threads"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"{name}: must be >= 1, got {getattr(args, name)}")
+    if args.d_model % args.heads:
+        raise ValueError(f"d_model: {args.d_model} not divisible by heads={args.heads}")
+    if args.eval_tokens < args.seq_len * factors[-1]:
+        raise ValueError(f"eval_tokens: must be >= the longest evaluation length "
+                         f"{args.seq_len * factors[-1]}, got {args.eval_tokens}")
+    if args.backend not in ("fast", "dense"):
+        raise ValueError(f"backend: must be 'fast' or 'dense', got {args.backend!r}")
+    if args.lr <= 0 or args.weight_decay < 0:
+        raise ValueError("lr: must be > 0 (and weight_decay >= 0)")
+    return variants, factors
+
+
+def _lr_at(step: int, total: int, peak: float) -> float:
+    warmup = max(1, total // 10)
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def _windows(stream: np.ndarray, starts: np.ndarray, length: int):
+    import torch
+
+    idx = starts[:, None] + np.arange(length + 1)[None, :]
+    chunk = torch.from_numpy(stream[idx].astype(np.int64))
+    return chunk[:, :-1], chunk[:, 1:]
+
+
+def evaluate(model, stream: np.ndarray, length: int, num_tokens: int,
+             batch_tokens: int = 16384) -> float:
+    """Mean next-byte cross-entropy (nats) over non-overlapping windows of ``length``.
+
+    The windows tile the first ``num_tokens`` (rounded down to a multiple of ``length``)
+    predicted bytes of ``stream``; every position of every window is scored.
+    """
+    import torch
+    from torch.nn import functional as F
+
+    count = min(num_tokens, stream.size - 1) // length
+    if count < 1:
+        raise ValueError(f"stream: too short for one window of length {length}")
+    starts = np.arange(count) * length
+    per_batch = max(1, batch_tokens // length)
+    total, n = 0.0, 0
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        for b in range(0, count, per_batch):
+            x, y = _windows(stream, starts[b:b + per_batch], length)
+            logits = model(x)
+            total += F.cross_entropy(logits.reshape(-1, 256), y.reshape(-1),
+                                     reduction="sum").item()
+            n += y.numel()
+    model.train(was_training)
+    return total / n
+
+
+def _metrics(loss: float) -> dict:
+    return {"loss_nats": loss, "bits_per_byte": loss / math.log(2.0),
+            "perplexity": math.exp(loss)}
+
+
+def train_variant(variant: str, corpus, args, batch_starts: np.ndarray, factors,
+                  block_sizes) -> dict:
+    """Train one variant from the shared init and batch order; evaluate it."""
+    import torch
+    from torch.nn import functional as F
+    from tqdm import tqdm
+
+    from .model import ByteLM, parse_variant
+
+    torch.manual_seed(args.seed)
+    model = ByteLM(variant, d_model=args.d_model, num_layers=args.layers,
+                   num_heads=args.heads, seed=args.seed, backend=args.backend,
+                   block_sizes=block_sizes)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95))
+    losses = []
+    t0 = time.perf_counter()
+    model.train()
+    bar = tqdm(range(args.steps), desc=f"{variant:>8}", disable=not args.progress,
+               dynamic_ncols=True, file=sys.stderr)
+    for step in bar:
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, args.steps, args.lr)
+        x, y = _windows(corpus.train, batch_starts[step], args.seq_len)
+        loss = F.cross_entropy(model(x).reshape(-1, 256), y.reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        if step % 10 == 0 or step == args.steps - 1:
+            bar.set_postfix(bpb=f"{losses[-1] / math.log(2):.3f}")
+    bar.close()
+    train_s = time.perf_counter() - t0
+    result = {"variant": variant, "train_loss": losses, "train_seconds": train_s, "eval": {}}
+    for f in factors:
+        result["eval"][str(f)] = _metrics(
+            evaluate(model, corpus.val, f * args.seq_len, args.eval_tokens))
+    if parse_variant(variant)[0] == "plsh" and args.eval_exact:
+        cores = model.attention_cores()
+        for core in cores:
+            core.exact = True
+        result["eval_exact_alibi"] = {
+            str(f): _metrics(evaluate(model, corpus.val, f * args.seq_len, args.eval_tokens))
+            for f in factors}
+        for core in cores:
+            core.exact = False
+    result["eval_seconds"] = time.perf_counter() - t0 - train_s
+    return result
+
+
+def _table_rows(results: list[dict], factors) -> list[tuple[str, list[dict]]]:
+    rows = []
+    for r in results:
+        rows.append((r["variant"], [r["eval"][str(f)] for f in factors]))
+        if "eval_exact_alibi" in r:
+            rows.append((f"{r['variant']} (eval: exact ALiBi)",
+                         [r["eval_exact_alibi"][str(f)] for f in factors]))
+    return rows
+
+
+def markdown_table(results: list[dict], factors, seq_len: int) -> str:
+    """Validation bits per byte (and perplexity per byte) at each evaluation length."""
+    head = "| variant | " + " | ".join(f"bpb @ {f * seq_len}" for f in factors)
+    head += " | " + " | ".join(f"ppl @ {f * seq_len}" for f in factors) + " |"
+    sep = "|---" * (1 + 2 * len(factors)) + "|"
+    lines = [head, sep]
+    for name, cells in _table_rows(results, factors):
+        lines.append(f"| {name} | " + " | ".join(f"{c['bits_per_byte']:.4f}" for c in cells)
+                     + " | " + " | ".join(f"{c['perplexity']:.3f}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def _plot(results: list[dict], factors, seq_len: int, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for r in results:
+        loss = np.asarray(r["train_loss"]) / math.log(2.0)
+        k = max(1, len(loss) // 30)
+        smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
+        ax1.plot(np.arange(smooth.size) + k, smooth, label=r["variant"])
+    ax1.set_xlabel("step")
+    ax1.set_ylabel(f"training bits per byte (moving average)")
+    ax1.set_title(f"training, L = {seq_len}")
+    lengths = [f * seq_len for f in factors]
+    for name, cells in _table_rows(results, factors):
+        style = "--" if "exact ALiBi" in name else "-"
+        ax2.plot(lengths, [c["bits_per_byte"] for c in cells], style, marker="o", label=name)
+    ax2.set_xscale("log", base=2)
+    ax2.set_xticks(lengths, [str(n) for n in lengths])
+    ax2.set_xlabel("evaluation length (bytes)")
+    ax2.set_ylabel("validation bits per byte")
+    ax2.set_title("length extrapolation")
+    ax2.legend(fontsize=7)
+    ax1.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(args) -> int:
+    """Run the experiment described by ``args`` (see :func:`add_arguments`); return 0.
+
+    Raises
+    ------
+    ValueError
+        On invalid options (message starts with the option's name).
+    """
+    import torch
+
+    from .corpus import load_corpus
+    from .model import default_block_sizes
+
+    variants, factors = _check_args(args)
+    torch.set_num_threads(args.threads)
+    corpus = load_corpus(args.corpus or None, val_fraction=args.val_fraction,
+                         max_bytes=args.max_bytes or None)
+    if corpus.train.size <= args.seq_len + 1:
+        raise ValueError(f"corpus: training split has {corpus.train.size} bytes, fewer than "
+                         f"seq_len + 2")
+    block_sizes = ([args.block_size] * args.heads if args.block_size > 0
+                   else default_block_sizes(args.heads))
+    rng = np.random.default_rng(args.data_seed)
+    batch_starts = rng.integers(0, corpus.train.size - args.seq_len - 1,
+                                size=(args.steps, args.batch_size))
+    out = args.out or time.strftime("train_lm_%Y%m%d-%H%M%S", time.gmtime())
+    os.makedirs(out, exist_ok=True)
+    cmd = command_line(args)
+    print(f"plsh train-lm: {corpus.summary()}", file=sys.stderr)
+    t0 = time.perf_counter()
+    results = [train_variant(v, corpus, args, batch_starts, factors, block_sizes)
+               for v in variants]
+    wall = time.perf_counter() - t0
+    meta = {"command": cmd, "wall_seconds": wall, "corpus": corpus.summary(),
+            "block_sizes": block_sizes, "eval_lengths": [f * args.seq_len for f in factors],
+            "torch": torch.__version__, "python": platform.python_version(),
+            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+            "threads": args.threads, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+            "params": {k: getattr(args, k) for _, k, _, _, _ in _OPTIONS}}
+    table = markdown_table(results, factors, args.seq_len)
+    with open(os.path.join(out, "results.json"), "w") as fh:
+        json.dump({"meta": meta, "results": results}, fh, indent=1)
+    times = ", ".join(f"{r['variant']} {r['train_seconds']:.0f} s" for r in results)
+    with open(os.path.join(out, "results.md"), "w") as fh:
+        fh.write(f"# plsh train-lm\n\nCommand: `{cmd}`\n\n"
+                 f"Validation bits per byte (lower is better) and perplexity per byte, "
+                 f"trained at L = {args.seq_len}; PLSH rows use each layer's fixed eval "
+                 f"partition unless marked exact ALiBi.\n\n{table}\n\n"
+                 f"Corpus: {corpus.summary()}. Fixed block sizes per head: {block_sizes}. "
+                 f"Training time: {times}; total wall time {wall:.0f} s "
+                 f"({args.threads} threads, torch {torch.__version__}, "
+                 f"{meta['date_utc']} UTC).\n")
+    _plot(results, factors, args.seq_len, os.path.join(out, "results.png"))
+    print(table)
+    print(f"total wall time {wall:.0f} s; results written to {os.path.abspath(out)}")
+    return 0

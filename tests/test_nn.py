@@ -1,0 +1,237 @@
+"""plsh_fast.nn: PLSHAttention / PLSHSelfAttention behaviour.
+
+References are the float64 functions of plsh_ref (exact ALiBi, PLSH with the module's
+partition); the module's dense backend and the fused backend must compute them.
+"""
+
+import io
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import plsh_ref  # noqa: E402
+from plsh_fast.nn import PLSHAttention, PLSHSelfAttention, biased_sdpa  # noqa: E402
+from plsh_ref.partition import draw_partition  # noqa: E402
+
+
+def _qkv(n=24, heads=4, heads_kv=None, d=8, batch=2, dtype=torch.float64, seed=0, n_k=None):
+    g = torch.Generator().manual_seed(seed)
+    heads_kv = heads_kv or heads
+    n_k = n if n_k is None else n_k
+    q = torch.randn(batch, heads, n, d, generator=g, dtype=dtype)
+    k = torch.randn(batch, heads_kv, n_k, d, generator=g, dtype=dtype)
+    v = torch.randn(batch, heads_kv, n_k, d + 1, generator=g, dtype=dtype)
+    return q, k, v
+
+
+def _np(*ts):
+    return [t.detach().numpy() for t in ts]
+
+
+# -------------------------------------------------------------------- float64 state
+@pytest.mark.parametrize("convert", ["half", "bfloat16", "float", "to_float16"])
+def test_float64_buffers_survive_dtype_casts(convert):
+    layer = PLSHSelfAttention(32, 4, attention=PLSHAttention(4, 10, seed=3))
+    core = layer.attention
+    before = {k: core._buffers[k].clone() for k in ("slopes", "pitch", "offset")}
+    if convert == "to_float16":
+        layer.to(torch.float16)
+    else:
+        getattr(layer, convert)()
+    assert layer.q_proj.weight.dtype != torch.float64  # the cast did happen to the weights
+    for name, old in before.items():
+        new = core._buffers[name]
+        assert new.dtype == torch.float64, name
+        assert torch.equal(new, old), name  # bit for bit: no round trip through low precision
+    assert core.state_dict()["pitch"].dtype == torch.float64
+
+
+def test_negative_control_plain_module_buffer_is_downcast():
+    # Without the _apply override a float64 buffer is downcast by .half(): the test
+    # above would catch a regression.
+    m = torch.nn.Module()
+    m.register_buffer("pitch", torch.ones(2, dtype=torch.float64))
+    m.half()
+    assert m.pitch.dtype == torch.float16
+
+
+# ------------------------------------------------------------------ reference values
+def test_eval_equals_reference_plsh_with_module_partition():
+    core = PLSHAttention(4, 12, seed=7, backend="dense").eval()
+    q, k, v = _qkv(n=40)
+    out = core(q, k, v)
+    ref, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.partition, causal=True)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
+    # and a different partition gives a different function (the check can fail)
+    other, _ = plsh_ref.plsh_attention(*_np(q, k, v), draw_partition(core.sigma, 12, 8))
+    assert np.max(np.abs(other - ref)) > 1e-3
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("heads_kv", [4, 2, 1])
+def test_exact_equals_dense_alibi_reference(causal, heads_kv):
+    core = PLSHAttention(4, 5, exact=True, causal=causal)
+    q, k, v = _qkv(n=20, heads_kv=heads_kv, n_k=29)
+    kpos = np.arange(29) + 100
+    qpos = np.arange(20) + 109
+    out = core(q, k, v, qpos, kpos)
+    ref, _ = plsh_ref.alibi_attention(*_np(q, k, v), causal=causal, query_positions=qpos,
+                                      key_positions=kpos)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
+    # negative control: PLSH with few samples is measurably different from exact ALiBi
+    core.exact = False
+    core.backend = "dense"
+    assert np.max(np.abs(core.eval()(q, k, v, qpos, kpos).numpy() - ref)) > 1e-3
+
+
+def test_exact_in_float32_within_sdpa_rounding():
+    core = PLSHAttention(4, exact=True)
+    q, k, v = _qkv(n=33, dtype=torch.float32)
+    out = core(q, k, v).double().numpy()
+    ref, _ = plsh_ref.alibi_attention(*_np(q.double(), k.double(), v.double()))
+    assert np.max(np.abs(out - ref)) <= 64 * np.finfo(np.float32).eps * np.max(np.abs(ref))
+
+
+def test_longer_sequences_than_ever_seen_just_work():
+    # A partition is a function of absolute positions: no length is fixed at draw time.
+    core = PLSHAttention(4, 8, seed=1, backend="dense").eval()
+    q, k, v = _qkv(n=300, batch=1, d=4)
+    out = core(q, k, v)
+    ref, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.partition)
+    np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
+    # causal prefix consistency: the first 100 rows do not depend on the later tokens
+    short = core(q[:, :, :100], k[:, :, :100], v[:, :, :100])
+    np.testing.assert_allclose(short.numpy(), out[:, :, :100].numpy(), rtol=0, atol=1e-12)
+    # far positions (a chunk at 10**6) also match the reference
+    pos = np.arange(50) + 10**6
+    far = core(q[:, :, :50], k[:, :, :50], v[:, :, :50], pos, pos)
+    ref_far, _ = plsh_ref.plsh_attention(*_np(q[:, :, :50], k[:, :, :50], v[:, :, :50]),
+                                         core.partition, query_positions=pos, key_positions=pos)
+    np.testing.assert_allclose(far.numpy(), ref_far, rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------- train / eval partitions
+def test_training_resamples_every_forward_and_eval_is_fixed():
+    core = PLSHAttention(4, 10, seed=5, backend="dense")
+    q, k, v = _qkv(n=48)
+    core.train()
+    a, b = core(q, k, v), core(q, k, v)
+    assert core.num_draws == 2
+    assert torch.max(torch.abs(a - b)) > 1e-3
+    # the training stream is reproducible from the seed
+    np.testing.assert_array_equal(core.training_partition(1).pitch,
+                                  PLSHAttention(4, 10, seed=5).training_partition(1).pitch)
+    ref_b, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.training_partition(1))
+    np.testing.assert_allclose(b.detach().numpy(), ref_b, rtol=0, atol=1e-12)
+    core.eval()
+    c, d = core(q, k, v), core(q, k, v)
+    assert torch.equal(c, d)
+    assert core.num_draws == 2  # eval does not advance the stream
+
+
+def test_resample_fixed_trains_with_the_eval_partition():
+    core = PLSHAttention(4, 10, seed=5, resample="fixed", backend="dense")
+    q, k, v = _qkv(n=30)
+    train_out = core.train()(q, k, v)
+    assert torch.equal(train_out, core.eval()(q, k, v))
+    assert core.num_draws == 0
+
+
+def test_state_dict_round_trip_gives_identical_eval_outputs():
+    src = PLSHSelfAttention(32, 4, attention=PLSHAttention(4, 10, seed=11, backend="dense"))
+    src.attention.num_draws = 17
+    dst = PLSHSelfAttention(32, 4, attention=PLSHAttention(4, 6, seed=99, backend="dense"))
+    x = torch.randn(2, 50, 32)
+    assert not torch.equal(src.eval()(x), dst.eval()(x))  # differ before loading
+    buf = io.BytesIO()
+    torch.save(src.state_dict(), buf)
+    buf.seek(0)
+    state = torch.load(buf, weights_only=False)
+    assert state["attention.pitch"].dtype == torch.float64
+    dst.load_state_dict(state)
+    assert dst.attention.num_samples == 10  # another num_samples is adopted
+    assert dst.attention.seed == 11 and dst.attention.num_draws == 17
+    assert dst.attention.partition == src.attention.partition
+    assert torch.equal(src(x), dst(x))
+    # training continues the same partition stream after a resume
+    np.testing.assert_array_equal(dst.attention.training_partition(17).offset,
+                                  src.attention.training_partition(17).offset)
+
+
+def test_gradients_flow_and_match_float64_gradcheck():
+    core = PLSHAttention(2, 4, seed=2, resample="fixed", backend="dense")
+    q, k, v = (t.requires_grad_() for t in _qkv(n=7, heads=2, d=3, batch=1))
+    assert torch.autograd.gradcheck(lambda a, b, c: core(a, b, c), (q, k, v))
+
+
+def test_empty_rows_give_zero_output_and_zero_gradient():
+    q, k, v = (t.requires_grad_() for t in _qkv(n=4, heads=2, d=3, batch=1, n_k=5))
+    core = PLSHAttention(2, 4, exact=True)
+    qpos = np.array([0, 1, 2, 10])
+    kpos = np.array([3, 4, 5, 6, 7])  # rows 0..2 have no admissible key (causal)
+    out = core(q, k, v, qpos, kpos)
+    assert torch.all(torch.isfinite(out))
+    assert torch.equal(out[:, :, :3], torch.zeros_like(out[:, :, :3]))
+    out.sum().backward()
+    assert torch.equal(q.grad[:, :, :3], torch.zeros_like(q.grad[:, :, :3]))
+    assert torch.all(q.grad[:, :, 3] != 0)
+
+
+def test_biased_sdpa_equals_reference_biased_attention():
+    q, k, v = _qkv(n=9, heads=4, heads_kv=2, n_k=11)
+    bias = np.random.default_rng(0).normal(size=(4, 9, 11))
+    ref, _ = plsh_ref.biased_attention(*_np(q, k, v), bias)
+    np.testing.assert_allclose(biased_sdpa(q, k, v, torch.from_numpy(bias)).numpy(), ref,
+                               rtol=0, atol=1e-12)
+
+
+# ------------------------------------------------------------------- fused backend
+def test_fast_backend_equals_dense_backend_forward_and_backward():
+    api = pytest.importorskip("plsh_fast.api")
+    if not hasattr(api, "plsh_attention"):
+        pytest.skip("plsh_fast.api.plsh_attention not available")
+    grads = {}
+    for backend in ("fast", "dense"):
+        core = PLSHAttention(4, 10, seed=4, backend=backend, resample="fixed")
+        q, k, v = (t.requires_grad_() for t in _qkv(n=37, heads_kv=2, dtype=torch.float64))
+        out = core(q, k, v)
+        (out * torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)).sum().backward()
+        grads[backend] = [out.detach(), q.grad, k.grad, v.grad]
+    for a, b in zip(grads["fast"], grads["dense"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+# ---------------------------------------------------------------------- bad input
+def test_bad_inputs_raise_clear_errors():
+    core = PLSHAttention(4, 8, backend="dense")
+    q, k, v = _qkv(n=8, dtype=torch.float32)
+    with pytest.raises(TypeError, match=r"^key: dtype torch.float64 differs from query dtype"):
+        core(q.requires_grad_(), k.double(), v)
+    with pytest.raises(ValueError, match=r"^query: has 2 heads"):
+        core(q[:, :2], k[:, :2], v[:, :2])
+    with pytest.raises(ValueError, match=r"^key: num_heads_kv=3"):
+        core(q, k[:, :3], v[:, :3])
+    with pytest.raises(ValueError, match=r"^query_positions: must have length 8"):
+        core(q, k, v, np.arange(5), np.arange(8))
+    with pytest.raises(TypeError, match=r"^value: dtype must be float16"):
+        core(q, k, v.long())
+    with pytest.raises(ValueError, match=r"^partition: has 3 heads"):
+        core.set_partition(draw_partition(np.ones(3), 8, 0))
+    with pytest.raises(TypeError, match=r"^partition: must be a PartitionSample"):
+        core.set_partition((np.ones((4, 2)), np.zeros((4, 2))))
+    with pytest.raises(ValueError, match=r"^partition: state_dict entry pitch has shape"):
+        core.load_state_dict(PLSHAttention(8, 8).state_dict())
+    with pytest.raises(ValueError, match=r"^resample:"):
+        PLSHAttention(4, resample="sometimes")
+    with pytest.raises(ValueError, match=r"^slopes: must have shape \(4,\)"):
+        PLSHAttention(4, slopes=[0.5, 0.25])
+    with pytest.raises(ValueError, match=r"^slopes:"):
+        PLSHAttention(2, slopes=[0.5, -0.25])
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        PLSHAttention(4, 0)
+    with pytest.raises(ValueError, match=r"^embed_dim: 30 is not divisible"):
+        PLSHSelfAttention(30, 4)
+    with pytest.raises(ValueError, match=r"^attention: core has num_heads=2"):
+        PLSHSelfAttention(32, 4, attention=PLSHAttention(2))
