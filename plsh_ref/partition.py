@@ -228,12 +228,20 @@ def bins(partition: PartitionSample, positions) -> np.ndarray:
     TypeError
         If ``partition`` is not a PartitionSample or positions are not integers.
     ValueError
-        If positions are not one-dimensional.
+        If positions are not one-dimensional, or a bin index leaves the int64 range
+        (a pitch far below the distances involved, e.g. ``sigma = 1e-12`` at ``p = 1e8``;
+        argument name ``partition``).
     """
     partition = _check_partition(partition)
     p = as_positions("positions", positions).astype(np.float64)
-    quotient = (p[None, None, :] - partition.offset[..., None]) / partition.pitch[..., None]
-    return np.floor(quotient).astype(np.int64)
+    with np.errstate(over="ignore"):
+        quotient = np.floor((p[None, None, :] - partition.offset[..., None])
+                            / partition.pitch[..., None])
+    if not np.all((quotient >= -2.0**63) & (quotient < 2.0**63)):
+        # Casting would wrap silently (every such position in one bin): refuse.
+        raise ValueError("partition: bin index floor((p - offset) / pitch) leaves the int64 "
+                         "range; pitch too small for these positions")
+    return quotient.astype(np.int64)
 
 
 def blocks(partition: PartitionSample, positions, head: int, sample: int) -> list[np.ndarray]:

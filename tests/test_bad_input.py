@@ -101,6 +101,20 @@ def test_masks_and_counts_name_the_bad_positions(fn):
     _expect(TypeError, "partition", fn, "not a sample", [1], [1])
 
 
+def test_bins_refuse_int64_overflow():
+    """A pitch far below the distances makes floor((p - u) / delta) leave int64; the cast
+    used to wrap every such position to the same bin (all keys colliding, M~ = 1 where
+    L* = 0). Refused now; the largest representable bins still work."""
+    tiny = PartitionSample([[5e-324]], [[0.0]])
+    _expect(ValueError, "partition", bins, tiny, [1])
+    _expect(ValueError, "partition", counts, draw_partition([1e-12], 3, seed=0),
+            [10**8], [10**8 + 1])
+    _expect(ValueError, "partition", plsh_attention, Q[:, :1], K[:, :1], V[:, :1],
+            PartitionSample([[1e-300]], [[0.0]]))
+    edge = PartitionSample([[1.0, 1.0]], [[-(2.0**62), 2.0**62]])
+    assert bins(edge, [2**52]).tolist() == [[[2**62 + 2**52], [2**52 - 2**62]]]
+
+
 def test_blocks_refuse_out_of_range():
     _expect(ValueError, "head", blocks, PART, [0, 1], 2, 0)
     _expect(ValueError, "sample", blocks, PART, [0, 1], 0, 3)
