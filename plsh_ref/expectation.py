@@ -49,6 +49,7 @@ __all__ = [
     "largest_pitch_sf",
     "mask_variance",
     "pitch_sf",
+    "relative_frobenius_error_square",
     "variance_proxy",
     "variance_proxy_limit",
 ]
@@ -228,6 +229,45 @@ def mask_variance(sigma, query_positions, key_positions, num_samples: int, *,
     s = check_int("num_samples", num_samples, minimum=1)
     lstar = kernel_matrix(sigma, query_positions, key_positions, causal=causal)
     return lstar * (1.0 - lstar) / s
+
+
+def relative_frobenius_error_square(sigma, n: int, num_samples: int, *,
+                                    causal: bool = False) -> float:
+    """``E||M~ - L*||_F^2 / ||L*||_F^2 = sum L*(1 - L*) / (s sum L*^2)`` (positions ``0..n-1``).
+
+    As ``n -> inf`` this tends to ``sech(1 / sigma) / s`` (bidirectional) and to
+    ``exp(-1 / sigma) / s`` (causal): about ``1/s`` only when ``sigma`` is large
+    (``sech(1) = 0.65``, ``exp(-1) = 0.37`` at ``sigma = 1``).
+
+    Parameters
+    ----------
+    sigma : float
+        > 0.
+    n : int
+        ``>= 1``.
+    num_samples : int
+        ``s >= 1`` independent samples.
+    causal : bool
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError, TypeError
+        Bad ``sigma``, ``n < 1``, ``num_samples < 1``.
+
+    References
+    ----------
+    ``proofs_notes/expectation.md``.
+    """
+    sigma = check_positive_float("sigma", sigma)
+    n = check_int("n", n, minimum=1)
+    s = check_int("num_samples", num_samples, minimum=1)
+    pos = np.arange(n)
+    lstar = kernel_matrix(sigma, pos, pos, causal=causal)
+    return float(np.sum(lstar * (1.0 - lstar)) / (s * np.sum(lstar**2)))
 
 
 # --------------------------------------------------------------------------------------

@@ -1,0 +1,600 @@
+"""Theorem 2.1 and 2.2 of Wolfson & Wagner (2026) in explicit, computable form.
+
+The paper states its guarantees with unspecified constants; every constant below is
+ours, derived in ``proofs_notes/`` (each function names its note). All probabilities are
+over the partition sample and assume its ``s`` samples are **independent** (as drawn by
+:func:`plsh_ref.partition.draw_partition`); correlated samplers need their own analysis.
+
+* Max norm (``proofs_notes/max_norm_bound.md``): each half-row of ``M~`` is an empirical
+  survival function, so Dvoretzky-Kiefer-Wolfowitz with Massart's constant gives
+  ``P(max_ij |M~ - L*| > eps) <= 2 (n - 1) exp(-2 s eps^2)``.
+* Spectral norm (``proofs_notes/spectral_bound.md``): matrix Bernstein with the exact
+  variance proxy ``v = ||E[(M - L*)^2]||``, after truncating the unbounded pitch at ``k``
+  (the truncation costs ``P(max_t delta_t > k)`` and a bias term).
+* Block size (``proofs_notes/largest_pitch.md``): every block has at most ``k`` tokens
+  when every pitch is ``<= k``.
+* Attention output (``proofs_notes/output_bound.md``): the row-wise certificate
+  ``|T~_ik - T*_ik| <= range_k(V) sum_j A_ij |M~_ij - L*_ij| / sum_j A_ij L*_ij`` for a
+  given partition sample and Q/K/V, and its a-priori form through the max-norm bound.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ._validation import check_int, check_positive_float, check_probability
+from .alibi import kernel_matrix, resolve_positions
+from .attention import _check_partition_heads, _expand_kv, _resolve_slopes, _scale, validate_qkv
+from .expectation import largest_pitch_quantile, largest_pitch_sf, variance_proxy, \
+    variance_proxy_limit
+from .partition import counts
+from .toeplitz import kms_spectral_norm_limit
+
+__all__ = [
+    "SpectralBound",
+    "block_size_bound",
+    "block_size_tail_bound",
+    "max_norm_error_bound",
+    "max_norm_tail_bound",
+    "output_error_bound",
+    "output_error_certificate",
+    "required_samples",
+    "spectral_error_bound",
+    "spectral_required_samples",
+    "spectral_tail_bound",
+]
+
+#: largest ``n`` for which :func:`spectral_error_bound` computes ``v`` exactly (``O(n^3)``)
+EXACT_VARIANCE_MAX_N = 1024
+
+
+# --------------------------------------------------------------------------------------
+# Max norm: DKW (Massart)
+# --------------------------------------------------------------------------------------
+
+def max_norm_tail_bound(n: int, num_samples: int, eps) -> float:
+    """``min(1, 2 (n - 1) exp(-2 s eps^2)) >= P(max_ij |M~_ij - L*_ij| > eps)``.
+
+    Valid for any ``n`` distinct integer positions, bidirectional or causal, and any query
+    and key subsets of them.
+
+    Parameters
+    ----------
+    n : int
+        Number of distinct positions, ``>= 1`` (``n = 1``: ``M~ = L* = 1``, bound 0).
+    num_samples : int
+        ``s >= 1`` independent samples.
+    eps : float
+        Error level in ``(0, 1)``.
+
+    Returns
+    -------
+    float
+        A probability bound in ``[0, 1]``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``n < 1``, ``num_samples < 1``, ``eps`` outside ``(0, 1)``.
+
+    References
+    ----------
+    Massart (1990), *The tight constant in the DKW inequality*;
+    ``proofs_notes/max_norm_bound.md``.
+    """
+    n = check_int("n", n, minimum=1)
+    s = check_int("num_samples", num_samples, minimum=1)
+    eps = check_probability("eps", eps)
+    if n == 1:
+        return 0.0
+    return min(1.0, 2.0 * (n - 1) * math.exp(-2.0 * s * eps * eps))
+
+
+def max_norm_error_bound(n: int, num_samples: int, delta) -> float:
+    """``eps = sqrt(log(2 (n - 1) / delta) / (2 s))``: ``P(max |M~ - L*| > eps) <= delta``.
+
+    Parameters
+    ----------
+    n : int
+        Distinct positions, ``>= 1`` (``n = 1`` gives 0).
+    num_samples : int
+        ``s >= 1``.
+    delta : float
+        Failure probability in ``(0, 1)``.
+
+    Returns
+    -------
+    float
+        ``eps >= 0`` (may exceed 1, then the statement is empty).
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``n < 1``, ``num_samples < 1``, ``delta`` outside ``(0, 1)``.
+
+    References
+    ----------
+    ``proofs_notes/max_norm_bound.md``.
+    """
+    n = check_int("n", n, minimum=1)
+    s = check_int("num_samples", num_samples, minimum=1)
+    delta = check_probability("delta", delta)
+    if n == 1:
+        return 0.0
+    return math.sqrt(max(0.0, math.log(2.0 * (n - 1) / delta)) / (2.0 * s))
+
+
+def required_samples(n: int, eps, delta) -> int:
+    """Smallest ``s`` with ``2 (n - 1) exp(-2 s eps^2) <= delta``: ``ceil(log(2 (n-1)/delta) / (2 eps^2))``.
+
+    Parameters
+    ----------
+    n : int
+        Distinct positions, ``>= 1``.
+    eps : float
+        Target max-norm error in ``(0, 1)``.
+    delta : float
+        Failure probability in ``(0, 1)``.
+
+    Returns
+    -------
+    int
+        ``s >= 1``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``n < 1``, ``eps`` or ``delta`` outside ``(0, 1)``.
+
+    References
+    ----------
+    ``proofs_notes/max_norm_bound.md``.
+    """
+    n = check_int("n", n, minimum=1)
+    eps = check_probability("eps", eps)
+    delta = check_probability("delta", delta)
+    if n == 1:
+        return 1
+    s = max(1, math.ceil(math.log(2.0 * (n - 1) / delta) / (2.0 * eps * eps)))
+    while s > 1 and 2.0 * (n - 1) * math.exp(-2.0 * (s - 1) * eps * eps) <= delta:
+        s -= 1                                      # guard against rounding up one too many
+    while 2.0 * (n - 1) * math.exp(-2.0 * s * eps * eps) > delta:
+        s += 1
+    return s
+
+
+# --------------------------------------------------------------------------------------
+# Block size
+# --------------------------------------------------------------------------------------
+
+def block_size_tail_bound(b: int, sigma, num_samples: int) -> float:
+    """``P(some block of some of the s masks has more than b tokens) <= P(max_t delta_t > b)``.
+
+    A bin is a half-open interval of length ``delta``, so it holds at most
+    ``ceil(delta)`` integers; a block of ``b + 1`` tokens needs ``delta > b``. The right
+    side is :func:`plsh_ref.expectation.largest_pitch_sf`, exact for independent samples.
+
+    Parameters
+    ----------
+    b : int
+        Block size in tokens, ``>= 0``.
+    sigma : float
+        Length scale, > 0.
+    num_samples : int
+        ``s >= 1``.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``b < 0``, bad ``sigma``, ``num_samples < 1``.
+
+    References
+    ----------
+    ``proofs_notes/largest_pitch.md``.
+    """
+    b = check_int("b", b, minimum=0)
+    return float(largest_pitch_sf(float(b), sigma, num_samples))
+
+
+def block_size_bound(sigma, num_samples: int, delta) -> int:
+    """Smallest integer ``b`` with :func:`block_size_tail_bound` ``<= delta``.
+
+    With probability ``>= 1 - delta`` every block of the ``s`` masks of one head has at most
+    ``b`` tokens (any sequence length). ``b = ceil(q)`` with ``q`` the ``1 - delta``
+    quantile of the largest pitch (Lambert W); ``b ~ sigma (ln(s/delta) + ln ln(s/delta))``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Bad ``sigma``, ``num_samples < 1``, ``delta`` outside ``(0, 1)``.
+
+    References
+    ----------
+    ``proofs_notes/largest_pitch.md``.
+    """
+    sigma = check_positive_float("sigma", sigma)
+    s = check_int("num_samples", num_samples, minimum=1)
+    delta = check_probability("delta", delta)
+    b = max(0, math.ceil(largest_pitch_quantile(1.0 - delta, sigma, s)))
+    while b > 0 and largest_pitch_sf(float(b - 1), sigma, s) <= delta:
+        b -= 1
+    while largest_pitch_sf(float(b), sigma, s) > delta:
+        b += 1
+    return b
+
+
+# --------------------------------------------------------------------------------------
+# Spectral norm: truncated matrix Bernstein
+# --------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SpectralBound:
+    """A spectral-norm bound ``P(||M~ - L*||_2 > eps) <= probability`` and its ingredients.
+
+    Attributes
+    ----------
+    eps : float
+        The bound on ``||M~ - L*||_2`` (``= bernstein + bias``).
+    probability : float
+        Failure probability (``truncation_probability + bernstein_probability``).
+    num_samples : int
+    variance_proxy : float
+        ``v`` used for one sample (``>= ||E[(M - L*)^2]||``).
+    truncation : int
+        Pitch level ``k`` (tokens); ``k >= n`` means no truncation was needed.
+    truncation_probability : float
+        ``P(max_t delta_t > k)`` (0 when ``k >= n``).
+    range_bound : float
+        ``R``: bound on ``||M_t - L*||`` on the truncation event, plus the bias.
+    bias : float
+        Bound on ``||E[(M - L*) 1[delta > k]]||``.
+    bernstein : float
+        The matrix-Bernstein deviation ``tau``.
+    """
+
+    eps: float
+    probability: float
+    num_samples: int
+    variance_proxy: float
+    truncation: int
+    truncation_probability: float
+    range_bound: float
+    bias: float
+    bernstein: float
+
+
+def _spectral_setup(n: int, sigma: float, variance):
+    if variance is None:
+        if n <= EXACT_VARIANCE_MAX_N:
+            v = variance_proxy(sigma, np.arange(n))
+            v = min(v * (1 + 1e-12) + 1e-300, variance_proxy_limit(sigma))
+        else:
+            v = variance_proxy_limit(sigma)
+    else:
+        v = check_positive_float("variance", variance)
+    return v, min(float(n), kms_spectral_norm_limit(sigma))
+
+
+def _truncation_terms(n: int, sigma: float, s: int, k: int, lnorm: float):
+    """(P(trunc fails), bias bound, range bound R) for pitch level k."""
+    if k >= n:
+        return 0.0, 0.0, max(float(n), lnorm)
+    tail = math.exp(-k / sigma)
+    p_one = (1 + k / sigma) * tail                           # P(delta > k)
+    # E[(delta + 1) 1[delta > k]] for Gamma(2, sigma): e^{-k/s}(k^2/s + 2k + 2s) + P.
+    moment = tail * (k * k / sigma + 2 * k + 2 * sigma) + p_one
+    bias = min(n * p_one, moment + lnorm * p_one)
+    p_trunc = float(largest_pitch_sf(float(k), sigma, s))
+    return p_trunc, bias, max(float(k), lnorm)
+
+
+def _bernstein_tau(n: int, s: int, v: float, r: float, delta: float) -> float:
+    # 2n exp(-s tau^2 / (2 (v + r tau / 3))) = delta, solved for tau > 0.
+    ell = math.log(2.0 * n / delta)
+    a = ell * r / (3.0 * s)
+    return a + math.sqrt(a * a + 2.0 * ell * v / s)
+
+
+def _candidate_levels(n: int, sigma: float, s: int, delta: float):
+    levels = {n}
+    for frac in (0.5, 0.3, 0.1, 0.03, 0.01, 1e-3):
+        k = math.ceil(largest_pitch_quantile(1.0 - frac * delta, sigma, s))
+        levels.add(max(1, min(n, k)))
+    return sorted(levels)
+
+
+def spectral_error_bound(n: int, sigma, num_samples: int, delta, *,
+                         variance=None) -> SpectralBound:
+    """``eps`` with ``P(||M~ - L*||_2 > eps) <= delta`` for aligned positions ``0..n-1``.
+
+    Truncated matrix Bernstein (``proofs_notes/spectral_bound.md``): with ``X_t = M_t - L*``,
+    the event ``G = {max_t delta_t <= k}`` of probability ``>= 1 - p_k``, the bias
+    ``mu = E[X 1[delta > k]]`` and ``R = max(min(n, k), ||L*||) + ||mu||``,
+    ``P(||M~ - L*|| > tau + ||mu||) <= p_k + 2 n exp(-s tau^2 / (2 (v + R tau / 3)))``.
+    ``k`` is chosen among a few quantiles of the largest pitch (and ``k = n``, no
+    truncation); the best resulting ``eps`` is returned.
+
+    Parameters
+    ----------
+    n : int
+        Sequence length (square, bidirectional mask), ``>= 1``.
+    sigma : float
+        Length scale, > 0.
+    num_samples : int
+        ``s >= 1`` independent samples.
+    delta : float
+        Failure probability in ``(0, 1)``.
+    variance : float, optional
+        Variance proxy ``v``; default: exact ``||E[(M - L*)^2]||`` for
+        ``n <= EXACT_VARIANCE_MAX_N``, else the limit ``1 / (2 sinh^2(1/(2 sigma)))``.
+
+    Returns
+    -------
+    SpectralBound
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``n < 1``, bad ``sigma``, ``num_samples < 1``, ``delta`` outside ``(0, 1)``.
+
+    References
+    ----------
+    Tropp (2015), *An Introduction to Matrix Concentration Inequalities*, Theorem 6.1.1;
+    Wolfson & Wagner (2026), Theorem 2.1 (spectral part); ``proofs_notes/spectral_bound.md``.
+    """
+    n = check_int("n", n, minimum=1)
+    sigma = check_positive_float("sigma", sigma)
+    s = check_int("num_samples", num_samples, minimum=1)
+    delta = check_probability("delta", delta)
+    v, lnorm = _spectral_setup(n, sigma, variance)
+    best = None
+    for k in _candidate_levels(n, sigma, s, delta):
+        p_trunc, bias, r0 = _truncation_terms(n, sigma, s, k, lnorm)
+        if p_trunc >= delta:
+            continue
+        r = r0 + bias
+        tau = _bernstein_tau(n, s, v, r, delta - p_trunc)
+        cand = SpectralBound(eps=tau + bias, probability=delta, num_samples=s,
+                             variance_proxy=v, truncation=k, truncation_probability=p_trunc,
+                             range_bound=r, bias=bias, bernstein=tau)
+        if best is None or cand.eps < best.eps:
+            best = cand
+    return best
+
+
+def spectral_tail_bound(n: int, sigma, num_samples: int, eps, *, variance=None) -> float:
+    """An upper bound on ``P(||M~ - L*||_2 > eps)`` (aligned positions ``0..n-1``).
+
+    The same truncated Bernstein inequality as :func:`spectral_error_bound`, minimised over
+    the truncation level ``k`` on the integers ``1..n``'s candidate grid. ``eps`` is a
+    spectral-norm level > 0 (not limited to ``(0, 1)``).
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``n < 1``, bad ``sigma``, ``num_samples < 1``, ``eps <= 0``.
+
+    References
+    ----------
+    ``proofs_notes/spectral_bound.md``.
+    """
+    n = check_int("n", n, minimum=1)
+    sigma = check_positive_float("sigma", sigma)
+    s = check_int("num_samples", num_samples, minimum=1)
+    eps = check_positive_float("eps", eps)
+    v, lnorm = _spectral_setup(n, sigma, variance)
+    levels = sorted({n} | {max(1, min(n, math.ceil(sigma * x)))
+                           for x in np.geomspace(0.5, 200.0, 40)})
+    best = 1.0
+    for k in levels:
+        p_trunc, bias, r0 = _truncation_terms(n, sigma, s, k, lnorm)
+        tau = eps - bias
+        if tau <= 0:
+            continue
+        r = r0 + bias
+        tail = 2.0 * n * math.exp(-s * tau * tau / (2.0 * (v + r * tau / 3.0)))
+        best = min(best, p_trunc + tail)
+    return best
+
+
+def spectral_required_samples(n: int, sigma, eps, delta, *, variance=None,
+                              max_samples: int = 10**9) -> int:
+    """Smallest ``s`` (found by bisection) with ``spectral_error_bound(n, sigma, s, delta).eps <= eps``.
+
+    Parameters
+    ----------
+    eps : float
+        Target spectral error > 0.
+    delta : float
+        Failure probability in ``(0, 1)``.
+    max_samples : int
+        Search limit.
+
+    Returns
+    -------
+    int
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`spectral_error_bound`; ``eps <= 0``; no ``s <= max_samples`` suffices.
+
+    References
+    ----------
+    ``proofs_notes/spectral_bound.md``.
+    """
+    n = check_int("n", n, minimum=1)
+    sigma = check_positive_float("sigma", sigma)
+    eps = check_positive_float("eps", eps)
+    delta = check_probability("delta", delta)
+    v, _ = _spectral_setup(n, sigma, variance)
+
+    def ok(s):
+        return spectral_error_bound(n, sigma, s, delta, variance=v).eps <= eps
+
+    hi = 1
+    while not ok(hi):
+        hi *= 2
+        if hi > max_samples:
+            raise ValueError(f"eps: not reached with num_samples <= {max_samples}")
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+# --------------------------------------------------------------------------------------
+# Attention output
+# --------------------------------------------------------------------------------------
+
+def _scores_and_weights(query, key, value, slopes, causal, scale, query_positions,
+                        key_positions):
+    """Shifted attention weights A (0 where inadmissible), L*, V expanded, positions."""
+    q, k, v = validate_qkv(query, key, value)
+    m = _resolve_slopes(slopes, q.shape[1])
+    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
+    c = _scale(scale, q.shape[3])
+    k = _expand_kv(k, q.shape[1])
+    v = _expand_kv(v, q.shape[1])
+    logits = c * np.einsum("bhid,bhjd->bhij", q, k)
+    admissible = np.ones((qpos.size, kpos.size), dtype=bool)
+    if causal:
+        admissible = kpos[None, :] <= qpos[:, None]
+    logits = np.where(admissible, logits, -np.inf)
+    row_max = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
+    a = np.exp(logits - np.where(np.isfinite(row_max), row_max, 0.0))   # A up to a row factor
+    lstar = kernel_matrix(1.0 / m, qpos, kpos, causal=causal)           # (H, n_q, n_k)
+    return a, lstar, v, admissible, qpos, kpos
+
+
+def _value_range(v: np.ndarray, admissible: np.ndarray):
+    """Per row and column: max - min of v over admissible keys, and max |v| (0 if none)."""
+    adm = admissible[None, None, :, :, None]
+    vv = v[:, :, None, :, :]
+    vmax = np.max(np.where(adm, vv, -np.inf), axis=3)
+    vmin = np.min(np.where(adm, vv, np.inf), axis=3)
+    vabs = np.max(np.where(adm, np.abs(vv), 0.0), axis=3)
+    empty = ~np.isfinite(vmax)
+    return np.where(empty, 0.0, vmax - vmin), vabs
+
+
+def output_error_certificate(query, key, value, partition, *, slopes=None, causal: bool = True,
+                             scale=None, query_positions=None, key_positions=None):
+    """A-posteriori bound on ``|T~_ik - T*_ik|`` for a given partition sample and Q/K/V.
+
+    From the exact identity ``T~_i - T*_i = sum_j E_ij (v_j - T~_i) / Z*_i`` with
+    ``E = A o (M~ - L*)`` and ``Z*_i = sum_j A_ij L*_ij``::
+
+        |T~_ik - T*_ik| <= range_k(V_i) * sum_j A_ij |M~_ij - L*_ij| / sum_j A_ij L*_ij,
+
+    where ``range_k(V_i)`` is ``max - min`` of ``v_jk`` over the keys admissible for query
+    ``i``. A row whose PLSH weights all vanish (``Z~_i = 0``, impossible for aligned
+    self-attention) outputs 0 and gets the bound ``max_j |v_jk|``; a row with no
+    admissible key gets 0. The version with the signed sum ``|sum_j E_ij|`` is false
+    (``tests/test_bounds.py`` exhibits a counterexample).
+
+    Parameters
+    ----------
+    query, key, value : array_like
+        ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
+        ``(batch, num_heads_kv, n_k, head_dim_v)``.
+    partition : PartitionSample
+        ``num_heads`` heads.
+    slopes : array_like ``(num_heads,)``, optional
+        ALiBi slopes (``sigma = 1 / slope``); default :func:`plsh_ref.alibi.alibi_slopes`.
+    causal, scale, query_positions, key_positions
+        As :func:`plsh_ref.attention.plsh_attention`.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, ``(batch, num_heads, n_q, head_dim_v)``; an upper bound on
+        ``|plsh_attention - alibi_attention|`` up to float64 rounding of those two.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`plsh_ref.attention.plsh_attention`.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2; ``proofs_notes/output_bound.md``.
+    """
+    a, lstar, v, admissible, qpos, kpos = _scores_and_weights(
+        query, key, value, slopes, causal, scale, query_positions, key_positions)
+    partition = _check_partition_heads(partition, a.shape[1])
+    mt = counts(partition, qpos, kpos, causal=causal) / partition.num_samples
+    z_star = np.sum(a * lstar[None], axis=-1)
+    z_tilde = np.sum(a * mt[None], axis=-1)
+    err = np.sum(a * np.abs(mt - lstar)[None], axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(z_star > 0, err / z_star, 0.0)
+    vrange, vabs = _value_range(v, admissible)
+    bound = vrange * ratio[..., None]
+    return np.where((z_tilde == 0)[..., None] & (z_star > 0)[..., None], vabs, bound)
+
+
+def output_error_bound(query, key, value, num_samples: int, delta, *, slopes=None,
+                       causal: bool = True, scale=None, query_positions=None,
+                       key_positions=None):
+    """A-priori bound: with probability ``>= 1 - delta`` over the partition sample,
+    simultaneously for every head, row and column,
+    ``|T~_ik - T*_ik| <= range_k(V_i) * eps * sum_j A_ij / sum_j A_ij L*_ij``.
+
+    ``eps = max_norm_error_bound(n, s, delta / num_heads)`` with ``n`` the number of
+    distinct query/key positions (DKW with a union bound over heads). The event
+    ``max |M~ - L*| <= eps`` does not involve Q/K/V, so the bound holds for all inputs at
+    once (the "uniform" form of Theorem 2.2). Wherever the event holds and
+    ``eps < min L*`` on admissible pairs, no row is empty; the statement holds regardless.
+
+    Parameters
+    ----------
+    query, key, value : array_like
+        As :func:`output_error_certificate`.
+    num_samples : int
+        ``s >= 1`` independent samples per head.
+    delta : float
+        Failure probability in ``(0, 1)``.
+    slopes, causal, scale, query_positions, key_positions
+        As :func:`output_error_certificate`.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, ``(batch, num_heads, n_q, head_dim_v)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`output_error_certificate`; ``num_samples < 1``; ``delta`` outside (0, 1).
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2; ``proofs_notes/output_bound.md``.
+    """
+    s = check_int("num_samples", num_samples, minimum=1)
+    delta = check_probability("delta", delta)
+    a, lstar, v, admissible, qpos, kpos = _scores_and_weights(
+        query, key, value, slopes, causal, scale, query_positions, key_positions)
+    n = np.unique(np.concatenate([qpos, kpos])).size
+    eps = max_norm_error_bound(n, s, delta / a.shape[1])
+    z_star = np.sum(a * lstar[None], axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.where(z_star > 0, eps * np.sum(a, axis=-1) / z_star, 0.0)
+    vrange, vabs = _value_range(v, admissible)
+    bound = vrange * ratio[..., None]
+    # If M~ can vanish on a whole row (eps >= min admissible L*), T~ = 0 there: cover it.
+    lmin = np.min(np.where(admissible[None], lstar, np.inf), axis=-1)        # (H, n_q)
+    can_vanish = (eps >= lmin)[None, :, :, None] & np.isfinite(lmin)[None, :, :, None]
+    return np.where(can_vanish, np.maximum(bound, vabs), bound)
