@@ -376,3 +376,62 @@ def test_plsh_attention_converges_to_exact_alibi():
     # Negative control: the no-bias baseline is far from ALiBi.
     base = no_bias_attention(q, k, v)[0]
     assert np.linalg.norm(base - ref) / np.linalg.norm(ref) > 5 * errs[-1]
+
+
+# ---------------------------------------------------------------------------------------
+# LSE merge of per-sample results, and why averaging outputs is a different estimator.
+
+def _merge(results):
+    """Combine per-sample (output, lse) by numerators and denominators (LSE merge)."""
+    lse = np.stack([r[1] for r in results])
+    out = np.stack([r[0] for r in results])
+    top = np.max(lse, axis=0)
+    w = np.exp(lse - np.where(np.isfinite(top), top, 0.0))
+    z = w.sum(axis=0)
+    merged = np.einsum("tbhi,tbhid->bhid", w, out) / np.where(z > 0, z, 1.0)[..., None]
+    with np.errstate(divide="ignore"):
+        return merged, np.where(np.isfinite(top), top, -np.inf) + np.log(z) - np.log(len(results))
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_lse_merge_of_single_sample_results_equals_plsh(causal):
+    """PLSH attention with s samples = LSE merge of the s one-sample attentions (each one
+    unbiased attention inside the blocks of one hash): proofs_notes/softmax_bias_identity.md."""
+    q, k, v = random_qkv(15, 2, 2, 1, 12, 12, 4, 3)
+    part = draw_partition([3.0, 10.0], 7, seed=21)
+    per_sample = [plsh_attention(q, k, v, part.samples(t, t + 1), causal=causal)
+                  for t in range(7)]
+    _close(_merge(per_sample), plsh_attention(q, k, v, part, causal=causal))
+
+
+def test_averaging_per_sample_outputs_is_a_different_estimator():
+    """Two keys at distance 1, q = k = 0, v = (1, 0), causal query at the second key,
+    rho = exp(-1/sigma) = 1/2. One hash: both keys in one block with probability rho,
+    output 1/2; else output 0. Averaging outputs tends to rho/2 = 1/4, the LSE merge to
+    the exact ALiBi value rho / (1 + rho) = 1/3.
+
+    s = 4000 independent hashes, C ~ Binomial(4000, 1/2): |C/s - 1/2| < 0.05 except with
+    probability 2 exp(-2 * 4000 * 0.05^2) = 4e-9 (Hoeffding), and then the merged value
+    (C/s) / (1 + C/s) is within 0.025 of 1/3 and the average (C/s) / 2 within 0.025 of 1/4.
+    """
+    sigma = 1 / np.log(2.0)
+    q = np.zeros((1, 1, 1, 1))
+    k = np.zeros((1, 1, 2, 1))
+    v = np.array([1.0, 0.0]).reshape(1, 1, 2, 1)
+    s = 4000
+    part = draw_partition([sigma], s, seed=5)
+    merged, _ = plsh_attention(q, k, v, part, causal=True)
+    exact, _ = alibi_attention(q, k, v, slopes=[1 / sigma], causal=True)
+    assert abs(exact[0, 0, 0, 0] - 1 / 3) < 1e-15
+    # A single hash outputs O_t = M_t / (1 + M_t) = M_t / 2 (M_t in {0, 1} joins the keys),
+    # so the average of the s outputs is C / (2 s) with C the count of joining hashes.
+    c = counts(part, [1], [0, 1], causal=True)[0, 0, 0]
+    average = c / (2 * s)
+    assert abs(merged[0, 0, 0, 0] - (c / s) / (1 + c / s)) < 1e-15
+    assert abs(merged[0, 0, 0, 0] - 1 / 3) < 0.025
+    assert abs(average - 1 / 4) < 0.025
+    # the average is what averaging single-sample attentions gives (checked on 50 of them)
+    outs = [plsh_attention(q, k, v, part.samples(t, t + 1), causal=True)[0][0, 0, 0, 0]
+            for t in range(50)]
+    m50 = counts(part.samples(0, 50), [1], [0, 1], causal=True)[0, 0, 0]
+    assert abs(np.mean(outs) - 0.5 * m50 / 50) < 1e-15
