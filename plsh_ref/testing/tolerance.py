@@ -1,0 +1,170 @@
+"""The tolerance rule of SPEC section 6 for fast paths, and an assertion that reports the worst element.
+
+A fast result ``out`` (in a low-precision dtype) is compared with the float64 reference
+``ref`` on the same partition sample. Its allowed error is measured against a yardstick:
+``baseline``, plain attention with the same dense bias computed in the same dtype as
+``out`` (:mod:`plsh_ref.testing.baseline`)::
+
+    max |out - ref| <= factor * max |baseline - ref| + floor,
+    floor = floor_ulps * eps(dtype) * max |ref|,
+
+with ``factor = 2`` and ``floor_ulps = 4`` by default. Infinite entries (an LSE of ``-inf``
+for a row without an admissible key) must match exactly; a NaN anywhere in ``out`` fails.
+
+numpy only (torch tensors are accepted through ``numpy.asarray`` after ``.detach().cpu()``,
+duck-typed, without importing torch).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["EPS", "allowed_error", "assert_close_to_reference", "dtype_eps", "max_error"]
+
+#: machine epsilon (distance from 1 to the next float) of each supported dtype
+EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+
+
+def dtype_eps(dtype) -> float:
+    """Machine epsilon of ``dtype``.
+
+    Parameters
+    ----------
+    dtype : str, numpy dtype, torch dtype or float
+        A name in :data:`EPS` (``"float16"``, ``"torch.bfloat16"``, ...), a numpy dtype, a
+        torch dtype (by its name), or an epsilon given directly as a float in ``(0, 1)``.
+
+    Returns
+    -------
+    float
+
+    Raises
+    ------
+    ValueError
+        If the dtype is unknown or the float is not in ``(0, 1)``.
+    """
+    if isinstance(dtype, float):
+        if not 0.0 < dtype < 1.0:
+            raise ValueError(f"dtype: an epsilon must lie in (0, 1), got {dtype}")
+        return dtype
+    name = str(dtype).removeprefix("torch.")
+    if name not in EPS:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError:
+            pass
+    if name not in EPS:
+        raise ValueError(f"dtype: must be one of {sorted(EPS)}, got {dtype!r}")
+    return EPS[name]
+
+
+def _as_float64(name, x) -> np.ndarray:
+    if hasattr(x, "detach"):  # torch tensor, duck-typed
+        x = x.detach().cpu()
+        if str(getattr(x, "dtype", "")) == "torch.bfloat16":
+            x = x.float()
+    arr = np.asarray(x)
+    if arr.dtype.kind not in "fiu":
+        raise TypeError(f"{name}: must be a real numeric array, got dtype {arr.dtype}")
+    return arr.astype(np.float64)
+
+
+def max_error(out, ref) -> tuple[float, tuple | None]:
+    """``max |out - ref|`` and the index of the worst element.
+
+    Entries that are infinite in ``ref`` must be equal in ``out`` (error 0 if so, ``inf``
+    if not); a NaN in ``out`` or an infinite ``out`` against a finite ``ref`` gives ``inf``.
+
+    Returns
+    -------
+    (error, index) : (float, tuple of int or None)
+        ``index`` is ``None`` for empty arrays.
+
+    Raises
+    ------
+    ValueError
+        If the shapes differ.
+    """
+    o = _as_float64("out", out)
+    r = _as_float64("ref", ref)
+    if o.shape != r.shape:
+        raise ValueError(f"out: shape {o.shape} differs from ref shape {r.shape}")
+    if o.size == 0:
+        return 0.0, None
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(o - r)
+    same_inf = np.isinf(r) & (o == r)
+    diff = np.where(same_inf, 0.0, diff)
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    flat = int(np.argmax(diff))
+    return float(diff.flat[flat]), tuple(int(i) for i in np.unravel_index(flat, o.shape))
+
+
+def allowed_error(ref, baseline, dtype, *, factor: float = 2.0, floor_ulps: float = 4.0) -> float:
+    """The SPEC section 6 bound ``factor max|baseline - ref| + floor_ulps eps(dtype) max|ref|``.
+
+    Parameters
+    ----------
+    ref : array_like
+        float64 reference.
+    baseline : array_like
+        Plain attention with the same dense bias in ``dtype`` (the yardstick).
+    dtype
+        The dtype of the fast result (see :func:`dtype_eps`).
+    factor, floor_ulps : float
+        Defaults 2 and 4 (SPEC section 6).
+
+    Returns
+    -------
+    float
+    """
+    r = _as_float64("ref", ref)
+    finite = np.abs(r[np.isfinite(r)])
+    scale = float(finite.max()) if finite.size else 0.0
+    base_err, _ = max_error(baseline, ref)
+    return factor * base_err + floor_ulps * dtype_eps(dtype) * scale
+
+
+def assert_close_to_reference(out, ref, baseline, dtype, *, name: str = "output",
+                              factor: float = 2.0, floor_ulps: float = 4.0) -> float:
+    """Assert the tolerance rule of SPEC section 6; the message names the worst element.
+
+    Parameters
+    ----------
+    out : array_like
+        The fast result (any float dtype; compared in float64).
+    ref : array_like
+        The float64 reference on the same partition sample, same shape.
+    baseline : array_like
+        Plain attention with the same dense bias in ``dtype``, same shape.
+    dtype
+        dtype of ``out`` (see :func:`dtype_eps`).
+    name : str
+        What is compared (``"output"``, ``"lse"``, ``"grad_query"``...), for the message.
+    factor, floor_ulps : float
+        See :func:`allowed_error`.
+
+    Returns
+    -------
+    float
+        ``error / allowed`` (at most 1 when the assertion passes).
+
+    Raises
+    ------
+    AssertionError
+        If ``max|out - ref| > allowed``, with the worst index and values.
+    """
+    err, idx = max_error(out, ref)
+    allowed = allowed_error(ref, baseline, dtype, factor=factor, floor_ulps=floor_ulps)
+    if not err <= allowed:
+        o = _as_float64("out", out)
+        r = _as_float64("ref", ref)
+        b = _as_float64("baseline", baseline)
+        raise AssertionError(
+            f"{name}: max|out - ref| = {err:.3e} > allowed {allowed:.3e} "
+            f"({factor:g} x baseline error {max_error(baseline, ref)[0]:.3e} + "
+            f"{floor_ulps:g} ulps of {dtype}); worst at {idx}: out={o[idx]!r}, "
+            f"ref={r[idx]!r}, baseline={b[idx]!r}")
+    if allowed > 0:
+        return err / allowed
+    return 0.0

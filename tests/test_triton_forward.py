@@ -1,0 +1,245 @@
+"""Triton forward kernel (in the Triton interpreter on CPU) against the float64 reference.
+
+Every comparison uses the tolerance rule of SPEC section 6
+(:func:`plsh_ref.testing.tolerance.assert_close_to_reference`): the kernel's error must be at
+most twice that of plain torch attention with the same dense ``log M~`` bias in the same
+dtype, plus 4 ulps. Shapes are small (interpreter: several ms per tile step) and the tiles
+are 16 x 16 so that several query and key tiles, partial tiles and skipped tiles occur.
+"""
+
+from __future__ import annotations
+
+import _triton_interp  # noqa: F401  (sets TRITON_INTERPRET=1 before triton is imported)
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plsh_ref.attention import plsh_attention
+from plsh_ref.partition import PartitionSample, bins, counts, draw_partition
+from plsh_ref.testing.baseline import plain_attention_torch
+from plsh_ref.testing.tolerance import assert_close_to_reference
+
+tiling = _triton_interp.load("tiling")
+triton_forward = _triton_interp.load("triton_forward")
+
+pytestmark = pytest.mark.triton
+
+BLOCK = 16
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+def _tensors(partition):
+    return (torch.from_numpy(np.array(partition.pitch)),
+            torch.from_numpy(np.array(partition.offset)))
+
+
+def _positions(mode, n_q, n_k, rng):
+    """(query_positions, key_positions) int64 numpy arrays for a position mode."""
+    if mode == "default":
+        return np.arange(n_q) + (n_k - n_q), np.arange(n_k)
+    if mode == "shifted":  # left padding / a chunk far from 0, negative allowed
+        shift = int(rng.integers(-1000, 10**6))
+        return np.arange(n_q) + (n_k - n_q) + shift, np.arange(n_k) + shift
+    if mode == "gaps":  # increasing with gaps, queries a subset-like block of the keys
+        k = np.cumsum(rng.integers(1, 4, size=n_k)) - 5
+        q = np.sort(rng.choice(np.arange(k.min() - 3, k.max() + 4), size=n_q))
+        return q.astype(np.int64), k.astype(np.int64)
+    # unsorted explicit positions (correct but not tile-skipped)
+    return (rng.permutation(np.arange(n_q) * 2)[:n_q].astype(np.int64),
+            rng.permutation(np.arange(n_k) * 2)[:n_k].astype(np.int64))
+
+
+def _make_view(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """The same values as ``x`` in a non-contiguous layout."""
+    if kind == "contiguous":
+        return x
+    if kind == "bnhd":  # (batch, seq, heads, dim) storage, as most models keep it
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    # wider last dimension, sliced
+    wide = torch.zeros(x.shape[:-1] + (x.shape[-1] + 3,), dtype=x.dtype)
+    wide[..., 1:1 + x.shape[-1]] = x
+    return wide[..., 1:1 + x.shape[-1]]
+
+
+def _reference(q, k, v, partition, qpos, kpos, causal, scale, dtype_name):
+    q64, k64, v64 = (t.double().numpy() for t in (q, k, v))
+    ref = plsh_attention(q64, k64, v64, partition, causal=causal, scale=scale,
+                         query_positions=qpos, key_positions=kpos)
+    c = counts(partition, qpos, kpos, causal=causal)
+    with np.errstate(divide="ignore"):
+        bias = np.log(c / partition.num_samples)
+    base = plain_attention_torch(q64, k64, v64, bias, scale=scale, dtype=dtype_name)
+    return ref, base
+
+
+def _run(q, k, v, partition, qpos, kpos, causal, scale, **kw):
+    pitch, offset = _tensors(partition)
+    return triton_forward.plsh_forward_triton(
+        q, k, v, pitch, offset, torch.from_numpy(qpos), torch.from_numpy(kpos), scale, causal,
+        _block_m=BLOCK, _block_n=BLOCK, **kw)
+
+
+def _check(out, lse, ref, base, dtype_name):
+    assert_close_to_reference(out, ref[0], base[0], dtype_name, name="output")
+    assert_close_to_reference(lse, ref[1], base[1], dtype_name, name="lse")
+
+
+@st.composite
+def forward_cases(draw):
+    num_heads_kv = draw(st.sampled_from([1, 2]))
+    group = draw(st.sampled_from([1, 2]))
+    batch = draw(st.integers(1, 2)) if num_heads_kv * group <= 2 else 1
+    return dict(
+        batch=batch, num_heads_kv=num_heads_kv, num_heads=num_heads_kv * group,
+        n_q=draw(st.integers(1, 45)), n_k=draw(st.integers(1, 45)),
+        head_dim=draw(st.integers(1, 20)), head_dim_v=draw(st.integers(1, 20)),
+        num_samples=draw(st.integers(1, 6)), causal=draw(st.booleans()),
+        dtype=draw(st.sampled_from(sorted(DTYPES))),
+        mode=draw(st.sampled_from(["default", "default", "shifted", "gaps", "unsorted"])),
+        view=draw(st.sampled_from(["contiguous", "bnhd", "sliced"])),
+        log_sigma=draw(st.lists(st.floats(0.0, np.log(64.0)), min_size=4, max_size=4)),
+        seed=draw(st.integers(0, 2**31 - 1)),
+    )
+
+
+@settings(max_examples=14)
+@given(case=forward_cases())
+def test_forward_matches_reference(case):
+    rng = np.random.default_rng(case["seed"])
+    dtype = DTYPES[case["dtype"]]
+    b, h, hk = case["batch"], case["num_heads"], case["num_heads_kv"]
+    n_q, n_k, d, dv = case["n_q"], case["n_k"], case["head_dim"], case["head_dim_v"]
+    sigma = np.exp(np.array(case["log_sigma"][:h]))
+    partition = draw_partition(sigma, case["num_samples"], seed=case["seed"])
+    qpos, kpos = _positions(case["mode"], n_q, n_k, rng)
+    q = torch.from_numpy(rng.standard_normal((b, h, n_q, d))).to(dtype)
+    k = torch.from_numpy(rng.standard_normal((b, hk, n_k, d))).to(dtype)
+    v = torch.from_numpy(rng.standard_normal((b, hk, n_k, dv))).to(dtype)
+    scale = float(rng.uniform(0.2, 1.5))
+    ref, base = _reference(q, k, v, partition, qpos, kpos, case["causal"], scale, case["dtype"])
+    out, lse = _run(_make_view(q, case["view"]), _make_view(k, case["view"]),
+                    _make_view(v, case["view"]), partition, qpos, kpos, case["causal"], scale)
+    assert out.dtype == dtype and lse.dtype == torch.float32
+    assert out.shape == (b, h, n_q, dv) and lse.shape == (b, h, n_q)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    _check(out, lse, ref, base, case["dtype"])
+
+
+def _fixed_case(dtype=torch.float32, causal=True, n=40, s=4, seed=7):
+    rng = np.random.default_rng(seed)
+    partition = draw_partition(np.array([3.0, 12.0]), s, seed=seed)
+    qpos, kpos = np.arange(n), np.arange(n)
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, 2, n, 8))).to(dtype) for _ in range(3))
+    return q, k, v, partition, qpos, kpos, causal
+
+
+@pytest.mark.parametrize("variant", [1, 2], ids=["bias_sign_flipped", "counts_ignored"])
+def test_negative_controls_fail(variant):
+    """Kernels weighting keys by 1/C (bias -log C) or by 1 (mask only) must fail the check."""
+    q, k, v, partition, qpos, kpos, causal = _fixed_case()
+    ref, base = _reference(q, k, v, partition, qpos, kpos, causal, 0.5, "float32")
+    out, lse = _run(q, k, v, partition, qpos, kpos, causal, 0.5)
+    _check(out, lse, ref, base, "float32")  # the real kernel passes on this case
+    bad_out, bad_lse = _run(q, k, v, partition, qpos, kpos, causal, 0.5, _variant=variant)
+    with pytest.raises(AssertionError):
+        assert_close_to_reference(bad_out, ref[0], base[0], "float32", name="output")
+
+
+def test_bfloat16_upcast_in_interpreter():
+    """bf16 inputs (tiles converted to float32 after load in the interpreter)."""
+    q, k, v, partition, qpos, kpos, causal = _fixed_case(torch.bfloat16, n=33)
+    ref, base = _reference(q, k, v, partition, qpos, kpos, causal, 0.4, "bfloat16")
+    out, lse = _run(q, k, v, partition, qpos, kpos, causal, 0.4)
+    assert out.dtype == torch.bfloat16
+    _check(out, lse, ref, base, "bfloat16")
+
+
+def test_batch_invariance():
+    """A batch row computed alone equals the same row inside a batch, bit for bit."""
+    rng = np.random.default_rng(3)
+    partition = draw_partition(np.array([2.0, 30.0]), 3, seed=3)
+    qpos, kpos = np.arange(20) + 17, np.arange(37)
+    q = torch.from_numpy(rng.standard_normal((3, 2, 20, 5))).float()
+    k = torch.from_numpy(rng.standard_normal((3, 1, 37, 5))).float()
+    v = torch.from_numpy(rng.standard_normal((3, 1, 37, 6))).float()
+    out, lse = _run(q, k, v, partition, qpos, kpos, True, 0.7)
+    out1, lse1 = _run(q[1:2], k[1:2], v[1:2], partition, qpos, kpos, True, 0.7)
+    assert torch.equal(out[1:2], out1) and torch.equal(lse[1:2], lse1)
+
+
+def test_empty_rows_and_lengths():
+    """Rows without admissible key give output 0 and lse -inf; n_k = 0 and n_q = 0 work."""
+    partition = draw_partition(np.array([4.0]), 2, seed=0)
+    q = torch.randn(1, 1, 5, 4)
+    k = torch.randn(1, 1, 6, 4)
+    # queries before every key under causal masking: all rows empty
+    out, lse = _run(q, k, k, partition, np.arange(5) - 100, np.arange(6), True, 0.5)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+    out, lse = _run(q, k[:, :, :0], k[:, :, :0], partition, np.arange(5), np.arange(0), False, 0.5)
+    assert out.shape == (1, 1, 5, 4) and torch.isneginf(lse).all() and not out.any()
+    out, lse = _run(q[:, :, :0], k, k, partition, np.arange(0), np.arange(6), False, 0.5)
+    assert out.shape == (1, 1, 0, 4) and lse.shape == (1, 1, 0)
+
+
+def test_int64_bins_when_span_exceeds_int32():
+    """Tiny pitches over a wide position span switch the stored bins to int64, still exact."""
+    pitch = np.array([[1e-3, 5.0, 20.0]])
+    partition = PartitionSample(pitch, pitch * np.array([[0.3, 0.9, 0.5]]))
+    rng = np.random.default_rng(5)
+    kpos = np.sort(rng.choice(3 * 10**6, size=30, replace=False)).astype(np.int64)
+    kpos[5:12] = kpos[5] + np.arange(7)  # a run of consecutive positions
+    qpos = kpos.copy()
+    plan = tiling.make_plan(torch.from_numpy(qpos), torch.from_numpy(kpos), *_tensors(partition),
+                            causal=True, block_m=BLOCK, block_n=BLOCK)
+    assert plan.bins_q.dtype == torch.int64
+    q, k, v = (torch.from_numpy(rng.standard_normal((1, 1, 30, 4))).float() for _ in range(3))
+    ref, base = _reference(q, k, v, partition, qpos, kpos, True, 0.5, "float32")
+    out, lse = _run(q, k, v, partition, qpos, kpos, True, 0.5)
+    _check(out, lse, ref, base, "float32")
+
+
+@settings(max_examples=25)
+@given(sigma=st.lists(st.floats(0.05, 300.0), min_size=1, max_size=3),
+       s=st.integers(1, 20), seed=st.integers(0, 2**32 - 1),
+       base=st.integers(-(2**45), 2**45), n=st.integers(1, 70), spread=st.integers(1, 1000))
+def test_kernel_bins_equal_reference_bits(sigma, s, seed, base, n, spread):
+    """The Triton float64 bins equal plsh_ref.partition.bins bit for bit (SPEC section 2)."""
+    partition = draw_partition(np.array(sigma), s, seed=seed)
+    rng = np.random.default_rng(seed)
+    pos = (base + rng.integers(-spread, spread, size=n)).astype(np.int64)
+    got = tiling.compute_bins(*_tensors(partition), torch.from_numpy(pos), block=BLOCK)
+    assert got.dtype == torch.int64
+    np.testing.assert_array_equal(got.numpy(), bins(partition, pos))
+
+
+@settings(max_examples=10)
+@given(mode=st.sampled_from(["default", "shifted", "gaps", "unsorted"]), causal=st.booleans(),
+       n_q=st.integers(1, 90), n_k=st.integers(1, 90), seed=st.integers(0, 2**31 - 1))
+def test_planned_ranges_cover_every_collision(mode, causal, n_q, n_k, seed):
+    """Every pair with C_ij > 0 lies in its query tile's key range and key tile's query range."""
+    rng = np.random.default_rng(seed)
+    partition = draw_partition(np.array([1.41, 8.0, 64.0]), 5, seed=seed)
+    qpos, kpos = _positions(mode, n_q, n_k, rng)
+    plan = tiling.make_plan(torch.from_numpy(qpos), torch.from_numpy(kpos), *_tensors(partition),
+                            causal=causal, block_m=BLOCK, block_n=BLOCK, query_range=True)
+    c = counts(partition, qpos, kpos, causal=causal)
+    kr = plan.key_range.numpy()
+    qr = plan.query_range.numpy()
+    hs, iq, jk = np.nonzero(c)
+    assert np.all(kr[hs, iq // BLOCK, 0] <= jk) and np.all(jk < kr[hs, iq // BLOCK, 1])
+    assert np.all(qr[hs, jk // BLOCK, 0] <= iq) and np.all(iq < qr[hs, jk // BLOCK, 1])
+    assert np.all(kr[..., 0] % BLOCK == 0) and np.all(qr[..., 0] % BLOCK == 0)
+
+
+def test_planned_range_is_local_for_sorted_positions():
+    """For sorted positions and small sigma the key range is a short window, not all keys."""
+    partition = draw_partition(np.array([2.0]), 8, seed=11)
+    pos = torch.arange(2000)
+    plan = tiling.make_plan(pos, pos, *_tensors(partition), causal=True, block_m=64, block_n=64)
+    width = (plan.key_range[..., 1] - plan.key_range[..., 0]).max().item()
+    # a key range is the tile (64) + at most one extra aligned tile for sigma = 2 at s = 8
+    # unless a pitch exceeds 64 tokens: P[Gamma(2, 2) > 64] = 33 e^-32, negligible.
+    assert width <= 128
