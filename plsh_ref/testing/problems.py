@@ -26,6 +26,7 @@ from .reference import KINDS, reference_for
 __all__ = [
     "DTYPES",
     "POSITION_MODES",
+    "SLOPE_MODES",
     "AttentionProblem",
     "ProblemSpec",
     "round_to_dtype",
@@ -33,11 +34,11 @@ __all__ = [
 
 #: dtype names a problem may have; ``bfloat16`` needs a torch kernel
 DTYPES = ("float16", "bfloat16", "float32", "float64")
-#: ways of choosing positions: ``default`` (keys ``0..n_k-1``, queries end-aligned, passed
-#: as ``None``), ``explicit`` (increasing positions with gaps, far from 0), ``left_padding``
+#: ways of choosing positions, ``default`` (keys ``0..n_k-1``, queries end-aligned, passed
+#: as ``None``), ``explicit`` (increasing positions with gaps, far from 0) or ``left_padding``
 #: (the default layout shifted left by ``pad`` tokens, so padding sits at negative positions)
 POSITION_MODES = ("default", "explicit", "left_padding")
-#: slope choices: ``standard`` (Press et al.'s slopes) or ``random`` (log-uniform)
+#: slope choices, ``standard`` (Press et al.'s slopes) or ``random`` (log-uniform)
 SLOPE_MODES = ("standard", "random")
 
 
@@ -63,6 +64,7 @@ def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
 
     Examples
     --------
+    >>> from plsh_ref.testing.problems import round_to_dtype
     >>> round_to_dtype(np.array([1 + 2**-9]), "bfloat16").tolist()
     [1.0]
     """

@@ -17,7 +17,8 @@ from ..attention import alibi_attention, plsh_attention
 
 __all__ = ["KINDS", "alibi_reference", "plsh_reference", "reference_for"]
 
-#: the kernel kinds: exact ALiBi attention, or PLSH attention given a partition sample
+#: the kernel kinds, exact ALiBi attention (``alibi``) or PLSH attention given a partition
+#: sample (``plsh``)
 KINDS = ("alibi", "plsh")
 
 
@@ -49,6 +50,8 @@ def alibi_reference(query, key, value, *, slopes=None, causal=True, scale=None,
 
     Examples
     --------
+    >>> import numpy as np
+    >>> from plsh_ref.testing import alibi_reference
     >>> q = np.ones((1, 1, 2, 4)); v = np.arange(8.0).reshape(1, 1, 2, 4)
     >>> out, lse = alibi_reference(q, q, v, slopes=[0.5], causal=True, scale=None,
     ...                            query_positions=None, key_positions=None)

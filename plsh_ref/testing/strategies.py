@@ -1,6 +1,7 @@
 """Hypothesis strategies for attention problems (numpy data, small sizes by default).
 
-The main strategy is :func:`attention_problems`: it draws a :class:`ProblemSpec`
+The main strategy is :func:`attention_problems`: it draws a
+:class:`~plsh_ref.testing.problems.ProblemSpec`
 (shapes, grouped-query heads, dtype, causal or not, default / explicit / left-padded
 positions, slopes, number of partition samples, scale, a data seed) and builds its arrays.
 Hypothesis shrinks the spec, so a failure is reported as the smallest problem found, and
@@ -35,7 +36,7 @@ __all__ = [
     "slopes",
 ]
 
-#: dtypes drawn by default: the ones a numpy kernel can take (bfloat16 is opt-in)
+#: dtypes drawn by default, the ones a numpy kernel can take (bfloat16 is opt-in)
 DEFAULT_DTYPES = ("float16", "float32", "float64")
 
 
@@ -272,7 +273,7 @@ def attention_problems(kind: str = "alibi", **bounds) -> st.SearchStrategy[Atten
     >>> @given(attention_problems("plsh", dtypes=["float64"]))
     ... def test_rows_are_convex_combinations(problem):
     ...     out, lse = problem.reference()
-    ...     assert np.all(np.abs(out) <= np.abs(problem.value).max() + 1e-12)
+    ...     assert np.all(np.abs(out) <= np.abs(problem.value).max(initial=0) + 1e-12)
     >>> test_rows_are_convex_combinations()
     """
     return problem_specs(kind, **bounds).map(ProblemSpec.build)
@@ -306,6 +307,7 @@ def sample_specs(kind: str = "alibi", *, seed: int = 0, num_cases: int = 50,
 
     Examples
     --------
+    >>> from plsh_ref.testing import sample_specs
     >>> a = sample_specs("alibi", seed=3, num_cases=5)
     >>> a == sample_specs("alibi", seed=3, num_cases=5)
     True

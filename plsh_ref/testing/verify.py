@@ -173,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
     failed = [(i, spec, r) for i, spec, r in results if not r.passed]
     worst = sorted(results, key=lambda item: -item[2].ratio)[: args.worst]
     print(f"{len(results) - len(failed)}/{len(results)} cases passed in {elapsed:.1f} s "
-          f"(tolerance: SPEC section 6, 2 x plain-attention error in the same dtype + floor)")
+          f"(allowed error: 2 x that of plain attention in the same dtype + 4 ulp floor)")
     if worst and args.case is None:
         print("worst cases (error / allowed):")
         for i, spec, r in worst:

@@ -1,0 +1,259 @@
+"""Sphinx configuration of the positional-lsh documentation.
+
+Build (from the repository root; the Makefile target ``docs`` runs both)::
+
+    python -m sphinx -W --keep-going -n -b html docs docs/_build/html
+    python -m sphinx -W --keep-going -n -b doctest docs docs/_build/doctest
+
+At start-up this file writes three kinds of generated sources (git-ignored, rewritten only
+when their content changes, so incremental builds stay incremental):
+
+* ``theory/<note>.md`` and ``benchmarks/<table>.md``: one stub per ``proofs_notes/<note>.md`` holding only an
+  ``{include}`` of it (likewise per ``benchmarks/results/<table>.md``), so the notes are
+  the theory chapters (not copies) and a new note or table appears by itself;
+* ``api/<module>.md``: one ``automodule`` page per public module of ``plsh_ref`` and
+  ``plsh_fast`` (every module whose dotted name has no part starting with ``_``);
+* ``_generated/``: the overview figure (``_scripts/overview_figure.py``) and the plots of
+  a reduced ``plsh reproduce`` run (``_scripts/reproduce_plots.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+ROOT = DOCS.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+project = "positional-lsh"
+author = "positional-lsh developers"
+copyright = "2026, positional-lsh developers"
+try:
+    from plsh_ref import __version__ as release
+except ImportError:  # pragma: no cover - the build needs plsh_ref importable anyway
+    release = "unknown"
+version = release
+
+extensions = [
+    "myst_parser",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.mathjax",
+    "sphinx.ext.doctest",
+    "sphinx.ext.viewcode",
+    "sphinxcontrib.bibtex",
+]
+
+source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
+root_doc = "index"
+exclude_patterns = ["_build", "Thumbs.db", ".DS_Store", "README.md"]
+templates_path: list[str] = []
+
+# --- MyST -------------------------------------------------------------------------------
+myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
+myst_heading_anchors = 3
+myst_dmath_double_inline = True
+
+# --- HTML -------------------------------------------------------------------------------
+html_theme = "furo"
+html_title = f"positional-lsh {release}"
+html_static_path: list[str] = []
+
+# --- bibliography -------------------------------------------------------------------------
+bibtex_bibfiles = ["references.bib"]
+bibtex_default_style = "plain"
+bibtex_reference_style = "author_year"
+
+# --- autodoc / napoleon -----------------------------------------------------------------
+autodoc_default_options = {"members": True, "show-inheritance": True}
+autodoc_member_order = "bysource"
+autodoc_typehints = "signature"
+autodoc_preserve_defaults = True
+napoleon_google_docstring = False
+napoleon_numpy_docstring = True
+# Types in numpy-style docstrings are prose ("array_like, shape (n,)"), not cross-references.
+napoleon_use_param = False
+napoleon_use_rtype = False
+napoleon_preprocess_types = False
+# "Attributes" sections render like "Parameters" (prose types, no cross-references).
+napoleon_custom_sections = [("Attributes", "params_style")]
+# Methods without a docstring (e.g. torch.autograd.Function.forward overrides) must not
+# inherit torch's docstrings, whose references cannot resolve here.
+autodoc_inherit_docstrings = False
+
+# triton is optional on CPU machines: mock it when absent so plsh_fast still documents.
+autodoc_mock_imports: list[str] = []
+try:
+    import triton  # noqa: F401
+except Exception:  # noqa: BLE001 - any failure to import triton means "document without it"
+    autodoc_mock_imports.append("triton")
+
+# --- nitpicky: external names we cannot resolve offline (no intersphinx) ---------------
+# Only types from other projects and docstring prose are ignored; a broken reference to
+# one of our own objects (plsh_ref.*, plsh_fast.*) still fails the build.
+_PY_ROLES = r"py:(class|obj|data|exc|func|meth|attr|mod)"
+nitpick_ignore_regex = [
+    # dotted names outside our two packages (numpy.ndarray, torch.Tensor, importlib.x, ...)
+    (_PY_ROLES, r"(?!plsh_ref\b|plsh_fast\b)[A-Za-z_]\w*\..*"),
+    (_PY_ROLES, r"(numpy|np|scipy|mpmath|torch|triton|hypothesis|pytest|argparse|pathlib|"
+                r"importlib|collections|typing|types|dataclasses|os|matplotlib|tqdm)"),
+    # private objects are not documented by design (e.g. a private base class)
+    (_PY_ROLES, r".*\._\w+(\..*)?"),
+    (r"py:class", r"(array_like|array-like|optional|callable|default.*|shape.*|dtype.*|"
+                  r"ndarray|Tensor|Generator|SearchStrategy|Namespace|Path|PathLike|"
+                  r"module|function|mpf|any|Any|Callable|Sequence|Iterable|Iterator|"
+                  r"Mapping|NDArray|ArgumentParser)"),
+    (r"py:class", r"[A-Za-z_][\w.]*\[.*"),  # subscripted generics in signatures
+]
+
+# --- doctest ------------------------------------------------------------------------------
+doctest_global_setup = """
+import numpy as np
+from plsh_ref import *
+"""
+doctest_test_doctest_blocks = "default"
+
+
+# --- generated sources --------------------------------------------------------------------
+def _write_if_changed(path: Path, text: str) -> None:
+    if not path.exists() or path.read_text() != text:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+
+
+def _sync_dir(directory: Path, wanted: dict[str, str], keep: set[str]) -> None:
+    """Make ``directory``'s ``*.md`` files exactly ``wanted`` (plus the ``keep`` names)."""
+    for name, text in wanted.items():
+        _write_if_changed(directory / name, text)
+    for path in directory.glob("*.md"):
+        if path.name not in wanted and path.name not in keep:
+            path.unlink()
+
+
+def _theory_stubs() -> None:
+    notes = sorted((ROOT / "proofs_notes").glob("*.md"))
+    wanted = {note.name: (f"```{{include}} ../../proofs_notes/{note.name}\n"
+                          f":relative-images:\n```\n")
+              for note in notes if note.name.lower() != "readme.md"}
+    _sync_dir(DOCS / "theory", wanted, keep={"index.md"})
+
+
+def _benchmark_stubs() -> None:
+    wanted = {}
+    for table in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
+        lines = [line for line in table.read_text().splitlines() if line.strip()]
+        title = "" if lines and lines[0].startswith("# ") else f"# {table.stem}\n\n"
+        wanted[table.name] = (f"{title}```{{include}} ../../benchmarks/results/{table.name}\n"
+                              f":relative-images:\n```\n")
+    _sync_dir(DOCS / "benchmarks", wanted, keep={"index.md"})
+
+
+def public_modules(package: str) -> list[str]:
+    """Dotted names of the public modules of ``package`` (no part starting with ``_``)."""
+    try:
+        pkg = importlib.import_module(package)
+    except ImportError:
+        return []
+    names = [package]
+    for info in pkgutil.walk_packages(pkg.__path__, prefix=f"{package}."):
+        if not any(part.startswith("_") for part in info.name.split(".")):
+            names.append(info.name)
+    return sorted(names)
+
+
+def _api_pages() -> None:
+    wanted = {}
+    for package in ("plsh_ref", "plsh_fast"):
+        for name in public_modules(package):
+            # A package's __all__ re-exports names documented in their own modules: list
+            # only what the package itself defines, so that every object has one target.
+            is_package = hasattr(importlib.import_module(name), "__path__")
+            option = "   :ignore-module-all:\n" if is_package else ""
+            wanted[f"{name}.md"] = (f"# `{name}`\n\n```{{eval-rst}}\n.. automodule:: {name}\n"
+                                    f"{option}```\n")
+    _sync_dir(DOCS / "api", wanted, keep={"index.md"})
+
+
+def _figures() -> None:
+    out = DOCS / "_generated"
+    out.mkdir(exist_ok=True)
+    for script in ("overview_figure.py", "reproduce_plots.py", "verify_examples.py"):
+        subprocess.run([sys.executable, str(DOCS / "_scripts" / script), str(out)], check=True,
+                       cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1",
+                                      "PYTHONPATH": os.pathsep.join(
+                                          [str(ROOT), os.environ.get("PYTHONPATH", "")])})
+
+
+# --- events: generated toctrees, re-exported names ---------------------------------------
+#: index pages whose marker line is replaced by a toctree of the stubs next to them
+_GENERATED_TOCS = {"theory/index": "the proofs_notes", "benchmarks/index": "benchmarks/results"}
+_TOC_MARKER = "% generated toctree"
+
+
+def _insert_toctree(app, docname, source):
+    if docname not in _GENERATED_TOCS or _TOC_MARKER not in source[0]:
+        return
+    folder = DOCS / docname.split("/")[0]
+    entries = sorted(p.stem for p in folder.glob("*.md") if p.stem != "index")
+    toc = ("```{toctree}\n:maxdepth: 1\n\n" + "\n".join(entries) + "\n```\n" if entries else
+           f"*(Nothing yet: no files in {_GENERATED_TOCS[docname]}.)*\n")
+    source[0] = source[0].replace(_TOC_MARKER, toc)
+
+
+def _always_reread_indexes(app, env, added, changed, removed):
+    return [name for name in _GENERATED_TOCS if name in env.found_docs]
+
+
+def _canonical_name(target: str, module: str | None):
+    """``plsh_ref.PartitionSample`` -> ``plsh_ref.partition.PartitionSample`` (or None)."""
+    candidates = [target] + ([f"{module}.{target}"] if module and "." not in target else [])
+    for name in candidates:
+        parts = name.split(".")
+        if parts[0] not in ("plsh_ref", "plsh_fast"):
+            continue
+        for i in range(len(parts) - 1, 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                break
+            home, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+            if home and qualname and f"{home}.{qualname}" != name:
+                return f"{home}.{qualname}"
+            break
+    return None
+
+
+def _resolve_reexports(app, env, node, contnode):
+    """Resolve references to re-exported names (plsh_ref.X, plsh_ref.testing.X) to the
+    page where the object is documented, under its defining module."""
+    if node.get("refdomain") != "py":
+        return None
+    canonical = _canonical_name(node["reftarget"], node.get("py:module"))
+    if canonical is None:
+        return None
+    domain = env.get_domain("py")
+    return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], canonical,
+                               node, contnode)
+
+
+def setup(app):
+    app.connect("source-read", _insert_toctree)
+    app.connect("env-get-outdated", _always_reread_indexes)
+    app.connect("missing-reference", _resolve_reexports)
+
+
+_theory_stubs()
+_benchmark_stubs()
+_api_pages()
+_figures()
