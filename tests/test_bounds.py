@@ -231,3 +231,18 @@ def test_certificate_rejects_wrong_partition():
         bd.output_error_certificate(q, q, q, draw_partition([2.0], 2, 0))
     with pytest.raises(TypeError, match="^partition"):
         bd.output_error_certificate(q, q, q, "not a partition")
+
+
+def test_plsh_bounds_command(capsys):
+    from plsh_ref.cli import main
+    from plsh_ref.experiments.bounds_report import rows
+    assert main(["bounds", "--n", "128", "--sigma", "2", "8", "--num-samples", "8"]) == 0
+    text = capsys.readouterr().out
+    assert "max|M~-L*|" in text and len(text.strip().splitlines()) == 5
+    (r,) = rows(128, [2.0], 8, 0.1, 0.01)
+    assert r["max_norm_eps"] == bd.max_norm_error_bound(128, 8, 0.01)
+    assert r["s_max_norm"] == bd.required_samples(128, 0.1, 0.01)
+    with pytest.raises(ValueError, match="^eps"):
+        rows(128, [2.0], 8, 1.5, 0.01)
+    with pytest.raises(ValueError, match="^sigma"):
+        rows(128, [-2.0], 8, 0.1, 0.01)

@@ -169,3 +169,19 @@ def test_mpmath_precision_restored_after_error():
         tp.kms_eigenvalues_mp(3, -1.0, dps=30)
     tp.kms_eigenvalues_mp(3, 1.0, dps=30)
     assert mpmath.mp.dps == before
+
+
+def test_plsh_spectrum_command(tmp_path, capsys):
+    from plsh_ref.cli import main
+    assert main(["spectrum", "--n", "24", "--sigma", "3", "--num-samples", "4",
+                 "--output", str(tmp_path / "out")]) == 0
+    text = capsys.readouterr().out
+    assert "lambda_max (secular equation)" in text
+    assert text.strip().splitlines()[-1] == f"output folder: {tmp_path / 'out'}"
+    assert (tmp_path / "out" / "kms_spectrum.png").stat().st_size > 0
+    assert (tmp_path / "out" / "mask_spectra.png").stat().st_size > 0
+    from plsh_ref.experiments.spectrum import compute
+    res = compute(24, 3.0, 4, 0)
+    np.testing.assert_allclose(res["kms"], res["dense"], atol=32 * 24 * EPS * res["dense"][0])
+    with pytest.raises(ValueError, match="^n"):
+        compute(0, 3.0, 4, 0)
