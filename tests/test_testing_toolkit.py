@@ -279,21 +279,17 @@ def test_plugin_in_a_foreign_repository(tmp_path):
     """)
     assert "2 passed, 1 skipped" in proc.stdout and "1 failed" in proc.stdout, proc.stdout
     assert "test_bad" in proc.stdout
-    proc = _run_pytest(tmp_path, """
-        def test_option(plsh_kernel):
-            pass
-    """, "--plsh-kernel", "plsh_ref.testing.examples:numpy_alibi")
-    assert "1 passed" in proc.stdout, proc.stdout
-
-
-def test_plugin_is_inert(tmp_path):
+    # the plugin does nothing until asked: before the fixture runs, only the plugin
+    # module itself is loaded, not the toolkit behind it
     proc = _run_pytest(tmp_path, """
         import sys
 
-        def test_nothing_imported():
-            # the plugin module is loaded, the toolkit behind it is not
+        def test_inert():
             assert "plsh_ref.testing.plugin" in sys.modules
             assert "plsh_ref.testing.suite" not in sys.modules
             assert "plsh_ref.testing.strategies" not in sys.modules
-    """)
-    assert "1 passed" in proc.stdout, proc.stdout
+
+        def test_option(plsh_kernel):
+            assert "plsh_ref.testing.suite" in sys.modules
+    """, "--plsh-kernel", "plsh_ref.testing.examples:numpy_alibi")
+    assert "2 passed" in proc.stdout, proc.stdout

@@ -26,6 +26,7 @@ import numpy as np
 from .baseline import plain_attention_numpy, plain_attention_torch
 from .problems import AttentionProblem
 from .reference import KINDS
+from .tolerance import allowed_error, max_error
 
 __all__ = [
     "FRAMEWORKS",
@@ -91,15 +92,6 @@ class CaseResult:
                           self.lse_error / self.lse_allowed if self.lse_allowed > 0 else
                           (0.0 if self.lse_error == 0 else float("inf")))
         return max(ratios)
-
-
-_EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
-
-
-def tolerance_floor(dtype: str, ref: np.ndarray) -> float:
-    # Provisional until plsh_ref/testing/tolerance.py lands: 4 ulps of dtype times max|ref|.
-    finite = np.abs(ref[np.isfinite(ref)])
-    return 4.0 * _EPS[dtype] * (float(finite.max()) if finite.size else 0.0)
 
 
 def load_kernel(target: str):
@@ -225,18 +217,6 @@ def _split_result(result, framework: str):
     return out, lse
 
 
-def _max_abs_diff(a: np.ndarray, b: np.ndarray):
-    """max |a - b| over entries, treating equal infinities as 0 and NaN as inf."""
-    with np.errstate(invalid="ignore"):
-        d = np.abs(a - b)
-    d = np.where((a == b), 0.0, d)
-    d = np.where(np.isnan(d), np.inf, d)
-    if d.size == 0:
-        return 0.0, None
-    idx = np.unravel_index(int(np.argmax(d)), d.shape)
-    return float(d[idx]), tuple(int(i) for i in idx)
-
-
 def check_case(kernel, problem: AttentionProblem, *, framework: str = "numpy",
                device: str = "cpu") -> CaseResult:
     """Run ``kernel`` on ``problem`` and compare with the float64 reference.
@@ -306,9 +286,8 @@ def check_case(kernel, problem: AttentionProblem, *, framework: str = "numpy",
         plain_out, plain_lse = plain_attention_numpy(problem.query, problem.key, problem.value,
                                                      bias, scale=spec.scale, dtype=spec.dtype)
     out64 = _as_float64(out, framework)
-    error, worst = _max_abs_diff(out64, ref_out)
-    plain_error, _ = _max_abs_diff(plain_out, ref_out)
-    allowed = 2.0 * plain_error + tolerance_floor(spec.dtype, ref_out)
+    error, worst = max_error(out64, ref_out)
+    allowed = allowed_error(ref_out, plain_out, spec.dtype)
     messages = []
     if np.any(np.isnan(out64)):
         messages.append("output contains NaN")
@@ -322,11 +301,9 @@ def check_case(kernel, problem: AttentionProblem, *, framework: str = "numpy",
             bad = tuple(int(i) for i in np.argwhere(np.isneginf(lse64) != empty)[0])
             messages.append(f"lse must be -inf exactly on rows without admissible keys "
                             f"(first mismatch at {bad}: got {lse64[bad]}, expected {ref_lse[bad]})")
-        lse_error, _ = _max_abs_diff(np.where(empty, 0.0, lse64), np.where(empty, 0.0, ref_lse))
-        plain_lse_error, _ = _max_abs_diff(np.where(empty, 0.0, plain_lse),
-                                           np.where(empty, 0.0, ref_lse))
-        lse_allowed = 2.0 * plain_lse_error + tolerance_floor(
-            spec.dtype, np.where(empty, 0.0, ref_lse))
+        ref_finite = np.where(empty, 0.0, ref_lse)
+        lse_error, _ = max_error(np.where(empty, 0.0, lse64), ref_finite)
+        lse_allowed = allowed_error(ref_finite, np.where(empty, 0.0, plain_lse), spec.dtype)
         if lse_error > lse_allowed:
             messages.append(f"lse error {lse_error:.3g} > allowed {lse_allowed:.3g}")
     return CaseResult(not messages, error, allowed, worst, lse_error, lse_allowed,
