@@ -555,8 +555,8 @@ def output_error_bound(query, key, value, num_samples: int, delta, *, slopes=Non
     ``eps = max_norm_error_bound(n, s, delta / num_heads)`` with ``n`` the number of
     distinct query/key positions (DKW with a union bound over heads). The event
     ``max |M~ - L*| <= eps`` does not involve Q/K/V, so the bound holds for all inputs at
-    once (the "uniform" form of Theorem 2.2). Wherever the event holds and
-    ``eps < min L*`` on admissible pairs, no row is empty; the statement holds regardless.
+    once (the "uniform" form of Theorem 2.2). On the event a row can lose all its PLSH
+    weight only if every admissible ``L*_ij <= eps``; such rows get ``max(bound, max_j |v_jk|)``.
 
     Parameters
     ----------
@@ -594,7 +594,8 @@ def output_error_bound(query, key, value, num_samples: int, delta, *, slopes=Non
         ratio = np.where(z_star > 0, eps * np.sum(a, axis=-1) / z_star, 0.0)
     vrange, vabs = _value_range(v, admissible)
     bound = vrange * ratio[..., None]
-    # If M~ can vanish on a whole row (eps >= min admissible L*), T~ = 0 there: cover it.
-    lmin = np.min(np.where(admissible[None], lstar, np.inf), axis=-1)        # (H, n_q)
-    can_vanish = (eps >= lmin)[None, :, :, None] & np.isfinite(lmin)[None, :, :, None]
+    # On the event, M~_ij >= L*_ij - eps > 0 wherever L*_ij > eps; a row can vanish (and
+    # output 0) only if every admissible L*_ij <= eps. Cover those rows by max |v|.
+    lmax = np.max(np.where(admissible[None], lstar, -np.inf), axis=-1)       # (H, n_q)
+    can_vanish = (eps >= lmax)[None, :, :, None] & np.isfinite(lmax)[None, :, :, None]
     return np.where(can_vanish, np.maximum(bound, vabs), bound)
