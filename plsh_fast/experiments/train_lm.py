@@ -52,7 +52,9 @@ _OPTIONS = [
      "validation bytes scored at each evaluation length (same text for every length)"),
     ("--block-size", "block_size", int, 0,
      "block size of the 'blocks' variant; 0: per head round(2 sigma_h)"),
-    ("--backend", "backend", str, "fast", "PLSH backend: fast (plsh_attention) or dense"),
+    ("--backend", "backend", str, "dense",
+     "PLSH backend: dense (SDPA with a log-count bias; fastest on CPU at these lengths) "
+     "or fast (plsh_fast.plsh_attention); the same function"),
     ("--seed", "seed", int, 0, "seed of the initial weights and of the partitions"),
     ("--data-seed", "data_seed", int, 0, "seed of the training batch order"),
     ("--val-fraction", "val_fraction", float, 0.05, "fraction of files held out"),
