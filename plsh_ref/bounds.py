@@ -373,8 +373,9 @@ def spectral_tail_bound(n: int, sigma, num_samples: int, eps, *, variance=None) 
     """An upper bound on ``P(||M~ - L*||_2 > eps)`` (aligned positions ``0..n-1``).
 
     The same truncated Bernstein inequality as :func:`spectral_error_bound`, minimised over
-    the truncation level ``k`` on the integers ``1..n``'s candidate grid. ``eps`` is a
-    spectral-norm level > 0 (not limited to ``(0, 1)``).
+    the truncation level ``k`` on a fixed grid (``k = n`` and 40 levels ``ceil(sigma x)``,
+    ``x`` geometric from 0.5 to 200, clipped to ``1..n``). ``eps`` is a spectral-norm
+    level > 0 (not limited to ``(0, 1)``). Returns a probability bound in ``[0, 1]``.
 
     Raises
     ------
