@@ -12,6 +12,7 @@ import numpy as np
 
 __all__ = [
     "as_float_array",
+    "check_bool",
     "as_positions",
     "check_int",
     "check_positive_float",
@@ -36,6 +37,17 @@ def check_int(name: str, value, *, minimum: int | None = None) -> int:
     if minimum is not None and value < minimum:
         raise ValueError(f"{name}: must be >= {minimum}, got {value}")
     return value
+
+
+def check_bool(name: str, value) -> bool:
+    """Return ``value`` as a ``bool`` or raise ``TypeError`` (only ``bool``/``numpy.bool_``).
+
+    Flags such as ``causal`` are never coerced from strings, numbers or ``None``: a typo like
+    ``causal="no"`` would otherwise silently mean ``True``.
+    """
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
 
 
 def check_positive_float(name: str, value) -> float:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import as_positions, check_int, check_sigma
+from ._validation import as_positions, check_bool, check_int, check_sigma
 
 __all__ = [
     "alibi_bias",
@@ -157,6 +157,7 @@ def alibi_bias(slopes, query_positions, key_positions, *, causal: bool) -> np.nd
     ----------
     SPEC section 1; Press et al. (2022).
     """
+    causal = check_bool("causal", causal)
     m = check_sigma("slopes", slopes)
     if m.ndim != 1:
         raise ValueError(f"slopes: must be one-dimensional, got shape {m.shape}")
@@ -193,6 +194,7 @@ def kernel_matrix(sigma, query_positions, key_positions, *, causal: bool = False
     ----------
     Wolfson & Wagner (2026), section 2 (``L* = E[M(h)]``); SPEC section 1.
     """
+    causal = check_bool("causal", causal)
     sig = check_sigma("sigma", sigma)
     qpos = as_positions("query_positions", query_positions)
     kpos = as_positions("key_positions", key_positions)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import as_float_array, check_int, check_positive_float, check_sigma
+from ._validation import (as_float_array, check_bool, check_int, check_positive_float,
+                          check_sigma)
 from .alibi import alibi_bias, alibi_slopes, resolve_positions
 from .partition import PartitionSample, bins, counts
 
@@ -208,6 +209,7 @@ def no_bias_attention(query, key, value, *, causal: bool = True, scale=None,
 
     Shapes, returns and errors as :func:`alibi_attention`. The paper's "no bias" baseline.
     """
+    causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
     log_w = np.zeros((1, 1, q.shape[2], k.shape[2]))
@@ -230,6 +232,7 @@ def fixed_block_attention(query, key, value, block_size: int, *, causal: bool = 
 
     Other parameters, returns and errors as :func:`alibi_attention`.
     """
+    causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
     if np.ndim(block_size) == 0:
         sizes = [check_int("block_size", block_size, minimum=1)] * q.shape[1]
@@ -290,6 +293,7 @@ def plsh_attention(query, key, value, partition: PartitionSample, *, causal: boo
     ----------
     Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
     """
+    causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
     partition = _check_partition_heads(partition, q.shape[1])
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)

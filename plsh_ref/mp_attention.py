@@ -15,7 +15,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from ._validation import check_int
+from ._validation import check_bool, check_int
 from .alibi import resolve_positions
 from .attention import _check_partition_heads, _resolve_slopes, _scale, validate_qkv
 from .partition import counts
@@ -110,6 +110,7 @@ def alibi_attention_mp(query, key, value, *, slopes=None, causal: bool = True, s
     binary64 slopes. Returns object arrays of ``mpmath.mpf``; raises as the float64 version
     and on ``dps < 15``.
     """
+    causal = check_bool("causal", causal)
     q, k, _ = validate_qkv(query, key, value)
     m = _resolve_slopes(slopes, q.shape[1])
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)

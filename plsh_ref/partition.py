@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_float_array, as_positions, check_int, check_sigma
+from ._validation import as_float_array, as_positions, check_bool, check_int, check_sigma
 
 __all__ = [
     "PartitionSample",
@@ -289,6 +289,7 @@ def masks(partition: PartitionSample, query_positions, key_positions, *,
     numpy.ndarray
         bool, shape ``(num_heads, num_samples, n_q, n_k)`` (memory ``H s n_q n_k`` bytes).
     """
+    causal = check_bool("causal", causal)
     qpos = as_positions("query_positions", query_positions)
     kpos = as_positions("key_positions", key_positions)
     bq = bins(partition, qpos)
@@ -319,6 +320,7 @@ def counts(partition: PartitionSample, query_positions, key_positions, *,
     ----------
     SPEC sections 2-3 (``C = s M~``).
     """
+    causal = check_bool("causal", causal)
     qpos = as_positions("query_positions", query_positions)
     kpos = as_positions("key_positions", key_positions)
     bq = bins(partition, qpos)

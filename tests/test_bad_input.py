@@ -260,3 +260,28 @@ def test_weighted_attention_mp_refuses_bad_weight():
     _expect(ValueError, "weight", weighted_attention_mp, Q, K, V, -np.ones((2, 3, 3)))
     _expect(ValueError, "weight", weighted_attention_mp, Q, K, V,
             _with(np.ones((2, 3, 3)), (0, 0, 0), np.nan))
+
+
+@pytest.mark.parametrize("flag", ["no", 0, 1, None, 1.0])
+def test_causal_must_be_bool(flag):
+    """A non-bool `causal` (e.g. the string "no", truthy) was silently coerced before."""
+    import plsh_ref
+    from plsh_ref.mp_attention import alibi_attention_mp
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(1, 2, 3, 4))
+    part = plsh_ref.draw_partition([2.0, 4.0], 2, seed=0)
+    pos = np.arange(3)
+    calls = [
+        lambda: plsh_ref.alibi_attention(q, q, q, causal=flag),
+        lambda: plsh_ref.plsh_attention(q, q, q, part, causal=flag),
+        lambda: plsh_ref.no_bias_attention(q, q, q, causal=flag),
+        lambda: plsh_ref.fixed_block_attention(q, q, q, 2, causal=flag),
+        lambda: plsh_ref.kernel_matrix(2.0, pos, pos, causal=flag),
+        lambda: plsh_ref.alibi_bias([0.5, 0.25], pos, pos, causal=flag),
+        lambda: plsh_ref.counts(part, pos, pos, causal=flag),
+        lambda: plsh_ref.masks(part, pos, pos, causal=flag),
+        lambda: alibi_attention_mp(q, q, q, causal=flag),
+    ]
+    for call in calls:
+        with pytest.raises(TypeError, match="^causal"):
+            call()
