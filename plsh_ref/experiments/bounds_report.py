@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
               f"{r['truncation']:>8d} {r['block_bound']:>6d} {r['window']:>9.1f} "
               f"{r['s_max_norm']:>8d} {r['s_spectral']:>9d}")
     print("columns: max-norm bound (DKW); spectral bound (truncated matrix Bernstein) and "
-          "relative to ||L*||_inf = coth(1/(2 sigma)); variance proxy v (exact for n <= 1024, else its limit) and its limit; "
+          "relative to ||L*||_inf = coth(1/(2 sigma)); variance proxy v (exact for "
+          "n <= 1024, else its limit) and its limit; "
           "pitch truncation level; block-size bound; expected fused window (keys/query); "
           f"samples for max-norm error {args.eps:g}; samples for spectral error "
           f"{'eps * coth(1/(2 sigma))' if args.spectral_eps is None else args.spectral_eps}.")
