@@ -4,6 +4,7 @@ Wolfson & Wagner, *Positional LSH: Binary Block Matrix Approximation for Attenti
 Linear Biases* (arXiv 2605.09472, 2026). Depends on numpy, scipy and mpmath only.
 """
 
+from . import alibi, attention, bounds, expectation, partition, toeplitz
 from .alibi import (alibi_bias, alibi_slopes, default_positions, kernel_matrix,
                     sigma_from_slopes)
 from .attention import (alibi_attention, biased_attention, fixed_block_attention,
@@ -15,6 +16,12 @@ __version__ = "0.1.0"
 
 __all__ = [
     "PartitionSample",
+    "alibi",
+    "attention",
+    "bounds",
+    "expectation",
+    "partition",
+    "toeplitz",
     "alibi_attention",
     "alibi_bias",
     "alibi_slopes",
