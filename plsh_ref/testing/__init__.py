@@ -7,7 +7,10 @@
   :func:`plsh_reference` (:mod:`plsh_ref.testing.reference`);
 * the property suite: :func:`check_case` (one problem), :func:`make_property_suite`
   (a pytest test in one line), and the pytest fixtures of :mod:`plsh_ref.testing.plugin`;
-* the tolerance rule of SPEC section 6 (:mod:`plsh_ref.testing.tolerance`);
+* the tolerance rule of SPEC section 6: :func:`assert_close_to_reference`,
+  :func:`allowed_error`, :func:`max_error` (:mod:`plsh_ref.testing.tolerance`), measured
+  against plain attention in the kernel's dtype, :func:`plain_attention_numpy` and
+  :func:`plain_attention_torch` (:mod:`plsh_ref.testing.baseline`);
 * the ``plsh verify MODULE:FUNCTION`` command (:mod:`plsh_ref.testing.verify`).
 
 Everything here is numpy only; torch is imported only to run a torch kernel. The names
@@ -34,6 +37,11 @@ _EXPORTS = {
     "problem_specs": "strategies",
     "sample_specs": "strategies",
     "slopes": "strategies",
+    "allowed_error": "tolerance",
+    "assert_close_to_reference": "tolerance",
+    "max_error": "tolerance",
+    "plain_attention_numpy": "baseline",
+    "plain_attention_torch": "baseline",
     "CaseResult": "suite",
     "KernelContractError": "suite",
     "check_case": "suite",
