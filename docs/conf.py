@@ -5,16 +5,18 @@ Build (from the repository root; the Makefile target ``docs`` runs both)::
     python -m sphinx -W --keep-going -n -b html docs docs/_build/html
     python -m sphinx -W --keep-going -n -b doctest docs docs/_build/doctest
 
-At start-up this file writes three kinds of generated sources (git-ignored, rewritten only
-when their content changes, so incremental builds stay incremental):
+When the builder starts (event ``builder-inited``, so importing this file writes nothing),
+it generates sources that git ignores and that are rewritten only when their content
+changes, so incremental builds stay incremental:
 
-* ``theory/<note>.md`` and ``benchmarks/<table>.md``: one stub per ``proofs_notes/<note>.md`` holding only an
-  ``{include}`` of it (likewise per ``benchmarks/results/<table>.md``), so the notes are
-  the theory chapters (not copies) and a new note or table appears by itself;
+* ``theory/<note>.md``: one stub per ``proofs_notes/<note>.md`` holding only an
+  ``{include}`` of it, so the notes are the theory chapters (not copies) and a new note
+  appears by itself; likewise ``benchmarks/<table>.md`` per ``benchmarks/results/*.md``;
 * ``api/<module>.md``: one ``automodule`` page per public module of ``plsh_ref`` and
   ``plsh_fast`` (every module whose dotted name has no part starting with ``_``);
-* ``_generated/``: the overview figure (``_scripts/overview_figure.py``) and the plots of
-  a reduced ``plsh reproduce`` run (``_scripts/reproduce_plots.py``).
+* ``_generated/``: the overview figure (``_scripts/overview_figure.py``), the plots of a
+  reduced ``plsh reproduce`` run (``_scripts/reproduce_plots.py``) and the ``plsh verify``
+  runs of the validation guide (``_scripts/verify_examples.py``).
 """
 
 from __future__ import annotations
@@ -116,6 +118,11 @@ nitpick_ignore_regex = [
 doctest_global_setup = """
 import numpy as np
 from plsh_ref import *
+try:
+    import torch, plsh_fast
+    HAVE_TORCH = True
+except ImportError:
+    HAVE_TORCH = False
 """
 doctest_test_doctest_blocks = "default"
 
@@ -199,6 +206,14 @@ _FIGURE_SCRIPTS = {"overview_figure.py": "overview.png",
                    "verify_examples.py": "verify/numpy_alibi.txt"}
 
 
+def _generate_sources(app) -> None:
+    """Stubs and API pages (before Sphinx lists the source files), then the figures."""
+    _theory_stubs()
+    _benchmark_stubs()
+    _api_pages()
+    _figures(app)
+
+
 def _figures(app) -> None:
     """Run the generating scripts (the doctest builder reuses outputs that exist)."""
     out = DOCS / "_generated"
@@ -280,12 +295,8 @@ def _triton_signature(app, what, name, obj, options, signature, return_annotatio
 
 def setup(app):
     app.connect("autodoc-process-signature", _triton_signature)
-    app.connect("builder-inited", _figures)
+    app.connect("builder-inited", _generate_sources)
     app.connect("source-read", _insert_toctree)
     app.connect("env-get-outdated", _always_reread_indexes)
     app.connect("missing-reference", _resolve_reexports)
 
-
-_theory_stubs()
-_benchmark_stubs()
-_api_pages()
