@@ -151,6 +151,9 @@ def run(args: argparse.Namespace) -> int:
     from .strategies import sample_specs
 
     specs = sample_specs(args.kind, seed=args.seed, num_cases=args.cases, **bounds)
+    if args.case is not None and args.case >= len(specs):
+        return _fail(f"case: only {len(specs)} distinct cases exist for these options, "
+                     f"got --case {args.case}")
     indices = range(len(specs)) if args.case is None else [args.case]
     print(f"plsh verify {args.kernel}: kind={args.kind} framework={args.framework} "
           f"device={args.device} seed={args.seed} cases={len(indices)} "
