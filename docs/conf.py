@@ -228,6 +228,10 @@ def _figures(app) -> None:
 
 
 # --- events: generated toctrees, re-exported names ---------------------------------------
+#: reading order of the theory chapters; notes not listed follow in alphabetical order
+THEORY_ORDER = ["softmax_bias_identity", "collision_probability", "expectation", "block_laws",
+                "largest_pitch", "window_width", "kms_spectrum", "max_norm_bound",
+                "spectral_bound", "output_bound", "gradient_expectation"]
 #: index pages whose marker line is replaced by a toctree of the stubs next to them
 _GENERATED_TOCS = {"theory/index": "the proofs_notes", "benchmarks/index": "benchmarks/results"}
 _TOC_MARKER = "% generated toctree"
@@ -238,6 +242,9 @@ def _insert_toctree(app, docname, source):
         return
     folder = DOCS / docname.split("/")[0]
     entries = sorted(p.stem for p in folder.glob("*.md") if p.stem != "index")
+    if docname == "theory/index":
+        rank = {name: i for i, name in enumerate(THEORY_ORDER)}
+        entries.sort(key=lambda name: (rank.get(name, len(rank)), name))
     toc = ("```{toctree}\n:maxdepth: 1\n\n" + "\n".join(entries) + "\n```\n" if entries else
            f"*(Nothing yet: no files in {_GENERATED_TOCS[docname]}.)*\n")
     source[0] = source[0].replace(_TOC_MARKER, toc)
