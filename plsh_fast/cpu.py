@@ -9,24 +9,35 @@ matrix:
 1. Keys (and queries) are sorted by position. Bins are non-decreasing in the position,
    so for every sample ``t`` the keys sharing query ``i``'s bin are one contiguous index
    range ``[start_t(i), end_t(i))``, found by ``searchsorted``; the causal cut clips
-   ``end_t(i)``.
+   ``end_t(i)``. Every such range holds the keys of an interval of positions that
+   contains ``p_i``, so their union is contiguous as well: ``C_ij >= 1`` exactly on
+   ``[min_t start_t(i), max_t end_t(i))``.
 2. Queries are cut into tiles of ``T`` rows (``T`` chosen per head from its pitches).
    A tile reaches the key range ``[min start, max end)`` over its rows and samples: the
-   union of its blocks, which also skips every causally masked key tile.
+   union of its blocks. Keys outside it (in particular causally masked key tiles) are
+   never touched.
 3. Tiles of one head whose windows have about the same width are stacked into one batched
-   matrix product (the window is padded to a common width ``W``; padded keys get count 0).
+   call (the window is padded to a common width ``W``; padded keys get count 0).
 4. Inside a window the counts are a difference array: ``+1`` at ``start_t(i)``, ``-1`` at
    ``end_t(i)`` for every sample, then a cumulative sum along the keys: ``O(s)`` work per
-   row plus one pass over the window, instead of ``s`` comparisons per pair.
-5. Softmax with the bias ``log C`` and its LSE are computed in float32 (float64 for float64
-   inputs); the backward recomputes the probabilities from the saved LSE
-   (``proofs_notes/backward.md``).
+   row plus one pass over the window, instead of ``s`` comparisons per pair. The bias is
+   ``log C`` where ``C >= 1`` and ``-1e30`` (float32) / ``-1e300`` (float64) where
+   ``C = 0``: finite, so that no ``log 0`` or ``exp(-inf)`` (slow special cases of the
+   vectorised math library) is ever evaluated, and ``exp(bias - max)`` underflows to an
+   exact 0 for every inadmissible key. Rows with no admissible key are set to output 0
+   and LSE ``-inf`` explicitly.
+5. Softmax with that bias, its LSE and the gradients are computed by torch's fused CPU
+   flash-attention kernel (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its
+   backward) on the stacked tiles, in float32 (float64 for float64 inputs); when that
+   operator is missing or the value head_dim differs from the query's, a plain torch
+   implementation of the same formulas is used (:data:`USE_FUSED_TILES`). The backward
+   recomputes the probabilities from the saved LSE (``proofs_notes/backward.md``).
 
-Memory is ``O(batch * chunk)`` for the tiles in flight plus ``O(H s n)`` int64 for the
-block boundaries; the chunk size bounds the working set (:data:`CHUNK_ELEMENTS`).
-Parallelism over batch, heads-in-a-chunk and tiles comes from torch's intra-op threads.
+Memory is ``O(batch * CHUNK_ELEMENTS)`` for the tiles in flight plus ``O(H s n)`` int64
+for the block boundaries. Parallelism over batch and stacked tiles comes from torch's
+intra-op threads.
 
-The two functions have the signature of the Triton path
+The two public functions have the signature of the Triton path
 (:func:`plsh_fast.triton_forward.plsh_forward_triton`,
 :func:`plsh_fast.triton_backward.plsh_backward_triton`), so that
 :mod:`plsh_fast.autograd` dispatches uniformly. They trust their arguments: validation
@@ -42,32 +53,46 @@ import torch
 
 from .partition import bins
 
-__all__ = ["CHUNK_ELEMENTS", "plsh_backward_cpu", "plsh_forward_cpu", "tile_size"]
+__all__ = ["CHUNK_ELEMENTS", "USE_FUSED_TILES", "plsh_backward_cpu", "plsh_forward_cpu",
+           "tile_size"]
 
-#: Upper bound on ``batch * tiles * T * W`` logits held at once (float32: 4 bytes each).
-#: About 2 MB per intermediate keeps a chunk near the cache and the memory small.
+#: Upper bound on ``batch * tiles * T * W`` logits handled by one call (float32: 4 bytes
+#: each); about 2 MB per intermediate keeps a chunk near the cache and the memory small.
 CHUNK_ELEMENTS = 1 << 19
+
+#: Use torch's fused CPU flash-attention operator on the stacked tiles when available.
+#: Set to ``False`` to force the plain torch implementation (tests compare both).
+USE_FUSED_TILES = True
 
 _MIN_TILE = 16
 _MAX_TILE = 128
+_FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_FUSED_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward",
+                          None)
 
 
 def tile_size(mean_pitch: float, n_q: int) -> int:
     """Query-tile height for a head whose pitches average ``mean_pitch`` tokens.
 
-    A power of two in ``[16, 128]`` near a quarter of the mean pitch (``sigma / 2``): the
-    window of a tile is its height plus the largest left extent of its blocks (about
+    A power of two in ``[16, 128]`` near ``mean_pitch / 8`` (``sigma / 4``): the window of
+    a tile is its height plus the largest left extent of its blocks (about
     ``sigma (ln s + 0.58)``), so a height well below ``sigma`` wastes little, while tiny
-    tiles make the batched products inefficient. Never taller than ``n_q`` needs.
+    tiles make the stacked products and key gathers inefficient. Never taller than the
+    power of two above ``n_q``.
     """
-    target = max(mean_pitch / 4.0, 1.0)
+    target = max(mean_pitch / 8.0, 1.0)
     t = 1 << int(round(math.log2(target)))
     t = min(max(t, _MIN_TILE), _MAX_TILE)
-    return max(1, min(t, 1 << max(0, (max(n_q, 1) - 1).bit_length())))
+    return min(t, 1 << max(0, (max(n_q, 1) - 1).bit_length()))
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _masked_bias(dtype: torch.dtype) -> float:
+    """Finite stand-in for ``log 0``: ``exp(it - anything finite)`` is exactly 0."""
+    return -1e300 if dtype == torch.float64 else -1e30
 
 
 def _order(positions: torch.Tensor):
@@ -83,9 +108,10 @@ def _order(positions: torch.Tensor):
 @dataclass
 class _Chunk:
     head: int
-    rows: torch.Tensor       # (G, T) indices into the padded sorted query rows
-    keys: torch.Tensor       # (G, W) indices into the sorted keys (clamped; extra keys have count 0)
-    log_counts: torch.Tensor  # (G, T, W) log C in the compute dtype (-inf where C = 0)
+    rows: torch.Tensor    # (G, T) indices into the padded sorted query rows
+    keys: torch.Tensor    # (G, W) indices into the sorted keys (clamped; extra keys have count 0)
+    bias: torch.Tensor    # (G, T, W) log C (masked bias where C = 0), compute dtype
+    empty: torch.Tensor   # (G, T) bool, rows without any admissible key
 
 
 @dataclass
@@ -100,8 +126,14 @@ class _Plan:
     n_k: int
     tiles: list[int]               # tile height per head
     start: torch.Tensor            # (H, s, n_q) int64, sorted coordinates
-    end: torch.Tensor              # (H, s, n_q) int64, end > start or end == start (empty)
+    end: torch.Tensor              # (H, s, n_q) int64, end >= start (equal: empty range)
     dtype: torch.dtype
+
+    @property
+    def padded_rows(self) -> int:
+        """Rows after padding to a multiple of every tile height (they are powers of two)."""
+        tile = max(self.tiles)
+        return -(-self.n_q // tile) * tile
 
     def chunks(self, batch: int):
         """Yield the work of every head as :class:`_Chunk` objects of bounded size."""
@@ -117,13 +149,12 @@ class _Plan:
         st = st.view(s, num_tiles, tile)
         en = en.view(s, num_tiles, tile)
         nonempty = en > st
-        big = torch.iinfo(torch.int64).max
-        lo = torch.where(nonempty, st, big).amin(dim=(0, 2))
+        lo = torch.where(nonempty, st, torch.iinfo(torch.int64).max).amin(dim=(0, 2))
         hi = torch.where(nonempty, en, -1).amax(dim=(0, 2))
         width = (hi - lo).clamp_(min=0)
-        # Round widths up (at most 1/8 extra) so that tiles fall into few buckets.
-        gran = torch.clamp(torch.pow(2, torch.floor(torch.log2(width.clamp(min=1).double())))
-                           .long() // 8, min=16)
+        # Round widths up (by at most 1/8) so that the tiles fall into few buckets.
+        gran = (torch.pow(2.0, torch.floor(torch.log2(width.clamp(min=1).double()))).long()
+                // 8).clamp_(min=16)
         padded = torch.where(width > 0, -(-width // gran) * gran, 0)
         for w in torch.unique(padded).tolist():
             if w == 0:
@@ -140,14 +171,17 @@ class _Plan:
         keys = (lo[:, None] + torch.arange(w)).clamp_(max=max(self.n_k - 1, 0))
         # Difference array of the counts: +1 at start, -1 at end (empty ranges cancel).
         empty = en <= st
-        rel_st = torch.where(empty, 0, st - lo[None, :, None])
-        rel_en = torch.where(empty, 0, en - lo[None, :, None])
+        rel_st = torch.where(empty, 0, st - lo[None, :, None]).permute(1, 2, 0)
+        rel_en = torch.where(empty, 0, en - lo[None, :, None]).permute(1, 2, 0)
         diff = torch.zeros(g, tile, w + 1, dtype=self.dtype)
-        ones = torch.ones((), dtype=self.dtype).expand(g, tile, rel_st.shape[0])
-        diff.scatter_add_(2, rel_st.permute(1, 2, 0), ones)
-        diff.scatter_add_(2, rel_en.permute(1, 2, 0), -ones)
-        log_counts = diff[..., :w].cumsum_(-1).log_()
-        return _Chunk(h, rows, keys, log_counts)
+        ones = torch.ones((), dtype=self.dtype).expand(g, tile, rel_st.shape[2])
+        diff.scatter_add_(2, rel_st, ones)
+        diff.scatter_add_(2, rel_en, -ones)
+        counts = diff[..., :w].cumsum_(-1)
+        # log C where C >= 1, the masked bias where C = 0 (C is an exact small integer).
+        bias = counts.clamp_max(1.0).sub_(1.0).mul_(-_masked_bias(self.dtype))
+        bias.add_(counts.clamp_min_(1.0).log_())
+        return _Chunk(h, rows, keys, bias, empty.all(dim=0))
 
 
 def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) -> _Plan:
@@ -165,21 +199,25 @@ def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) ->
         cut = torch.searchsorted(kpos, qpos, right=True)  # keys with p_key <= p_query
         end = torch.minimum(end, cut)
     end = torch.maximum(end, start)
-    mean_pitch = pitch.mean(dim=1).tolist()
     n_q, n_k = qpos.numel(), kpos.numel()
-    tiles = [tile_size(p, n_q) for p in mean_pitch]
+    tiles = [tile_size(p, n_q) for p in pitch.mean(dim=1).tolist()]
     return _Plan(query_order, query_inverse, key_order, key_inverse, n_q, n_k, tiles,
                  start, end, dtype)
 
 
-def _sorted_rows(x: torch.Tensor, order, tile_pad: int, dtype) -> torch.Tensor:
-    """``x`` (B, H, n, d) in the compute dtype, rows sorted by ``order``, padded by ``tile_pad`` rows."""
+def _sorted_rows(x: torch.Tensor, order, rows: int, dtype) -> torch.Tensor:
+    """``x`` (B, H, n, d) in ``dtype``, rows sorted by ``order`` and zero-padded to ``rows``."""
     x = x.to(dtype)
     if order is not None:
         x = x.index_select(2, order)
-    if tile_pad:
-        x = torch.nn.functional.pad(x, (0, 0, 0, tile_pad))
+    if rows > x.shape[2]:
+        x = torch.nn.functional.pad(x, (0, 0, 0, rows - x.shape[2]))
     return x
+
+
+def _per_head(x: torch.Tensor) -> list[torch.Tensor]:
+    """Contiguous ``(B, n, d)`` slices of every head of ``x`` (B, H, n, d)."""
+    return [x[:, h].contiguous() for h in range(x.shape[1])]
 
 
 def _gather(rows_tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -188,11 +226,59 @@ def _gather(rows_tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return rows_tensor.index_select(1, idx.reshape(-1)).view(b, *idx.shape, d)
 
 
+def _pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
+    return x if x.shape[-1] == size else torch.nn.functional.pad(x, (0, size - x.shape[-1]))
+
+
+def _use_fused() -> bool:
+    return USE_FUSED_TILES and _FUSED is not None and _FUSED_BACKWARD is not None
+
+
+def _tiles_forward(q, k, v, bias, scale):
+    """Softmax(scale q k^T + bias) v and its LSE (natural log) on stacked tiles.
+
+    ``q`` (B, G, T, d), ``k`` (B, G, W, d), ``v`` (B, G, W, dv), ``bias`` (B, G, T, W).
+    Rows whose bias is masked everywhere give meaningless results (the caller resets them).
+    """
+    if _use_fused():
+        width = max(q.shape[-1], v.shape[-1])
+        out, lse = _FUSED(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width),
+                          attn_mask=bias, scale=scale)
+        return out[..., :v.shape[-1]], lse.to(q.dtype)
+    logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
+    row_max = logits.amax(dim=-1, keepdim=True)
+    probs = logits.sub_(row_max).exp_()
+    denom = probs.sum(dim=-1, keepdim=True)
+    out = torch.matmul(probs, v).div_(denom)
+    return out, (row_max + denom.log())[..., 0]
+
+
+def _tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
+    """Gradients of :func:`_tiles_forward` given its output and LSE (finite on every row)."""
+    if _use_fused():
+        width = max(q.shape[-1], v.shape[-1])
+        dv = v.shape[-1]
+        gq, gk, gv = _FUSED_BACKWARD(_pad_last(grad_out, width), _pad_last(q, width),
+                                     _pad_last(k, width), _pad_last(v, width),
+                                     _pad_last(out, width), lse.to(torch.float32)
+                                     if q.dtype != torch.float64 else lse, 0.0, False,
+                                     attn_mask=bias, scale=scale)
+        d = q.shape[-1]
+        return gq[..., :d], gk[..., :d], gv[..., :dv]
+    logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
+    probs = logits.sub_(lse[..., None]).exp_()
+    delta = (grad_out * out).sum(dim=-1, keepdim=True)
+    d_logits = torch.matmul(grad_out, v.transpose(-1, -2)).sub_(delta).mul_(probs)
+    grad_q = torch.matmul(d_logits, k).mul_(scale)
+    grad_k = torch.matmul(d_logits.transpose(-1, -2), q).mul_(scale)
+    grad_v = torch.matmul(probs.transpose(-1, -2), grad_out)
+    return grad_q, grad_k, grad_v
+
+
 def _empty_result(query, value, n_q):
     b, h = query.shape[:2]
-    lse_dtype = _compute_dtype(query.dtype)
     out = torch.zeros(b, h, n_q, value.shape[-1], dtype=query.dtype)
-    lse = torch.full((b, h, n_q), -math.inf, dtype=lse_dtype)
+    lse = torch.full((b, h, n_q), -math.inf, dtype=_compute_dtype(query.dtype))
     return out, lse
 
 
@@ -230,34 +316,28 @@ def plsh_forward_cpu(query, key, value, pitch, offset, query_positions, key_posi
     Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3 (b); module docstring.
     """
     batch, num_heads, n_q, _ = query.shape
-    n_k = key.shape[2]
-    if n_q == 0 or n_k == 0 or batch == 0:
+    if n_q == 0 or key.shape[2] == 0 or batch == 0:
         return _empty_result(query, value, n_q)
     dtype = _compute_dtype(query.dtype)
     group = num_heads // key.shape[1]
     plan = _plan(pitch, offset, query_positions, key_positions, causal, dtype)
+    rows = plan.padded_rows
+    q = _per_head(_sorted_rows(query, plan.query_order, rows, dtype))
+    k = _per_head(_sorted_rows(key, plan.key_order, 0, dtype))
+    v = _per_head(_sorted_rows(value, plan.key_order, 0, dtype))
+    out = torch.zeros(batch, num_heads, rows, value.shape[-1], dtype=dtype)
+    lse = torch.full((batch, num_heads, rows), -math.inf, dtype=dtype)
     log_s = math.log(pitch.shape[1])
-    max_tile = max(plan.tiles)
-    pad = -(-n_q // max_tile) * max_tile - n_q
-    q = _sorted_rows(query, plan.query_order, pad, dtype) * scale
-    k = _sorted_rows(key, plan.key_order, 0, dtype)
-    v = _sorted_rows(value, plan.key_order, 0, dtype)
-    out = torch.zeros(batch, num_heads, n_q + pad, value.shape[-1], dtype=dtype)
-    lse = torch.full((batch, num_heads, n_q + pad), -math.inf, dtype=dtype)
     for chunk in plan.chunks(batch):
         h, hk = chunk.head, chunk.head // group
-        qt = _gather(q[:, h], chunk.rows)                       # (B, G, T, d)
-        kw = _gather(k[:, hk], chunk.keys)                      # (B, G, W, d)
-        vw = _gather(v[:, hk], chunk.keys)                      # (B, G, W, dv)
-        logits = torch.matmul(qt, kw.transpose(-1, -2)).add_(chunk.log_counts)
-        row_max = logits.amax(dim=-1, keepdim=True)
-        row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)
-        probs = logits.sub_(row_max).exp_()
-        denom = probs.sum(dim=-1, keepdim=True)
-        o = torch.matmul(probs, vw).div_(torch.where(denom > 0, denom, 1.0))
-        rows = chunk.rows.reshape(-1)
-        out[:, h].index_copy_(1, rows, o.flatten(1, 2))
-        lse[:, h].index_copy_(1, rows, (row_max + denom.log()).flatten(1, 3) - log_s)
+        o, l = _tiles_forward(_gather(q[h], chunk.rows), _gather(k[hk], chunk.keys),
+                              _gather(v[hk], chunk.keys), chunk.bias.expand(batch, -1, -1, -1),
+                              scale)
+        o = o.masked_fill(chunk.empty[..., None], 0.0)
+        l = (l - log_s).masked_fill_(chunk.empty, -math.inf)
+        idx = chunk.rows.reshape(-1)
+        out[:, h].index_copy_(1, idx, o.flatten(1, 2))
+        lse[:, h].index_copy_(1, idx, l.flatten(1, 2))
     out, lse = out[:, :, :n_q], lse[:, :, :n_q]
     if plan.query_inverse is not None:
         out, lse = out[:, :, plan.query_inverse], lse[:, :, plan.query_inverse]
@@ -290,45 +370,35 @@ def plsh_backward_cpu(query, key, value, out, lse, grad_out, pitch, offset, quer
         are summed over the query heads sharing a kv head (grouped-query attention).
     """
     batch, num_heads, n_q, _ = query.shape
-    n_k = key.shape[2]
-    dtype = _compute_dtype(query.dtype)
-    if n_q == 0 or n_k == 0 or batch == 0:
+    if n_q == 0 or key.shape[2] == 0 or batch == 0:
         return torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
+    dtype = _compute_dtype(query.dtype)
     group = num_heads // key.shape[1]
     plan = _plan(pitch, offset, query_positions, key_positions, causal, dtype)
-    log_s = math.log(pitch.shape[1])
-    max_tile = max(plan.tiles)
-    pad = -(-n_q // max_tile) * max_tile - n_q
-    q = _sorted_rows(query, plan.query_order, pad, dtype)
-    k = _sorted_rows(key, plan.key_order, 0, dtype)
-    v = _sorted_rows(value, plan.key_order, 0, dtype)
-    d_out = _sorted_rows(grad_out, plan.query_order, pad, dtype)
-    o = _sorted_rows(out, plan.query_order, pad, dtype)
-    delta = (d_out * o).sum(dim=-1)                             # (B, H, n_q + pad)
-    # Row shift lse + log s; empty rows (lse = -inf) get +inf so that P = 0 there.
-    shift = _sorted_rows(lse[..., None], plan.query_order, pad, dtype)[..., 0] + log_s
-    shift = torch.where(torch.isfinite(shift), shift, math.inf)
-    grad_q = torch.zeros_like(q)
-    grad_k = torch.zeros_like(k)
-    grad_v = torch.zeros_like(v)
+    rows = plan.padded_rows
+    q = _per_head(_sorted_rows(query, plan.query_order, rows, dtype))
+    k = _per_head(_sorted_rows(key, plan.key_order, 0, dtype))
+    v = _per_head(_sorted_rows(value, plan.key_order, 0, dtype))
+    d_out = _per_head(_sorted_rows(grad_out, plan.query_order, rows, dtype))
+    o_all = _per_head(_sorted_rows(out, plan.query_order, rows, dtype))
+    # LSE of the tile softmax (bias log C, no 1/s); 0 on empty rows, whose bias is
+    # masked everywhere, so that their probabilities are exactly 0.
+    tile_lse = _sorted_rows(lse[..., None], plan.query_order, rows, dtype)[..., 0]
+    tile_lse = torch.where(torch.isfinite(tile_lse), tile_lse + math.log(pitch.shape[1]), 0.0)
+    grad_q = torch.zeros(batch, num_heads, rows, query.shape[-1], dtype=dtype)
+    grad_k = torch.zeros(batch, key.shape[1], plan.n_k, key.shape[-1], dtype=dtype)
+    grad_v = torch.zeros(batch, key.shape[1], plan.n_k, value.shape[-1], dtype=dtype)
     for chunk in plan.chunks(batch):
         h, hk = chunk.head, chunk.head // group
-        rows = chunk.rows.reshape(-1)
-        keys = chunk.keys.reshape(-1)
-        qt = _gather(q[:, h], chunk.rows)
-        kw = _gather(k[:, hk], chunk.keys)
-        vw = _gather(v[:, hk], chunk.keys)
-        dot = _gather(d_out[:, h], chunk.rows)
-        row_shift = shift[:, h][:, chunk.rows][..., None]       # (B, G, T, 1)
-        row_delta = delta[:, h][:, chunk.rows][..., None]
-        probs = (torch.matmul(qt, kw.transpose(-1, -2)).mul_(scale)
-                 .add_(chunk.log_counts).sub_(row_shift).exp_())
-        d_probs = torch.matmul(dot, vw.transpose(-1, -2))
-        d_logits = d_probs.sub_(row_delta).mul_(probs)
-        grad_q[:, h].index_copy_(1, rows, torch.matmul(d_logits, kw).flatten(1, 2) * scale)
-        grad_k[:, hk].index_add_(1, keys, torch.matmul(d_logits.transpose(-1, -2), qt)
-                                 .flatten(1, 2), alpha=scale)
-        grad_v[:, hk].index_add_(1, keys, torch.matmul(probs.transpose(-1, -2), dot).flatten(1, 2))
+        row_idx, key_idx = chunk.rows.reshape(-1), chunk.keys.reshape(-1)
+        gq, gk, gv = _tiles_backward(
+            _gather(d_out[h], chunk.rows), _gather(q[h], chunk.rows),
+            _gather(k[hk], chunk.keys), _gather(v[hk], chunk.keys),
+            _gather(o_all[h], chunk.rows), tile_lse[:, h][:, chunk.rows],
+            chunk.bias.expand(batch, -1, -1, -1), scale)
+        grad_q[:, h].index_copy_(1, row_idx, gq.flatten(1, 2))
+        grad_k[:, hk].index_add_(1, key_idx, gk.flatten(1, 2))
+        grad_v[:, hk].index_add_(1, key_idx, gv.flatten(1, 2))
     grad_q = grad_q[:, :, :n_q]
     if plan.query_inverse is not None:
         grad_q = grad_q[:, :, plan.query_inverse]
