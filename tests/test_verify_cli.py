@@ -41,6 +41,12 @@ def test_broken_kernel_fails_with_reproducible_cases(capsys, kernel, kind):
     assert code == 1
     assert f"output error {first_error} > allowed" in again
     assert "0/1 cases passed" in again
+    # and the printed ProblemSpec rebuilds it without Hypothesis
+    from plsh_ref.testing import ProblemSpec, check_case, examples  # noqa: F401
+    spec = eval(re.search(r"check_case\(kernel, (ProblemSpec\(.*?\))\.build\(\)", again,
+                          flags=re.S).group(1))
+    result = check_case(getattr(examples, kernel), spec.build())
+    assert not result.passed and f"output error {first_error} > allowed" in result.message
 
 
 def test_options_shape_the_cases(capsys):
@@ -101,6 +107,16 @@ def test_bad_input_one_line_exit_2(capsys, tmp_path, monkeypatch, args, message)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert err.startswith("plsh verify: ") and message in err, err
+
+
+def test_unavailable_device_is_bad_input(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is available here")
+    code, _, err = verify(capsys, f"{EX}:plsh_fast_kernel", "--kind", "plsh", "--framework",
+                          "torch", "--device", "cuda")
+    assert code == 2 and err.startswith("plsh verify: device: 'cuda' is not available")
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_console_script_no_traceback(tmp_path):

@@ -172,6 +172,11 @@ def run(args: argparse.Namespace) -> int:
             status = "pass" if result.passed else "FAIL"
             print(f"  case {i:3d} {status} error {result.error:.3g} allowed {result.allowed:.3g}"
                   f"  {spec.summary()}" + (f"\n           {result.message}" if result.message else ""))
+        if args.case is not None:
+            print("  the same case in Python, without Hypothesis:\n"
+                  "    from plsh_ref.testing import ProblemSpec, check_case\n"
+                  f"    check_case(kernel, {spec!r}.build(),\n"
+                  f"               framework={args.framework!r}, device={args.device!r})")
     elapsed = time.perf_counter() - start
     failed = [(i, spec, r) for i, spec, r in results if not r.passed]
     worst = sorted(results, key=lambda item: -item[2].ratio)[: args.worst]
