@@ -25,8 +25,6 @@ a resampled partition estimates).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 from torch import nn
@@ -112,7 +110,7 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
         key = key.repeat_interleave(group, dim=1)
         value = value.repeat_interleave(group, dim=1)
     if scale is None:
-        scale = 1.0 / math.sqrt(query.shape[3]) if query.shape[3] > 0 else 1.0
+        scale = V.check_scale(scale, query.shape[3])
     if n_k == 0 or n_q == 0:
         return query.new_zeros(query.shape[:3] + (value.shape[3],))
     empty = ~torch.isfinite(bias).any(dim=-1, keepdim=True)  # (H, n_q, 1): no admissible key

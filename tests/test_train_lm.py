@@ -105,6 +105,7 @@ def test_tiny_run_writes_outputs_and_learns(tmp_path, capsys):
     argv = ["train-lm", "--variants", "alibi,plsh-4,none,blocks", "--steps", "40",
             "--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2",
             "--heads", "4", "--eval-tokens", "1024", "--threads", "1", "--lr", "1e-2",
+            "--seeds", "0,1",
             "--val-fraction", "0.25", "--corpus", str(root), "--out", str(out),
             "--no-progress"]
     assert main(argv) == 0
@@ -115,8 +116,18 @@ def test_tiny_run_writes_outputs_and_learns(tmp_path, capsys):
     data = json.loads((out / "results.json").read_text())
     assert data["meta"]["eval_lengths"] == [32, 64, 128]
     assert data["meta"]["command"] in (out / "results.md").read_text()
-    names = [r["variant"] for r in data["results"]]
-    assert names == ["alibi", "plsh-4", "none", "blocks"]
+    variants = ["alibi", "plsh-4", "none", "blocks"]
+    assert [(r["variant"], r["seed"]) for r in data["results"]] == (
+        [(v, 0) for v in variants] + [(v, 1) for v in variants])
+    # seeds change the init and the data (alibi, seed 0 vs seed 1)
+    assert data["results"][0]["train_loss"][0] != data["results"][4]["train_loss"][0]
+    rows = {row["name"]: row for row in data["table"]}
+    assert list(rows) == ["alibi", "plsh-4", "plsh-4 (eval: exact ALiBi)", "none", "blocks"]
+    mean_bpb = np.mean([r["eval"]["2"]["bits_per_byte"] for r in data["results"]
+                        if r["variant"] == "none"])
+    assert rows["none"]["lengths"]["2"]["bits_per_byte"] == pytest.approx(mean_bpb, rel=1e-12)
+    assert rows["none"]["lengths"]["2"]["bits_per_byte_sd"] > 0
+    assert " ± " in (out / "results.md").read_text()
     for r in data["results"]:
         loss = r["train_loss"]
         assert len(loss) == 40

@@ -55,8 +55,9 @@ _OPTIONS = [
     ("--backend", "backend", str, "dense",
      "PLSH backend: dense (SDPA with a log-count bias; fastest on CPU at these lengths) "
      "or fast (plsh_fast.plsh_attention); the same function"),
-    ("--seed", "seed", int, 0, "seed of the initial weights and of the partitions"),
-    ("--data-seed", "data_seed", int, 0, "seed of the training batch order"),
+    ("--seeds", "seeds", str, "0",
+     "comma-separated seeds; each seed fixes the initial weights, the batch order and the "
+     "partitions, shared by all variants; the table reports mean +- sd over seeds"),
     ("--val-fraction", "val_fraction", float, 0.05, "fraction of files held out"),
     ("--max-bytes", "max_bytes", int, 0, "cap on the bytes read per split (0: no cap)"),
     ("--corpus", "corpus", str, "", "directory of .py files (default: the stdlib)"),
@@ -89,7 +90,7 @@ def command_line(args) -> str:
     return " ".join(parts)
 
 
-def _check_args(args) -> tuple[list[str], list[int]]:
+def _check_args(args) -> tuple[list[str], list[int], list[int]]:
     from .model import parse_variant
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -104,6 +105,12 @@ def _check_args(args) -> tuple[list[str], list[int]]:
     except ValueError:
         raise ValueError(f"eval_lengths: must be comma-separated integers, got "
                          f"{args.eval_lengths!r}") from None
+    try:
+        seeds = [int(x) for x in args.seeds.split(",")]
+    except ValueError:
+        raise ValueError(f"seeds: must be comma-separated integers, got {args.seeds!r}") from None
+    if min(seeds) < 0 or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds: must be distinct and >= 0, got {args.seeds!r}")
     if not factors or factors[0] < 1:
         raise ValueError(f"eval_lengths: multiples must be >= 1, got {args.eval_lengths!r}")
     for name in ("seq_len", "steps", "batch_size", "d_model", "layers", "heads",
@@ -119,7 +126,7 @@ def _check_args(args) -> tuple[list[str], list[int]]:
         raise ValueError(f"backend: must be 'fast' or 'dense', got {args.backend!r}")
     if args.lr <= 0 or args.weight_decay < 0:
         raise ValueError("lr: must be > 0 (and weight_decay >= 0)")
-    return variants, factors
+    return variants, factors, seeds
 
 
 def _lr_at(step: int, total: int, peak: float) -> float:
@@ -172,18 +179,25 @@ def _metrics(loss: float) -> dict:
             "perplexity": math.exp(loss)}
 
 
-def train_variant(variant: str, corpus, args, batch_starts: np.ndarray, factors,
+def batch_order(corpus, args, seed: int) -> np.ndarray:
+    """Start offsets ``(steps, batch_size)`` of the training windows for ``seed``."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
+    return rng.integers(0, corpus.train.size - args.seq_len - 1,
+                        size=(args.steps, args.batch_size))
+
+
+def train_variant(variant: str, seed: int, corpus, args, batch_starts: np.ndarray, factors,
                   block_sizes) -> dict:
-    """Train one variant from the shared init and batch order; evaluate it."""
+    """Train one variant from the init of ``seed`` on ``batch_starts``; evaluate it."""
     import torch
     from torch.nn import functional as F
     from tqdm import tqdm
 
     from .model import ByteLM, parse_variant
 
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     model = ByteLM(variant, d_model=args.d_model, num_layers=args.layers,
-                   num_heads=args.heads, seed=args.seed, backend=args.backend,
+                   num_heads=args.heads, seed=seed, backend=args.backend,
                    block_sizes=block_sizes)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
@@ -193,7 +207,7 @@ def train_variant(variant: str, corpus, args, batch_starts: np.ndarray, factors,
     losses = []
     t0 = time.perf_counter()
     model.train()
-    bar = tqdm(range(args.steps), desc=f"{variant:>8}", disable=not args.progress,
+    bar = tqdm(range(args.steps), desc=f"{variant:>8} seed {seed}", disable=not args.progress,
                dynamic_ncols=True, file=sys.stderr)
     for step in bar:
         for group in opt.param_groups:
@@ -209,7 +223,7 @@ def train_variant(variant: str, corpus, args, batch_starts: np.ndarray, factors,
             bar.set_postfix(bpb=f"{losses[-1] / math.log(2):.3f}")
     bar.close()
     train_s = time.perf_counter() - t0
-    result = {"variant": variant, "train_loss": losses, "train_seconds": train_s, "eval": {}}
+    result = {"variant": variant, "seed": seed, "train_loss": losses, "train_seconds": train_s, "eval": {}}
     for f in factors:
         result["eval"][str(f)] = _metrics(
             evaluate(model, corpus.val, f * args.seq_len, args.eval_tokens))
@@ -226,54 +240,81 @@ def train_variant(variant: str, corpus, args, batch_starts: np.ndarray, factors,
     return result
 
 
-def _table_rows(results: list[dict], factors) -> list[tuple[str, list[dict]]]:
-    rows = []
+def summarize(results: list[dict], factors) -> list[dict]:
+    """Rows of the table: per variant (and per PLSH variant evaluated with exact ALiBi),
+    mean and sample standard deviation over seeds of the validation loss per length."""
+    rows, order = {}, []
     for r in results:
-        rows.append((r["variant"], [r["eval"][str(f)] for f in factors]))
-        if "eval_exact_alibi" in r:
-            rows.append((f"{r['variant']} (eval: exact ALiBi)",
-                         [r["eval_exact_alibi"][str(f)] for f in factors]))
-    return rows
+        for key, suffix in (("eval", ""), ("eval_exact_alibi", " (eval: exact ALiBi)")):
+            if key not in r:
+                continue
+            name = r["variant"] + suffix
+            if name not in rows:
+                rows[name] = {str(f): [] for f in factors}
+                order.append(name)
+            for f in factors:
+                rows[name][str(f)].append(r[key][str(f)]["loss_nats"])
+    out = []
+    for name in order:
+        row = {"name": name, "seeds": len(rows[name][str(factors[0])]), "lengths": {}}
+        for f in factors:
+            loss = np.asarray(rows[name][str(f)])
+            sd = float(loss.std(ddof=1)) if loss.size > 1 else float("nan")
+            row["lengths"][str(f)] = dict(_metrics(float(loss.mean())),
+                                          bits_per_byte_sd=sd / math.log(2.0))
+        out.append(row)
+    return out
 
 
-def markdown_table(results: list[dict], factors, seq_len: int) -> str:
-    """Validation bits per byte (and perplexity per byte) at each evaluation length."""
+def markdown_table(rows: list[dict], factors, seq_len: int) -> str:
+    """Validation bits per byte (mean, +- sd over seeds) and perplexity per byte."""
     head = "| variant | " + " | ".join(f"bpb @ {f * seq_len}" for f in factors)
     head += " | " + " | ".join(f"ppl @ {f * seq_len}" for f in factors) + " |"
     sep = "|---" * (1 + 2 * len(factors)) + "|"
     lines = [head, sep]
-    for name, cells in _table_rows(results, factors):
-        lines.append(f"| {name} | " + " | ".join(f"{c['bits_per_byte']:.4f}" for c in cells)
-                     + " | " + " | ".join(f"{c['perplexity']:.3f}" for c in cells) + " |")
+    for row in rows:
+        cells = [row["lengths"][str(f)] for f in factors]
+        bpb = [f"{c['bits_per_byte']:.4f}" + ("" if math.isnan(c["bits_per_byte_sd"])
+                                              else f" ± {c['bits_per_byte_sd']:.4f}")
+               for c in cells]
+        lines.append(f"| {row['name']} | " + " | ".join(bpb) + " | "
+                     + " | ".join(f"{c['perplexity']:.3f}" for c in cells) + " |")
     return "\n".join(lines)
 
 
-def _plot(results: list[dict], factors, seq_len: int, path: str) -> None:
+def _plot(results: list[dict], rows: list[dict], factors, seq_len: int, path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    curves = {}
     for r in results:
-        loss = np.asarray(r["train_loss"]) / math.log(2.0)
+        curves.setdefault(r["variant"], []).append(np.asarray(r["train_loss"]))
+    for variant, losses in curves.items():
+        loss = np.mean(losses, axis=0) / math.log(2.0)
         k = max(1, len(loss) // 30)
         smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
-        ax1.plot(np.arange(smooth.size) + k, smooth, label=r["variant"])
+        ax1.plot(np.arange(smooth.size) + k, smooth, label=variant)
     ax1.set_xlabel("step")
-    ax1.set_ylabel(f"training bits per byte (moving average)")
+    ax1.set_ylabel("training bits per byte (moving average)")
     ax1.set_title(f"training, L = {seq_len}")
+    ax1.legend(fontsize=7)
     lengths = [f * seq_len for f in factors]
-    for name, cells in _table_rows(results, factors):
-        style = "--" if "exact ALiBi" in name else "-"
-        ax2.plot(lengths, [c["bits_per_byte"] for c in cells], style, marker="o", label=name)
+    for row in rows:
+        cells = [row["lengths"][str(f)] for f in factors]
+        err = [c["bits_per_byte_sd"] for c in cells]
+        ax2.errorbar(lengths, [c["bits_per_byte"] for c in cells],
+                     yerr=None if any(map(math.isnan, err)) else err, capsize=3,
+                     linestyle="--" if "exact ALiBi" in row["name"] else "-", marker="o",
+                     label=row["name"])
     ax2.set_xscale("log", base=2)
     ax2.set_xticks(lengths, [str(n) for n in lengths])
     ax2.set_xlabel("evaluation length (bytes)")
     ax2.set_ylabel("validation bits per byte")
     ax2.set_title("length extrapolation")
     ax2.legend(fontsize=7)
-    ax1.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -292,7 +333,7 @@ def run(args) -> int:
     from .corpus import load_corpus
     from .model import default_block_sizes
 
-    variants, factors = _check_args(args)
+    variants, factors, seeds = _check_args(args)
     torch.set_num_threads(args.threads)
     corpus = load_corpus(args.corpus or None, val_fraction=args.val_fraction,
                          max_bytes=args.max_bytes or None)
@@ -301,37 +342,44 @@ def run(args) -> int:
                          f"seq_len + 2")
     block_sizes = ([args.block_size] * args.heads if args.block_size > 0
                    else default_block_sizes(args.heads))
-    rng = np.random.default_rng(args.data_seed)
-    batch_starts = rng.integers(0, corpus.train.size - args.seq_len - 1,
-                                size=(args.steps, args.batch_size))
     out = args.out or time.strftime("train_lm_%Y%m%d-%H%M%S", time.gmtime())
     os.makedirs(out, exist_ok=True)
     cmd = command_line(args)
     print(f"plsh train-lm: {corpus.summary()}", file=sys.stderr)
     t0 = time.perf_counter()
-    results = [train_variant(v, corpus, args, batch_starts, factors, block_sizes)
-               for v in variants]
+    results = []
+    for seed in seeds:
+        starts = batch_order(corpus, args, seed)
+        results += [train_variant(v, seed, corpus, args, starts, factors, block_sizes)
+                    for v in variants]
     wall = time.perf_counter() - t0
+    rows = summarize(results, factors)
     meta = {"command": cmd, "wall_seconds": wall, "corpus": corpus.summary(),
             "block_sizes": block_sizes, "eval_lengths": [f * args.seq_len for f in factors],
             "torch": torch.__version__, "python": platform.python_version(),
             "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
             "threads": args.threads, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
             "params": {k: getattr(args, k) for _, k, _, _, _ in _OPTIONS}}
-    table = markdown_table(results, factors, args.seq_len)
+    table = markdown_table(rows, factors, args.seq_len)
     with open(os.path.join(out, "results.json"), "w") as fh:
-        json.dump({"meta": meta, "results": results}, fh, indent=1)
-    times = ", ".join(f"{r['variant']} {r['train_seconds']:.0f} s" for r in results)
+        json.dump({"meta": meta, "table": rows, "results": results}, fh, indent=1)
+    times = {}
+    for r in results:
+        times[r["variant"]] = times.get(r["variant"], 0.0) + r["train_seconds"] / len(seeds)
+    times_text = ", ".join(f"{v} {t:.0f} s" for v, t in times.items())
+    spread = (f"mean ± sample sd over seeds {seeds}" if len(seeds) > 1
+              else f"one seed ({seeds[0]})")
     with open(os.path.join(out, "results.md"), "w") as fh:
         fh.write(f"# plsh train-lm\n\nCommand: `{cmd}`\n\n"
-                 f"Validation bits per byte (lower is better) and perplexity per byte, "
-                 f"trained at L = {args.seq_len}; PLSH rows use each layer's fixed eval "
-                 f"partition unless marked exact ALiBi.\n\n{table}\n\n"
+                 f"Validation bits per byte (lower is better; {spread}) and perplexity per "
+                 f"byte (of the mean loss), trained at L = {args.seq_len}. PLSH rows use "
+                 f"each layer's fixed eval partition unless marked exact ALiBi.\n\n"
+                 f"{table}\n\n"
                  f"Corpus: {corpus.summary()}. Fixed block sizes per head: {block_sizes}. "
-                 f"Training time: {times}; total wall time {wall:.0f} s "
+                 f"Mean training time per run: {times_text}; total wall time {wall:.0f} s "
                  f"({args.threads} threads, torch {torch.__version__}, "
                  f"{meta['date_utc']} UTC).\n")
-    _plot(results, factors, args.seq_len, os.path.join(out, "results.png"))
+    _plot(results, rows, factors, args.seq_len, os.path.join(out, "results.png"))
     print(table)
     print(f"total wall time {wall:.0f} s; results written to {os.path.abspath(out)}")
     return 0
