@@ -1,0 +1,133 @@
+"""Small random attention problems for the torch CPU path tests (forward and backward).
+
+A problem holds torch inputs (possibly non-contiguous views) in one dtype, their exact
+float64 values as numpy arrays, a partition sample and explicit or default positions, and
+knows its float64 reference (:func:`plsh_ref.attention.plsh_attention`) and the dense
+``log M~`` bias of the tolerance-rule baseline (SPEC section 6).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hypothesis import strategies as st
+
+from plsh_ref.alibi import resolve_positions
+from plsh_ref.attention import plsh_attention as reference_attention
+from plsh_ref.partition import PartitionSample, draw_partition, empirical_mean
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+          "float64": torch.float64}
+POSITION_MODES = ("default", "shifted", "gaps", "unsorted", "left_padding")
+LAYOUTS = ("contiguous", "bnhd", "strided")
+
+
+def positions(mode: str, n_q: int, n_k: int, rng: np.random.Generator):
+    """``(query_positions, key_positions)`` int64 arrays for ``mode`` (``None`` for default)."""
+    if mode == "default":
+        return None, None
+    if mode == "shifted":  # a chunk far from 0 (or negative)
+        shift = int(rng.integers(-1000, 10**9))
+        return np.arange(n_q) + (n_k - n_q) + shift, np.arange(n_k) + shift
+    if mode == "left_padding":  # keys -pad..n_k-pad-1, queries end-aligned
+        pad = int(rng.integers(0, max(n_k, 1)))
+        return np.arange(n_q) + (n_k - n_q - pad), np.arange(n_k) - pad
+    if mode == "gaps":  # increasing with gaps; queries anywhere around the keys
+        k = np.cumsum(rng.integers(1, 4, size=n_k)) - 5
+        lo, hi = (int(k.min()) - 3, int(k.max()) + 4) if n_k else (-3, 4)
+        q = np.sort(rng.integers(lo, hi, size=n_q))
+        return q.astype(np.int64), k.astype(np.int64)
+    # unsorted with repeats
+    return (rng.integers(-20, 3 * n_q + 5, size=n_q).astype(np.int64),
+            rng.integers(-20, 3 * n_k + 5, size=n_k).astype(np.int64))
+
+
+def as_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
+    """The same values as ``x`` (B, H, n, d) in another memory layout (a view)."""
+    if layout == "contiguous":
+        return x
+    if layout == "bnhd":  # (batch, seq, heads, dim) storage
+        return x.transpose(1, 2).contiguous().transpose(1, 2)
+    big = torch.zeros(*x.shape[:3], 2 * x.shape[3] + 1, dtype=x.dtype)  # padded last dim
+    big[..., 1::2] = x
+    return big[..., 1::2]
+
+
+@dataclass
+class Problem:
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    partition: PartitionSample
+    causal: bool
+    scale: float | None
+    query_positions: np.ndarray | None
+    key_positions: np.ndarray | None
+    dtype: str
+
+    def numpy64(self):
+        """Float64 numpy copies of the (dtype-rounded) inputs."""
+        return tuple(x.detach().to(torch.float64).numpy() for x in (self.query, self.key,
+                                                                    self.value))
+
+    @property
+    def kwargs(self) -> dict:
+        """Keyword arguments of :func:`plsh_fast.plsh_attention` for this problem."""
+        return {"partition": self.partition, "causal": self.causal, "scale": self.scale,
+                "query_positions": self.query_positions, "key_positions": self.key_positions}
+
+    def reference(self):
+        """Float64 ``(output, lse)`` of :func:`plsh_ref.attention.plsh_attention`."""
+        q, k, v = self.numpy64()
+        return reference_attention(q, k, v, self.partition, causal=self.causal,
+                                   scale=self.scale, query_positions=self.query_positions,
+                                   key_positions=self.key_positions)
+
+    def log_weight(self) -> np.ndarray:
+        """Dense ``log M~`` (``-inf`` where the count is 0), ``(num_heads, n_q, n_k)``."""
+        qpos, kpos = resolve_positions(self.query.shape[2], self.key.shape[2],
+                                       self.query_positions, self.key_positions)
+        with np.errstate(divide="ignore"):
+            return np.log(empirical_mean(self.partition, qpos, kpos, causal=self.causal))
+
+
+def make_problem(seed: int, *, batch=1, num_heads=2, group=1, n_q=20, n_k=20, head_dim=5,
+                 head_dim_v=3, dtype="float32", causal=True, mode="default", num_samples=4,
+                 log2_sigma=(0.0, 6.0), layout="contiguous", scale=None,
+                 requires_grad=False) -> Problem:
+    """A random problem; ``sigma_h = 2**u`` with ``u`` uniform in ``log2_sigma``."""
+    rng = np.random.default_rng(seed)
+    tdtype = DTYPES[dtype]
+    num_kv = num_heads // group
+
+    def tensor(*shape):
+        x = torch.from_numpy(rng.standard_normal(shape)).to(tdtype)
+        x = as_layout(x, layout)
+        return x.requires_grad_(requires_grad)
+
+    query = tensor(batch, num_heads, n_q, head_dim)
+    key = tensor(batch, num_kv, n_k, head_dim)
+    value = tensor(batch, num_kv, n_k, head_dim_v)
+    sigma = np.exp2(rng.uniform(*log2_sigma, size=num_heads))
+    partition = draw_partition(sigma, num_samples, seed=seed)
+    qpos, kpos = positions(mode, n_q, n_k, rng)
+    return Problem(query, key, value, partition, causal, scale, qpos, kpos, dtype)
+
+
+@st.composite
+def problems(draw, *, dtypes=tuple(DTYPES), max_len=70, max_batch=2, layouts=LAYOUTS,
+             requires_grad=False):
+    """Hypothesis strategy over :func:`make_problem` arguments."""
+    num_kv = draw(st.sampled_from([1, 2]))
+    group = draw(st.sampled_from([1, 2]))
+    return make_problem(
+        draw(st.integers(0, 2**31 - 1)),
+        batch=draw(st.integers(1, max_batch)), num_heads=num_kv * group, group=group,
+        n_q=draw(st.integers(0, max_len)), n_k=draw(st.integers(0, max_len)),
+        head_dim=draw(st.integers(1, 9)), head_dim_v=draw(st.integers(1, 9)),
+        dtype=draw(st.sampled_from(dtypes)), causal=draw(st.booleans()),
+        mode=draw(st.sampled_from(POSITION_MODES)), num_samples=draw(st.sampled_from([1, 3, 8])),
+        log2_sigma=(-1.0, draw(st.floats(0.0, 8.0))), layout=draw(st.sampled_from(layouts)),
+        scale=draw(st.sampled_from([None, 0.7])), requires_grad=requires_grad)

@@ -1,0 +1,187 @@
+"""The vectorised torch CPU path (:mod:`plsh_fast.cpu`) against the float64 reference.
+
+Comparisons use the tolerance rule of SPEC section 6
+(:func:`plsh_ref.testing.tolerance.assert_close_to_reference`): the error of the CPU path
+must be at most twice that of plain torch attention with the same dense ``log M~`` bias in
+the same dtype, plus 4 ulps of ``max|ref|``. ``CHUNK_ELEMENTS`` is lowered in most tests so
+that several window buckets and chunks per head occur even at these small sizes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import plsh_fast.cpu as cpu
+from _cpu_problems import make_problem, problems
+from plsh_fast import plsh_attention
+from plsh_fast.partition import bins as torch_bins
+from plsh_fast.partition import partition_tensors
+from plsh_ref.partition import bins as ref_bins
+from plsh_ref.partition import draw_partition
+from plsh_ref.testing.baseline import plain_attention_torch
+from plsh_ref.testing.tolerance import assert_close_to_reference
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(cpu, "CHUNK_ELEMENTS", 2048)
+
+
+def check_against_reference(problem, out, lse):
+    ref_out, ref_lse = problem.reference()
+    base_out, base_lse = plain_attention_torch(*problem.numpy64(), problem.log_weight(),
+                                               scale=problem.scale, dtype=problem.dtype)
+    assert out.dtype == problem.query.dtype
+    assert lse.dtype == (torch.float64 if problem.dtype == "float64" else torch.float32)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert_close_to_reference(out, ref_out, base_out, problem.dtype, name="output")
+    assert_close_to_reference(lse, ref_lse, base_lse, problem.dtype, name="lse")
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(0, 300), st.floats(-2.0, 10.0),
+       st.sampled_from([1, 5, 64]))
+def test_bins_equal_reference_bit_for_bit(seed, n, log2_sigma, num_samples):
+    rng = np.random.default_rng(seed)
+    partition = draw_partition(np.exp2([log2_sigma, log2_sigma / 2]), num_samples, seed=seed)
+    pos = rng.integers(-(2**52), 2**52, size=n) if seed % 2 else rng.integers(-50, 10**6, size=n)
+    pitch, offset = partition_tensors(partition, "cpu")
+    got = torch_bins(pitch, offset, torch.from_numpy(pos.astype(np.int64)))
+    assert got.dtype == torch.int64
+    np.testing.assert_array_equal(got.numpy(), ref_bins(partition, pos))
+
+
+@given(problems())
+def test_matches_reference(problem):
+    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
+                              **problem.kwargs)
+    check_against_reference(problem, out, lse)
+
+
+@settings(max_examples=10)
+@given(problems(dtypes=("float64",)))
+def test_matches_reference_float64(problem):
+    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
+                              **problem.kwargs)
+    check_against_reference(problem, out, lse)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("mode", ["default", "unsorted"])
+def test_plain_torch_fallback_matches_reference(monkeypatch, dtype, mode):
+    monkeypatch.setattr(cpu, "USE_FUSED_TILES", False)
+    problem = make_problem(3, batch=2, num_heads=4, group=2, n_q=90, n_k=77, head_dim=7,
+                           head_dim_v=4, dtype=dtype, mode=mode, num_samples=8,
+                           log2_sigma=(0.0, 7.0))
+    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
+                              **problem.kwargs)
+    check_against_reference(problem, out, lse)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_longer_sequences_with_several_tile_sizes(causal):
+    # sigma from 2 to 256: tile heights 16..64, windows from a few keys to the whole row
+    problem = make_problem(11, num_heads=4, n_q=700, n_k=700, head_dim=16, head_dim_v=16,
+                           causal=causal, num_samples=16, log2_sigma=(1.0, 8.0))
+    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
+                              **problem.kwargs)
+    check_against_reference(problem, out, lse)
+
+
+def test_batch_invariance():
+    """A batch row computed alone equals the same row inside a batch, bit for bit."""
+    problem = make_problem(5, batch=3, num_heads=2, n_q=150, n_k=150, head_dim=8,
+                           head_dim_v=8, num_samples=8)
+    whole = plsh_attention(problem.query, problem.key, problem.value, **problem.kwargs)
+    for b in range(3):
+        alone = plsh_attention(problem.query[b:b + 1], problem.key[b:b + 1],
+                               problem.value[b:b + 1], **problem.kwargs)
+        assert torch.equal(alone[0], whole[b])
+
+
+def test_tiles_touch_only_the_reachable_window():
+    """Memory and work O(n * window): far fewer logits than n^2 when sigma << n."""
+    n = 4096
+    partition = draw_partition(np.array([4.0, 16.0]), 16, seed=0)
+    pitch, offset = partition_tensors(partition, "cpu")
+    pos = torch.arange(n)
+    plan = cpu._plan(pitch, offset, pos, pos, True, torch.float32)
+    logits = 0
+    for chunk in plan.chunks(1):
+        assert chunk.bias.numel() <= max(cpu.CHUNK_ELEMENTS, chunk.bias.shape[1] * chunk.bias.shape[2])
+        logits += chunk.bias.numel()
+    # expected causal window ~ sigma (ln 16 + 0.58) + tile: about 50 and 130 keys per row
+    assert logits < 2 * n * 200
+    assert logits > n * (4 + 16)  # every row sees at least about sigma keys
+
+
+@pytest.mark.parametrize("n_q,n_k", [(0, 0), (0, 5), (5, 0), (1, 1), (1, 9), (9, 1)])
+def test_tiny_and_empty_sequences(n_q, n_k):
+    problem = make_problem(1, batch=2, n_q=n_q, n_k=n_k)
+    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
+                              **problem.kwargs)
+    assert out.shape == (2, 2, n_q, 3) and lse.shape == (2, 2, n_q)
+    if n_k == 0:
+        assert torch.equal(out, torch.zeros_like(out))
+        assert torch.isneginf(lse).all()
+    else:
+        check_against_reference(problem, out, lse)
+
+
+def test_rows_without_admissible_key():
+    """Queries before every key (causal): output exactly 0, LSE -inf, never NaN."""
+    problem = make_problem(2, n_q=6, n_k=10, causal=True, mode="default")
+    qpos = np.array([-9, -3, 0, 4, 5, 9])  # each of the last four is a key position
+    kpos = np.arange(10)
+    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
+                              partition=problem.partition, query_positions=qpos,
+                              key_positions=kpos)
+    assert torch.equal(out[:, :, :2], torch.zeros_like(out[:, :, :2]))
+    assert torch.isneginf(lse[:, :, :2]).all() and torch.isfinite(lse[:, :, 2:]).all()
+    assert not torch.isnan(out).any()
+
+
+def _corrupt(monkeypatch, how):
+    original = cpu._Plan._make_chunk
+
+    def make_chunk(self, *args):
+        chunk = original(self, *args)
+        admissible = chunk.bias > cpu._masked_bias(self.dtype) / 2
+        if how == "counts_ignored":
+            chunk.bias = torch.where(admissible, 0.0, chunk.bias).to(chunk.bias.dtype)
+        else:  # sign of the bias flipped
+            chunk.bias = torch.where(admissible, -chunk.bias, chunk.bias)
+        return chunk
+
+    monkeypatch.setattr(cpu._Plan, "_make_chunk", make_chunk)
+
+
+@pytest.mark.parametrize("how", ["counts_ignored", "sign_flipped"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_negative_controls_fail_the_same_check(monkeypatch, how, dtype):
+    problem = make_problem(7, num_heads=2, n_q=80, n_k=80, head_dim=8, head_dim_v=8,
+                           dtype=dtype, num_samples=8, log2_sigma=(3.0, 5.0))
+    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
+                              **problem.kwargs)
+    check_against_reference(problem, out, lse)  # the real kernel passes
+    _corrupt(monkeypatch, how)
+    bad_out, bad_lse = plsh_attention(problem.query, problem.key, problem.value,
+                                      return_lse=True, **problem.kwargs)
+    with pytest.raises(AssertionError):
+        check_against_reference(problem, bad_out, bad_lse)
+
+
+@settings(max_examples=10)
+@given(problems(dtypes=("float32",), max_len=40))
+def test_chunk_size_does_not_change_the_result(problem):
+    small = plsh_attention(problem.query, problem.key, problem.value, **problem.kwargs)
+    cpu.CHUNK_ELEMENTS = 1 << 20
+    large = plsh_attention(problem.query, problem.key, problem.value, **problem.kwargs)
+    cpu.CHUNK_ELEMENTS = 2048
+    magnitude = large.abs().max().item() if large.numel() else 1.0
+    torch.testing.assert_close(small, large, rtol=4e-6, atol=4e-6 * magnitude)
