@@ -181,7 +181,8 @@ def _is_triton_kernel(obj) -> bool:
 def _triton_kernels(module_name: str) -> list[str]:
     """Names in ``module.__all__`` bound to ``@triton.jit`` functions."""
     module = importlib.import_module(module_name)
-    return [n for n in getattr(module, "__all__", []) if _is_triton_kernel(getattr(module, n, None))]
+    return [name for name in getattr(module, "__all__", [])
+            if _is_triton_kernel(getattr(module, name, None))]
 
 
 def _api_pages() -> None:

@@ -174,7 +174,8 @@ class ProblemSpec:
             text += f" s={self.num_samples}"
         if self.scale is not None:
             text += f" scale={self.scale:.6g}"
-        return text + f" slopes={self.slopes} amplitude={self.amplitude:g} data_seed={self.data_seed}"
+        return (text + f" slopes={self.slopes} amplitude={self.amplitude:g}"
+                f" data_seed={self.data_seed}")
 
     def build(self) -> "AttentionProblem":
         """The arrays of this problem, drawn from ``numpy.random.default_rng(data_seed)``.

@@ -140,7 +140,7 @@ def positions(n_q: int, n_k: int, *, modes=POSITION_MODES
 
 
 def partition_samples(sigma, *, max_samples: int = 8) -> st.SearchStrategy[PartitionSample]:
-    """Partition samples for length scales ``sigma`` drawn by :func:`~plsh_ref.partition.draw_partition`.
+    """Partition samples for length scales ``sigma`` (:func:`~plsh_ref.partition.draw_partition`).
 
     Parameters
     ----------

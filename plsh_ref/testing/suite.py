@@ -117,9 +117,9 @@ def load_kernel(target: str):
     try:
         obj = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import-time failure is the user's to fix
+        first = str(exc).splitlines()[0] if str(exc) else ""
         raise KernelContractError(f"kernel: cannot import module {module_name!r}: "
-                                  f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                                  ) from None
+                                  f"{type(exc).__name__}: {first}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise KernelContractError(f"kernel: module {module_name!r} has no attribute {attr!r}")
@@ -274,7 +274,8 @@ def check_case(kernel, problem: AttentionProblem, *, framework: str = "numpy",
                                       f"{want_lse} (batch, num_heads, n_q)")
         if not np.issubdtype(np.dtype(_dtype_name(lse).replace("bfloat16", "float32")),
                              np.floating):
-            raise KernelContractError(f"kernel: lse has dtype {_dtype_name(lse)}, expected floating")
+            raise KernelContractError(f"kernel: lse has dtype {_dtype_name(lse)}, "
+                                      "expected floating")
 
     ref_out, ref_lse = problem.reference()
     bias = problem.log_weight()

@@ -2,8 +2,10 @@
 
 The kernel follows one of two contracts (:mod:`plsh_ref.testing.reference`)::
 
-    f(query, key, value, *, slopes, causal, scale, query_positions, key_positions)     # --kind alibi
-    f(query, key, value, *, partition, causal, scale, query_positions, key_positions)  # --kind plsh
+    f(query, key, value, *, slopes, causal, scale, query_positions, key_positions)
+    f(query, key, value, *, partition, causal, scale, query_positions, key_positions)
+
+(``--kind alibi`` and ``--kind plsh``)
 
 and returns ``output`` or ``(output, lse)``. Hypothesis draws ``--cases`` problems from
 ``--seed`` (:func:`plsh_ref.testing.strategies.sample_specs`); each is run and judged by
@@ -90,12 +92,15 @@ def _options(args):
         except (RuntimeError, AssertionError) as exc:
             raise KernelContractError(f"device: {args.device!r} is not available: "
                                       f"{str(exc).splitlines()[0]}") from None
-    dtypes = [d.strip() for d in (args.dtypes or _DEFAULT_DTYPES[framework]).split(",") if d.strip()]
+    names = (args.dtypes or _DEFAULT_DTYPES[framework]).split(",")
+    dtypes = [d.strip() for d in names if d.strip()]
     for d in dtypes:
         if d not in DTYPES:
-            raise KernelContractError(f"dtypes: unknown dtype {d!r}; choose from {','.join(DTYPES)}")
+            raise KernelContractError(f"dtypes: unknown dtype {d!r}; "
+                                      f"choose from {','.join(DTYPES)}")
         if d == "bfloat16" and framework == "numpy":
-            raise KernelContractError("dtypes: bfloat16 needs --framework torch (numpy has no bfloat16)")
+            raise KernelContractError("dtypes: bfloat16 needs --framework torch "
+                                      "(numpy has no bfloat16)")
     positions = [p.strip() for p in args.positions.split(",") if p.strip()]
     for name, value, minimum in (("cases", args.cases, 1), ("seed", args.seed, 0),
                                  ("max-seq-len", args.max_seq_len, 0),
@@ -170,8 +175,9 @@ def run(args: argparse.Namespace) -> int:
         results.append((i, spec, result))
         if args.verbose or args.case is not None:
             status = "pass" if result.passed else "FAIL"
+            detail = f"\n           {result.message}" if result.message else ""
             print(f"  case {i:3d} {status} error {result.error:.3g} allowed {result.allowed:.3g}"
-                  f"  {spec.summary()}" + (f"\n           {result.message}" if result.message else ""))
+                  f"  {spec.summary()}{detail}")
         if args.case is not None:
             print("  the same case in Python, without Hypothesis:\n"
                   "    from plsh_ref.testing import ProblemSpec, check_case\n"
