@@ -289,7 +289,11 @@ def test_plugin_in_a_foreign_repository(tmp_path):
             assert "plsh_ref.testing.suite" not in sys.modules
             assert "plsh_ref.testing.strategies" not in sys.modules
 
-        def test_option(plsh_kernel):
+        def test_option(plsh_kernel, plsh_check):
             assert "plsh_ref.testing.suite" in sys.modules
-    """, "--plsh-kernel", "plsh_ref.testing.examples:numpy_alibi")
-    assert "2 passed" in proc.stdout, proc.stdout
+            from plsh_ref.testing import ProblemSpec
+            plsh_check(plsh_kernel, ProblemSpec().build())  # framework from --plsh-framework
+    """, "--plsh-kernel", "plsh_ref.testing.examples:numpy_alibi", "--plsh-framework", "torch")
+    # numpy_alibi is a numpy kernel: handed torch tensors, it raises, and the case fails
+    assert "1 failed, 1 passed" in proc.stdout and "raised ValueError" in proc.stdout, \
+        proc.stdout

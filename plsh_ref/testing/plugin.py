@@ -11,8 +11,9 @@ Fixtures
     The reference callables: ``plsh_reference.alibi(...)`` and ``plsh_reference.plsh(...)``
     (:mod:`plsh_ref.testing.reference`).
 ``plsh_check``
-    ``plsh_check(kernel, problem, framework="numpy", device="cpu")`` runs one problem and
-    fails the test (with the worst element) unless the kernel meets the tolerance rule.
+    ``plsh_check(kernel, problem, framework=None, device=None)`` runs one problem and fails
+    the test (with the worst element) unless the kernel meets the tolerance rule; framework
+    and device default to ``--plsh-framework`` and ``--plsh-device``.
 ``plsh_kernel``
     The kernel named by ``--plsh-kernel MODULE:FUNCTION`` (the test is skipped without it).
 
@@ -32,13 +33,15 @@ def pytest_addoption(parser):
     """Register the ``plsh`` option group (all defaults are inert)."""
     group = parser.getgroup("plsh", "positional-lsh kernel validation")
     group.addoption("--plsh-kernel", default=None, metavar="MODULE:FUNCTION",
-                    help="kernel for the plsh_kernel fixture and make_property_suite(None)")
+                    help="kernel returned by the plsh_kernel fixture")
     group.addoption("--plsh-kind", default="alibi", choices=("alibi", "plsh"),
                     help="contract of --plsh-kernel (default: alibi)")
     group.addoption("--plsh-framework", default="numpy", choices=("numpy", "torch"),
-                    help="arrays --plsh-kernel takes and returns (default: numpy)")
+                    help="arrays the kernel takes and returns, for plsh_check "
+                         "(default: numpy)")
     group.addoption("--plsh-device", default="cpu",
-                    help="torch device for --plsh-framework torch (default: cpu)")
+                    help="torch device for --plsh-framework torch, for plsh_check "
+                         "(default: cpu)")
 
 
 class _References:
@@ -58,11 +61,16 @@ def plsh_reference():
 
 
 @pytest.fixture
-def plsh_check():
-    """``check(kernel, problem, framework="numpy", device="cpu")``: assert one case passes."""
+def plsh_check(request):
+    """``check(kernel, problem, framework=None, device=None)``: assert that one case passes.
+
+    ``framework`` and ``device`` default to ``--plsh-framework`` and ``--plsh-device``.
+    """
     from .suite import check_case
 
-    def check(kernel, problem, framework="numpy", device="cpu"):
+    def check(kernel, problem, framework=None, device=None):
+        framework = framework or request.config.getoption("--plsh-framework")
+        device = device or request.config.getoption("--plsh-device")
         result = check_case(kernel, problem, framework=framework, device=device)
         assert result.passed, f"{result.message} [{problem.spec.summary()}]"
         return result
