@@ -29,6 +29,7 @@ from .suite import FRAMEWORKS, KernelContractError, check_case, check_signature,
 
 __all__ = ["HELP", "add_arguments", "run"]
 
+#: one-line description of the subcommand, shown by ``plsh verify --help``
 HELP = ("Check an attention kernel MODULE:FUNCTION against the float64 reference on "
         "Hypothesis-generated problems (exact ALiBi or positional LSH).")
 
