@@ -1,0 +1,293 @@
+"""Triton backward kernels of PLSH attention (gradients of the counts-weighted softmax).
+
+With ``x_ij = c q_i.k_j`` (``c`` the scale), weights ``C_ij`` (collision counts, SPEC
+section 3) and the saved ``lse_i = log(sum_j C_ij e^{x_ij} / s)``, the attention
+probabilities are ``P_ij = C_ij exp(x_ij - lse_i - log s)`` and, as for plain softmax
+attention (the counts are constants),
+
+``dV_j = sum_i P_ij dO_i``, ``dP_ij = dO_i . v_j``, ``dS_ij = P_ij (dP_ij - D_i)`` with
+``D_i = dO_i . O_i``, ``dQ_i = c sum_j dS_ij k_j``, ``dK_j = c sum_i dS_ij q_i``
+
+(derivation in ``proofs_notes``; FlashAttention-2's recomputation scheme, Dao 2023). Three
+kernels, all deterministic (no atomics): ``D`` per row; ``dQ`` per query tile over the
+same planned key range as the forward pass; ``dK, dV`` per key tile over the planned
+query range of every query head of its key/value group (grouped-query gradients are summed
+in registers). Pairs outside the planned ranges, masked pairs and padded rows contribute
+exactly zero.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from .tiling import _sum_combine, make_plan, tile_counts
+from .triton_forward import LOG2E, _pow2, default_blocks
+
+__all__ = ["plsh_backward_triton"]
+
+
+@triton.jit
+def _delta_kernel(Out, DOut, Delta, sob, soh, som, sod, sdb, sdh, sdm, sdd,
+                  n_q, num_heads, n_q_tiles,
+                  DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+    pid = tl.program_id(0)
+    m_tile = pid % n_q_tiles
+    bh = pid // n_q_tiles
+    b = (bh // num_heads).to(tl.int64)
+    h = (bh % num_heads).to(tl.int64)
+    offs_m = m_tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask = (offs_m < n_q)[:, None] & (offs_dv < DV)[None, :]
+    o = tl.load(Out + b * sob + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
+                mask=mask, other=0.0).to(tl.float32)
+    do = tl.load(DOut + b * sdb + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
+                 mask=mask, other=0.0).to(tl.float32)
+    tl.store(Delta + bh.to(tl.int64) * n_q + offs_m, tl.reduce(o * do, 1, _sum_combine),
+             mask=offs_m < n_q)
+
+
+@triton.jit
+def _probabilities(q, k_t, counts, admissible, lse2, scale_log2, DOT_PREC: tl.constexpr,
+                   VARIANT: tl.constexpr):
+    """``P = C exp2(x log2 e - lse2)`` on admissible pairs, 0 elsewhere (float32)."""
+    logits = tl.dot(q, k_t, input_precision=DOT_PREC) * scale_log2
+    if VARIANT == 0:
+        weight = counts.to(tl.float32)
+    else:  # negative control: counts ignored (mask only), forward/backward mismatch
+        weight = tl.full(counts.shape, 1.0, dtype=tl.float32)
+    return tl.where(admissible, tl.exp2(logits - lse2[:, None]) * weight, 0.0)
+
+
+@triton.jit
+def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
+                   BinsQ, BinsK, QLo, QHi, KLo, KHi, KeyRange, QPos, KPos,
+                   sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                   sdb, sdh, sdm, sdd, sgb, sgh, sgm, sgd,
+                   n_q, n_k, num_heads, group, num_samples, n_q_tiles, n_k_tiles,
+                   scale, scale_log2, log2_s,
+                   D: tl.constexpr, DV: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, S_CHUNK: tl.constexpr,
+                   CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                   VARIANT: tl.constexpr):
+    pid = tl.program_id(0)
+    m_tile = pid % n_q_tiles
+    bh = pid // n_q_tiles
+    b = (bh // num_heads).to(tl.int64)
+    h = bh % num_heads
+    hk = (h // group).to(tl.int64)
+    offs_m = m_tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    m_valid = offs_m < n_q
+    d_valid = offs_d < D
+    dv_valid = offs_dv < DV
+    q = tl.load(Q + b * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    do = tl.load(DOut + b * sdb + h.to(tl.int64) * sdh + offs_m[:, None] * sdm
+                 + offs_dv[None, :] * sdd, mask=m_valid[:, None] & dv_valid[None, :], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+        do = do.to(tl.float32)
+    row = bh.to(tl.int64) * n_q + offs_m
+    lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
+    delta = tl.load(Delta + row, mask=m_valid, other=0.0)
+    live = lse > float("-inf")
+    lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
+    qpos = tl.load(QPos + offs_m, mask=m_valid, other=0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    rng = KeyRange + (h.to(tl.int64) * n_q_tiles + m_tile) * 2
+    for start_n in range(tl.load(rng), tl.load(rng + 1), BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
+        n_valid = offs_n < n_k
+        counts, n_touch = tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile,
+                                      start_n // BLOCK_N, offs_m, offs_n, m_valid, n_valid,
+                                      n_q, n_k, num_samples, n_q_tiles, n_k_tiles,
+                                      BLOCK_M, BLOCK_N, S_CHUNK)
+        if n_touch > 0:
+            admissible = (counts > 0) & n_valid[None, :] & live[:, None]
+            if CAUSAL:
+                kpos = tl.load(KPos + offs_n, mask=n_valid, other=0)
+                admissible = admissible & (kpos[None, :] <= qpos[:, None])
+            k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+                        mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+            v_t = tl.load(V + b * svb + hk * svh + offs_n[None, :] * svn + offs_dv[:, None] * svd,
+                          mask=n_valid[None, :] & dv_valid[:, None], other=0.0)
+            if UPCAST:
+                k = k.to(tl.float32)
+                v_t = v_t.to(tl.float32)
+            p = _probabilities(q, tl.trans(k), counts, admissible, lse2, scale_log2, DOT_PREC,
+                               VARIANT)
+            dp = tl.dot(do, v_t, input_precision=DOT_PREC)
+            ds = p * (dp - delta[:, None])
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PREC)
+    tl.store(DQ + b * sgb + h.to(tl.int64) * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+             (dq * scale).to(DQ.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+
+
+@triton.jit
+def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV_,
+                     BinsQ, BinsK, QLo, QHi, KLo, KHi, QueryRange, QPos, KPos,
+                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
+                     sdb, sdh, sdm, sdd, skgb, skgh, skgn, skgd, svgb, svgh, svgn, svgd,
+                     n_q, n_k, num_heads, num_heads_kv, group, num_samples, n_q_tiles,
+                     n_k_tiles, scale, scale_log2, log2_s,
+                     D: tl.constexpr, DV: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, S_CHUNK: tl.constexpr,
+                     CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
+                     VARIANT: tl.constexpr):
+    pid = tl.program_id(0)
+    n_tile = pid % n_k_tiles
+    bhk = pid // n_k_tiles
+    b = (bhk // num_heads_kv).to(tl.int64)
+    hk = bhk % num_heads_kv
+    offs_n = n_tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    n_valid = offs_n < n_k
+    d_valid = offs_d < D
+    dv_valid = offs_dv < DV
+    k = tl.load(K + b * skb + hk.to(tl.int64) * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+                mask=n_valid[:, None] & d_valid[None, :], other=0.0)
+    v = tl.load(V + b * svb + hk.to(tl.int64) * svh + offs_n[:, None] * svn
+                + offs_dv[None, :] * svd, mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+    if UPCAST:
+        k = k.to(tl.float32)
+        v = v.to(tl.float32)
+    k_t = tl.trans(k)
+    v_t = tl.trans(v)
+    kpos = tl.load(KPos + offs_n, mask=n_valid, other=0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    for g in range(group):
+        h = hk * group + g
+        rng = QueryRange + (h.to(tl.int64) * n_k_tiles + n_tile) * 2
+        for start_m in range(tl.load(rng), tl.load(rng + 1), BLOCK_M):
+            m_tile = start_m // BLOCK_M
+            offs_m = start_m + tl.arange(0, BLOCK_M).to(tl.int64)
+            m_valid = offs_m < n_q
+            counts, n_touch = tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile,
+                                          offs_m, offs_n, m_valid, n_valid, n_q, n_k,
+                                          num_samples, n_q_tiles, n_k_tiles,
+                                          BLOCK_M, BLOCK_N, S_CHUNK)
+            if n_touch > 0:
+                row = (b * num_heads + h) * n_q + offs_m
+                lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
+                delta = tl.load(Delta + row, mask=m_valid, other=0.0)
+                live = lse > float("-inf")
+                lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
+                admissible = (counts > 0) & n_valid[None, :] & (m_valid & live)[:, None]
+                if CAUSAL:
+                    qpos = tl.load(QPos + offs_m, mask=m_valid, other=0)
+                    admissible = admissible & (kpos[None, :] <= qpos[:, None])
+                q = tl.load(Q + b * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm
+                            + offs_d[None, :] * sqd, mask=m_valid[:, None] & d_valid[None, :],
+                            other=0.0)
+                do = tl.load(DOut + b * sdb + h.to(tl.int64) * sdh + offs_m[:, None] * sdm
+                             + offs_dv[None, :] * sdd,
+                             mask=m_valid[:, None] & dv_valid[None, :], other=0.0)
+                if UPCAST:
+                    q = q.to(tl.float32)
+                    do = do.to(tl.float32)
+                p = _probabilities(q, k_t, counts, admissible, lse2, scale_log2, DOT_PREC,
+                                   VARIANT)
+                dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=DOT_PREC)
+                dp = tl.dot(do, v_t, input_precision=DOT_PREC)
+                ds = p * (dp - delta[:, None])
+                dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=DOT_PREC)
+    tl.store(DK + b * skgb + hk.to(tl.int64) * skgh + offs_n[:, None] * skgn
+             + offs_d[None, :] * skgd, (dk * scale).to(DK.dtype.element_ty),
+             mask=n_valid[:, None] & d_valid[None, :])
+    tl.store(DV_ + b * svgb + hk.to(tl.int64) * svgh + offs_n[:, None] * svgn
+             + offs_dv[None, :] * svgd, dv.to(DV_.dtype.element_ty),
+             mask=n_valid[:, None] & dv_valid[None, :])
+
+
+def plsh_backward_triton(query, key, value, out, lse, grad_out, pitch, offset,
+                         query_positions, key_positions, scale: float, causal: bool, *,
+                         _block_m: int | None = None, _block_n: int | None = None,
+                         _variant: int = 0, _num_warps=None):
+    """Gradients of PLSH attention with respect to query, key and value (Triton).
+
+    Parameters
+    ----------
+    query, key, value, pitch, offset, query_positions, key_positions, scale, causal
+        As :func:`plsh_fast.triton_forward.plsh_forward_triton`.
+    out : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim_v)`` forward output.
+    lse : torch.Tensor
+        float32 ``(batch, num_heads, n_q)`` forward LSE (``-inf`` for empty rows).
+    grad_out : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim_v)`` gradient of the loss with respect to ``out``
+        (any strides, same dtype as ``out``).
+
+    Returns
+    -------
+    (grad_query, grad_key, grad_value) : tuple of torch.Tensor
+        Shapes and dtypes of ``query``, ``key``, ``value`` (contiguous); ``grad_key`` and
+        ``grad_value`` are summed over the query heads of each key/value group.
+        Rows without an admissible key and keys that no query may attend get exactly 0.
+
+    References
+    ----------
+    Dao (2023), FlashAttention-2, backward pass; SPEC section 3 (weights ``C_ij``).
+    """
+    batch, num_heads, n_q, head_dim = query.shape
+    _, num_heads_kv, n_k, _ = key.shape
+    head_dim_v = value.shape[3]
+    assert key.dtype == query.dtype and value.dtype == query.dtype
+    assert grad_out.shape == (batch, num_heads, n_q, head_dim_v)
+    assert out.shape == grad_out.shape and lse.shape == (batch, num_heads, n_q)
+    assert num_heads % num_heads_kv == 0 and pitch.shape[0] == num_heads
+    num_samples = pitch.shape[1]
+    dev = query.device
+    dq = torch.zeros_like(query, memory_format=torch.contiguous_format)
+    dk = torch.zeros_like(key, memory_format=torch.contiguous_format)
+    dv = torch.zeros_like(value, memory_format=torch.contiguous_format)
+    if batch == 0 or n_q == 0 or n_k == 0:
+        return dq, dk, dv
+    block_m, block_n, num_warps = default_blocks(head_dim, head_dim_v, dev)
+    block_m = _block_m or block_m
+    block_n = _block_n or block_n
+    num_warps = _num_warps or num_warps
+    plan = make_plan(query_positions, key_positions, pitch, offset, causal=causal,
+                     block_m=block_m, block_n=block_n, query_range=True)
+    n_q_tiles = triton.cdiv(n_q, block_m)
+    n_k_tiles = triton.cdiv(n_k, block_n)
+    lse = lse.to(torch.float32).contiguous()
+    grad_out = grad_out.to(query.dtype)
+    delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
+    block_d, block_dv = _pow2(head_dim), _pow2(head_dim_v)
+    _delta_kernel[(n_q_tiles * batch * num_heads,)](
+        out, grad_out, delta, *out.stride(), *grad_out.stride(), n_q, num_heads, n_q_tiles,
+        DV=head_dim_v, BLOCK_M=block_m, BLOCK_DV=block_dv)
+    interp = type(_bwd_dq_kernel).__name__ == "InterpretedFunction"
+    upcast = query.dtype == torch.bfloat16 and interp
+    prec = "ieee" if (query.dtype == torch.float32 or upcast) else "tf32"
+    qpos = query_positions.contiguous()
+    kpos = key_positions.contiguous()
+    common = dict(D=head_dim, DV=head_dim_v, BLOCK_M=block_m, BLOCK_N=block_n,
+                  BLOCK_D=block_d, BLOCK_DV=block_dv,
+                  S_CHUNK=min(32, _pow2(num_samples, minimum=2)), CAUSAL=bool(causal),
+                  UPCAST=upcast, DOT_PREC=prec, VARIANT=int(_variant), num_warps=num_warps)
+    scale = float(scale)
+    log2_s = math.log2(num_samples)
+    _bwd_dq_kernel[(n_q_tiles * batch * num_heads,)](
+        query, key, value, grad_out, lse, delta, dq,
+        plan.bins_q, plan.bins_k, plan.qlo, plan.qhi, plan.klo, plan.khi, plan.key_range,
+        qpos, kpos, *query.stride(), *key.stride(), *value.stride(), *grad_out.stride(),
+        *dq.stride(), n_q, n_k, num_heads, num_heads // num_heads_kv, num_samples,
+        n_q_tiles, n_k_tiles, scale, scale * LOG2E, log2_s, **common)
+    _bwd_dkdv_kernel[(n_k_tiles * batch * num_heads_kv,)](
+        query, key, value, grad_out, lse, delta, dk, dv,
+        plan.bins_q, plan.bins_k, plan.qlo, plan.qhi, plan.klo, plan.khi, plan.query_range,
+        qpos, kpos, *query.stride(), *key.stride(), *value.stride(), *grad_out.stride(),
+        *dk.stride(), *dv.stride(), n_q, n_k, num_heads, num_heads_kv,
+        num_heads // num_heads_kv, num_samples, n_q_tiles, n_k_tiles, scale, scale * LOG2E,
+        log2_s, **common)
+    return dq, dk, dv

@@ -1,0 +1,136 @@
+"""Triton backward kernels (in the Triton interpreter on CPU) against dense float64 autograd.
+
+The reference gradient is torch autograd through dense softmax attention with the bias
+``log M~`` of the same partition sample, in float64; the yardstick of the tolerance rule
+(SPEC section 6) is the same dense autograd computation in the kernel's dtype.
+"""
+
+from __future__ import annotations
+
+import _triton_interp  # noqa: F401  (sets TRITON_INTERPRET=1 before triton is imported)
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plsh_ref.partition import counts, draw_partition
+from plsh_ref.testing.tolerance import assert_close_to_reference
+
+triton_forward = _triton_interp.load("triton_forward")
+triton_backward = _triton_interp.load("triton_backward")
+
+pytestmark = pytest.mark.triton
+
+BLOCK = 16
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+def _dense_grads(q, k, v, grad_out, bias, scale, dtype):
+    """Autograd of softmax(scale q k^T + bias) v in ``dtype``; empty rows give 0."""
+    q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
+    group = q.shape[1] // k.shape[1]
+    kk = k.repeat_interleave(group, dim=1)
+    vv = v.repeat_interleave(group, dim=1)
+    b = torch.from_numpy(bias).to(dtype)[None]
+    empty = torch.isneginf(b).all(dim=-1, keepdim=True)
+    logits = torch.where(empty, torch.zeros((), dtype=dtype), (q @ kk.transpose(-1, -2)) * scale + b)
+    weights = torch.softmax(logits, dim=-1) * (~empty)
+    out = weights @ vv
+    (out * grad_out.to(dtype)).sum().backward()
+    return q.grad, k.grad, v.grad
+
+
+def _case(rng, batch, num_heads, num_heads_kv, n_q, n_k, d, dv, s, dtype, sigma, seed):
+    partition = draw_partition(sigma, s, seed=seed)
+    q = torch.from_numpy(rng.standard_normal((batch, num_heads, n_q, d))).to(dtype)
+    k = torch.from_numpy(rng.standard_normal((batch, num_heads_kv, n_k, d))).to(dtype)
+    v = torch.from_numpy(rng.standard_normal((batch, num_heads_kv, n_k, dv))).to(dtype)
+    g = torch.from_numpy(rng.standard_normal((batch, num_heads, n_q, dv))).to(dtype)
+    return partition, q, k, v, g
+
+
+def _kernel_grads(q, k, v, g, partition, qpos, kpos, scale, causal, **kw):
+    pitch = torch.from_numpy(np.array(partition.pitch))
+    offset = torch.from_numpy(np.array(partition.offset))
+    qp, kp = torch.from_numpy(qpos), torch.from_numpy(kpos)
+    out, lse = triton_forward.plsh_forward_triton(q, k, v, pitch, offset, qp, kp, scale, causal,
+                                                  _block_m=BLOCK, _block_n=BLOCK)
+    return triton_backward.plsh_backward_triton(q, k, v, out, lse, g, pitch, offset, qp, kp,
+                                                scale, causal, _block_m=BLOCK, _block_n=BLOCK,
+                                                **kw)
+
+
+def _check_grads(q, k, v, g, partition, qpos, kpos, scale, causal, dtype_name, **kw):
+    c = counts(partition, qpos, kpos, causal=causal)
+    with np.errstate(divide="ignore"):
+        bias = np.log(c / partition.num_samples)
+    ref = _dense_grads(q.double(), k.double(), v.double(), g.double(), bias, scale, torch.float64)
+    base = _dense_grads(q, k, v, g, bias, scale, DTYPES.get(dtype_name, torch.bfloat16))
+    got = _kernel_grads(q, k, v, g, partition, qpos, kpos, scale, causal, **kw)
+    # The floor (4 ulps) is relative to the largest entry of all three gradients: a
+    # gradient can vanish identically (grad_query of a query with one admissible key is
+    # exactly 0) while the kernel's rounding of D_i = dO_i . O_i leaves ulp-sized residue.
+    magnitude = max(float(r.abs().max()) if r.numel() else 0.0 for r in ref)
+    for name, x, r, b in zip(("grad_query", "grad_key", "grad_value"), got, ref, base):
+        assert x.dtype == q.dtype and x.shape == r.shape
+        assert not torch.isnan(x).any()
+        assert_close_to_reference(x, r, b, dtype_name, name=name, floor_scale=magnitude)
+    return got, c
+
+
+@settings(max_examples=10)
+@given(num_heads_kv=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]),
+       n_q=st.integers(1, 40), n_k=st.integers(1, 40), d=st.integers(1, 19),
+       dv=st.integers(1, 19), s=st.integers(1, 5), causal=st.booleans(),
+       dtype=st.sampled_from(sorted(DTYPES)), explicit=st.booleans(),
+       seed=st.integers(0, 2**31 - 1))
+def test_backward_matches_dense_autograd(num_heads_kv, group, n_q, n_k, d, dv, s, causal,
+                                         dtype, explicit, seed):
+    rng = np.random.default_rng(seed)
+    num_heads = num_heads_kv * group
+    sigma = np.exp(rng.uniform(0.0, np.log(64.0), size=num_heads))
+    partition, q, k, v, g = _case(rng, 1, num_heads, num_heads_kv, n_q, n_k, d, dv, s,
+                                  DTYPES[dtype], sigma, seed)
+    if explicit:  # increasing with gaps; some queries precede every key (empty rows)
+        kpos = np.cumsum(rng.integers(1, 3, size=n_k)).astype(np.int64)
+        qpos = np.sort(rng.integers(-3, kpos[-1] + 3, size=n_q)).astype(np.int64)
+    else:
+        qpos, kpos = np.arange(n_q) + (n_k - n_q), np.arange(n_k)
+    _check_grads(q, k, v, g, partition, qpos, kpos, float(rng.uniform(0.3, 1.2)), causal, dtype)
+
+
+def test_inadmissible_rows_and_keys_get_exactly_zero_gradient():
+    """Queries without admissible keys get dQ = 0; keys no query may see get dK = dV = 0."""
+    rng = np.random.default_rng(4)
+    partition, q, k, v, g = _case(rng, 2, 2, 1, 21, 30, 6, 5, 3, torch.float32,
+                                  np.array([3.0, 20.0]), 4)
+    kpos = np.arange(30) + 10           # keys 10..39
+    qpos = np.arange(21) + 3            # queries 3..23: rows 3..9 see no key (causal)
+    (dq, dk, dv), c = _check_grads(q, k, v, g, partition, qpos, kpos, 0.6, True, "float32")
+    empty_rows = np.flatnonzero(c.sum(axis=(0, 2)) == 0)
+    dead_keys = np.flatnonzero(c.sum(axis=(0, 1)) == 0)
+    assert empty_rows.size and dead_keys.size
+    assert torch.equal(dq[:, :, empty_rows], torch.zeros_like(dq[:, :, empty_rows]))
+    assert torch.equal(dk[:, :, dead_keys], torch.zeros_like(dk[:, :, dead_keys]))
+    assert torch.equal(dv[:, :, dead_keys], torch.zeros_like(dv[:, :, dead_keys]))
+
+
+def test_bfloat16_upcast_in_interpreter():
+    rng = np.random.default_rng(9)
+    partition, q, k, v, g = _case(rng, 1, 2, 2, 25, 25, 8, 8, 4, torch.bfloat16,
+                                  np.array([4.0, 16.0]), 9)
+    pos = np.arange(25)
+    _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "bfloat16")
+
+
+def test_negative_control_counts_ignored_fails():
+    """Backward probabilities without the count weights must fail the same check."""
+    rng = np.random.default_rng(2)
+    partition, q, k, v, g = _case(rng, 1, 2, 1, 40, 40, 8, 8, 4, torch.float32,
+                                  np.array([3.0, 12.0]), 2)
+    pos = np.arange(40)
+    _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "float32")
+    with pytest.raises(AssertionError):
+        _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "float32", _variant=1)
