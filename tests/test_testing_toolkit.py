@@ -297,3 +297,15 @@ def test_plugin_in_a_foreign_repository(tmp_path):
     # numpy_alibi is a numpy kernel: handed torch tensors, it raises, and the case fails
     assert "1 failed, 1 passed" in proc.stdout and "raised ValueError" in proc.stdout, \
         proc.stdout
+
+
+def test_toolkit_never_imports_torch():
+    code = ("import sys, pkgutil, importlib, plsh_ref.testing as t\n"
+            "for m in pkgutil.iter_modules(t.__path__):\n"
+            "    importlib.import_module('plsh_ref.testing.' + m.name)\n"
+            "[getattr(t, n) for n in t.__all__]\n"
+            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', 'plsh_fast')]\n"
+            "assert not bad, bad\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
