@@ -130,6 +130,12 @@ def test_console_script_no_traceback(tmp_path):
                                    "RuntimeError: boom")
 
 
+def test_torch_framework_with_sdpa(capsys):
+    pytest.importorskip("torch")
+    code, out, err = verify(capsys, f"{EX}:sdpa_alibi", "--framework", "torch", "--cases", "30")
+    assert code == 0 and "30/30 cases passed" in out, out + err
+
+
 def test_torch_framework_with_plsh_fast(capsys):
     pytest.importorskip("torch")
     pytest.importorskip("plsh_fast")

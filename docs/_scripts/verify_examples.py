@@ -19,6 +19,7 @@ RUNS = {
                            "--case", "CASE"],
     "plsh_fast": [f"{EX}:plsh_fast_kernel", "--kind", "plsh", "--framework", "torch",
                   "--cases", "50", "--worst", "3"],
+    "sdpa_alibi": [f"{EX}:sdpa_alibi", "--framework", "torch", "--cases", "50", "--worst", "3"],
     "bad_signature": [f"{EX}:numpy_alibi", "--kind", "plsh"],
 }
 
@@ -34,8 +35,8 @@ def main(out: Path):
     out.mkdir(parents=True, exist_ok=True)
     first_failure = None
     for name, args in RUNS.items():
-        if name == "plsh_fast" and (importlib.util.find_spec("torch") is None
-                                    or importlib.util.find_spec("plsh_fast") is None):
+        if "--framework" in args and (importlib.util.find_spec("torch") is None
+                                      or importlib.util.find_spec("plsh_fast") is None):
             (out / f"{name}.txt").write_text("(torch or plsh_fast is not installed on the "
                                              "machine that built these docs)\n")
             continue

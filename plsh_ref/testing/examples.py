@@ -4,6 +4,9 @@ They follow the kernel contracts of :mod:`plsh_ref.testing.reference` and exist 
 what the property suite accepts and what it catches (the validation guide runs them):
 
 * :func:`numpy_alibi` (correct): ALiBi attention computed in the input dtype with numpy.
+* :func:`sdpa_alibi` (correct, torch): ALiBi through
+  ``torch.nn.functional.scaled_dot_product_attention`` with a dense bias, a template for
+  torch kernels.
 * :func:`plsh_fast_kernel` (correct, torch): a thin adapter from the ``plsh`` contract to
   ``plsh_fast.plsh_attention``.
 * :func:`sign_flipped_alibi` (broken): the bias ``+m |i - j|`` instead of ``-m |i - j|``.
@@ -27,6 +30,7 @@ __all__ = [
     "mask_only_plsh",
     "numpy_alibi",
     "plsh_fast_kernel",
+    "sdpa_alibi",
     "sign_flipped_alibi",
 ]
 
@@ -58,6 +62,51 @@ def numpy_alibi(query, key, value, *, slopes, causal, scale, query_positions, ke
     out, lse = plain_attention_numpy(query, key, value, bias, scale=scale, dtype=str(query.dtype))
     lse_dtype = np.float64 if query.dtype == np.float64 else np.float32
     return out.astype(query.dtype), lse.astype(lse_dtype)
+
+
+def sdpa_alibi(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+    """Correct ALiBi attention through torch's ``scaled_dot_product_attention`` (torch contract).
+
+    The dense bias ``-m_h |p_i - p_j|`` (``-inf`` where causal forbids) is passed as
+    ``attn_mask`` in the input dtype; grouped-query heads use ``enable_gqa``. Rows without
+    an admissible key come out of SDPA as NaN and are set to 0, as the contract requires.
+
+    Parameters
+    ----------
+    query, key, value : torch.Tensor
+        float16, bfloat16 or float32 (float64 on CPU), on one device.
+    slopes : torch.Tensor
+        float64 ``(num_heads,)``.
+    causal : bool
+    scale : float or None
+    query_positions, key_positions : torch.Tensor or None
+        int64.
+
+    Returns
+    -------
+    torch.Tensor
+        Output in the dtype of ``query``, ``(batch, num_heads, n_q, head_dim_v)``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    n_q, n_k = query.shape[2], key.shape[2]
+    device = query.device
+    if key_positions is None:
+        key_positions = torch.arange(n_k, device=device)
+    if query_positions is None:
+        query_positions = torch.arange(n_q, device=device) + (n_k - n_q)
+    distance = (query_positions[:, None] - key_positions[None, :]).abs().to(torch.float64)
+    bias = -slopes.to(device)[:, None, None] * distance
+    if causal:
+        bias = bias.masked_fill(key_positions[None, None, :] > query_positions[None, :, None],
+                                float("-inf"))
+    if n_k == 0:  # SDPA needs at least one key; no key means output 0
+        return query.new_zeros(*query.shape[:3], value.shape[3])
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias.to(query.dtype),
+                                         scale=scale,
+                                         enable_gqa=key.shape[1] != query.shape[1])
+    return torch.nan_to_num(out, nan=0.0)
 
 
 def sign_flipped_alibi(query, key, value, *, slopes, causal, scale, query_positions,
