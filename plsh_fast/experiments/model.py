@@ -1,7 +1,7 @@
 """Small causal byte-level transformer with a pluggable positional scheme.
 
 No positional embeddings: positions enter only through the attention core, as in ALiBi
-models. Variants (the paper's downstream comparison, Wolfson & Wagner 2026, section 5):
+models. Variants (the paper's downstream comparison, Wolfson & Wagner 2026):
 
 * ``alibi``: exact ALiBi (:class:`plsh_fast.nn.PLSHAttention` with ``exact=True``);
 * ``plsh-S``: positional LSH with ``S`` hashes per head, a fresh partition every training

@@ -1,21 +1,31 @@
 """``plsh train-lm``: small byte-level LMs with exact ALiBi, PLSH and baselines.
 
-The paper's downstream claim (Wolfson & Wagner 2026, section 5): with few hashes
-(s = 10, 20) positional LSH trains models as good as exact ALiBi, better than no
-positional bias and than fixed blocks, also when evaluated at twice the training length.
-This command checks it at a scale that runs on two CPU cores: every variant trains the
-same model (same initial weights, same batches in the same order) on the CPython standard
-library sources (:mod:`plsh_fast.experiments.corpus`), then is evaluated on held-out files
-at the training length ``L`` and at ``2L`` and ``4L``.
+The paper's downstream claim (Wolfson & Wagner 2026, experiments with Qwen3-0.6B and
+Mistral-7B): with few hashes (s = 10, 20) positional LSH trains models as good as exact
+ALiBi, better than no positional bias and than fixed blocks, also when evaluated at twice
+the training length.
+This command checks it at a scale that runs on two CPU cores.
 
-PLSH variants draw a fresh partition every training forward and are evaluated with their
-fixed, seeded eval partition; they are also evaluated with exact ALiBi swapped in
-(rows ``plsh-S (eval: exact ALiBi)``), which shows whether the weights or the
-approximation at eval time account for a difference.
+* Data: the CPython standard library sources of the running interpreter, split into
+  train/validation by file with a hash of the relative path
+  (:mod:`plsh_fast.experiments.corpus`); bytes are the tokens.
+* Model: :class:`plsh_fast.experiments.model.ByteLM`, a pre-LayerNorm causal transformer
+  without positional embeddings; the variants differ only in the attention core
+  (``alibi``, ``plsh-S``, ``none``, ``blocks`` with per-head block ``round(2 sigma_h)``).
+* Protocol: for each seed, every variant starts from the same initial weights and sees
+  the same batches in the same order (AdamW, linear warmup over 10% of the steps, cosine
+  decay to 10%, gradient clipping at 1). PLSH draws a fresh partition every training
+  forward (each layer its own stream).
+* Evaluation: mean next-byte loss over the same held-out text cut into windows of ``L``,
+  ``2L`` and ``4L`` bytes (every position scored), reported as bits per byte and
+  perplexity per byte, mean and sample sd over seeds. PLSH variants are evaluated with
+  their fixed, seeded eval partition, and also with exact ALiBi swapped in (rows
+  ``plsh-S (eval: exact ALiBi)``), which separates the trained weights from the
+  approximation at evaluation time.
 
-Outputs in ``--out`` (default ``train_lm_<UTC time>``): ``results.json``,
-``results.md`` (table and the exact command), ``results.png`` (training curves and
-validation bits per byte against evaluation length).
+Outputs in ``--out`` (default ``train_lm_<UTC time>``): ``results.json`` (every training
+curve and evaluation), ``results.md`` (table and the exact command), ``results.png``
+(training curves and validation bits per byte against evaluation length).
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ _OPTIONS = [
     ("--variants", "variants", str, DEFAULT_VARIANTS,
      "comma-separated variants: alibi, plsh-S (S hashes), none, blocks"),
     ("--seq-len", "seq_len", int, 128, "training length L (bytes)"),
-    ("--steps", "steps", int, 300, "optimizer steps per variant"),
+    ("--steps", "steps", int, 250, "optimizer steps per variant and seed"),
     ("--batch-size", "batch_size", int, 32, "sequences per step"),
     ("--d-model", "d_model", int, 128, "model width"),
     ("--layers", "layers", int, 4, "transformer layers"),
@@ -48,14 +58,14 @@ _OPTIONS = [
     ("--lr", "lr", float, 3e-3, "peak AdamW learning rate (linear warmup, cosine decay)"),
     ("--weight-decay", "weight_decay", float, 0.01, "AdamW weight decay"),
     ("--eval-lengths", "eval_lengths", str, "1,2,4", "evaluation lengths as multiples of L"),
-    ("--eval-tokens", "eval_tokens", int, 65536,
+    ("--eval-tokens", "eval_tokens", int, 32768,
      "validation bytes scored at each evaluation length (same text for every length)"),
     ("--block-size", "block_size", int, 0,
      "block size of the 'blocks' variant; 0: per head round(2 sigma_h)"),
     ("--backend", "backend", str, "dense",
      "PLSH backend: dense (SDPA with a log-count bias; fastest on CPU at these lengths) "
      "or fast (plsh_fast.plsh_attention); the same function"),
-    ("--seeds", "seeds", str, "0",
+    ("--seeds", "seeds", str, "0,1",
      "comma-separated seeds; each seed fixes the initial weights, the batch order and the "
      "partitions, shared by all variants; the table reports mean +- sd over seeds"),
     ("--val-fraction", "val_fraction", float, 0.05, "fraction of files held out"),
