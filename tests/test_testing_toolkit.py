@@ -309,3 +309,36 @@ def test_toolkit_never_imports_torch():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+# --- the suite finds classic kernel bugs, and only where they show ---------------------
+
+def _misaligned_alibi(query, key, value, *, slopes, causal, scale, query_positions,
+                      key_positions):
+    """Bug: queries at 0..n_q-1 instead of aligned to the end of the keys."""
+    if query_positions is None:
+        query_positions = np.arange(query.shape[2])
+    return alibi_reference(query, key, value, slopes=slopes, causal=causal, scale=scale,
+                           query_positions=query_positions,
+                           key_positions=key_positions)[0].astype(query.dtype)
+
+
+def _interleaved_gqa_alibi(query, key, value, *, slopes, causal, scale, query_positions,
+                           key_positions):
+    """Bug: query head h reads kv head h % num_heads_kv instead of h // group."""
+    reps = query.shape[1] // key.shape[1]
+    key, value = np.tile(key, (1, reps, 1, 1)), np.tile(value, (1, reps, 1, 1))
+    return alibi_reference(query, key, value, slopes=slopes, causal=causal, scale=scale,
+                           query_positions=query_positions,
+                           key_positions=key_positions)[0].astype(query.dtype)
+
+
+@pytest.mark.parametrize("kernel, shows", [
+    (_misaligned_alibi, lambda s: s.positions == "default" and s.n_q != s.n_k),
+    (_interleaved_gqa_alibi, lambda s: 1 < s.num_heads_kv < s.num_heads),
+])
+def test_suite_finds_classic_bugs_where_they_show(kernel, shows):
+    specs = sample_specs("alibi", seed=0, num_cases=80, dtypes=["float32", "float64"])
+    failing = [s for s in specs if not check_case(kernel, s.build()).passed]
+    assert failing, "the suite missed the bug"
+    assert all(shows(s) for s in failing), [s.summary() for s in failing if not shows(s)]
