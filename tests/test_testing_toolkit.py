@@ -292,11 +292,11 @@ def test_plugin_in_a_foreign_repository(tmp_path):
         def test_option(plsh_kernel, plsh_check):
             assert "plsh_ref.testing.suite" in sys.modules
             from plsh_ref.testing import ProblemSpec
-            plsh_check(plsh_kernel, ProblemSpec().build())  # framework from --plsh-framework
-    """, "--plsh-kernel", "plsh_ref.testing.examples:numpy_alibi", "--plsh-framework", "torch")
-    # numpy_alibi is a numpy kernel: handed torch tensors, it raises, and the case fails
-    assert "1 failed, 1 passed" in proc.stdout and "raised ValueError" in proc.stdout, \
-        proc.stdout
+            plsh_check(plsh_kernel, ProblemSpec().build())  # device from --plsh-device
+    """, "--plsh-kernel", "plsh_ref.testing.examples:numpy_alibi", "--plsh-device", "cuda")
+    # the option reaches plsh_check: a numpy kernel cannot run on cuda
+    assert "1 failed, 1 passed" in proc.stdout, proc.stdout
+    assert "device: numpy kernels run on 'cpu', got 'cuda'" in proc.stdout, proc.stdout
 
 
 def test_toolkit_never_imports_torch():
