@@ -150,7 +150,7 @@ def test_state_dict_round_trip_gives_identical_eval_outputs():
     buf = io.BytesIO()
     torch.save(src.state_dict(), buf)
     buf.seek(0)
-    state = torch.load(buf, weights_only=False)
+    state = torch.load(buf, weights_only=True)  # plain tensors and ints only
     assert state["attention.pitch"].dtype == torch.float64
     dst.load_state_dict(state)
     assert dst.attention.num_samples == 10  # another num_samples is adopted
