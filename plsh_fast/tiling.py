@@ -55,9 +55,24 @@ _INT32_SAFE = 2**31 - 8
 # Reductions through ``tl.reduce`` with Triton's own combine functions: the same code as
 # ``tl.sum``/``tl.max``/``tl.min`` once compiled, but in the interpreter it skips the
 # per-call re-patching of a nested ``@triton.jit`` wrapper (about 4 ms per call on CPU).
-_sum_combine = tl.standard._sum_combine
-_max_combine = tl.standard._elementwise_max
-_min_combine = tl.standard._elementwise_min
+@triton.jit
+def _sum_fallback(a, b):
+    return a + b
+
+
+@triton.jit
+def _max_fallback(a, b):
+    return tl.maximum(a, b)
+
+
+@triton.jit
+def _min_fallback(a, b):
+    return tl.minimum(a, b)
+
+
+_sum_combine = getattr(tl.standard, "_sum_combine", _sum_fallback)
+_max_combine = getattr(tl.standard, "_elementwise_max", _max_fallback)
+_min_combine = getattr(tl.standard, "_elementwise_min", _min_fallback)
 
 
 @triton.jit
@@ -313,8 +328,8 @@ def tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile, offs_m, off
     samples that are not disjoint (0 means the tile pair has no collision at all).
     """
     counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-    n_full = 0
-    n_touch = 0
+    n_full = tl.full([], 0, tl.int32)
+    n_touch = tl.full([], 0, tl.int32)
     lane = tl.arange(0, S_CHUNK)
     q_slot = (h.to(tl.int64) * n_q_tiles + m_tile) * num_samples
     k_slot = (h.to(tl.int64) * n_k_tiles + n_tile) * num_samples
@@ -331,7 +346,7 @@ def tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile, offs_m, off
         n_touch += tl.reduce(overlap.to(tl.int32), 0, _sum_combine)
         bits = tl.reduce(tl.where(mixed, tl.full([S_CHUNK], 1, tl.int64) << lane.to(tl.int64),
                                   0), 0, _sum_combine)
-        tt = 0
+        tt = tl.full([], 0, tl.int64)
         while (bits >> tt) != 0:
             if ((bits >> tt) & 1) != 0:
                 row = h.to(tl.int64) * num_samples + c0 + tt

@@ -251,7 +251,7 @@ def plsh_backward_triton(query, key, value, out, lse, grad_out, pitch, offset,
     dv = torch.zeros_like(value, memory_format=torch.contiguous_format)
     if batch == 0 or n_q == 0 or n_k == 0:
         return dq, dk, dv
-    block_m, block_n, num_warps = default_blocks(head_dim, head_dim_v, dev)
+    block_m, block_n, num_warps = default_blocks(head_dim, head_dim_v, dev, query.dtype)
     block_m = _block_m or block_m
     block_n = _block_n or block_n
     num_warps = _num_warps or num_warps

@@ -30,7 +30,6 @@ from .tiling import _max_combine, _sum_combine, make_plan, tile_counts
 __all__ = ["plsh_forward_triton", "default_blocks"]
 
 LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 
 @triton.jit
@@ -115,7 +114,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)
     out = tl.where(nonempty[:, None], acc / l_safe[:, None], 0.0)
-    lse = tl.where(nonempty, m_i * LN2 + tl.log(l_safe) - log_s, float("-inf"))
+    lse = tl.where(nonempty, m_i * 0.6931471805599453 + tl.log(l_safe) - log_s, float("-inf"))
     tl.store(Out + b64 * sob + h.to(tl.int64) * soh + offs_m[:, None] * som
              + offs_dv[None, :] * sod, out.to(Out.dtype.element_ty),
              mask=m_valid[:, None] & dv_valid[None, :])
@@ -126,7 +125,8 @@ def _pow2(x: int, minimum: int = 16) -> int:
     return max(minimum, triton.next_power_of_2(max(int(x), 1)))
 
 
-def default_blocks(head_dim: int, head_dim_v: int, device: torch.device) -> tuple[int, int, int]:
+def default_blocks(head_dim: int, head_dim_v: int, device: torch.device,
+                   dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps)`` for a head size (untuned heuristic; GPU-measured later).
 
     Small query tiles keep the planned key range ``BLOCK_M + window`` tight (the PLSH window
@@ -139,6 +139,8 @@ def default_blocks(head_dim: int, head_dim_v: int, device: torch.device) -> tupl
         return 64, 64, 4
     if widest <= 128:
         return 64, 64, 4
+    if dtype == torch.float32:  # float32 tiles of width 256: stay inside shared memory
+        return 32, 32, 8
     return 64, 32, 8
 
 
@@ -200,7 +202,7 @@ def plsh_forward_triton(query, key, value, pitch, offset, query_positions, key_p
     lse = torch.full((batch, num_heads, n_q), float("-inf"), dtype=torch.float32, device=dev)
     if batch == 0 or n_q == 0 or n_k == 0:
         return out, lse
-    block_m, block_n, num_warps = default_blocks(head_dim, head_dim_v, dev)
+    block_m, block_n, num_warps = default_blocks(head_dim, head_dim_v, dev, query.dtype)
     block_m = _block_m or block_m
     block_n = _block_n or block_n
     num_warps = _num_warps or num_warps
