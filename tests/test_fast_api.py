@@ -1,0 +1,158 @@
+"""The public torch API :func:`plsh_fast.plsh_attention`: defaults, partition handling,
+dtypes and layouts, and bad input (a ValueError/TypeError naming the argument, raised
+before any kernel runs)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import plsh_fast.autograd as fast_autograd
+from plsh_fast import plsh_attention
+from plsh_ref.alibi import alibi_slopes
+from plsh_ref.partition import draw_partition
+
+torch.set_num_threads(1)
+
+
+def qkv(batch=1, heads=4, kv_heads=4, n_q=33, n_k=33, d=8, dv=8, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(batch, heads, n_q, d, generator=g).to(dtype),
+            torch.randn(batch, kv_heads, n_k, d, generator=g).to(dtype),
+            torch.randn(batch, kv_heads, n_k, dv, generator=g).to(dtype))
+
+
+def test_seeded_draw_equals_explicit_partition_with_default_slopes():
+    q, k, v = qkv()
+    partition = draw_partition(1.0 / alibi_slopes(4), 5, seed=42)
+    drawn = plsh_attention(q, k, v, num_samples=5, seed=42)
+    given = plsh_attention(q, k, v, partition=partition)
+    assert torch.equal(drawn, given)
+    slopes = torch.tensor([0.5, 0.25, 0.1, 0.01], dtype=torch.float64)
+    custom = plsh_attention(q, k, v, num_samples=5, seed=42, slopes=slopes)
+    partition = draw_partition(1.0 / slopes.numpy(), 5, seed=42)
+    assert torch.equal(custom, plsh_attention(q, k, v, partition=partition))
+
+
+def test_default_num_samples_is_16():
+    q, k, v = qkv()
+    partition = draw_partition(1.0 / alibi_slopes(4), 16, seed=1)
+    assert torch.equal(plsh_attention(q, k, v, seed=1), plsh_attention(q, k, v, partition=partition))
+
+
+def test_default_positions_are_end_aligned():
+    q, k, v = qkv(n_q=10, n_k=30)
+    partition = draw_partition(1.0 / alibi_slopes(4), 4, seed=0)
+    implicit = plsh_attention(q, k, v, partition=partition)
+    explicit = plsh_attention(q, k, v, partition=partition,
+                              query_positions=torch.arange(20, 30),
+                              key_positions=np.arange(30))
+    assert torch.equal(implicit, explicit)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_output_dtype_shape_and_lse(dtype):
+    q, k, v = qkv(batch=2, heads=4, kv_heads=2, n_q=9, n_k=17, d=5, dv=3, dtype=dtype)
+    out, lse = plsh_attention(q, k, v, seed=0, num_samples=3, return_lse=True)
+    assert out.dtype == dtype and out.shape == (2, 4, 9, 3)
+    assert lse.shape == (2, 4, 9)
+    assert lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+
+
+def test_strided_inputs_give_the_same_result():
+    q, k, v = qkv(n_q=40, n_k=40)
+    views = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k, v)]
+    assert not views[0].is_contiguous()
+    a = plsh_attention(q, k, v, seed=3, num_samples=4)
+    b = plsh_attention(*views, seed=3, num_samples=4)
+    assert torch.equal(a, b)
+
+
+def test_check_finite_is_optional():
+    q, k, v = qkv()
+    q[0, 0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="^query: contains NaN"):
+        plsh_attention(q, k, v, seed=0, check_finite=True)
+    out = plsh_attention(q, k, v, seed=0)  # unchecked: NaN stays in the rows that see it
+    assert torch.isnan(out[0, 0, 0]).all()
+
+
+@pytest.fixture
+def no_kernel(monkeypatch):
+    """Fail if any kernel is looked up: errors must come before a launch."""
+    def forbidden(backend):
+        raise AssertionError(f"kernel {backend!r} reached with bad input")
+
+    monkeypatch.setattr(fast_autograd, "kernels", forbidden)
+
+
+def _meta(x):
+    return torch.empty(x.shape, dtype=x.dtype, device="meta")
+
+
+BAD_INPUTS = [
+    ("key", ValueError, lambda q, k, v: ((q, _meta(k), v), {})),
+    ("value", TypeError, lambda q, k, v: ((q, k, v.double()), {})),
+    ("query", TypeError, lambda q, k, v: ((q.numpy(), k, v), {})),
+    ("query", ValueError, lambda q, k, v: ((q[0], k, v), {})),
+    ("key", ValueError, lambda q, k, v: ((q, k[:, :3], v[:, :3]), {})),
+    ("key", ValueError, lambda q, k, v: ((q, k[..., :4], v), {})),
+    ("value", ValueError, lambda q, k, v: ((q, k, v[:, :, :5]), {})),
+    ("key", ValueError, lambda q, k, v: ((q, torch.cat([k, k]), torch.cat([v, v])), {})),
+    ("query", TypeError, lambda q, k, v: ((q.int(), k.int(), v.int()), {})),
+    ("query", TypeError, lambda q, k, v: ((_meta(q).double(), _meta(k).double(),
+                                            _meta(v).double()), {})),
+    ("num_samples", ValueError, lambda q, k, v: ((q, k, v), {"num_samples": 0})),
+    ("num_samples", TypeError, lambda q, k, v: ((q, k, v), {"num_samples": 2.0})),
+    ("slopes", ValueError, lambda q, k, v: ((q, k, v), {"slopes": [0.5, 0.25]})),
+    ("slopes", ValueError, lambda q, k, v: ((q, k, v), {"slopes": [0.5, 0.25, 0.0, 0.1]})),
+    ("slopes", ValueError, lambda q, k, v: ((q, k, v), {"slopes": [0.5, -1, 0.2, 0.1]})),
+    ("partition", ValueError, lambda q, k, v: ((q, k, v), {
+        "partition": draw_partition(np.ones(2), 4, seed=0)})),
+    ("partition", TypeError, lambda q, k, v: ((q, k, v), {"partition": (1, 2)})),
+    ("seed", ValueError, lambda q, k, v: ((q, k, v), {
+        "partition": draw_partition(np.ones(4), 4, seed=0), "seed": 1})),
+    ("num_samples", ValueError, lambda q, k, v: ((q, k, v), {
+        "partition": draw_partition(np.ones(4), 4, seed=0), "num_samples": 8})),
+    ("seed", ValueError, lambda q, k, v: ((q, k, v), {"seed": -1})),
+    ("scale", ValueError, lambda q, k, v: ((q, k, v), {"scale": 0.0})),
+    ("query_positions", ValueError, lambda q, k, v: ((q, k, v), {
+        "query_positions": np.arange(3)})),
+    ("key_positions", TypeError, lambda q, k, v: ((q, k, v), {
+        "key_positions": np.arange(33) + 0.5})),
+    ("key_positions", ValueError, lambda q, k, v: ((q, k, v), {
+        "key_positions": np.full(33, 2.0**60)})),
+    ("backend", ValueError, lambda q, k, v: ((q, k, v), {"backend": "cuda"})),
+]
+
+
+@pytest.mark.parametrize("name,error,make", BAD_INPUTS,
+                         ids=[f"{i}-{b[0]}" for i, b in enumerate(BAD_INPUTS)])
+def test_bad_input_names_the_argument(no_kernel, name, error, make):
+    args, kwargs = make(*qkv())
+    kwargs = {"seed": 0, **kwargs} if "partition" not in kwargs else kwargs
+    with pytest.raises(error, match=f"^{name}:"):
+        plsh_attention(*args, **kwargs)
+
+
+def test_triton_backend_on_cpu_needs_the_interpreter(no_kernel, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="^backend:"):
+        plsh_attention(*qkv(), seed=0, backend="triton")
+
+
+def test_cpu_backend_refuses_other_devices(no_kernel):
+    q, k, v = (_meta(x) for x in qkv())
+    with pytest.raises(ValueError, match="^backend:"):
+        plsh_attention(q, k, v, seed=0, backend="cpu")
+
+
+def test_partition_is_a_function_of_absolute_positions():
+    """A partition drawn once serves any length: a prefix gives the same rows."""
+    q, k, v = qkv(n_q=64, n_k=64)
+    partition = draw_partition(1.0 / alibi_slopes(4), 8, seed=5)
+    full = plsh_attention(q, k, v, partition=partition)
+    prefix = plsh_attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], partition=partition,
+                            query_positions=np.arange(40), key_positions=np.arange(40))
+    torch.testing.assert_close(prefix, full[:, :, :40])
