@@ -1,0 +1,64 @@
+"""CPU-only checks of benchmarks/gpu_check.py: imports, planning, error recording, tables.
+
+The GPU sections cannot run in CI; ``--dry-run`` exercises everything around them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_check.py")
+
+
+@pytest.fixture(scope="module")
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_headline_config_runs_first(gpu_check):
+    configs = gpu_check.bench_configs([4096, 65536, 262144, 16384], [64, 4, 16])
+    assert configs[0] == (65536, 16)
+    assert sorted(configs) == sorted((n, s) for n in (4096, 16384, 65536, 262144)
+                                     for s in (4, 16, 64))
+    assert len(configs) == 12
+
+
+def test_guarded_records_errors_and_budget_skips(gpu_check):
+    records = []
+    budget = gpu_check.Budget(1000.0)
+
+    def boom():
+        raise RuntimeError("kernel exploded")
+
+    gpu_check.guarded(records, "correctness", "boom", budget, 1.0, boom)
+    gpu_check.guarded(records, "correctness", "fine", budget, 1.0, lambda: {"x": 1})
+    gpu_check.guarded(records, "bench", "late", budget, 5000.0, lambda: {"x": 2})
+    assert [r["status"] for r in records] == ["error", "ok", "skipped"]
+    assert "kernel exploded" in records[0]["error"] and records[1]["x"] == 1
+    assert "x" not in records[2]
+
+
+def test_dry_run_writes_tables(tmp_path):
+    out = tmp_path / "gpu"
+    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 0, proc.stderr
+    payload = json.loads((out / "results.json").read_text())
+    bench = [r for r in payload["records"] if r["section"] == "bench"]
+    assert len(bench) == 12 and (bench[0]["n"], bench[0]["s"]) == (65536, 16)
+    assert all(math.isfinite(r["estimate_s"]) for r in bench)
+    md = (out / "results.md").read_text()
+    assert "dry run" in md and md.count("| 65536 | 16 |") == 1
+    assert md.count("\n| ") >= 12 + 4  # bench rows + correctness rows + headers
