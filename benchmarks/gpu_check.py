@@ -58,7 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--num-heads", type=int, default=16)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--skip", nargs="*", default=[],
-                   choices=["bins", "correctness", "large", "bench", "backward", "reduction"],
+                   choices=["bins", "correctness", "large", "bench", "backward", "reduction",
+                            "variants"],
                    help="sections or peers to skip")
     p.add_argument("--dry-run", action="store_true",
                    help="no GPU: plan the configurations and write placeholder tables")
@@ -493,6 +494,45 @@ def bench_one(device, n, s, args, state):
     return rec
 
 
+VARIANTS = [  # (block_m, block_n, num_warps, classify): tuning data for the forward kernel
+    (64, 64, 4, True), (128, 64, 8, True), (64, 32, 4, True), (128, 128, 8, True),
+    (32, 64, 4, True), (64, 64, 4, False),
+]
+
+
+def bench_variants(device, n, s, args):
+    """Forward time of tile-size variants and of the kernel without per-tile classification."""
+    torch = _torch()
+    from plsh_fast.triton_forward import plsh_forward_triton
+    from plsh_ref.alibi import alibi_slopes
+    from plsh_ref.partition import draw_partition
+    H, d = args.num_heads, args.head_dim
+    part = draw_partition(1.0 / alibi_slopes(H), s, seed=1234)
+    gen = torch.Generator(device=device).manual_seed(7)
+    q, k, v = (torch.randn((1, H, n, d), generator=gen, device=device, dtype=torch.bfloat16)
+               for _ in range(3))
+    pitch, offset = _partition_tensors(part, device)
+    pos = torch.arange(n, device=device)
+    scale = 1.0 / math.sqrt(d)
+    base = None
+    times = {}
+    for bm, bn, warps, classify in VARIANTS:
+        key = f"BM{bm}_BN{bn}_w{warps}" + ("" if classify else "_noclassify")
+        try:
+            def run(bm=bm, bn=bn, warps=warps, classify=classify):
+                return plsh_forward_triton(q, k, v, pitch, offset, pos, pos, scale, True,
+                                           _block_m=bm, _block_n=bn, _num_warps=warps,
+                                           _classify=classify)
+            out = run()[0]
+            if base is None:
+                base = out
+            times[key] = {"fwd_ms": _timeit(run)[0],
+                          "max_diff_vs_first": float((out.float() - base.float()).abs().max())}
+        except Exception as exc:  # noqa: BLE001
+            times[key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    return {"n": n, "s": s, "variants": times}
+
+
 def _estimate_seconds(n, s):
     """Rough wall-clock estimate of one benchmark config (compile excluded) on an H200."""
     return 3.0 + 40.0 * (n / 262144) ** 2 + 0.2 * s * n / 65536
@@ -525,7 +565,7 @@ def write_results(out_dir, payload):
     lines += ["", "## Correctness (error / allowed, SPEC section 6; <= 1 passes)", "",
               "| check | status | detail |", "|---|---|---|"]
     for r in payload["records"]:
-        if r["section"] == "bench":
+        if r["section"] in ("bench", "variants"):
             continue
         detail = r.get("error_over_allowed", r.get("error", r.get("reason", "")))
         if isinstance(detail, dict):
@@ -554,6 +594,15 @@ def write_results(out_dir, payload):
             if key in r:
                 status += f"; {key.split('_')[0]}: {r[key][:60]}"
         lines.append("| " + " | ".join(_fmt(c) for c in cells) + f" | {status.replace('|', '/')} |")
+    for r in payload["records"]:
+        if r["section"] != "variants":
+            continue
+        lines += ["", f"## Forward kernel variants (n={r.get('n')}, s={r.get('s')}): "
+                  f"{r['status']} {r.get('error', '')[:200]}", "",
+                  "| variant | fwd ms | max diff vs first | error |", "|---|---|---|---|"]
+        for name, v in r.get("variants", {}).items():
+            lines.append(f"| {name} | {_fmt(v.get('fwd_ms'))} | "
+                         f"{_fmt(v.get('max_diff_vs_first'))} | {v.get('error', '')[:120]} |")
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(text)
@@ -598,6 +647,10 @@ def main(argv=None):
             records.append({"section": "bench", "name": f"n={n} s={s}", "status": "dry-run",
                             "n": n, "s": s, "plsh_fwd_ms": float("nan"),
                             "estimate_s": _estimate_seconds(n, s)})
+        records.append({"section": "variants", "name": "forward tile variants",
+                        "status": "dry-run", "n": HEADLINE[0], "s": HEADLINE[1],
+                        "variants": {f"BM{bm}_BN{bn}_w{w}" + ("" if c else "_noclassify"):
+                                     {"fwd_ms": float("nan")} for bm, bn, w, c in VARIANTS}})
         payload["wall_s"] = time.monotonic() - t0
         write_results(args.out, payload)
         print(f"dry run: {len(configs)} benchmark configs planned; wrote {args.out}")
@@ -612,26 +665,46 @@ def main(argv=None):
         payload["wall_s"] = time.monotonic() - t0
         write_results(args.out, payload)
 
+    state = {}
+    first_cases = [("bfloat16", 0), ("float16", 0), ("float32", 0), ("bfloat16", 1),
+                   ("bfloat16", 2)]
+    later_cases = [(dn, i) for dn in ("bfloat16", "float16", "float32")
+                   for i in range(len(CORRECTNESS_CASES)) if (dn, i) not in first_cases]
+
+    def correctness(cases):
+        if "correctness" in args.skip:
+            return
+        for dtype_name, i in cases:
+            case = CORRECTNESS_CASES[i]
+            guarded(records, "correctness", f"{dtype_name} case {i} {case}", budget, 30,
+                    lambda c=case, dn=dtype_name, i=i: check_case(device, dn, seed=i, **c))
+        flush()
+
+    def bench(pairs):
+        if "bench" in args.skip:
+            return
+        for n, s in pairs:
+            guarded(records, "bench", f"n={n} s={s}", budget, _estimate_seconds(n, s),
+                    lambda n=n, s=s: bench_one(device, n, s, args, state))
+            flush()
+
+    # Order: what matters most first, so that a budget cut loses the least.
     if "bins" not in args.skip:
         guarded(records, "bins", "float64 bins vs plsh_ref", budget, 5, lambda: check_bins(device))
-    if "correctness" not in args.skip:
-        for dtype_name in ("bfloat16", "float16", "float32"):
-            for i, case in enumerate(CORRECTNESS_CASES):
-                guarded(records, "correctness", f"{dtype_name} case {i} {case}", budget, 30,
-                        lambda c=case, dn=dtype_name, i=i: check_case(device, dn, seed=i, **c))
-        flush()
+    correctness(first_cases)
+    bench(configs[:1])                       # the headline configuration
     if "large" not in args.skip:
         guarded(records, "large", "2 x 1 x (2^23+37) x 128 bfloat16 (> 2^31 elements)", budget,
                 40, lambda: check_large(device))
         flush()
-    if "bench" not in args.skip:
-        state = {}
-        for n, s in configs:
-            guarded(records, "bench", f"n={n} s={s}", budget, _estimate_seconds(n, s),
-                    lambda n=n, s=s: bench_one(device, n, s, args, state))
-            flush()
+    bench(configs[1:])
+    if "variants" not in args.skip and HEADLINE in configs:
+        guarded(records, "variants", f"forward tile variants n={HEADLINE[0]} s={HEADLINE[1]}",
+                budget, 40, lambda: bench_variants(device, *HEADLINE, args))
+    correctness(later_cases)
     flush()
-    failed = [r for r in records if r["section"] != "bench" and r["status"] == "error"]
+    failed = [r for r in records
+              if r["section"] not in ("bench", "variants") and r["status"] == "error"]
     print(f"done in {time.monotonic() - t0:.0f} s; {len(failed)} correctness failures; "
           f"results in {args.out}")
     return 1 if failed else 0

@@ -318,7 +318,8 @@ def make_plan(query_positions: torch.Tensor, key_positions: torch.Tensor,
 @triton.jit
 def tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile, offs_m, offs_n,
                 m_valid, n_valid, n_q, n_k, num_samples, n_q_tiles, n_k_tiles,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_CHUNK: tl.constexpr):
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_CHUNK: tl.constexpr,
+                CLASSIFY: tl.constexpr):
     """Counts ``C_ij = #{t : bin_t(p_i) = bin_t(p_j)}`` for one (query tile, key tile) pair.
 
     Samples are classified ``S_CHUNK`` at a time from the per-tile bin extents: *full*
@@ -326,6 +327,7 @@ def tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile, offs_m, off
     ones add nothing, and only *mixed* samples compare bins element by element. Returns
     the int32 ``(BLOCK_M, BLOCK_N)`` counts (not yet causally masked) and the number of
     samples that are not disjoint (0 means the tile pair has no collision at all).
+    ``CLASSIFY=False`` compares every sample element by element (for measurements only).
     """
     counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     n_full = tl.full([], 0, tl.int32)
@@ -341,6 +343,9 @@ def tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile, offs_m, off
         khi = tl.load(KHi + k_slot + c0 + lane, mask=t_valid, other=1)
         overlap = t_valid & (qlo <= khi) & (klo <= qhi)
         full = overlap & (qlo == qhi) & (klo == khi)
+        if not CLASSIFY:
+            overlap = t_valid
+            full = t_valid & (lane < 0)
         mixed = overlap & (~full)
         n_full += tl.reduce(full.to(tl.int32), 0, _sum_combine)
         n_touch += tl.reduce(overlap.to(tl.int32), 0, _sum_combine)

@@ -61,4 +61,5 @@ def test_dry_run_writes_tables(tmp_path):
     assert all(math.isfinite(r["estimate_s"]) for r in bench)
     md = (out / "results.md").read_text()
     assert "dry run" in md and md.count("| 65536 | 16 |") == 1
+    assert "| BM64_BN64_w4_noclassify |" in md
     assert md.count("\n| ") >= 12 + 4  # bench rows + correctness rows + headers
