@@ -61,6 +61,8 @@ def parse_args(argv=None):
                    choices=["bins", "correctness", "large", "bench", "backward", "reduction",
                             "variants"],
                    help="sections or peers to skip")
+    p.add_argument("--work-model", action="store_true",
+                   help="CPU only: count tile steps and sample classes of the plan, then exit")
     p.add_argument("--dry-run", action="store_true",
                    help="no GPU: plan the configurations and write placeholder tables")
     return p.parse_args(argv)
@@ -533,6 +535,54 @@ def bench_variants(device, n, s, args):
     return {"n": n, "s": s, "variants": times}
 
 
+def work_model(n, s, num_heads=16, block_m=64, block_n=64, seed=1234):
+    """Tile steps and sample classes of the forward kernel's plan, counted on the CPU (numpy).
+
+    Reproduces the kernel's planning (per-tile bin extents, key range per query tile,
+    causal cap, default positions) with :func:`plsh_ref.partition.bins` and counts, over
+    all (head, query tile, key tile) steps, the samples that are *full* (one common bin),
+    *disjoint* and *mixed* (element-wise bin comparison). Returns totals and per-head key
+    tiles per query tile, against the ``n_tiles (n_tiles + 1) / 2`` steps of dense causal
+    attention. Memory ``num_heads * s * n`` int64.
+    """
+    from plsh_ref.alibi import alibi_slopes
+    from plsh_ref.partition import bins, draw_partition
+    part = draw_partition(1.0 / alibi_slopes(num_heads), s, seed=seed)
+    pos = np.arange(n)
+    nq_t = -(-n // block_m)
+    nk_t = -(-n // block_n)
+    steps = full = mixed = disjoint = 0
+    per_head = []
+    for h in range(num_heads):
+        b = bins(part.heads(h, h + 1), pos)[0]                       # (s, n)
+        pad_q = np.pad(b, ((0, 0), (0, nq_t * block_m - n)), mode="edge")
+        pad_k = np.pad(b, ((0, 0), (0, nk_t * block_n - n)), mode="edge")
+        qlo, qhi = pad_q[:, ::block_m], pad_q[:, block_m - 1::block_m]  # (s, nq_t)
+        klo, khi = pad_k[:, ::block_n], pad_k[:, block_n - 1::block_n]
+        start = np.min([np.searchsorted(b[t], qlo[t], side="left") for t in range(s)], axis=0)
+        end = np.minimum(np.arange(nq_t) * block_m + block_m, n)   # causal cap (default pos.)
+        first = start // block_n
+        last = -(-end // block_n)
+        head_steps = 0
+        for mt in range(nq_t):
+            kt = np.arange(first[mt], last[mt])
+            ov = (qlo[:, mt, None] <= khi[:, kt]) & (klo[:, kt] <= qhi[:, mt, None])
+            fu = ov & (qlo[:, mt, None] == qhi[:, mt, None]) & (klo[:, kt] == khi[:, kt])
+            full += int(fu.sum())
+            mixed += int((ov & ~fu).sum())
+            disjoint += int((~ov).sum())
+            head_steps += kt.size
+        steps += head_steps
+        per_head.append(round(head_steps / nq_t, 2))
+    dense = num_heads * nq_t * (nq_t + 1) // 2 * (block_m // block_n if block_m >= block_n else 1)
+    return {"n": n, "s": s, "block_m": block_m, "block_n": block_n, "tile_steps": steps,
+            "dense_causal_tile_steps": dense, "work_ratio_vs_dense": round(dense / steps, 1),
+            "mixed_samples_per_step": round(mixed / steps, 2),
+            "full_samples_per_step": round(full / steps, 2),
+            "disjoint_samples_per_step": round(disjoint / steps, 2),
+            "key_tiles_per_query_tile_by_head": per_head}
+
+
 def _estimate_seconds(n, s):
     """Rough wall-clock estimate of one benchmark config (compile excluded) on an H200."""
     return 3.0 + 40.0 * (n / 262144) ** 2 + 0.2 * s * n / 65536
@@ -639,6 +689,17 @@ def main(argv=None):
                "environment": environment(args.dry_run), "dry_run": args.dry_run,
                "records": records}
     configs = bench_configs(args.seq_lens, args.samples)
+    if args.work_model:
+        for n, s in configs:
+            rec = work_model(n, s, args.num_heads)
+            print(json.dumps(rec), flush=True)
+            records.append({"section": "work_model", "name": f"n={n} s={s}", "status": "ok",
+                            **rec})
+        payload["wall_s"] = time.monotonic() - t0
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "work_model.json"), "w") as f:
+            json.dump(payload, f, indent=1, default=str)
+        return 0
     if args.dry_run:
         for i, case in enumerate(CORRECTNESS_CASES):
             records.append({"section": "correctness", "name": f"float16 case {i}",

@@ -285,13 +285,15 @@ def make_plan(query_positions: torch.Tensor, key_positions: torch.Tensor,
     pmin = torch.minimum(qpos.min(), kpos.min())
     pmax = torch.maximum(qpos.max(), kpos.max())
     span_bins = (pmax - pmin).to(torch.float64) / pitch.min() + 2.0
-    same = n_q == n_k and (qpos.data_ptr() == kpos.data_ptr() or torch.equal(qpos, kpos))
+    same_t = ((qpos == kpos).all() if n_q == n_k and qpos.data_ptr() != kpos.data_ptr()
+              else torch.tensor(n_q == n_k, device=qpos.device))
     stats = torch.stack([
         (qpos[1:] >= qpos[:-1]).all().to(torch.float64),
         (kpos[1:] >= kpos[:-1]).all().to(torch.float64),
         span_bins,
+        same_t.to(torch.float64),
     ]).tolist()
-    sorted_q, sorted_k, span = bool(stats[0]), bool(stats[1]), stats[2]
+    sorted_q, sorted_k, span, same = bool(stats[0]), bool(stats[1]), stats[2], bool(stats[3])
     dtype = torch.int32 if span < _INT32_SAFE else torch.int64
     ref_pos = pmin.reshape(1)
     tq = _tile_bins(qpos, pitch, offset, ref_pos, block_m, dtype)
