@@ -496,10 +496,15 @@ def bench_one(device, n, s, args, state):
     return rec
 
 
-VARIANTS = [  # (block_m, block_n, num_warps, classify): tuning data for the forward kernel
-    (64, 64, 4, True), (128, 64, 8, True), (64, 32, 4, True), (128, 128, 8, True),
-    (32, 64, 4, True), (64, 64, 4, False),
+VARIANTS = [  # (block_m, block_n, num_warps, classify, unroll): forward-kernel tuning data
+    (64, 64, 4, True, 0), (64, 64, 4, True, 4), (64, 64, 4, False, 0), (128, 64, 8, True, 0),
+    (64, 32, 4, True, 0), (128, 128, 8, True, 0), (32, 64, 4, True, 0), (128, 64, 8, True, 4),
 ]
+
+
+def _variant_name(bm, bn, warps, classify, unroll):
+    return (f"BM{bm}_BN{bn}_w{warps}" + ("" if classify else "_noclassify")
+            + (f"_unroll{unroll}" if unroll else ""))
 
 
 def bench_variants(device, n, s, args):
@@ -518,13 +523,13 @@ def bench_variants(device, n, s, args):
     scale = 1.0 / math.sqrt(d)
     base = None
     times = {}
-    for bm, bn, warps, classify in VARIANTS:
-        key = f"BM{bm}_BN{bn}_w{warps}" + ("" if classify else "_noclassify")
+    for bm, bn, warps, classify, unroll in VARIANTS:
+        key = _variant_name(bm, bn, warps, classify, unroll)
         try:
-            def run(bm=bm, bn=bn, warps=warps, classify=classify):
+            def run(bm=bm, bn=bn, warps=warps, classify=classify, unroll=unroll):
                 return plsh_forward_triton(q, k, v, pitch, offset, pos, pos, scale, True,
                                            _block_m=bm, _block_n=bn, _num_warps=warps,
-                                           _classify=classify)
+                                           _classify=classify, _unroll=unroll)
             out = run()[0]
             if base is None:
                 base = out
@@ -710,8 +715,8 @@ def main(argv=None):
                             "estimate_s": _estimate_seconds(n, s)})
         records.append({"section": "variants", "name": "forward tile variants",
                         "status": "dry-run", "n": HEADLINE[0], "s": HEADLINE[1],
-                        "variants": {f"BM{bm}_BN{bn}_w{w}" + ("" if c else "_noclassify"):
-                                     {"fwd_ms": float("nan")} for bm, bn, w, c in VARIANTS}})
+                        "variants": {_variant_name(*v): {"fwd_ms": float("nan")}
+                                     for v in VARIANTS}})
         payload["wall_s"] = time.monotonic() - t0
         write_results(args.out, payload)
         print(f"dry run: {len(configs)} benchmark configs planned; wrote {args.out}")

@@ -321,7 +321,7 @@ def make_plan(query_positions: torch.Tensor, key_positions: torch.Tensor,
 def tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile, offs_m, offs_n,
                 m_valid, n_valid, n_q, n_k, num_samples, n_q_tiles, n_k_tiles,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_CHUNK: tl.constexpr,
-                CLASSIFY: tl.constexpr):
+                CLASSIFY: tl.constexpr, UNROLL: tl.constexpr):
     """Counts ``C_ij = #{t : bin_t(p_i) = bin_t(p_j)}`` for one (query tile, key tile) pair.
 
     Samples are classified ``S_CHUNK`` at a time from the per-tile bin extents: *full*
@@ -330,6 +330,12 @@ def tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile, offs_m, off
     the int32 ``(BLOCK_M, BLOCK_N)`` counts (not yet causally masked) and the number of
     samples that are not disjoint (0 means the tile pair has no collision at all).
     ``CLASSIFY=False`` compares every sample element by element (for measurements only).
+
+    ``UNROLL = 0``: one loop iteration per mixed sample (two dependent loads each).
+    ``UNROLL = U > 0``: samples in groups of ``U``; a group with a mixed sample issues the
+    ``U`` pairs of (masked) bin loads together, so their latency overlaps, at the price of
+    comparing the non-mixed samples of the group too (their masked loads give
+    non-matching sentinels). Which is faster is a GPU measurement (benchmarks/gpu_check.py).
     """
     counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     n_full = tl.full([], 0, tl.int32)
@@ -353,12 +359,25 @@ def tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile, offs_m, off
         n_touch += tl.reduce(overlap.to(tl.int32), 0, _sum_combine)
         bits = tl.reduce(tl.where(mixed, tl.full([S_CHUNK], 1, tl.int64) << lane.to(tl.int64),
                                   0), 0, _sum_combine)
-        tt = tl.full([], 0, tl.int64)
-        while (bits >> tt) != 0:
-            if ((bits >> tt) & 1) != 0:
-                row = h.to(tl.int64) * num_samples + c0 + tt
-                bq = tl.load(BinsQ + row * n_q + offs_m, mask=m_valid, other=-1)
-                bk = tl.load(BinsK + row * n_k + offs_n, mask=n_valid, other=-2)
-                counts += (bq[:, None] == bk[None, :]).to(tl.int32)
-            tt += 1
+        if UNROLL == 0:
+            tt = tl.full([], 0, tl.int64)
+            while (bits >> tt) != 0:
+                if ((bits >> tt) & 1) != 0:
+                    row = h.to(tl.int64) * num_samples + c0 + tt
+                    bq = tl.load(BinsQ + row * n_q + offs_m, mask=m_valid, other=-1)
+                    bk = tl.load(BinsK + row * n_k + offs_n, mask=n_valid, other=-2)
+                    counts += (bq[:, None] == bk[None, :]).to(tl.int32)
+                tt += 1
+        else:
+            for c1 in range(0, S_CHUNK, UNROLL):
+                group = (bits >> c1) & ((1 << UNROLL) - 1)
+                if group != 0:
+                    for u in tl.static_range(UNROLL):
+                        bit = (group >> u) & 1
+                        on_m = m_valid & ((offs_m * 0 + bit) != 0)
+                        on_n = n_valid & ((offs_n * 0 + bit) != 0)
+                        row = h.to(tl.int64) * num_samples + c0 + c1 + u
+                        bq = tl.load(BinsQ + row * n_q + offs_m, mask=on_m, other=-1)
+                        bk = tl.load(BinsK + row * n_k + offs_n, mask=on_n, other=-2)
+                        counts += (bq[:, None] == bk[None, :]).to(tl.int32)
     return counts + n_full, n_touch

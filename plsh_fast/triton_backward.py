@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from .tiling import _sum_combine, make_plan, tile_counts
-from .triton_forward import LOG2E, _pow2, default_blocks
+from .triton_forward import LOG2E, _pow2, _unroll_for, default_blocks
 
 __all__ = ["plsh_backward_triton"]
 
@@ -73,7 +73,7 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, S_CHUNK: tl.constexpr,
                    CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                   VARIANT: tl.constexpr, CLASSIFY: tl.constexpr):
+                   VARIANT: tl.constexpr, CLASSIFY: tl.constexpr, UNROLL: tl.constexpr):
     pid = tl.program_id(0)
     m_tile = pid % n_q_tiles
     bh = pid // n_q_tiles
@@ -107,7 +107,7 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
         counts, n_touch = tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile,
                                       start_n // BLOCK_N, offs_m, offs_n, m_valid, n_valid,
                                       n_q, n_k, num_samples, n_q_tiles, n_k_tiles,
-                                      BLOCK_M, BLOCK_N, S_CHUNK, CLASSIFY)
+                                      BLOCK_M, BLOCK_N, S_CHUNK, CLASSIFY, UNROLL)
         if n_touch > 0:
             admissible = (counts > 0) & n_valid[None, :] & live[:, None]
             if CAUSAL:
@@ -140,7 +140,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV_,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, S_CHUNK: tl.constexpr,
                      CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                     VARIANT: tl.constexpr, CLASSIFY: tl.constexpr):
+                     VARIANT: tl.constexpr, CLASSIFY: tl.constexpr, UNROLL: tl.constexpr):
     pid = tl.program_id(0)
     n_tile = pid % n_k_tiles
     bhk = pid // n_k_tiles
@@ -174,7 +174,7 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV_,
             counts, n_touch = tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile,
                                           offs_m, offs_n, m_valid, n_valid, n_q, n_k,
                                           num_samples, n_q_tiles, n_k_tiles,
-                                          BLOCK_M, BLOCK_N, S_CHUNK, CLASSIFY)
+                                          BLOCK_M, BLOCK_N, S_CHUNK, CLASSIFY, UNROLL)
             if n_touch > 0:
                 row = (b * num_heads + h) * n_q + offs_m
                 lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
@@ -211,7 +211,8 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV_,
 def plsh_backward_triton(query, key, value, out, lse, grad_out, pitch, offset,
                          query_positions, key_positions, scale: float, causal: bool, *,
                          _block_m: int | None = None, _block_n: int | None = None,
-                         _variant: int = 0, _num_warps=None, _classify: bool = True):
+                         _variant: int = 0, _num_warps=None, _classify: bool = True,
+                         _unroll: int = 0):
     """Gradients of PLSH attention with respect to query, key and value (Triton).
 
     Parameters
@@ -275,7 +276,8 @@ def plsh_backward_triton(query, key, value, out, lse, grad_out, pitch, offset,
                   BLOCK_D=block_d, BLOCK_DV=block_dv,
                   S_CHUNK=min(32, _pow2(num_samples, minimum=2)), CAUSAL=bool(causal),
                   UPCAST=upcast, DOT_PREC=prec, VARIANT=int(_variant),
-                  CLASSIFY=bool(_classify), num_warps=num_warps)
+                  CLASSIFY=bool(_classify), UNROLL=_unroll_for(_unroll, num_samples),
+                  num_warps=num_warps)
     scale = float(scale)
     log2_s = math.log2(num_samples)
     _bwd_dq_kernel[(n_q_tiles * batch * num_heads,)](

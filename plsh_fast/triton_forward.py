@@ -43,7 +43,8 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, S_CHUNK: tl.constexpr,
                 CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                VARIANT: tl.constexpr, CLASSIFY: tl.constexpr):
+                VARIANT: tl.constexpr, CLASSIFY: tl.constexpr,
+                UNROLL: tl.constexpr):
     pid = tl.program_id(0)
     m_tile = pid % n_q_tiles
     bh = pid // n_q_tiles
@@ -81,7 +82,7 @@ def _fwd_kernel(Q, K, V, Out, Lse,
         counts, n_touch = tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile,
                                       start_n // BLOCK_N, offs_m, offs_n, m_valid, n_valid,
                                       n_q, n_k, num_samples, n_q_tiles, n_k_tiles,
-                                      BLOCK_M, BLOCK_N, S_CHUNK, CLASSIFY)
+                                      BLOCK_M, BLOCK_N, S_CHUNK, CLASSIFY, UNROLL)
         if n_touch > 0:
             admissible = (counts > 0) & n_valid[None, :]
             if CAUSAL:
@@ -144,6 +145,13 @@ def default_blocks(head_dim: int, head_dim_v: int, device: torch.device,
     return 64, 32, 8
 
 
+def _unroll_for(unroll: int, num_samples: int) -> int:
+    """Sample-group size of :func:`plsh_fast.tiling.tile_counts` (0: one mixed sample at a time)."""
+    if unroll <= 0:
+        return 0
+    return min(triton.next_power_of_2(unroll), min(32, _pow2(num_samples, minimum=2)))
+
+
 def _interpreting() -> bool:
     return type(_fwd_kernel).__name__ == "InterpretedFunction"
 
@@ -151,7 +159,7 @@ def _interpreting() -> bool:
 def plsh_forward_triton(query, key, value, pitch, offset, query_positions, key_positions,
                         scale: float, causal: bool, *, _block_m: int | None = None,
                         _block_n: int | None = None, _variant: int = 0, _num_warps=None,
-                        _classify: bool = True):
+                        _classify: bool = True, _unroll: int = 0):
     """PLSH attention forward on the fused Triton kernel.
 
     Inputs are validated by :func:`plsh_fast.plsh_attention`; only internal preconditions
@@ -227,6 +235,6 @@ def plsh_forward_triton(query, key, value, pitch, offset, query_positions, key_p
         BLOCK_D=_pow2(head_dim), BLOCK_DV=_pow2(head_dim_v),
         S_CHUNK=min(32, _pow2(num_samples, minimum=2)),
         CAUSAL=bool(causal), UPCAST=upcast, DOT_PREC=prec, VARIANT=int(_variant),
-        CLASSIFY=bool(_classify),
+        CLASSIFY=bool(_classify), UNROLL=_unroll_for(_unroll, num_samples),
         num_warps=num_warps)
     return out, lse

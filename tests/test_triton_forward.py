@@ -148,14 +148,16 @@ def test_negative_controls_fail(variant):
         assert_close_to_reference(bad_out, ref[0], base[0], "float32", name="output")
 
 
-def test_tile_classification_is_exact():
-    """Skipping full/disjoint samples per tile pair gives bit-identical results."""
+@pytest.mark.parametrize("unroll", [0, 4])
+def test_tile_classification_is_exact(unroll):
+    """Skipping full/disjoint samples per tile pair (one at a time, or in groups of 4) gives
+    bit-identical results to comparing every sample."""
     rng = np.random.default_rng(8)
     partition = draw_partition(np.array([1.5, 9.0, 40.0]), 6, seed=8)
     qpos, kpos = np.arange(50) + 4, np.arange(54)
     q = torch.from_numpy(rng.standard_normal((1, 3, 50, 6))).float()
     k, v = (torch.from_numpy(rng.standard_normal((1, 3, 54, 6))).float() for _ in range(2))
-    fast = _run(q, k, v, partition, qpos, kpos, True, 0.6)
+    fast = _run(q, k, v, partition, qpos, kpos, True, 0.6, _unroll=unroll)
     slow = _run(q, k, v, partition, qpos, kpos, True, 0.6, _classify=False)
     assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
 
