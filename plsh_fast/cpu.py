@@ -184,17 +184,57 @@ class _Plan:
         return _Chunk(h, rows, keys, bias, empty.all(dim=0))
 
 
+def _unit_steps(kpos: torch.Tensor) -> bool:
+    """Whether sorted key positions are consecutive integers ``k0, k0 + 1, ...``."""
+    n = kpos.numel()
+    return n > 0 and int(kpos[-1] - kpos[0]) == n - 1 and bool((kpos[1:] > kpos[:-1]).all())
+
+
+def _first_position(pitch, offset, b: torch.Tensor) -> torch.Tensor:
+    """Smallest integer position whose bin is ``>= b``, with bins in binary64 (exact).
+
+    ``ceil(offset + b * pitch)`` is within one of the answer whenever positions are far
+    below ``2**52``; one step in each direction with the exact bin function fixes it.
+    """
+    pitch, offset = pitch[..., None], offset[..., None]
+    p = torch.ceil(offset + b.to(torch.float64) * pitch)
+
+    def bin_of(x):
+        return torch.floor((x - offset) / pitch)
+
+    bf = b.to(torch.float64)
+    p = torch.where(bin_of(p - 1.0) >= bf, p - 1.0, p)
+    p = torch.where(bin_of(p) < bf, p + 1.0, p)
+    return p.to(torch.int64)
+
+
+def _block_ranges_unit_steps(pitch, offset, bq, kpos):
+    """``searchsorted`` of the query bins among the key bins, for consecutive key positions.
+
+    Key ``j`` has position ``k0 + j``, so the keys of bin ``b`` are the indices
+    ``[first(b) - k0, first(b + 1) - k0)`` clipped to ``[0, n_k]``: elementwise arithmetic
+    instead of two binary searches per (head, sample, query).
+    """
+    k0, n_k = int(kpos[0]), kpos.numel()
+    start = (_first_position(pitch, offset, bq) - k0).clamp_(0, n_k)
+    end = (_first_position(pitch, offset, bq + 1) - k0).clamp_(0, n_k)
+    return start, end
+
+
 def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) -> _Plan:
     query_order, query_inverse = _order(query_positions)
     key_order, key_inverse = _order(key_positions)
     qpos = query_positions if query_order is None else query_positions[query_order]
     kpos = key_positions if key_order is None else key_positions[key_order]
     bq = bins(pitch, offset, qpos)
-    bk = bins(pitch, offset, kpos).contiguous()
     # Bins are non-decreasing along sorted positions (floor of a monotone correctly
     # rounded map), so each bin is one contiguous run of sorted keys.
-    start = torch.searchsorted(bk, bq, right=False)
-    end = torch.searchsorted(bk, bq, right=True)
+    if _unit_steps(kpos):
+        start, end = _block_ranges_unit_steps(pitch, offset, bq, kpos)
+    else:
+        bk = bins(pitch, offset, kpos).contiguous()
+        start = torch.searchsorted(bk, bq, right=False)
+        end = torch.searchsorted(bk, bq, right=True)
     if causal:
         cut = torch.searchsorted(kpos, qpos, right=True)  # keys with p_key <= p_query
         end = torch.minimum(end, cut)

@@ -56,6 +56,22 @@ def test_bins_equal_reference_bit_for_bit(seed, n, log2_sigma, num_samples):
     np.testing.assert_array_equal(got.numpy(), ref_bins(partition, pos))
 
 
+@given(st.integers(0, 2**31 - 1), st.integers(1, 300), st.integers(1, 200),
+       st.sampled_from([0, -7, 2**45]), st.floats(-3.0, 9.0))
+def test_block_ranges_by_arithmetic_equal_searchsorted(seed, n_k, n_q, k0, log2_sigma):
+    """Consecutive key positions: block ranges from bin boundaries equal binary search."""
+    rng = np.random.default_rng(seed)
+    partition = draw_partition(np.exp2([log2_sigma, log2_sigma + 2]), 7, seed=seed)
+    pitch, offset = partition_tensors(partition, "cpu")
+    kpos = torch.arange(n_k) + k0
+    qpos = torch.sort(torch.from_numpy(rng.integers(k0 - 60, k0 + n_k + 60, size=n_q))).values
+    bq = torch_bins(pitch, offset, qpos)
+    bk = torch_bins(pitch, offset, kpos).contiguous()
+    start, end = cpu._block_ranges_unit_steps(pitch, offset, bq, kpos)
+    assert torch.equal(start, torch.searchsorted(bk, bq))
+    assert torch.equal(end, torch.searchsorted(bk, bq, right=True))
+
+
 @given(problems())
 def test_matches_reference(problem):
     out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
