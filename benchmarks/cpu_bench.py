@@ -31,7 +31,8 @@ float32 tensors); compiled FlexAttention has no backward on the CPU.
 Peak memory: tracemalloc does not see torch's allocations, so each (method, n, s) runs once
 more in a fresh subprocess that builds the inputs, warms the method up, resets the
 kernel's peak-RSS counter (``echo 5 > /proc/self/clear_refs``) and reports
-``VmHWM - VmRSS`` over one call: the extra resident memory of one call, the shared inputs
+``VmHWM - VmRSS`` over one call: the extra resident memory of one call (with
+``MALLOC_MMAP_THRESHOLD_=65536`` so that freed buffers leave the resident set), the shared inputs
 excluded, everything the method builds for the call included (the dense bias of
 ``sdpa_dense``, the block mask of FlexAttention); one warm-up call (compilation, thread
 pools, library initialisation) runs before the reset. ``--memory none`` skips this.
@@ -281,7 +282,12 @@ def measure_memory(name, n, s, window, threads, backward=False) -> float | None:
         {"name": name, "n": n, "s": s, "window": window, "backward": backward}),
         "--threads", str(threads)]
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO)
+        # A fixed mmap threshold makes glibc return every large freed block to the OS,
+        # so that the resident set tracks live memory and the warm-up call's freed
+        # buffers do not hide the second call's peak.
+        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO,
+                             env=env)
         return float(res.stdout.strip().splitlines()[-1])
     except Exception as exc:  # noqa: BLE001 - report and continue the table
         print(f"  memory of {name} n={n} s={s} failed: {exc}", file=sys.stderr)
