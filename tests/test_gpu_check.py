@@ -22,6 +22,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_check.py")
 def gpu_check():
     spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
     module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # torch.compile/dynamo looks functions' modules up
     spec.loader.exec_module(module)
     return module
 
@@ -47,6 +48,28 @@ def test_guarded_records_errors_and_budget_skips(gpu_check):
     assert [r["status"] for r in records] == ["error", "ok", "skipped"]
     assert "kernel exploded" in records[0]["error"] and records[1]["x"] == 1
     assert "x" not in records[2]
+
+
+def test_bench_one_runs_on_cpu_with_eager_flex(gpu_check, monkeypatch):
+    """The benchmark body (ours in the Triton interpreter, eager FlexAttention peers, the
+    reduction) on a tiny CPU problem, timing and CUDA memory stubbed out; the error columns
+    are real: PLSH and the reduction compute the same function, FlexAttention is exact."""
+    import _triton_interp  # noqa: F401  (interpreted kernels on CPU)
+    from types import SimpleNamespace
+
+    from torch.nn.attention import flex_attention as fa
+
+    monkeypatch.setattr(gpu_check, "_timeit", lambda fn, **kw: (fn() is not None and 1.0, 1))
+    monkeypatch.setattr(gpu_check, "_peak_mb", lambda fn: 0.0)
+    args = SimpleNamespace(num_heads=2, head_dim=16, skip=[])
+    rec = gpu_check.bench_one("cpu", 192, 4, args, {"flex": fa.flex_attention})
+    assert "reduction_error_msg" not in rec, rec.get("reduction_error_msg")
+    # FlexAttention has no backward on CPU: the only acceptable recorded failure here
+    assert "flex_error_msg" not in rec or "backward on CPU" in rec["flex_error_msg"], rec
+    assert rec["flex_error"] < 2e-2                      # exact ALiBi, bfloat16 rounding only
+    assert abs(rec["reduction_error"] - rec["plsh_error"]) < 2e-2   # same estimator, bf16
+    assert rec["plsh_error"] > rec["flex_error"]         # PLSH approximates ALiBi
+    assert rec["speedup_fwd_vs_flex"] == 1.0 and "plsh_fwd_bwd_ms" in rec
 
 
 def test_dry_run_writes_tables(tmp_path):
