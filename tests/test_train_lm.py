@@ -128,6 +128,13 @@ def test_tiny_run_writes_outputs_and_learns(tmp_path, capsys):
     assert rows["none"]["lengths"]["2"]["bits_per_byte"] == pytest.approx(mean_bpb, rel=1e-12)
     assert rows["none"]["lengths"]["2"]["bits_per_byte_sd"] > 0
     assert " ± " in (out / "results.md").read_text()
+    assert rows["alibi"]["lengths"]["4"]["delta_bpb_vs_alibi"] == 0.0
+    deltas = [r["eval"]["4"]["bits_per_byte"] - a["eval"]["4"]["bits_per_byte"]
+              for r in data["results"] for a in data["results"]
+              if r["variant"] == "blocks" and a["variant"] == "alibi" and a["seed"] == r["seed"]]
+    assert len(deltas) == 2
+    assert rows["blocks"]["lengths"]["4"]["delta_bpb_vs_alibi"] == pytest.approx(
+        np.mean(deltas), rel=1e-9)
     for r in data["results"]:
         loss = r["train_loss"]
         assert len(loss) == 40

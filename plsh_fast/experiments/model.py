@@ -121,14 +121,13 @@ class FixedBlockAttention(_MaskAttention):
 
 
 def make_attention(variant: str, num_heads: int, *, seed: int, backend: str = "fast",
-                   block_sizes=None) -> nn.Module:
+                   block_sizes=None, resample: str = "every_forward") -> nn.Module:
     """The attention core of one layer for ``variant`` (see :func:`parse_variant`)."""
     kind, s = parse_variant(variant)
     if kind == "alibi":
         return PLSHAttention(num_heads, 1, exact=True, seed=seed)
     if kind == "plsh":
-        return PLSHAttention(num_heads, s, seed=seed, backend=backend,
-                             resample="every_forward")
+        return PLSHAttention(num_heads, s, seed=seed, backend=backend, resample=resample)
     if kind == "none":
         return NoBiasAttention(num_heads)
     return FixedBlockAttention(num_heads, block_sizes or default_block_sizes(num_heads))
@@ -165,6 +164,8 @@ class ByteLM(nn.Module):
         PLSH backend (see :class:`plsh_fast.nn.PLSHAttention`).
     block_sizes : sequence of int, optional
         Per-head block sizes of the ``blocks`` variant.
+    resample : {"every_forward", "fixed"}
+        Training partitions of the PLSH variants (see :class:`plsh_fast.nn.PLSHAttention`).
 
     Notes
     -----
@@ -174,7 +175,7 @@ class ByteLM(nn.Module):
 
     def __init__(self, variant: str, *, d_model: int = 128, num_layers: int = 4,
                  num_heads: int = 4, mlp_ratio: int = 4, seed: int = 0,
-                 backend: str = "fast", block_sizes=None):
+                 backend: str = "fast", block_sizes=None, resample: str = "every_forward"):
         super().__init__()
         parse_variant(variant)
         self.variant = variant
@@ -182,7 +183,8 @@ class ByteLM(nn.Module):
         self.blocks = nn.ModuleList(
             _Block(d_model, num_heads,
                    make_attention(variant, num_heads, seed=layer_seed(seed, layer),
-                                  backend=backend, block_sizes=block_sizes), mlp_ratio)
+                                  backend=backend, block_sizes=block_sizes,
+                                  resample=resample), mlp_ratio)
             for layer in range(num_layers))
         self.ln_f = nn.LayerNorm(d_model)
         for module in self.modules():

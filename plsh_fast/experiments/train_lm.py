@@ -62,6 +62,9 @@ _OPTIONS = [
      "validation bytes scored at each evaluation length (same text for every length)"),
     ("--block-size", "block_size", int, 0,
      "block size of the 'blocks' variant; 0: per head round(2 sigma_h)"),
+    ("--resample", "resample", str, "every_forward",
+     "PLSH training partitions: every_forward (fresh draw per forward) or fixed (the eval "
+     "partition throughout)"),
     ("--backend", "backend", str, "dense",
      "PLSH backend: dense (SDPA with a log-count bias; fastest on CPU at these lengths) "
      "or fast (plsh_fast.plsh_attention); the same function"),
@@ -132,6 +135,8 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
     if args.eval_tokens < args.seq_len * factors[-1]:
         raise ValueError(f"eval_tokens: must be >= the longest evaluation length "
                          f"{args.seq_len * factors[-1]}, got {args.eval_tokens}")
+    if args.resample not in ("every_forward", "fixed"):
+        raise ValueError(f"resample: must be 'every_forward' or 'fixed', got {args.resample!r}")
     if args.backend not in ("fast", "dense"):
         raise ValueError(f"backend: must be 'fast' or 'dense', got {args.backend!r}")
     if args.lr <= 0 or args.weight_decay < 0:
@@ -208,6 +213,7 @@ def train_variant(variant: str, seed: int, corpus, args, batch_starts: np.ndarra
     torch.manual_seed(seed)
     model = ByteLM(variant, d_model=args.d_model, num_layers=args.layers,
                    num_heads=args.heads, seed=seed, backend=args.backend,
+                   resample=args.resample,
                    block_sizes=block_sizes)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
@@ -251,8 +257,12 @@ def train_variant(variant: str, seed: int, corpus, args, batch_starts: np.ndarra
 
 
 def summarize(results: list[dict], factors) -> list[dict]:
-    """Rows of the table: per variant (and per PLSH variant evaluated with exact ALiBi),
-    mean and sample standard deviation over seeds of the validation loss per length."""
+    """Rows of the table, one per variant (and per PLSH variant evaluated with exact ALiBi).
+
+    Per evaluation length: mean and sample sd over seeds of the loss (as bits per byte and
+    perplexity of the mean loss) and, when ``alibi`` was trained, the difference to
+    ``alibi`` paired by seed (same initial weights and batches), mean and sd over seeds.
+    """
     rows, order = {}, []
     for r in results:
         for key, suffix in (("eval", ""), ("eval_exact_alibi", " (eval: exact ALiBi)")):
@@ -260,35 +270,55 @@ def summarize(results: list[dict], factors) -> list[dict]:
                 continue
             name = r["variant"] + suffix
             if name not in rows:
-                rows[name] = {str(f): [] for f in factors}
+                rows[name] = {str(f): {} for f in factors}
                 order.append(name)
             for f in factors:
-                rows[name][str(f)].append(r[key][str(f)]["loss_nats"])
+                rows[name][str(f)][r["seed"]] = r[key][str(f)]["loss_nats"]
+
+    def mean_sd(x):
+        x = np.asarray(x) / math.log(2.0)
+        return float(x.mean()), (float(x.std(ddof=1)) if x.size > 1 else float("nan"))
+
     out = []
     for name in order:
-        row = {"name": name, "seeds": len(rows[name][str(factors[0])]), "lengths": {}}
+        row = {"name": name, "seeds": sorted(rows[name][str(factors[0])]), "lengths": {}}
         for f in factors:
-            loss = np.asarray(rows[name][str(f)])
-            sd = float(loss.std(ddof=1)) if loss.size > 1 else float("nan")
-            row["lengths"][str(f)] = dict(_metrics(float(loss.mean())),
-                                          bits_per_byte_sd=sd / math.log(2.0))
+            by_seed = rows[name][str(f)]
+            loss = np.asarray([by_seed[k] for k in sorted(by_seed)])
+            cell = dict(_metrics(float(loss.mean())))
+            cell["bits_per_byte_sd"] = mean_sd(loss)[1]
+            if "alibi" in rows:
+                ref = rows["alibi"][str(f)]
+                diff = [by_seed[k] - ref[k] for k in sorted(by_seed) if k in ref]
+                cell["delta_bpb_vs_alibi"], cell["delta_bpb_vs_alibi_sd"] = mean_sd(diff)
+            row["lengths"][str(f)] = cell
         out.append(row)
     return out
 
 
+def _pm(mean: float, sd: float, digits: int = 4, sign: bool = False) -> str:
+    text = f"{mean:+.{digits}f}" if sign else f"{mean:.{digits}f}"
+    return text if math.isnan(sd) else f"{text} ± {sd:.{digits}f}"
+
+
 def markdown_table(rows: list[dict], factors, seq_len: int) -> str:
-    """Validation bits per byte (mean, +- sd over seeds) and perplexity per byte."""
-    head = "| variant | " + " | ".join(f"bpb @ {f * seq_len}" for f in factors)
-    head += " | " + " | ".join(f"ppl @ {f * seq_len}" for f in factors) + " |"
-    sep = "|---" * (1 + 2 * len(factors)) + "|"
-    lines = [head, sep]
+    """Validation bits per byte (mean ± sd over seeds), the paired difference to exact
+    ALiBi (when trained) and the perplexity per byte, at each evaluation length."""
+    lengths = [f * seq_len for f in factors]
+    has_delta = "delta_bpb_vs_alibi" in rows[0]["lengths"][str(factors[0])]
+    head = ["variant"] + [f"bpb @ {n}" for n in lengths]
+    if has_delta:
+        head += [f"Δ bpb vs alibi @ {n}" for n in lengths]
+    head += [f"ppl @ {n}" for n in lengths]
+    lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for row in rows:
         cells = [row["lengths"][str(f)] for f in factors]
-        bpb = [f"{c['bits_per_byte']:.4f}" + ("" if math.isnan(c["bits_per_byte_sd"])
-                                              else f" ± {c['bits_per_byte_sd']:.4f}")
-               for c in cells]
-        lines.append(f"| {row['name']} | " + " | ".join(bpb) + " | "
-                     + " | ".join(f"{c['perplexity']:.3f}" for c in cells) + " |")
+        line = [row["name"]] + [_pm(c["bits_per_byte"], c["bits_per_byte_sd"]) for c in cells]
+        if has_delta:
+            line += [_pm(c["delta_bpb_vs_alibi"], c["delta_bpb_vs_alibi_sd"], sign=True)
+                     for c in cells]
+        line += [f"{c['perplexity']:.3f}" for c in cells]
+        lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines)
 
 
