@@ -323,38 +323,51 @@ def markdown_table(rows: list[dict], factors, seq_len: int) -> str:
 
 
 def _plot(results: list[dict], rows: list[dict], factors, seq_len: int, path: str) -> None:
+    """Training curves, validation bpb against length, and the paired gap to exact ALiBi."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    has_delta = "delta_bpb_vs_alibi" in rows[0]["lengths"][str(factors[0])]
+    fig, axes = plt.subplots(1, 3 if has_delta else 2, figsize=(16 if has_delta else 11, 4.4))
     curves = {}
     for r in results:
         curves.setdefault(r["variant"], []).append(np.asarray(r["train_loss"]))
+    colors = {v: f"C{k}" for k, v in enumerate(curves)}
     for variant, losses in curves.items():
         loss = np.mean(losses, axis=0) / math.log(2.0)
         k = max(1, len(loss) // 30)
         smooth = np.convolve(loss, np.ones(k) / k, mode="valid")
-        ax1.plot(np.arange(smooth.size) + k, smooth, label=variant)
-    ax1.set_xlabel("step")
-    ax1.set_ylabel("training bits per byte (moving average)")
-    ax1.set_title(f"training, L = {seq_len}")
-    ax1.legend(fontsize=7)
+        axes[0].plot(np.arange(smooth.size) + k, smooth, color=colors[variant], label=variant)
+    axes[0].set_xlabel("step")
+    axes[0].set_ylabel("training bits per byte (moving average, mean over seeds)")
+    axes[0].set_title(f"training, L = {seq_len}")
     lengths = [f * seq_len for f in factors]
     for row in rows:
+        base = row["name"].split(" ")[0]
+        style = dict(color=colors[base], marker="o", capsize=3, label=row["name"],
+                     linestyle="--" if "exact ALiBi" in row["name"] else "-")
         cells = [row["lengths"][str(f)] for f in factors]
         err = [c["bits_per_byte_sd"] for c in cells]
-        ax2.errorbar(lengths, [c["bits_per_byte"] for c in cells],
-                     yerr=None if any(map(math.isnan, err)) else err, capsize=3,
-                     linestyle="--" if "exact ALiBi" in row["name"] else "-", marker="o",
-                     label=row["name"])
-    ax2.set_xscale("log", base=2)
-    ax2.set_xticks(lengths, [str(n) for n in lengths])
-    ax2.set_xlabel("evaluation length (bytes)")
-    ax2.set_ylabel("validation bits per byte")
-    ax2.set_title("length extrapolation")
-    ax2.legend(fontsize=7)
+        axes[1].errorbar(lengths, [c["bits_per_byte"] for c in cells],
+                         yerr=None if any(map(math.isnan, err)) else err, **style)
+        if has_delta:
+            err = [c["delta_bpb_vs_alibi_sd"] for c in cells]
+            axes[2].errorbar(lengths, [c["delta_bpb_vs_alibi"] for c in cells],
+                             yerr=None if any(map(math.isnan, err)) else err, **style)
+    axes[1].set_ylabel("validation bits per byte (mean ± sd over seeds)")
+    axes[1].set_title("length extrapolation")
+    if has_delta:
+        axes[2].axhline(0.0, color="gray", linewidth=0.8)
+        axes[2].set_ylabel("bpb minus exact ALiBi (paired by seed)")
+        axes[2].set_title("gap to exact ALiBi")
+    for ax in axes[1:]:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.set_xlabel("evaluation length (bytes)")
+    axes[0].legend(fontsize=7)
+    axes[1].legend(fontsize=7, loc="best")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
