@@ -50,6 +50,16 @@ def test_guarded_records_errors_and_budget_skips(gpu_check):
     assert "x" not in records[2]
 
 
+def test_large_tensor_check_runs_on_a_small_cpu_problem(gpu_check):
+    """The > 2**31-element check's code path (windowed reference, tolerance rule) at n=300."""
+    import _triton_interp  # noqa: F401  (interpreted kernels on CPU)
+    rec = gpu_check.check_large("cpu", n=300, window=200, tail=48)
+    assert set(rec["error_over_allowed"]) == {"output", "lse", "grad_query", "grad_key",
+                                              "grad_value"}
+    assert all(r <= 1.0 for r in rec["error_over_allowed"].values())
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 def test_bench_one_runs_on_cpu_with_eager_flex(gpu_check, monkeypatch):
     """The benchmark body (ours in the Triton interpreter, eager FlexAttention peers, the
     reduction) on a tiny CPU problem, timing and CUDA memory stubbed out; the error columns
