@@ -155,3 +155,21 @@ def test_tiny_run_writes_outputs_and_learns(tmp_path, capsys):
     train_lm.add_arguments(parser)
     again = parser.parse_args(data["meta"]["command"].split()[2:] + ["--out", str(out)])
     assert command_line(again) == data["meta"]["command"]
+
+
+def test_fast_and_dense_backends_train_the_same_model():
+    # The experiment defaults to the dense backend (fastest on CPU at these lengths); the
+    # fused plsh_fast.plsh_attention must give the same loss and gradients.
+    pytest.importorskip("plsh_fast.api")
+    tokens = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(0))
+    grads = {}
+    for backend in ("dense", "fast"):
+        torch.manual_seed(0)
+        model = ByteLM("plsh-6", d_model=32, num_layers=2, num_heads=4, backend=backend).double()
+        logits = model(tokens[:, :-1])  # training mode: draw 0 of each layer's stream
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256),
+                                                 tokens[:, 1:].reshape(-1))
+        loss.backward()
+        grads[backend] = [loss.detach()] + [p.grad for p in model.parameters()]
+    for a, b in zip(grads["dense"], grads["fast"]):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
