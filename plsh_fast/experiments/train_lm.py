@@ -239,7 +239,8 @@ def train_variant(variant: str, seed: int, corpus, args, batch_starts: np.ndarra
             bar.set_postfix(bpb=f"{losses[-1] / math.log(2):.3f}")
     bar.close()
     train_s = time.perf_counter() - t0
-    result = {"variant": variant, "seed": seed, "train_loss": losses, "train_seconds": train_s, "eval": {}}
+    result = {"variant": variant, "seed": seed, "train_loss": losses,
+              "train_seconds": train_s, "eval": {}}
     for f in factors:
         result["eval"][str(f)] = _metrics(
             evaluate(model, corpus.val, f * args.seq_len, args.eval_tokens))
