@@ -188,10 +188,13 @@ def support_width(partition: PartitionSample, n: int) -> tuple[list[float], list
     pitch, offset = partition_tensors(partition, "cpu")
     pos = torch.arange(n)
     plan = plsh_cpu._plan(pitch, offset, pos, pos, True, torch.float32)
-    nonempty = plan.end > plan.start
-    lo = torch.where(nonempty, plan.start, n).amin(dim=1)
-    hi = torch.where(nonempty, plan.end, 0).amax(dim=1)
-    support = (hi - lo).double().mean(dim=1).tolist()
+    support = []
+    for h in range(HEADS):
+        start, end = plan.ranges(h)
+        nonempty = end > start
+        lo = torch.where(nonempty, start, n).amin(dim=0)
+        hi = torch.where(nonempty, end, 0).amax(dim=0)
+        support.append((hi - lo).double().mean().item())
     logits = [0.0] * HEADS
     for chunk in plan.chunks(1):
         logits[chunk.head] += chunk.bias.numel() / n

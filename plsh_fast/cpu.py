@@ -116,18 +116,51 @@ class _Chunk:
 
 @dataclass
 class _Plan:
-    """Sort orders, tiles and block ranges shared by the forward and the backward."""
+    """Sort orders, tiles and block ranges shared by the forward and the backward.
+
+    Block ranges are computed one head at a time (:meth:`ranges`), so the plan holds
+    ``O(s n)`` integers at once, not ``O(H s n)``.
+    """
 
     query_order: torch.Tensor | None
     query_inverse: torch.Tensor | None
     key_order: torch.Tensor | None
     key_inverse: torch.Tensor | None
-    n_q: int
-    n_k: int
+    qpos: torch.Tensor             # (n_q,) sorted
+    kpos: torch.Tensor             # (n_k,) sorted
+    pitch: torch.Tensor            # (H, s) float64
+    offset: torch.Tensor
+    causal: bool
     tiles: list[int]               # tile height per head
-    start: torch.Tensor            # (H, s, n_q) int64, sorted coordinates
-    end: torch.Tensor              # (H, s, n_q) int64, end >= start (equal: empty range)
     dtype: torch.dtype
+
+    @property
+    def n_q(self) -> int:
+        return self.qpos.numel()
+
+    @property
+    def n_k(self) -> int:
+        return self.kpos.numel()
+
+    def ranges(self, h: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(start, end)``, int64 ``(s, n_q)``: the sorted keys sharing each query's bin.
+
+        Bins are non-decreasing along sorted positions (floor of a monotone, correctly
+        rounded map), so each bin is one contiguous run of sorted keys; ``end == start``
+        marks an empty range (no key in the bin, or all of them causally masked).
+        """
+        pitch, offset = self.pitch[h:h + 1], self.offset[h:h + 1]
+        bq = bins(pitch, offset, self.qpos)
+        if _unit_steps(self.kpos):
+            start, end = _block_ranges_unit_steps(pitch, offset, bq, self.kpos)
+        else:
+            bk = bins(pitch, offset, self.kpos).contiguous()
+            start = torch.searchsorted(bk, bq, right=False)
+            end = torch.searchsorted(bk, bq, right=True)
+        if self.causal:
+            cut = torch.searchsorted(self.kpos, self.qpos, right=True)  # p_key <= p_query
+            end = torch.minimum(end, cut)
+        return start[0], torch.maximum(end, start)[0]
 
     @property
     def padded_rows(self) -> int:
@@ -141,11 +174,12 @@ class _Plan:
             yield from self._head_chunks(h, tile, batch)
 
     def _head_chunks(self, h: int, tile: int, batch: int):
-        s = self.start.shape[1]
+        start, end = self.ranges(h)
+        s = start.shape[0]
         num_tiles = -(-self.n_q // tile)
         pad = num_tiles * tile - self.n_q
-        st = torch.nn.functional.pad(self.start[h], (0, pad))  # padded rows: empty ranges
-        en = torch.nn.functional.pad(self.end[h], (0, pad))
+        st = torch.nn.functional.pad(start, (0, pad))  # padded rows: empty ranges
+        en = torch.nn.functional.pad(end, (0, pad))
         st = st.view(s, num_tiles, tile)
         en = en.view(s, num_tiles, tile)
         nonempty = en > st
@@ -226,23 +260,9 @@ def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) ->
     key_order, key_inverse = _order(key_positions)
     qpos = query_positions if query_order is None else query_positions[query_order]
     kpos = key_positions if key_order is None else key_positions[key_order]
-    bq = bins(pitch, offset, qpos)
-    # Bins are non-decreasing along sorted positions (floor of a monotone correctly
-    # rounded map), so each bin is one contiguous run of sorted keys.
-    if _unit_steps(kpos):
-        start, end = _block_ranges_unit_steps(pitch, offset, bq, kpos)
-    else:
-        bk = bins(pitch, offset, kpos).contiguous()
-        start = torch.searchsorted(bk, bq, right=False)
-        end = torch.searchsorted(bk, bq, right=True)
-    if causal:
-        cut = torch.searchsorted(kpos, qpos, right=True)  # keys with p_key <= p_query
-        end = torch.minimum(end, cut)
-    end = torch.maximum(end, start)
-    n_q, n_k = qpos.numel(), kpos.numel()
-    tiles = [tile_size(p, n_q) for p in pitch.mean(dim=1).tolist()]
-    return _Plan(query_order, query_inverse, key_order, key_inverse, n_q, n_k, tiles,
-                 start, end, dtype)
+    tiles = [tile_size(p, qpos.numel()) for p in pitch.mean(dim=1).tolist()]
+    return _Plan(query_order, query_inverse, key_order, key_inverse, qpos.contiguous(),
+                 kpos.contiguous(), pitch, offset, bool(causal), tiles, dtype)
 
 
 def _sorted_rows(x: torch.Tensor, order, rows: int, dtype) -> torch.Tensor:
