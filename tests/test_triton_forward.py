@@ -171,6 +171,18 @@ def test_bfloat16_upcast_in_interpreter():
     _check(out, lse, ref, base, "bfloat16")
 
 
+def test_wide_heads_up_to_256():
+    """head_dim 200 (padded to 256) and head_dim_v 256, float16."""
+    rng = np.random.default_rng(12)
+    partition = draw_partition(np.array([5.0]), 3, seed=12)
+    pos = np.arange(21)
+    q, k = (torch.from_numpy(rng.standard_normal((1, 1, 21, 200))).half() for _ in range(2))
+    v = torch.from_numpy(rng.standard_normal((1, 1, 21, 256))).half()
+    ref, base = _reference(q, k, v, partition, pos, pos, True, 0.07, "float16")
+    out, lse = _run(q, k, v, partition, pos, pos, True, 0.07)
+    _check(out, lse, ref, base, "float16")
+
+
 def test_batch_invariance():
     """A batch row computed alone equals the same row inside a batch, bit for bit."""
     rng = np.random.default_rng(3)
