@@ -156,9 +156,9 @@ class PLSHAttention(nn.Module):
         the stream of training partitions (draw ``k`` uses ``SeedSequence([seed, k])``).
         ``None`` picks a random seed once, at construction; it is kept in the state dict.
     resample : {"every_forward", "fixed"}
-        In training mode, draw a fresh partition every forward (the paper's training
-        recipe; the draw counter is saved in the state dict so a resumed run continues
-        the same stream), or use the module's own partition as in eval mode.
+        In training mode, draw a fresh partition every forward (the draw counter is saved
+        in the state dict, so a resumed run continues the same stream), or use the
+        module's own partition as in eval mode.
     exact : bool
         Compute exact ALiBi attention (dense bias through SDPA) instead of PLSH.
     backend : {"fast", "dense"}
@@ -180,9 +180,9 @@ class PLSHAttention(nn.Module):
     computed in binary64 (SPEC section 2). Loading a state dict restores them bit for bit;
     a state dict with another ``num_samples`` (same heads) is adopted.
 
-    Training with ``resample="every_forward"`` gives the gradient of a biased but
-    consistent surrogate of the exact ALiBi loss (bias ``O(1/s)``);
-    see ``proofs_notes/gradient_expectation.md``.
+    Training with ``resample="every_forward"`` gives unbiased stochastic gradients of a
+    surrogate objective (the loss averaged over partitions), not of the exact ALiBi loss;
+    the two differ by ``O(1/s)``, see ``proofs_notes/gradient_expectation.md``.
 
     Raises
     ------
