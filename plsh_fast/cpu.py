@@ -151,7 +151,7 @@ class _Plan:
         """
         pitch, offset = self.pitch[h:h + 1], self.offset[h:h + 1]
         bq = bins(pitch, offset, self.qpos)
-        if _unit_steps(self.kpos):
+        if _unit_steps(self.kpos) and _small(self.kpos) and _small(self.qpos):
             start, end = _block_ranges_unit_steps(pitch, offset, bq, self.kpos)
         else:
             bk = bins(pitch, offset, self.kpos).contiguous()
@@ -224,11 +224,17 @@ def _unit_steps(kpos: torch.Tensor) -> bool:
     return n > 0 and int(kpos[-1] - kpos[0]) == n - 1 and bool((kpos[1:] > kpos[:-1]).all())
 
 
+def _small(positions: torch.Tensor) -> bool:
+    """``|p| < 2**40`` for the end points of sorted positions (rounding error << 1 token)."""
+    return positions.numel() == 0 or max(abs(int(positions[0])), abs(int(positions[-1]))) < 2**40
+
+
 def _first_position(pitch, offset, b: torch.Tensor) -> torch.Tensor:
     """Smallest integer position whose bin is ``>= b``, with bins in binary64 (exact).
 
-    ``ceil(offset + b * pitch)`` is within one of the answer whenever positions are far
-    below ``2**52``; one step in each direction with the exact bin function fixes it.
+    ``ceil(offset + b * pitch)`` is within one of the answer for positions below ``2**40``
+    in magnitude (its rounding error is below ``2**-12`` tokens there; the caller checks);
+    one step in each direction with the exact bin function fixes it.
     """
     pitch, offset = pitch[..., None], offset[..., None]
     p = torch.ceil(offset + b.to(torch.float64) * pitch)
