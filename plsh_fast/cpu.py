@@ -256,6 +256,17 @@ def _block_ranges_unit_steps(pitch, offset, bq, kpos):
     instead of two binary searches per (head, sample, query).
     """
     k0, n_k = int(kpos[0]), kpos.numel()
+    if bq.shape[-1] == 0:
+        return bq.clone(), bq.clone()
+    lowest = bq.amin(dim=-1, keepdim=True)
+    span = int((bq.amax(dim=-1, keepdim=True) - lowest).max()) + 2
+    if span < bq.shape[-1]:
+        # Fewer distinct bins than queries (pitch > 1 token on average): evaluate the
+        # boundary of every bin once and gather.
+        first = _first_position(pitch, offset, lowest + torch.arange(span))
+        first = (first - k0).clamp_(0, n_k)
+        rel = bq - lowest
+        return first.gather(-1, rel), first.gather(-1, rel + 1)
     start = (_first_position(pitch, offset, bq) - k0).clamp_(0, n_k)
     end = (_first_position(pitch, offset, bq + 1) - k0).clamp_(0, n_k)
     return start, end
