@@ -38,7 +38,7 @@ excluded, what the method builds for the call included (the dense bias of
 reset, and reused across calls); one warm-up call (compilation, thread pools, library
 initialisation) runs before the reset. ``--memory none`` skips this.
 
-Results go to ``benchmarks/results/cpu_<date>_<host>.json`` and ``.md``.
+Results go to ``benchmarks/results/cpu_<date>_<host>_n<sizes>_t<threads>.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -454,7 +454,8 @@ def main(argv=None):
     result["argv"] = argv
     result["total_seconds"] = time.perf_counter() - t0
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"cpu_{_dt.date.today().isoformat()}_{socket.gethostname()}"
+    sizes = "-".join(str(n) for n in args.n)
+    stem = f"cpu_{_dt.date.today().isoformat()}_{socket.gethostname()}_n{sizes}_t{args.threads}"
     (args.out / f"{stem}.json").write_text(json.dumps(result, indent=1, default=str))
     (args.out / f"{stem}.md").write_text(markdown(result))
     print(f"wrote {args.out / stem}.json/.md in {result['total_seconds']:.0f} s")
