@@ -33,9 +33,12 @@ matrix:
    implementation of the same formulas is used (:data:`USE_FUSED_TILES`). The backward
    recomputes the probabilities from the saved LSE (``proofs_notes/backward.md``).
 
-Memory is ``O(batch * CHUNK_ELEMENTS)`` for the tiles in flight plus ``O(H s n)`` int64
-for the block boundaries. Parallelism over batch and stacked tiles comes from torch's
-intra-op threads.
+Memory is ``O(batch * CHUNK_ELEMENTS)`` per tile group in flight plus ``O(s n)`` int64
+for the block boundaries of one head. Parallelism: with ``torch.get_num_threads() = N > 1``
+the tile groups (and the per-head planning) are dealt round-robin to ``N`` Python worker
+threads while torch's intra-op threads are set to 1 for the duration of the call
+(:func:`_run_parallel`): the work is many independent operators of moderate size, and
+OpenMP barriers inside each of them stall whenever another process holds a core.
 
 The two public functions have the signature of the Triton path
 (:func:`plsh_fast.triton_forward.plsh_forward_triton`,
@@ -47,6 +50,7 @@ happens in :func:`plsh_fast.plsh_attention`.
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -170,8 +174,17 @@ class _Plan:
 
     def chunks(self, batch: int):
         """Yield the work of every head as :class:`_Chunk` objects of bounded size."""
-        for h, tile in enumerate(self.tiles):
-            yield from self._head_chunks(h, tile, batch)
+        for h in range(len(self.tiles)):
+            for spec in self.head_specs(h, batch):
+                yield self.build(spec)
+
+    def build(self, spec) -> _Chunk:
+        """The :class:`_Chunk` (indices and bias) of one work item of :meth:`head_specs`."""
+        return self._make_chunk(*spec)
+
+    def head_specs(self, h: int, batch: int) -> list[tuple]:
+        """Work items of head ``h``: tiles with equal padded window width, in bounded groups."""
+        return list(self._head_chunks(h, self.tiles[h], batch))
 
     def _head_chunks(self, h: int, tile: int, batch: int):
         start, end = self.ranges(h)
@@ -197,7 +210,7 @@ class _Plan:
             per_chunk = max(1, CHUNK_ELEMENTS // (batch * tile * w))
             for c0 in range(0, ids.numel(), per_chunk):
                 sel = ids[c0:c0 + per_chunk]
-                yield self._make_chunk(h, tile, w, sel, lo[sel], st[:, sel], en[:, sel])
+                yield (h, tile, w, sel, lo[sel], st[:, sel], en[:, sel])
 
     def _make_chunk(self, h, tile, w, sel, lo, st, en) -> _Chunk:
         g = sel.numel()
@@ -280,6 +293,46 @@ def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) ->
     tiles = [tile_size(p, qpos.numel()) for p in pitch.mean(dim=1).tolist()]
     return _Plan(query_order, query_inverse, key_order, key_inverse, qpos.contiguous(),
                  kpos.contiguous(), pitch, offset, bool(causal), tiles, dtype)
+
+
+def _run_parallel(tasks: list, fn, workers: int) -> None:
+    """``fn(task, worker)`` for every task, on ``workers`` Python threads.
+
+    torch's intra-op threads are set to 1 meanwhile (and restored): every operator then
+    runs without an OpenMP barrier, and the parallelism comes from independent tiles
+    running concurrently (torch operators release the GIL). Barriers at each of the
+    hundreds of small operators per call made a two-thread run many times slower than a
+    one-thread run whenever another process occupied a core. Tasks are dealt round-robin
+    in the given order, so the assignment (and every floating-point sum) is
+    deterministic for a given thread count.
+    """
+    if workers <= 1 or len(tasks) <= 1:
+        for task in tasks:
+            fn(task, 0)
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(workers) as pool:
+            jobs = [pool.submit(lambda w: [fn(t, w) for t in tasks[w::workers]], w)
+                    for w in range(workers)]
+            for job in jobs:
+                job.result()
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _chunk_specs(plan: _Plan, batch: int, workers: int) -> list[tuple]:
+    """All work items of all heads, largest first (planning itself runs in parallel)."""
+    per_head: list = [None] * len(plan.tiles)
+
+    def plan_head(h, _worker):
+        per_head[h] = plan.head_specs(h, batch)
+
+    _run_parallel(list(range(len(plan.tiles))), plan_head, workers)
+    specs = [spec for head in per_head for spec in head]
+    specs.sort(key=lambda spec: -spec[3].numel() * spec[1] * spec[2])
+    return specs
 
 
 def _sorted_rows(x: torch.Tensor, order, rows: int, dtype) -> torch.Tensor:
@@ -405,16 +458,21 @@ def plsh_forward_cpu(query, key, value, pitch, offset, query_positions, key_posi
     out = torch.zeros(batch, num_heads, rows, value.shape[-1], dtype=dtype)
     lse = torch.full((batch, num_heads, rows), -math.inf, dtype=dtype)
     log_s = math.log(pitch.shape[1])
-    for chunk in plan.chunks(batch):
+    workers = torch.get_num_threads()
+
+    def work(spec, _worker):
+        chunk = plan.build(spec)
         h, hk = chunk.head, chunk.head // group
         o, l = _tiles_forward(_gather(q[h], chunk.rows), _gather(k[hk], chunk.keys),
                               _gather(v[hk], chunk.keys), chunk.bias.expand(batch, -1, -1, -1),
                               scale)
         o = o.masked_fill(chunk.empty[..., None], 0.0)
         l = (l - log_s).masked_fill_(chunk.empty, -math.inf)
-        idx = chunk.rows.reshape(-1)
+        idx = chunk.rows.reshape(-1)  # rows of different chunks are disjoint
         out[:, h].index_copy_(1, idx, o.flatten(1, 2))
         lse[:, h].index_copy_(1, idx, l.flatten(1, 2))
+
+    _run_parallel(_chunk_specs(plan, batch, workers), work, workers)
     out, lse = out[:, :, :n_q], lse[:, :, :n_q]
     if plan.query_inverse is not None:
         out, lse = out[:, :, plan.query_inverse], lse[:, :, plan.query_inverse]
@@ -463,9 +521,17 @@ def plsh_backward_cpu(query, key, value, out, lse, grad_out, pitch, offset, quer
     tile_lse = _sorted_rows(lse[..., None], plan.query_order, rows, dtype)[..., 0]
     tile_lse = torch.where(torch.isfinite(tile_lse), tile_lse + math.log(pitch.shape[1]), 0.0)
     grad_q = torch.zeros(batch, num_heads, rows, query.shape[-1], dtype=dtype)
-    grad_k = torch.zeros(batch, key.shape[1], plan.n_k, key.shape[-1], dtype=dtype)
-    grad_v = torch.zeros(batch, key.shape[1], plan.n_k, value.shape[-1], dtype=dtype)
-    for chunk in plan.chunks(batch):
+    workers = torch.get_num_threads()
+    specs = _chunk_specs(plan, batch, workers)
+    workers = max(1, min(workers, len(specs)))
+    # Key windows of different chunks overlap: one key/value accumulator per worker.
+    grad_k = [torch.zeros(batch, key.shape[1], plan.n_k, key.shape[-1], dtype=dtype)
+              for _ in range(workers)]
+    grad_v = [torch.zeros(batch, key.shape[1], plan.n_k, value.shape[-1], dtype=dtype)
+              for _ in range(workers)]
+
+    def work(spec, worker):
+        chunk = plan.build(spec)
         h, hk = chunk.head, chunk.head // group
         row_idx, key_idx = chunk.rows.reshape(-1), chunk.keys.reshape(-1)
         gq, gk, gv = _tiles_backward(
@@ -473,9 +539,12 @@ def plsh_backward_cpu(query, key, value, out, lse, grad_out, pitch, offset, quer
             _gather(k[hk], chunk.keys), _gather(v[hk], chunk.keys),
             _gather(o_all[h], chunk.rows), tile_lse[:, h][:, chunk.rows],
             chunk.bias.expand(batch, -1, -1, -1), scale)
-        grad_q[:, h].index_copy_(1, row_idx, gq.flatten(1, 2))
-        grad_k[:, hk].index_add_(1, key_idx, gk.flatten(1, 2))
-        grad_v[:, hk].index_add_(1, key_idx, gv.flatten(1, 2))
+        grad_q[:, h].index_copy_(1, row_idx, gq.flatten(1, 2))  # disjoint rows
+        grad_k[worker][:, hk].index_add_(1, key_idx, gk.flatten(1, 2))
+        grad_v[worker][:, hk].index_add_(1, key_idx, gv.flatten(1, 2))
+
+    _run_parallel(specs, work, workers)
+    grad_k, grad_v = sum(grad_k[1:], grad_k[0]), sum(grad_v[1:], grad_v[0])
     grad_q = grad_q[:, :, :n_q]
     if plan.query_inverse is not None:
         grad_q = grad_q[:, :, plan.query_inverse]

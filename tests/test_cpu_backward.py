@@ -131,3 +131,24 @@ def test_no_grad_inputs_build_no_graph():
     p = make_problem(1, dtype="float32")
     out = plsh_attention(p.query, p.key, p.value, **p.kwargs)
     assert out.grad_fn is None and not out.requires_grad
+
+
+def test_two_worker_threads_give_the_same_results(monkeypatch):
+    """Tiles run on Python worker threads when torch has several intra-op threads."""
+    p = make_problem(12, batch=2, num_heads=4, group=2, n_q=150, n_k=150, head_dim=8,
+                     head_dim_v=8, dtype="float32", num_samples=8, log2_sigma=(1.0, 6.0),
+                     requires_grad=True)
+    results = []
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        try:
+            out = plsh_attention(p.query, p.key, p.value, **p.kwargs)
+            grads = torch.autograd.grad(out.square().sum(), (p.query, p.key, p.value))
+            assert torch.get_num_threads() == threads  # restored after the call
+        finally:
+            torch.set_num_threads(1)
+        results.append((out, *grads))
+    assert torch.equal(results[0][0], results[1][0])  # each row is computed by one tile
+    assert torch.equal(results[0][1], results[1][1])  # so is each query gradient
+    for a, b in zip(results[0][2:], results[1][2:]):  # key/value: summed per worker
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
