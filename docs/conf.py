@@ -105,8 +105,9 @@ nitpick_ignore_regex = [
     (_PY_ROLES, r"(?!plsh_ref\b|plsh_fast\b)[A-Za-z_]\w*\..*"),
     (_PY_ROLES, r"(numpy|np|scipy|mpmath|torch|triton|hypothesis|pytest|argparse|pathlib|"
                 r"importlib|collections|typing|types|dataclasses|os|matplotlib|tqdm)"),
-    # private objects are not documented by design (e.g. a private base class)
-    (_PY_ROLES, r".*\._\w+(\..*)?"),
+    # private objects (a private base class, a helper named in a docstring) are not
+    # documented by design, so a reference to one renders as plain code
+    (_PY_ROLES, r"(.*\.)?_\w+(\..*)?"),
     (r"py:class", r"(array_like|array-like|optional|callable|default.*|shape.*|dtype.*|"
                   r"ndarray|Tensor|Generator|SearchStrategy|Namespace|Path|PathLike|"
                   r"module|function|mpf|any|Any|Callable|Sequence|Iterable|Iterator|"
