@@ -307,15 +307,20 @@ def _run_parallel(tasks: list, fn, workers: int) -> None:
     deterministic for a given thread count.
     """
     if workers <= 1 or len(tasks) <= 1:
-        for task in tasks:
-            fn(task, 0)
+        with torch.no_grad():
+            for task in tasks:
+                fn(task, 0)
         return
+    def deal(w):
+        with torch.no_grad():  # grad mode is thread-local: never record in the workers
+            for task in tasks[w::workers]:
+                fn(task, w)
+
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(workers) as pool:
-            jobs = [pool.submit(lambda w: [fn(t, w) for t in tasks[w::workers]], w)
-                    for w in range(workers)]
+            jobs = [pool.submit(deal, w) for w in range(workers)]
             for job in jobs:
                 job.result()
     finally:
