@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from plsh_ref._validation import check_bool
+
 from . import _validation as V
 from .autograd import PLSHAttentionFunction
 from .partition import partition_tensors, resolve_partition
@@ -91,8 +93,9 @@ def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: 
     Raises
     ------
     TypeError
-        Non-tensor inputs, non-floating or mixed dtypes, float64 off the CPU, a partition
-        that is not a ``PartitionSample``, non-integer ``num_samples``/``seed``/positions.
+        A ``causal``, ``return_lse`` or ``check_finite`` that is not a bool; non-tensor
+        inputs, non-floating or mixed dtypes, float64 off the CPU, a partition that is not
+        a ``PartitionSample``, non-integer ``num_samples``/``seed``/positions.
     ValueError
         Tensors on different devices, wrong ranks or inconsistent shapes, head counts that
         do not divide, ``num_samples < 1``, slopes of the wrong length or not > 0, a
@@ -114,6 +117,9 @@ def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: 
     >>> tuple(out.shape)
     (1, 4, 128, 64)
     """
+    causal = check_bool("causal", causal)
+    return_lse = check_bool("return_lse", return_lse)
+    check_finite = check_bool("check_finite", check_finite)
     V.check_qkv(query, key, value)
     batch, num_heads, n_q, head_dim = query.shape
     n_k, head_dim_v = key.shape[2], value.shape[3]
@@ -136,5 +142,5 @@ def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: 
     sample = resolve_partition(partition, m, num_samples, seed)
     pitch, offset = partition_tensors(sample, device)
     out, lse = PLSHAttentionFunction.apply(query, key, value, pitch, offset, qpos, kpos, c,
-                                           bool(causal), backend)
+                                           causal, backend)
     return (out, lse) if return_lse else out

@@ -176,3 +176,11 @@ def test_triton_backend_through_the_api_agrees_with_the_cpu_path():
         results.append((out, lse, *(x.grad for x in leaves)))
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["causal", "return_lse", "check_finite"])
+def test_flags_must_be_bool(name):
+    """`causal="no"` used to be coerced to True by bool(); now a TypeError naming it."""
+    q = torch.randn(1, 2, 8, 4)
+    with pytest.raises(TypeError, match=f"^{name}"):
+        plsh_attention(q, q, q, seed=0, **{name: "no"})
