@@ -3,13 +3,16 @@
 Each subcommand lives in its own module exposing ``HELP`` (one line),
 ``add_arguments(parser)`` and ``run(args) -> int``. Only the chosen module is imported,
 so ``plsh reproduce`` runs without torch. With no subcommand, ``plsh`` runs the main job
-``plsh reproduce`` with its defaults.
+``plsh reproduce`` with its defaults. A ``ValueError``, ``TypeError``, ``OverflowError`` or
+``OSError`` escaping a subcommand is reported in one line with exit status 2 (set
+``PLSH_DEBUG=1`` for the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 __all__ = ["COMMANDS", "main"]
@@ -67,7 +70,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"plsh {command}", description=module.HELP)
     module.add_arguments(parser)
     args = parser.parse_args(argv)
-    return int(module.run(args) or 0)
+    try:
+        return int(module.run(args) or 0)
+    except (ValueError, TypeError, OverflowError, OSError) as exc:
+        # Bad input (an option out of range, an unreadable file, an argument the library
+        # refuses): one line and exit status 2, as for argparse errors. PLSH_DEBUG=1 shows
+        # the traceback.
+        if os.environ.get("PLSH_DEBUG"):
+            raise
+        print(f"plsh {command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -388,7 +388,11 @@ def variance_proxy_limit(sigma) -> float:
     ``proofs_notes/spectral_bound.md``.
     """
     sigma = check_positive_float("sigma", sigma)
-    return 0.5 / math.sinh(0.5 / sigma) ** 2
+    # 1 / (2 sinh^2(x)) with x = 1/(2 sigma), written as 2 rho / (1 - rho)^2, rho = e^(-2x):
+    # no overflow of sinh for tiny sigma (the value underflows to 0) and no cancellation in
+    # 1 - rho for large sigma (expm1).
+    rho = math.exp(-1.0 / sigma)
+    return 2.0 * rho / math.expm1(-1.0 / sigma) ** 2
 
 
 # --------------------------------------------------------------------------------------

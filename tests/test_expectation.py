@@ -225,3 +225,15 @@ def test_window_width_asymptotics(sigma, s):
     width = ex.expected_window_width(sigma, s)
     assert abs(width - 2 * sigma * harmonic) <= 1 + 1e-12 * width
     assert ex.expected_reduction_width(sigma, s) == pytest.approx(s * ex.block_size_mean(sigma))
+
+
+def test_variance_proxy_limit_extreme_sigma():
+    """math.sinh(0.5/sigma) overflowed (OverflowError) for sigma = 1e-9; the limit is 0."""
+    import math
+
+    from plsh_ref.expectation import variance_proxy_limit
+    assert variance_proxy_limit(1e-9) == 0.0
+    for sigma in (0.3, 2.0, 50.0, 1e4):
+        assert math.isclose(variance_proxy_limit(sigma), 0.5 / math.sinh(0.5 / sigma) ** 2,
+                            rel_tol=1e-13)
+    assert math.isclose(variance_proxy_limit(1e8), 2e16, rel_tol=1e-7)  # ~ 2 sigma^2

@@ -64,7 +64,8 @@ def test_cli_user_qkv_and_bad_file(tmp_path, capsys):
     path = tmp_path / "mine.npz"
     np.savez(path, query=rng.normal(size=(1, 2, 40, 4)), key=rng.normal(size=(1, 1, 40, 4)),
              value=rng.normal(size=(1, 1, 40, 4)))
-    code = main(["reproduce", "--n", "32", "--sigmas", "4", "--samples", "1,8", "--reps", "1",
+    code = main(["reproduce", "--n", "32", "--sigmas", "4", "--samples", "1,8",
+                 "--fit-min-samples", "1", "--reps", "1",
                  "--output-reps", "1", "--qkv", str(path), "--out", str(tmp_path / "o"),
                  "--no-plots", "--quiet"])
     assert code == 0
@@ -89,7 +90,7 @@ def test_plsh_ref_runs_without_torch(tmp_path):
         for mod in pkgutil.walk_packages(plsh_ref.__path__, 'plsh_ref.'):
             importlib.import_module(mod.name)
         from plsh_ref.cli import main
-        assert main(['reproduce', '--n', '32', '--sigmas', '4', '--samples', '1,2',
+        assert main(['reproduce', '--n', '32', '--sigmas', '4', '--samples', '1,2', '--fit-min-samples', '1',
                      '--reps', '1', '--output-reps', '1', '--max-tokens', '32',
                      '--no-plots', '--quiet', '--out', {str(tmp_path / 'x')!r}]) == 0
         assert 'torch' not in sys.modules
@@ -97,3 +98,20 @@ def test_plsh_ref_runs_without_torch(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.parametrize("argv", [
+    ["spectrum", "--n", "0"],
+    ["bounds", "--eps", "0"],
+    ["reproduce", "--samples", "1", "--quiet"],
+    ["reproduce", "--samples", "1,2", "--fit-min-samples", "100", "--quiet"],
+    ["reproduce", "--fixed-block-size", "0", "--n", "16", "--samples", "1,2", "--quiet"],
+])
+def test_cli_bad_options_one_line_exit_2(argv, capsys, tmp_path):
+    """Bad options used to end in a traceback (exit 1); now one line and exit status 2."""
+    code = main(argv + ["--out" if argv[0] == "reproduce" else "--output", str(tmp_path / "o")]
+                if argv[0] != "bounds" else argv)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"plsh {argv[0]}: ") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -332,15 +332,21 @@ def run(args: argparse.Namespace) -> int:
         check_int("--output-reps", args.output_reps, minimum=1)
         check_int("--seed", args.seed, minimum=0)
         if args.max_tokens is not None:
-            check_int("--max-tokens", args.max_tokens, minimum=1)
+            check_int("--max-tokens", args.max_tokens, minimum=2)
+        if args.fixed_block_size is not None:
+            check_int("--fixed-block-size", args.fixed_block_size, minimum=1)
+        samples = list(args.samples)
+        if len(samples) < 2:
+            raise ValueError(f"--samples: need at least two values of s to fit a slope, "
+                             f"got {samples}")
+        fit_samples = [s for s in samples if s >= args.fit_min_samples]
+        if len(fit_samples) < 2:
+            raise ValueError(f"--fit-min-samples: only {fit_samples} of --samples {samples} "
+                             f"are >= {args.fit_min_samples}; a slope needs two")
         q, k, v, source = _load_activations(args.qkv, args.max_tokens)
     except (ValueError, TypeError, OSError) as exc:
-        print(f"plsh reproduce: {exc}", file=sys.stderr)
+        print(f"plsh reproduce: error: {exc}", file=sys.stderr)
         return 2
-    samples = list(args.samples)
-    fit_samples = [s for s in samples if s >= args.fit_min_samples]
-    if len(fit_samples) < 2:
-        fit_samples = samples
     stamp = _dt.datetime.now(_dt.timezone.utc)
     out_dir = args.out or Path("plsh_out") / f"reproduce-{stamp:%Y%m%d-%H%M%S}"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -356,22 +362,29 @@ def run(args: argparse.Namespace) -> int:
     elapsed = time.perf_counter() - t0
 
     idx = [samples.index(s) for s in fit_samples]
-    slopes_fit = {norm: {f"{sig:g}": fit_loglog_slope(fit_samples, matrix[norm][h, idx].mean(1))
+
+    def slope(errors):
+        # An error of exactly 0 (e.g. a tiny problem the partition reproduces exactly) has
+        # no logarithm: report no slope rather than fail.
+        return fit_loglog_slope(fit_samples, errors) if np.all(errors > 0) else None
+
+    slopes_fit = {norm: {f"{sig:g}": slope(matrix[norm][h, idx].mean(1))
                          for h, sig in enumerate(args.sigmas)} for norm in NORMS}
-    out_slopes = {key: fit_loglog_slope(fit_samples, output[f"plsh_{key}"][idx].mean(1))
+    out_slopes = {key: slope(output[f"plsh_{key}"][idx].mean(1))
                   for key in ("max_abs", "rel_fro")}
+    fmt = lambda x: "n/a" if x is None else f"{x:+.3f}"  # noqa: E731
 
     print()
     for norm in NORMS:
         rows = [[s] + [_spread(matrix[norm][h, j]) for h in range(len(args.sigmas))]
                 for j, s in enumerate(samples)]
-        rows.append(["slope"] + [f"{slopes_fit[norm][f'{sig:g}']:+.3f}" for sig in args.sigmas])
+        rows.append(["slope"] + [fmt(slopes_fit[norm][f"{sig:g}"]) for sig in args.sigmas])
         print(_table(f"||M~ - L*|| ({norm} norm), n={n}, mean ± sd over {args.reps} reps",
                      ["s"] + [f"sigma={sig:g}" for sig in args.sigmas], rows))
         print()
     rows = [[s, _spread(output["plsh_max_abs"][j]), _spread(output["plsh_rel_fro"][j])]
             for j, s in enumerate(samples)]
-    rows.append(["slope", f"{out_slopes['max_abs']:+.3f}", f"{out_slopes['rel_fro']:+.3f}"])
+    rows.append(["slope", fmt(out_slopes["max_abs"]), fmt(out_slopes["rel_fro"])])
     rows.append(["no bias", f"{output['no_bias']['max_abs']:.4g}",
                  f"{output['no_bias']['rel_fro']:.4g}"])
     rows.append(["fixed blocks", f"{output['fixed_blocks']['max_abs']:.4g}",
@@ -403,5 +416,5 @@ def run(args: argparse.Namespace) -> int:
     written = [out_dir / "results.json"]
     if not args.no_plots:
         written += _plot(out_dir, samples, args.sigmas, matrix, output)
-    print(f"\n{elapsed:.1f} s. Wrote {', '.join(p.name for p in written)} to {out_dir}/")
+    print(f"\n{elapsed:.2f} s. Wrote {', '.join(p.name for p in written)} to {out_dir}/")
     return 0
