@@ -206,7 +206,7 @@ def method_fn(name: str, n: int, s: int, inputs, extra=None):
     q, k, v, slopes = inputs
     if name == "plsh":
         partition = partition_for(s)
-        return lambda: plsh_attention(q, k, v, partition=partition)
+        return lambda: plsh_attention(q, k, v, partition=partition, check_finite=False)
     if name == "sdpa_dense":
         bias = dense_alibi_bias(n, slopes)
         return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
@@ -230,7 +230,7 @@ def backward_fn(name: str, n: int, s: int, inputs):
         partition = partition_for(s)
 
         def run():
-            out = plsh_attention(*leaves, partition=partition)
+            out = plsh_attention(*leaves, partition=partition, check_finite=False)
             out.backward(grad)
         return run
     bias = dense_alibi_bias(n, slopes)

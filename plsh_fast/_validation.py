@@ -168,7 +168,8 @@ def check_backend(backend: str, device: torch.device, head_dim: int, head_dim_v:
     ------
     ValueError
         Unknown backend; ``"cpu"`` with non-CPU tensors; ``"triton"`` on CPU without
-        ``TRITON_INTERPRET=1``; head_dim above 256 on the Triton path.
+        ``TRITON_INTERPRET=1``; head_dim above 256 on the Triton path; tensors on a
+        device other than CPU or CUDA (e.g. ``meta``; argument name ``query``).
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {BACKENDS}, got {backend!r}")
@@ -180,6 +181,8 @@ def check_backend(backend: str, device: torch.device, head_dim: int, head_dim_v:
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
             raise ValueError("backend: 'triton' on CPU tensors needs TRITON_INTERPRET=1 set "
                              "before triton is imported (a CUDA-only option otherwise)")
+        if device.type not in ("cpu", "cuda"):
+            raise ValueError(f"query: device {device} is not supported (CPU or CUDA tensors)")
         if max(head_dim, head_dim_v) > MAX_HEAD_DIM_TRITON:
             raise ValueError(f"backend: head_dim up to {MAX_HEAD_DIM_TRITON} on the Triton path, "
                              f"got {max(head_dim, head_dim_v)}")

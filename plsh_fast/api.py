@@ -24,7 +24,7 @@ def _default_positions(n_q: int, n_k: int, device):
 def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: bool = True,
                    scale=None, partition=None, seed=None, query_positions=None,
                    key_positions=None, return_lse: bool = False, backend: str = "auto",
-                   check_finite: bool = False):
+                   check_finite: bool = True):
     """PLSH attention: softmax attention with the count-weighted ALiBi approximation.
 
     Computes ``T~_i = sum_j A_ij C_ij v_j / sum_j A_ij C_ij`` with
@@ -76,9 +76,10 @@ def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: 
         ``"triton"`` with CPU tensors runs the Triton interpreter (``TRITON_INTERPRET=1``
         must be set before Triton is imported; for tests).
     check_finite : bool
-        Refuse NaN/inf in ``query``, ``key``, ``value``. Off by default: it costs one extra
-        read of every input (and a device synchronisation). With it off, a NaN input
-        propagates to the rows that can reach it.
+        Refuse NaN/inf in ``query``, ``key``, ``value`` (default). It costs one extra read
+        of every input (``O(n d)``, against the attention's ``O(n w d)``) and, on CUDA, a
+        device synchronisation; pass ``False`` in a hot loop whose inputs you trust. With it
+        off, a NaN input propagates to the rows that can reach it.
 
     Returns
     -------

@@ -70,6 +70,16 @@ def check_probability(name: str, value) -> float:
     return value
 
 
+def _tensor_to_numpy(name: str, tensor) -> np.ndarray:
+    """A torch tensor's values as numpy (without importing torch); meta tensors are refused."""
+    if getattr(getattr(tensor, "device", None), "type", None) == "meta":
+        raise ValueError(f"{name}: is a meta tensor (it holds no values)")
+    tensor = tensor.detach().cpu()
+    if getattr(tensor, "is_floating_point", lambda: False)() and tensor.dtype.itemsize < 4:
+        tensor = tensor.float()  # numpy has no bfloat16
+    return tensor.numpy()
+
+
 def as_float_array(name: str, value, *, ndim: int | tuple[int, ...] | None = None,
                    finite: bool = True) -> np.ndarray:
     """Convert ``value`` to a float64 numpy array and check its rank and finiteness.
@@ -93,7 +103,7 @@ def as_float_array(name: str, value, *, ndim: int | tuple[int, ...] | None = Non
         On a wrong number of dimensions or a non-finite entry.
     """
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor without importing torch
-        value = value.detach().cpu().double().numpy()
+        value = _tensor_to_numpy(name, value).astype(np.float64)
     arr = np.asarray(value)
     if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)
                                      or np.issubdtype(arr.dtype, np.floating)):
@@ -134,7 +144,7 @@ def as_positions(name: str, value, *, length: int | None = None) -> np.ndarray:
         On a wrong rank or length, NaN/inf, or ``|p| >= 2**53``.
     """
     if hasattr(value, "detach") and hasattr(value, "cpu"):
-        value = value.detach().cpu().numpy()
+        value = _tensor_to_numpy(name, value)
     arr = np.asarray(value)
     if arr.ndim != 1:
         raise ValueError(f"{name}: must be one-dimensional, got shape {arr.shape}")

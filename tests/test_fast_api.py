@@ -69,12 +69,17 @@ def test_strided_inputs_give_the_same_result():
     assert torch.equal(a, b)
 
 
-def test_check_finite_is_optional():
+def test_check_finite_is_default_and_can_be_disabled():
+    """NaN input used to pass silently by default; now refused unless check_finite=False."""
     q, k, v = qkv()
     q[0, 0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="^query: contains NaN"):
-        plsh_attention(q, k, v, seed=0, check_finite=True)
-    out = plsh_attention(q, k, v, seed=0)  # unchecked: NaN stays in the rows that see it
+        plsh_attention(q, k, v, seed=0)
+    k2 = k.clone()
+    k2[0, 0, 1, 0] = float("inf")
+    with pytest.raises(ValueError, match="^key"):
+        plsh_attention(q.nan_to_num(), k2, v, seed=0)
+    out = plsh_attention(q, k, v, seed=0, check_finite=False)  # NaN stays in rows that see it
     assert torch.isnan(out[0, 0, 0]).all()
 
 
@@ -184,3 +189,16 @@ def test_flags_must_be_bool(name):
     q = torch.randn(1, 2, 8, 4)
     with pytest.raises(TypeError, match=f"^{name}"):
         plsh_attention(q, q, q, seed=0, **{name: "no"})
+
+
+def test_meta_tensors_are_bad_input():
+    """Meta positions/slopes/inputs crashed deep inside (NotImplementedError); now ValueError."""
+    q = torch.randn(1, 2, 8, 4)
+    meta = torch.arange(8, device="meta")
+    with pytest.raises(ValueError, match="^query_positions"):
+        plsh_attention(q, q, q, seed=0, query_positions=meta)
+    with pytest.raises(ValueError, match="^slopes"):
+        plsh_attention(q, q, q, seed=0, slopes=torch.ones(2, device="meta"))
+    qm = q.to("meta")
+    with pytest.raises(ValueError, match="^query"):
+        plsh_attention(qm, qm, qm, seed=0)
