@@ -72,7 +72,8 @@ _OPTIONS = [
      "comma-separated seeds; each seed fixes the initial weights, the batch order and the "
      "partitions, shared by all variants; the table reports mean +- sd over seeds"),
     ("--val-fraction", "val_fraction", float, 0.05, "fraction of files held out"),
-    ("--max-bytes", "max_bytes", int, 0, "cap on the bytes read per split (0: no cap)"),
+    ("--max-bytes", "max_bytes", int, 0, "stop adding files to a split once it holds this many bytes (whole files, so a split "
+     "may exceed it; 0: no cap)"),
     ("--corpus", "corpus", str, "", "directory of .py files (default: the stdlib)"),
     ("--threads", "threads", int, 2, "torch CPU threads"),
     ("--out", "out", str, "", "output folder (default train_lm_<UTC time>)"),
@@ -139,8 +140,15 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
         raise ValueError(f"resample: must be 'every_forward' or 'fixed', got {args.resample!r}")
     if args.backend not in ("fast", "dense"):
         raise ValueError(f"backend: must be 'fast' or 'dense', got {args.backend!r}")
-    if args.lr <= 0 or args.weight_decay < 0:
-        raise ValueError("lr: must be > 0 (and weight_decay >= 0)")
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise ValueError(f"lr: must be finite and > 0, got {args.lr}")
+    if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
+        raise ValueError(f"weight_decay: must be finite and >= 0, got {args.weight_decay}")
+    if not 0.0 < args.val_fraction < 1.0:
+        raise ValueError(f"val_fraction: must lie in (0, 1), got {args.val_fraction}")
+    for name in ("block_size", "max_bytes"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"{name}: must be >= 0 (0: default), got {getattr(args, name)}")
     return variants, factors, seeds
 
 
