@@ -342,3 +342,15 @@ def test_suite_finds_classic_bugs_where_they_show(kernel, shows):
     failing = [s for s in specs if not check_case(kernel, s.build()).passed]
     assert failing, "the suite missed the bug"
     assert all(shows(s) for s in failing), [s.summary() for s in failing if not shows(s)]
+
+
+def test_alibi_cases_are_distinct_problems():
+    """`plsh verify` ran cases 26 and 27 of seed 0 as the same ALiBi problem: they differed
+    only in num_samples, which exact ALiBi does not use. Now ALiBi specs fix it."""
+    import dataclasses
+
+    from plsh_ref.testing import sample_specs
+    specs = sample_specs("alibi", seed=0, num_cases=50, max_seq_len=16, max_head_dim=8,
+                         dtypes=["float16", "float32", "float64"])
+    problems = {dataclasses.replace(s, num_samples=1) for s in specs}
+    assert len(problems) == len(specs)
