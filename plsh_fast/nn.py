@@ -30,7 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from plsh_ref._validation import check_int, check_positive_float
+from plsh_ref._validation import check_bool, check_int, check_positive_float
 from plsh_ref.alibi import alibi_bias, resolve_positions
 from plsh_ref.partition import PartitionSample, counts, draw_partition
 
@@ -210,10 +210,10 @@ class PLSHAttention(nn.Module):
             seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1))
         self.seed = check_int("seed", seed, minimum=0)
         self.num_heads = num_heads
-        self.causal = bool(causal)
+        self.causal = check_bool("causal", causal)
         self.scale = scale
         self.resample = resample
-        self.exact = bool(exact)
+        self.exact = check_bool("exact", exact)
         self.backend = backend
         self.num_draws = 0
         self.register_buffer("slopes", torch.from_numpy(m.copy()))

@@ -256,3 +256,11 @@ def test_bad_inputs_raise_clear_errors():
         PLSHSelfAttention(30, 4)
     with pytest.raises(ValueError, match=r"^attention: core has num_heads=2"):
         PLSHSelfAttention(32, 4, attention=PLSHAttention(2))
+
+
+@pytest.mark.parametrize("name", ["causal", "exact"])
+def test_module_flags_must_be_bool(name):
+    """PLSHAttention(causal="no") was coerced by bool() to True; now a TypeError."""
+    from plsh_fast.nn import PLSHAttention
+    with pytest.raises(TypeError, match=f"^{name}"):
+        PLSHAttention(4, 8, **{name: "no"})

@@ -354,3 +354,12 @@ def test_alibi_cases_are_distinct_problems():
                          dtypes=["float16", "float32", "float64"])
     problems = {dataclasses.replace(s, num_samples=1) for s in specs}
     assert len(problems) == len(specs)
+
+
+def test_problem_specs_flags_must_be_bool():
+    """problem_specs(causal="no") was coerced by bool() to causal=True; now a TypeError."""
+    from plsh_ref.testing.strategies import problem_specs
+    with pytest.raises(TypeError, match="^causal"):
+        problem_specs(causal="no")
+    with pytest.raises(TypeError, match="^gqa"):
+        problem_specs(gqa="no")

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from .._validation import check_int
+from .._validation import check_bool, check_int
 from ..alibi import alibi_slopes
 from ..partition import PartitionSample, draw_partition
 from .problems import DTYPES, POSITION_MODES, SLOPE_MODES, AttentionProblem, ProblemSpec
@@ -189,7 +189,7 @@ def _specs(draw, kind, max_batch, max_heads, max_seq_len, max_head_dim, dtype_na
         head_dim=head_dim,
         head_dim_v=head_dim_v,
         dtype=draw(st.sampled_from(dtype_names)),
-        causal=draw(st.booleans()) if causal is None else bool(causal),
+        causal=draw(st.booleans()) if causal is None else causal,
         positions=draw(st.sampled_from(position_modes)),
         pad=draw(st.integers(0, max_seq_len)),
         slopes=draw(st.sampled_from(SLOPE_MODES)),
@@ -250,8 +250,11 @@ def problem_specs(kind: str = "alibi", *, max_batch: int = 2, max_heads: int = 4
     position_modes = _check_choices("positions", positions, POSITION_MODES)
     if not (np.isfinite(max_amplitude) and max_amplitude >= 0.25):
         raise ValueError(f"max_amplitude: must be finite and >= 0.25, got {max_amplitude!r}")
+    if causal is not None:
+        causal = check_bool("causal", causal)
+    gqa = check_bool("gqa", gqa)
     return _specs(kind, max_batch, max_heads, max_seq_len, max_head_dim, dtype_names,
-                  causal, bool(gqa), position_modes, max_samples, float(max_amplitude))
+                  causal, gqa, position_modes, max_samples, float(max_amplitude))
 
 
 def attention_problems(kind: str = "alibi", **bounds) -> st.SearchStrategy[AttentionProblem]:
