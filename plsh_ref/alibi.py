@@ -121,7 +121,13 @@ def resolve_positions(n_q: int, n_k: int, query_positions=None, key_positions=No
 
 
 def causal_mask(query_positions, key_positions) -> np.ndarray:
-    """Boolean admissibility ``p_key <= p_query``, shape ``(n_q, n_k)``."""
+    """Boolean admissibility ``p_key <= p_query``, shape ``(n_q, n_k)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If positions are not one-dimensional integers with ``|p| < 2**53``.
+    """
     qpos = as_positions("query_positions", query_positions)
     kpos = as_positions("key_positions", key_positions)
     return kpos[None, :] <= qpos[:, None]

@@ -127,7 +127,13 @@ def plsh_attention_mp(query, key, value, partition, *, causal: bool = True, scal
                       query_positions=None, key_positions=None, dps: int = 30):
     """PLSH attention with weights ``M~ = C / s`` at ``dps`` digits (arguments as
     :func:`plsh_ref.attention.plsh_attention`). Counts are exact integers; ``C / s`` is
-    formed at the working precision."""
+    formed at the working precision.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`plsh_ref.attention.plsh_attention`, and on ``dps < 15``.
+    """
     q, k, _ = validate_qkv(query, key, value)
     partition = _check_partition_heads(partition, q.shape[1])
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)

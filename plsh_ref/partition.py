@@ -142,6 +142,11 @@ def head_rng(seed: int, head: int) -> np.random.Generator:
     ``default_rng(SeedSequence(seed, spawn_key=(head,)))``: the same stream as the
     ``head``-th child of ``SeedSequence(seed).spawn``, so heads can be drawn one at a time,
     on different devices, in any order.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``seed`` or ``head`` is not an integer ``>= 0``.
     """
     seed = check_int("seed", seed, minimum=0)
     head = check_int("head", head, minimum=0)
@@ -254,6 +259,14 @@ def blocks(partition: PartitionSample, positions, head: int, sample: int) -> lis
     -------
     list of numpy.ndarray
         int64 index arrays partitioning ``range(len(positions))``.
+
+    Raises
+    ------
+    TypeError
+        If ``partition`` is not a PartitionSample or positions are not integers.
+    ValueError
+        If ``head`` or ``sample`` is out of range, or positions are invalid (see
+        :func:`bins`).
     """
     partition = _check_partition(partition)
     head = check_int("head", head, minimum=0)
@@ -273,6 +286,11 @@ def block_sizes(partition: PartitionSample, positions) -> list[list[np.ndarray]]
 
     The nonzero spectrum of one mask ``M(h)`` is exactly this list (each all-ones block of
     size ``k`` has the single nonzero eigenvalue ``k``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`bins`.
     """
     partition = _check_partition(partition)
     b = bins(partition, positions)
@@ -288,6 +306,15 @@ def masks(partition: PartitionSample, query_positions, key_positions, *,
     -------
     numpy.ndarray
         bool, shape ``(num_heads, num_samples, n_q, n_k)`` (memory ``H s n_q n_k`` bytes).
+
+    Raises
+    ------
+    TypeError
+        If ``partition`` is not a PartitionSample, positions are not integers or
+        ``causal`` is not a bool.
+    ValueError
+        If positions are not one-dimensional or ``|p| >= 2**53``, or a bin index leaves
+        the int64 range (argument name ``partition``).
     """
     causal = check_bool("causal", causal)
     qpos = as_positions("query_positions", query_positions)
@@ -316,6 +343,15 @@ def counts(partition: PartitionSample, query_positions, key_positions, *,
     numpy.ndarray
         int64, shape ``(num_heads, n_q, n_k)``. ``counts / num_samples`` is ``M~``.
 
+    Raises
+    ------
+    TypeError
+        If ``partition`` is not a PartitionSample, positions are not integers or
+        ``causal`` is not a bool.
+    ValueError
+        If positions are not one-dimensional or ``|p| >= 2**53``, or a bin index leaves
+        the int64 range (argument name ``partition``).
+
     References
     ----------
     SPEC sections 2-3 (``C = s M~``).
@@ -339,5 +375,10 @@ def empirical_mean(partition: PartitionSample, query_positions, key_positions, *
 
     Unbiased for ``L*`` (``E[M~] = L*``) when the pitches/offsets are drawn by
     :func:`draw_partition`; see ``proofs_notes/collision_probability.md``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`counts`.
     """
     return counts(partition, query_positions, key_positions, causal=causal) / partition.num_samples

@@ -168,6 +168,12 @@ def matrix_error_experiment(n: int, sigmas, samples, reps: int, seed: int, progr
         ``"spectral"``, ``"max"``, ``"frobenius"``; also ``"relative_frobenius"``
         (divided by ``||L*||_F``) and ``"n"``.
 
+    Raises
+    ------
+    TypeError, ValueError
+        ``n < 2``, ``reps < 1``, non-positive sigma, or bad ``samples``/``seed`` (from
+        :func:`plsh_ref.partition.draw_partition`).
+
     References
     ----------
     Wolfson & Wagner (2026), Theorem 2.1.
@@ -225,6 +231,12 @@ def output_error_experiment(query, key, value, samples, reps: int, seed: int,
     dict
         ``"plsh_max_abs"``, ``"plsh_rel_fro"``: arrays ``(len(samples), reps)``;
         ``"no_bias"`` and ``"fixed_blocks"``: ``{"max_abs", "rel_fro"}``; ``"slopes"``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``reps < 1``, bad ``samples``/``seed``, or invalid inputs (as
+        :func:`plsh_ref.attention.alibi_attention`).
 
     References
     ----------
