@@ -579,7 +579,15 @@ def largest_pitch_sf(b, sigma, num_samples: int):
 
 
 def largest_pitch_cdf(b, sigma, num_samples: int):
-    """``P(max_t delta_t <= b) = (1 - (1 + b/sigma) e^(-b/sigma))^s``. See :func:`largest_pitch_sf`."""
+    """``P(max_t delta_t <= b) = (1 - (1 + b/sigma) e^(-b/sigma))^s`` (``b`` in tokens).
+
+    Arguments, shapes and errors as :func:`largest_pitch_sf` (``num_samples < 1``, sigma
+    not finite and > 0).
+
+    References
+    ----------
+    ``proofs_notes/largest_pitch.md``.
+    """
     s = check_int("num_samples", num_samples, minimum=1)
     tail = np.asarray(pitch_sf(b, sigma))
     with np.errstate(divide="ignore"):

@@ -405,7 +405,15 @@ def kms_log_determinant(n: int, sigma) -> float:
 
 
 def kms_determinant(n: int, sigma) -> float:
-    """``det L* = (1 - rho^2)^(n-1)`` (may underflow to 0 for large ``n``; see :func:`kms_log_determinant`)."""
+    """``det L* = (1 - rho^2)^(n-1)``, ``rho = exp(-1/sigma)`` (float).
+
+    May underflow to 0 for large ``n``; see :func:`kms_log_determinant`, whose arguments
+    and errors (``n < 1``, sigma not finite and > 0) this shares.
+
+    References
+    ----------
+    ``proofs_notes/kms_spectrum.md``.
+    """
     return math.exp(kms_log_determinant(n, sigma))
 
 
