@@ -196,7 +196,7 @@ def support_width(partition: PartitionSample, n: int) -> tuple[list[float], list
         hi = torch.where(nonempty, end, 0).amax(dim=0)
         support.append((hi - lo).double().mean().item())
     logits = [0.0] * HEADS
-    for chunk in plan.chunks(1):
+    for chunk in plan.chunks():
         logits[chunk.head] += chunk.bias.numel() / n
     return support, logits
 

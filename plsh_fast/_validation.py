@@ -24,6 +24,7 @@ __all__ = [
     "check_finite",
     "check_num_samples",
     "check_partition",
+    "check_bins_in_range",
     "check_positions",
     "check_qkv",
     "check_scale",
@@ -48,7 +49,8 @@ def check_qkv(query, key, value) -> None:
     Raises
     ------
     TypeError
-        A non-tensor, a non-floating dtype, mixed dtypes, or float64 on a non-CPU device.
+        A non-tensor or a sparse tensor, a non-floating dtype, mixed dtypes, or float64 on a
+        non-CPU device.
     ValueError
         Different devices, wrong ranks, inconsistent batch/length/head_dim, head counts that
         do not divide.
@@ -56,6 +58,8 @@ def check_qkv(query, key, value) -> None:
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+        if t.layout != torch.strided:
+            raise TypeError(f"{name}: must be a dense (strided) tensor, got layout {t.layout}")
         if t.dim() != 4:
             raise ValueError(f"{name}: must have 4 dimensions (batch, heads, seq_len, head_dim), "
                              f"got shape {tuple(t.shape)}")
@@ -103,7 +107,7 @@ def check_slopes(slopes, num_heads: int) -> np.ndarray:
     Raises
     ------
     ValueError
-        Wrong length, non-positive or non-finite slopes.
+        Wrong length, non-positive or non-finite slopes, slopes whose inverse overflows.
     TypeError
         Non-numeric slopes.
     """
@@ -112,6 +116,9 @@ def check_slopes(slopes, num_heads: int) -> np.ndarray:
     m = check_sigma("slopes", slopes)
     if m.shape != (num_heads,):
         raise ValueError(f"slopes: must have shape ({num_heads},), got {m.shape}")
+    with np.errstate(divide="ignore", over="ignore"):
+        if not np.all(np.isfinite(1.0 / m.astype(np.float64))):
+            raise ValueError("slopes: too small, sigma = 1 / slope overflows float64")
     return m.astype(np.float64)
 
 
@@ -121,7 +128,8 @@ def check_partition(partition, num_heads: int, num_samples, seed) -> None:
     Raises
     ------
     TypeError
-        ``partition`` is not a :class:`plsh_ref.partition.PartitionSample`.
+        ``partition`` is not a :class:`plsh_ref.partition.PartitionSample`;
+        ``num_samples`` is not an integer.
     ValueError
         Its head count differs from the query's; ``num_samples`` disagrees with it; a
         ``seed`` is passed as well (the two are exclusive).
@@ -131,6 +139,8 @@ def check_partition(partition, num_heads: int, num_samples, seed) -> None:
                         f"got {type(partition).__name__}")
     if partition.num_heads != num_heads:
         raise ValueError(f"partition: has {partition.num_heads} heads, query has {num_heads}")
+    if num_samples is not None:
+        num_samples = check_num_samples(num_samples)
     if num_samples is not None and num_samples != partition.num_samples:
         raise ValueError(f"num_samples: {num_samples} differs from the partition's "
                          f"{partition.num_samples}")
@@ -192,3 +202,29 @@ def check_backend(backend: str, device: torch.device, head_dim: int, head_dim_v:
 def check_num_samples(num_samples) -> int:
     """``num_samples`` as an int ``>= 1``."""
     return check_int("num_samples", num_samples, minimum=1)
+
+
+def check_bins_in_range(partition, query_positions: torch.Tensor,
+                        key_positions: torch.Tensor) -> None:
+    """Refuse a partition whose bin indices leave int64 for these positions.
+
+    Bins are monotone in the position, so only the smallest and largest positions need
+    checking; they go through :func:`plsh_ref.partition.bins`, which raises the same
+    ``ValueError`` as the reference (argument ``partition``). Reads two integers of each
+    position tensor (a device synchronisation on CUDA).
+
+    Raises
+    ------
+    ValueError
+        A bin index ``floor((p - offset) / pitch)`` outside ``[-2**63, 2**63)``.
+
+    References
+    ----------
+    SPEC section 2 (bins in binary64, stored as int64).
+    """
+    from plsh_ref.partition import bins
+
+    ends = [int(v) for t in (query_positions, key_positions) if t.numel()
+            for v in torch.stack([t.min(), t.max()]).tolist()]
+    if ends:
+        bins(partition, np.array([min(ends), max(ends)], dtype=np.int64))

@@ -95,14 +95,26 @@ def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: 
     ------
     TypeError
         A ``causal``, ``return_lse`` or ``check_finite`` that is not a bool; non-tensor
-        inputs, non-floating or mixed dtypes, float64 off the CPU, a partition that is not
-        a ``PartitionSample``, non-integer ``num_samples``/``seed``/positions.
+        or sparse inputs, non-floating or mixed dtypes, float64 off the CPU, a partition
+        that is not a ``PartitionSample``, non-integer ``num_samples``/``seed``/positions.
     ValueError
         Tensors on different devices, wrong ranks or inconsistent shapes, head counts that
         do not divide, ``num_samples < 1``, slopes of the wrong length or not > 0, a
         partition with another head count or sample count, both ``partition`` and
         ``seed``, positions of the wrong length, an unknown or unavailable ``backend``,
-        non-finite inputs when ``check_finite``. All raised before any kernel launch.
+        non-finite inputs when ``check_finite``, slopes so small that ``1 / slope``
+        overflows, a bin index ``floor((p - offset) / pitch)`` outside the int64 range
+        (pitch too small for the positions; as :func:`plsh_ref.partition.bins`). All
+        raised before any kernel launch.
+
+    Notes
+    -----
+    Cost per head: each query attends to the union of its ``s`` blocks, about
+    ``sigma (ln s + 0.58)`` keys back (``2 sigma (ln s + 0.58)`` without ``causal``), plus
+    the height of its tile of queries; planning costs ``O(s n)``. Memory is
+    ``O(n * window)``, never ``n_q x n_k``. Rows are processed sorted by position (unsorted
+    positions are sorted and the results put back). On the 2-core development CPU the
+    path beats dense attention from about ``n = 4k`` (``benchmarks/README.md``).
 
     References
     ----------
@@ -141,6 +153,7 @@ def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: 
     if check_finite:
         V.check_finite(query, key, value)
     sample = resolve_partition(partition, m, num_samples, seed)
+    V.check_bins_in_range(sample, qpos, kpos)
     pitch, offset = partition_tensors(sample, device)
     out, lse = PLSHAttentionFunction.apply(query, key, value, pitch, offset, qpos, kpos, c,
                                            causal, backend)

@@ -14,19 +14,30 @@ matrix:
    ``[min_t start_t(i), max_t end_t(i))``.
 2. Queries are cut into tiles of ``T`` rows (``T`` chosen per head from its pitches).
    A tile reaches the key range ``[min start, max end)`` over its rows and samples: the
-   union of its blocks. Keys outside it (in particular causally masked key tiles) are
-   never touched.
-3. Tiles of one head whose windows have about the same width are stacked into one batched
-   call (the window is padded to a common width ``W``; padded keys get count 0).
+   union of its blocks. Starts and (cut) ends are non-decreasing along sorted rows, so
+   the range comes from the tile's first and last rows. Keys outside it (in particular
+   causally masked key tiles) are never touched.
+3. The tiles of a head, sorted by window width (widest first), are cut into groups whose
+   widths lie within 1/8 of the group's widest; a group is stacked into one batched call
+   with its windows padded to that width ``W`` (padded keys get count 0). Groups hold at
+   most ``CHUNK_ELEMENTS`` logits per batch row and do not depend on the batch size.
 4. Inside a window the counts are a difference array: ``+1`` at ``start_t(i)``, ``-1`` at
-   ``end_t(i)`` for every sample, then a cumulative sum along the keys: ``O(s)`` work per
-   row plus one pass over the window, instead of ``s`` comparisons per pair. The bias is
-   ``log C`` where ``C >= 1`` and ``-1e30`` (float32) / ``-1e300`` (float64) where
-   ``C = 0``: finite, so that no ``log 0`` or ``exp(-inf)`` (slow special cases of the
-   vectorised math library) is ever evaluated, and ``exp(bias - max)`` underflows to an
-   exact 0 for every inadmissible key. Rows with no admissible key are set to output 0
-   and LSE ``-inf`` explicitly.
-5. Softmax with that bias, its LSE and the gradients are computed by torch's fused CPU
+   ``end_t(i)`` for every sample, then a cumulative sum along the keys (int32): ``O(s)``
+   work per row plus one pass over the window, instead of ``s`` comparisons per pair. The
+   bias is read from a table of ``s + 1`` entries: ``log(C / s)`` where ``C >= 1`` and
+   ``-inf`` where ``C = 0``, so that every inadmissible key gets exactly weight 0 however
+   large its logit (a finite stand-in such as ``-1e30`` lets a key whose logit exceeds
+   the admissible ones by that much win the softmax). Rows with no admissible key are set
+   to output 0 and LSE ``-inf`` explicitly.
+5. Rows in the same bin of every sample (a *cell*; about ``sigma / s`` rows on average,
+   since the ``s`` partitions together cut about ``s / sigma`` boundaries per token) have
+   the same blocks, hence the same counts up to the causal cut. When a group has few
+   cells (at most :data:`PATTERN_ROWS_FRACTION` of its rows), the counts of the first
+   row of each cell are computed over its uncut blocks and copied to the cell's rows;
+   then the keys at or past each row's causal cut are masked, in the columns at or past
+   the group's smallest cut only (for self-attention, the last ``T`` columns). The
+   result is bit-identical to counting every row.
+6. Softmax with that bias, its LSE and the gradients are computed by torch's fused CPU
    flash-attention kernel (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its
    backward) on the stacked tiles, in float32 (float64 for float64 inputs); when that
    operator is missing or the value head_dim differs from the query's, a plain torch
@@ -52,17 +63,26 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
+from .ordering import position_order
 from .partition import bins
 
-__all__ = ["CHUNK_ELEMENTS", "USE_FUSED_TILES", "plsh_backward_cpu", "plsh_forward_cpu",
-           "tile_size"]
+__all__ = ["CHUNK_ELEMENTS", "PATTERN_ROWS_FRACTION", "USE_FUSED_TILES", "plsh_backward_cpu",
+           "plsh_forward_cpu", "tile_size"]
 
-#: Upper bound on ``batch * tiles * T * W`` logits handled by one call (float32: 4 bytes
-#: each); about 2 MB per intermediate keeps a chunk near the cache and the memory small.
+#: Upper bound on the ``tiles * T * W`` logits of one call per batch row (a single tile
+#: wider than this still runs alone); float32: about 2 MB per intermediate and batch row,
+#: which keeps a chunk near the cache and the memory small.
 CHUNK_ELEMENTS = 1 << 19
+
+#: A group of tiles takes the bias of the first row of each *cell* (rows whose blocks
+#: agree in every sample, hence whose counts agree up to the causal cut) and copies it to
+#: the cell's rows when there are at most this fraction as many cells as rows; otherwise
+#: every row's counts are computed. Set to 0 (never) or 1 (always) in tests.
+PATTERN_ROWS_FRACTION = 0.25
 
 #: Use torch's fused CPU flash-attention operator on the stacked tiles when available.
 #: Set to ``False`` to force the plain torch implementation (tests compare both).
@@ -78,13 +98,15 @@ _FUSED_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_f
 def tile_size(mean_pitch: float, n_q: int) -> int:
     """Query-tile height for a head whose pitches average ``mean_pitch`` tokens.
 
-    A power of two in ``[16, 128]`` near ``mean_pitch / 8`` (``sigma / 4``): the window of
+    A power of two in ``[16, 128]`` near ``mean_pitch / 4`` (``sigma / 2``): the window of
     a tile is its height plus the largest left extent of its blocks (about
-    ``sigma (ln s + 0.58)``), so a height well below ``sigma`` wastes little, while tiny
-    tiles make the stacked products and key gathers inefficient. Never taller than the
-    power of two above ``n_q``.
+    ``sigma (ln s + 0.58)``), so a height below ``sigma`` wastes little, while short tiles
+    copy every key of the window ``W / T`` times into the stacked calls. Measured on the
+    SPEC section 7 CPU configuration (n = 16k, s = 16, 2 threads), ``sigma / 2`` took
+    about 25% less time than ``sigma / 4`` and the same as ``sigma`` (see
+    ``benchmarks/README.md``). Never taller than the power of two above ``n_q``.
     """
-    target = max(mean_pitch / 8.0, 1.0)
+    target = max(mean_pitch / 4.0, 1.0)
     t = 1 << int(round(math.log2(target)))
     t = min(max(t, _MIN_TILE), _MAX_TILE)
     return min(t, 1 << max(0, (max(n_q, 1) - 1).bit_length()))
@@ -94,28 +116,31 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _masked_bias(dtype: torch.dtype) -> float:
-    """Finite stand-in for ``log 0``: ``exp(it - anything finite)`` is exactly 0."""
-    return -1e300 if dtype == torch.float64 else -1e30
-
-
-def _order(positions: torch.Tensor):
-    """Stable sorting permutation and its inverse, or ``(None, None)`` if already sorted."""
-    if positions.numel() < 2 or bool((positions[1:] >= positions[:-1]).all()):
-        return None, None
-    order = torch.sort(positions, stable=True).indices
-    inverse = torch.empty_like(order)
-    inverse[order] = torch.arange(order.numel(), device=order.device)
-    return order, inverse
-
-
 @dataclass
 class _Chunk:
+    """One call's work: ``G`` query tiles of ``T`` rows, each with a key window of ``W``."""
+
     head: int
     rows: torch.Tensor    # (G, T) indices into the padded sorted query rows
     keys: torch.Tensor    # (G, W) indices into the sorted keys (clamped; extra keys have count 0)
-    bias: torch.Tensor    # (G, T, W) log C (masked bias where C = 0), compute dtype
+    bias: torch.Tensor    # (G, T, W) log(C / s) (-inf where C = 0), compute dtype
     empty: torch.Tensor   # (G, T) bool, rows without any admissible key
+
+    def take_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """The chunk's rows of ``x`` (B, n, ...) as ``(B, G, T, ...)``."""
+        return _gather(x, self.rows)
+
+    def take_keys(self, x: torch.Tensor) -> torch.Tensor:
+        """The chunk's key windows of ``x`` (B, n_k, d) as ``(B, G, W, d)``."""
+        return _gather(x, self.keys)
+
+    def put_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """``dst`` (B, n, ...) rows of the chunk ``= src`` (B, G, T, ...); rows are disjoint."""
+        dst.index_copy_(1, self.rows.reshape(-1), src.flatten(1, 2))
+
+    def add_keys(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """``dst`` (B, n_k, d) rows of the key windows ``+= src`` (B, G, W, d)."""
+        dst.index_add_(1, self.keys.reshape(-1), src.flatten(1, 2))
 
 
 @dataclass
@@ -146,25 +171,35 @@ class _Plan:
     def n_k(self) -> int:
         return self.kpos.numel()
 
-    def ranges(self, h: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(start, end)``, int64 ``(s, n_q)``: the sorted keys sharing each query's bin.
+    def block_ranges(self, h: int):
+        """``(start, end, cut, bins)``: each query's block of sorted keys, before the causal cut.
 
-        Bins are non-decreasing along sorted positions (floor of a monotone, correctly
-        rounded map), so each bin is one contiguous run of sorted keys; ``end == start``
-        marks an empty range (no key in the bin, or all of them causally masked).
+        ``start``, ``end``: int64 ``(s, n_q)``, the sorted keys sharing the query's bin in
+        sample ``t`` are ``[start, end)``. Bins are non-decreasing along sorted positions
+        (floor of a monotone, correctly rounded map), so each bin is one contiguous run of
+        sorted keys. ``cut``: int64 ``(n_q,)``, the number of keys with ``p_key <= p_query``
+        (causal), or ``None`` when not causal. ``bins``: int64 ``(s, n_q)``, the query bins.
         """
         pitch, offset = self.pitch[h:h + 1], self.offset[h:h + 1]
         bq = bins(pitch, offset, self.qpos)
-        if _unit_steps(self.kpos) and _small(self.kpos) and _small(self.qpos):
+        if (_unit_steps(self.kpos) and _small(self.kpos) and _small(self.qpos)
+                and _small_partition(pitch, offset)):
             start, end = _block_ranges_unit_steps(pitch, offset, bq, self.kpos)
         else:
             bk = bins(pitch, offset, self.kpos).contiguous()
             start = torch.searchsorted(bk, bq, right=False)
             end = torch.searchsorted(bk, bq, right=True)
-        if self.causal:
-            cut = torch.searchsorted(self.kpos, self.qpos, right=True)  # p_key <= p_query
-            end = torch.minimum(end, cut)
-        return start[0], torch.maximum(end, start)[0]
+        cut = torch.searchsorted(self.kpos, self.qpos, right=True) if self.causal else None
+        return start[0], end[0], cut, bq[0]
+
+    def ranges(self, h: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(start, end)``, int64 ``(s, n_q)``: the sorted keys sharing each query's bin
+        and admissible to it (:meth:`block_ranges` after the causal cut);
+        ``end == start`` marks an empty range (no key in the bin, or all of them causally
+        masked).
+        """
+        start, end, cut, _ = self.block_ranges(h)
+        return start, _clip(start, end, cut)
 
     @property
     def padded_rows(self) -> int:
@@ -172,63 +207,132 @@ class _Plan:
         tile = max(self.tiles)
         return -(-self.n_q // tile) * tile
 
-    def chunks(self, batch: int):
+    def chunks(self):
         """Yield the work of every head as :class:`_Chunk` objects of bounded size."""
         for h in range(len(self.tiles)):
-            for spec in self.head_specs(h, batch):
+            for spec in self.head_specs(h):
                 yield self.build(spec)
 
     def build(self, spec) -> _Chunk:
         """The :class:`_Chunk` (indices and bias) of one work item of :meth:`head_specs`."""
         return self._make_chunk(*spec)
 
-    def head_specs(self, h: int, batch: int) -> list[tuple]:
-        """Work items of head ``h``: tiles with equal padded window width, in bounded groups."""
-        return list(self._head_chunks(h, self.tiles[h], batch))
+    def head_specs(self, h: int) -> list[tuple]:
+        """Work items of head ``h``: groups of tiles of similar window width (module step 3)."""
+        return list(self._head_chunks(h, self.tiles[h]))
 
-    def _head_chunks(self, h: int, tile: int, batch: int):
-        start, end = self.ranges(h)
-        s = start.shape[0]
-        num_tiles = -(-self.n_q // tile)
-        pad = num_tiles * tile - self.n_q
-        st = torch.nn.functional.pad(start, (0, pad))  # padded rows: empty ranges
-        en = torch.nn.functional.pad(end, (0, pad))
-        st = st.view(s, num_tiles, tile)
-        en = en.view(s, num_tiles, tile)
-        nonempty = en > st
-        lo = torch.where(nonempty, st, torch.iinfo(torch.int64).max).amin(dim=(0, 2))
-        hi = torch.where(nonempty, en, -1).amax(dim=(0, 2))
-        width = (hi - lo).clamp_(min=0)
-        # Round widths up (by at most 1/8) so that the tiles fall into few buckets.
-        gran = (torch.pow(2.0, torch.floor(torch.log2(width.clamp(min=1).double()))).long()
-                // 8).clamp_(min=16)
-        padded = torch.where(width > 0, -(-width // gran) * gran, 0)
-        for w in torch.unique(padded).tolist():
-            if w == 0:
-                continue
-            ids = torch.nonzero(padded == w).flatten()
-            per_chunk = max(1, CHUNK_ELEMENTS // (batch * tile * w))
-            for c0 in range(0, ids.numel(), per_chunk):
-                sel = ids[c0:c0 + per_chunk]
-                yield (h, tile, w, sel, lo[sel], st[:, sel], en[:, sel])
+    def _head_chunks(self, h: int, tile: int):
+        start, end, cut, bq = self.block_ranges(h)
+        s, n_q = start.shape
+        num_tiles = -(-n_q // tile)
+        pad = num_tiles * tile - n_q
+        # Padded rows: empty ranges, and (causal) no admissible key.
+        st = torch.nn.functional.pad(start, (0, pad)).view(s, num_tiles, tile)
+        en = torch.nn.functional.pad(end, (0, pad)).view(s, num_tiles, tile)
+        if cut is not None:
+            cut = torch.nn.functional.pad(cut, (0, pad)).view(num_tiles, tile)
+        # A row starts a new cell (rows in the same bin of every sample, hence with the
+        # same counts before the causal cut) when one of its bins differs from the
+        # previous row's; padded rows form cells of their own.
+        new = torch.ones(num_tiles * tile, dtype=torch.bool)
+        new[1:n_q] = (bq[:, 1:] != bq[:, :-1]).any(dim=0)
+        new = new.view(num_tiles, tile)
+        new[:, 0] = True
+        # Window of each tile: starts and cut ends are non-decreasing along sorted rows,
+        # so the first row has the smallest starts and the last (real) row the largest
+        # ends. (A first row whose range is empty in some sample can only widen it.)
+        first = torch.arange(num_tiles) * tile
+        last = torch.clamp(first + tile, max=n_q) - 1
+        lo = start[:, first].amin(dim=0)
+        hi = _clip(start[:, last], end[:, last], None if cut is None else cut.view(-1)[last])
+        width = (hi.amax(dim=0) - lo).clamp_(min=0)
+        # Tiles sorted by window width, widest first, are cut into groups of at most
+        # CHUNK_ELEMENTS logits per batch row whose widths stay within 1/8 of the group's
+        # first (widest) one, which is the group's padded width: few calls, little padding.
+        # Neither the groups nor the padded widths depend on the batch size, so a batch
+        # row gives the same result alone or in a batch.
+        order = torch.argsort(width, descending=True, stable=True)
+        widths = width[order].tolist()
+        # Tiles in that order once, so that every group below is a slice (a view).
+        lo, new = lo.index_select(0, order), new.index_select(0, order)
+        st, en = st.index_select(1, order), en.index_select(1, order)
+        cut = None if cut is None else cut.index_select(0, order)
+        i = 0
+        while i < len(widths) and widths[i] > 0:
+            w = widths[i]
+            cap = max(1, CHUNK_ELEMENTS // (tile * w))
+            j = i + 1
+            while j < len(widths) and j - i < cap and 8 * widths[j] >= 7 * w:
+                j += 1
+            yield (h, tile, w, order[i:j], lo[i:j], st[:, i:j], en[:, i:j],
+                   None if cut is None else cut[i:j], new[i:j])
+            i = j
 
-    def _make_chunk(self, h, tile, w, sel, lo, st, en) -> _Chunk:
+    def _make_chunk(self, h, tile, w, sel, lo, st, en, cut, new) -> _Chunk:
         g = sel.numel()
         rows = sel[:, None] * tile + torch.arange(tile)
         keys = (lo[:, None] + torch.arange(w)).clamp_(max=max(self.n_k - 1, 0))
-        # Difference array of the counts: +1 at start, -1 at end (empty ranges cancel).
-        empty = en <= st
-        rel_st = torch.where(empty, 0, st - lo[None, :, None]).permute(1, 2, 0)
-        rel_en = torch.where(empty, 0, en - lo[None, :, None]).permute(1, 2, 0)
-        diff = torch.zeros(g, tile, w + 1, dtype=self.dtype)
-        ones = torch.ones((), dtype=self.dtype).expand(g, tile, rel_st.shape[2])
+        clipped = _clip(st, en, cut)
+        empty = (clipped <= st).all(dim=0)
+        cell = new.cumsum(dim=1).sub_(1)                  # (G, T) cell of each row
+        cells = int(cell[:, -1].max()) + 1
+        if cells > PATTERN_ROWS_FRACTION * tile:
+            # Rows change blocks often (small sigma): count every row's ranges directly.
+            bias = self._bias(st, clipped, lo, w)
+            return _Chunk(h, rows, keys, bias, empty)
+        # Few cells: count the first row of each cell over its blocks (before the causal
+        # cut), copy that row to the cell's rows, then mask the keys past each row's cut.
+        first = torch.full((g, cells), tile - 1).scatter_reduce_(
+            1, cell, torch.arange(tile).expand(g, tile), "amin")
+        first = first.expand(st.shape[0], g, cells)
+        pattern = self._bias(st.gather(2, first), en.gather(2, first), lo, w)
+        pick = (cell + cells * torch.arange(g)[:, None]).view(-1)
+        bias = pattern.view(g * cells, w).index_select(0, pick).view(g, tile, w)
+        if cut is not None:
+            rel_cut = cut - lo[:, None]                  # keys at or past it: inadmissible
+            c0 = max(int(rel_cut.min()), 0)
+            if c0 < w:
+                past = torch.arange(c0, w) >= rel_cut[..., None]
+                bias[..., c0:].masked_fill_(past, -math.inf)  # log 0: inadmissible
+        return _Chunk(h, rows, keys, bias, empty)
+
+    def _bias(self, st, en, lo, w) -> torch.Tensor:
+        """``log(C / s)`` over the window ``[lo, lo + w)`` of ranges ``[st, en)`` (s, G, R).
+
+        A difference array of the counts (+1 at each start, -1 at each end, ranges clamped
+        to the window; empty ranges cancel), summed along the keys in int32, then read from
+        the table :attr:`log_counts` (the masked bias where ``C = 0``): ``(G, R, w)``.
+        """
+        g, r = st.shape[1], st.shape[2]
+        rel_st = (st - lo[None, :, None]).clamp_(0, w).permute(1, 2, 0)
+        rel_en = (en - lo[None, :, None]).clamp_(0, w).permute(1, 2, 0)
+        diff = torch.zeros(g, r, w + 1, dtype=torch.int32)
+        ones = torch.ones((), dtype=torch.int32).expand(g, r, rel_st.shape[2])
         diff.scatter_add_(2, rel_st, ones)
         diff.scatter_add_(2, rel_en, -ones)
-        counts = diff[..., :w].cumsum_(-1)
-        # log C where C >= 1, the masked bias where C = 0 (C is an exact small integer).
-        bias = counts.clamp_max(1.0).sub_(1.0).mul_(-_masked_bias(self.dtype))
-        bias.add_(counts.clamp_min_(1.0).log_())
-        return _Chunk(h, rows, keys, bias, empty.all(dim=0))
+        counts = diff[..., :w].cumsum(-1, dtype=torch.int32)
+        return self.log_counts.index_select(0, counts.view(-1)).view(g, r, w)
+
+    @cached_property
+    def log_counts(self) -> torch.Tensor:
+        """``log(c / s)`` for ``c = 0..s`` in the compute dtype (``-inf`` for ``c = 0``).
+
+        Rounded once from float64, so that the softmax's LSE is directly
+        ``log sum_j exp(scale q_i . k_j) C_ij / s``: subtracting ``log s`` from a float32
+        LSE afterwards would cancel catastrophically when the LSE is far below ``log s``.
+        """
+        s = self.pitch.shape[1]
+        table = torch.log(torch.arange(s + 1, dtype=torch.float64) / s)
+        table[0] = -math.inf  # log 0: no shared bin, weight exactly 0
+        return table.to(self.dtype)
+
+
+def _clip(start: torch.Tensor, end: torch.Tensor, cut) -> torch.Tensor:
+    """Block ends after the causal cut (``cut`` broadcasts over the samples), never
+    below the starts; ``end`` itself when ``cut`` is ``None``."""
+    if cut is None:
+        return end
+    return torch.maximum(torch.minimum(end, cut), start)
 
 
 def _unit_steps(kpos: torch.Tensor) -> bool:
@@ -240,6 +344,13 @@ def _unit_steps(kpos: torch.Tensor) -> bool:
 def _small(positions: torch.Tensor) -> bool:
     """``|p| < 2**40`` for the end points of sorted positions (rounding error << 1 token)."""
     return positions.numel() == 0 or max(abs(int(positions[0])), abs(int(positions[-1]))) < 2**40
+
+
+def _small_partition(pitch: torch.Tensor, offset: torch.Tensor) -> bool:
+    """Pitches and ``|offset|`` below ``2**39`` tokens: bin boundaries ``offset + b * pitch``
+    near positions below ``2**40`` then stay far inside int64 and within ``2**-11`` tokens
+    of exact (:func:`_first_position`); larger ones take the binary-search path."""
+    return float(pitch.max()) < 2.0**39 and float(offset.abs().max()) < 2.0**39
 
 
 def _first_position(pitch, offset, b: torch.Tensor) -> torch.Tensor:
@@ -273,9 +384,9 @@ def _block_ranges_unit_steps(pitch, offset, bq, kpos):
         return bq.clone(), bq.clone()
     lowest = bq.amin(dim=-1, keepdim=True)
     span = int((bq.amax(dim=-1, keepdim=True) - lowest).max()) + 2
-    if span < bq.shape[-1]:
-        # Fewer distinct bins than queries (pitch > 1 token on average): evaluate the
-        # boundary of every bin once and gather.
+    if span <= 2 * bq.shape[-1] + 2:
+        # At most about twice as many bins as queries: evaluate the boundary of every bin
+        # once (one evaluation per bin instead of two per query) and gather.
         first = _first_position(pitch, offset, lowest + torch.arange(span))
         first = (first - k0).clamp_(0, n_k)
         rel = bq - lowest
@@ -286,8 +397,8 @@ def _block_ranges_unit_steps(pitch, offset, bq, kpos):
 
 
 def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) -> _Plan:
-    query_order, query_inverse = _order(query_positions)
-    key_order, key_inverse = _order(key_positions)
+    query_order, query_inverse = position_order(query_positions)
+    key_order, key_inverse = position_order(key_positions)
     qpos = query_positions if query_order is None else query_positions[query_order]
     kpos = key_positions if key_order is None else key_positions[key_order]
     tiles = [tile_size(p, qpos.numel()) for p in pitch.mean(dim=1).tolist()]
@@ -311,8 +422,13 @@ def _run_parallel(tasks: list, fn, workers: int) -> None:
             for task in tasks:
                 fn(task, 0)
         return
+    # Grad and inference mode are thread-local: the workers never record a graph, and they
+    # run in inference mode when the caller does (tensors created in inference mode may
+    # only be updated in place inside it).
+    inference = torch.is_inference_mode_enabled()
+
     def deal(w):
-        with torch.no_grad():  # grad mode is thread-local: never record in the workers
+        with torch.inference_mode(inference), torch.no_grad():
             for task in tasks[w::workers]:
                 fn(task, w)
 
@@ -327,12 +443,12 @@ def _run_parallel(tasks: list, fn, workers: int) -> None:
         torch.set_num_threads(previous)
 
 
-def _chunk_specs(plan: _Plan, batch: int, workers: int) -> list[tuple]:
+def _chunk_specs(plan: _Plan, workers: int) -> list[tuple]:
     """All work items of all heads, largest first (planning itself runs in parallel)."""
     per_head: list = [None] * len(plan.tiles)
 
     def plan_head(h, _worker):
-        per_head[h] = plan.head_specs(h, batch)
+        per_head[h] = plan.head_specs(h)
 
     _run_parallel(list(range(len(plan.tiles))), plan_head, workers)
     specs = [spec for head in per_head for spec in head]
@@ -356,9 +472,9 @@ def _per_head(x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _gather(rows_tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``rows_tensor[:, idx]`` for ``rows_tensor`` (B, n, d) and ``idx`` (G, W): (B, G, W, d)."""
-    b, _, d = rows_tensor.shape
-    return rows_tensor.index_select(1, idx.reshape(-1)).view(b, *idx.shape, d)
+    """``rows_tensor[:, idx]`` for ``rows_tensor`` (B, n, ...) and ``idx`` (G, W): (B, G, W, ...)."""
+    b, _, *rest = rows_tensor.shape
+    return rows_tensor.index_select(1, idx.reshape(-1)).view(b, *idx.shape, *rest)
 
 
 def _pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -410,6 +526,16 @@ def _tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
     return grad_q, grad_k, grad_v
 
 
+def _prepare(query, key, value, pitch, offset, query_positions, key_positions, causal):
+    """The plan and the per-head sorted (and, for queries, padded) compute-dtype inputs."""
+    dtype = _compute_dtype(query.dtype)
+    plan = _plan(pitch, offset, query_positions, key_positions, causal, dtype)
+    q = _per_head(_sorted_rows(query, plan.query_order, plan.padded_rows, dtype))
+    k = _per_head(_sorted_rows(key, plan.key_order, 0, dtype))
+    v = _per_head(_sorted_rows(value, plan.key_order, 0, dtype))
+    return plan, q, k, v
+
+
 def _empty_result(query, value, n_q):
     b, h = query.shape[:2]
     out = torch.zeros(b, h, n_q, value.shape[-1], dtype=query.dtype)
@@ -453,31 +579,25 @@ def plsh_forward_cpu(query, key, value, pitch, offset, query_positions, key_posi
     batch, num_heads, n_q, _ = query.shape
     if n_q == 0 or key.shape[2] == 0 or batch == 0:
         return _empty_result(query, value, n_q)
-    dtype = _compute_dtype(query.dtype)
-    group = num_heads // key.shape[1]
-    plan = _plan(pitch, offset, query_positions, key_positions, causal, dtype)
-    rows = plan.padded_rows
-    q = _per_head(_sorted_rows(query, plan.query_order, rows, dtype))
-    k = _per_head(_sorted_rows(key, plan.key_order, 0, dtype))
-    v = _per_head(_sorted_rows(value, plan.key_order, 0, dtype))
+    plan, q, k, v = _prepare(query, key, value, pitch, offset, query_positions,
+                             key_positions, causal)
+    dtype, rows, group = plan.dtype, plan.padded_rows, num_heads // key.shape[1]
     out = torch.zeros(batch, num_heads, rows, value.shape[-1], dtype=dtype)
     lse = torch.full((batch, num_heads, rows), -math.inf, dtype=dtype)
-    log_s = math.log(pitch.shape[1])
     workers = torch.get_num_threads()
 
     def work(spec, _worker):
         chunk = plan.build(spec)
         h, hk = chunk.head, chunk.head // group
-        o, l = _tiles_forward(_gather(q[h], chunk.rows), _gather(k[hk], chunk.keys),
-                              _gather(v[hk], chunk.keys), chunk.bias.expand(batch, -1, -1, -1),
+        o, l = _tiles_forward(chunk.take_rows(q[h]), chunk.take_keys(k[hk]),
+                              chunk.take_keys(v[hk]), chunk.bias.expand(batch, -1, -1, -1),
                               scale)
         o = o.masked_fill(chunk.empty[..., None], 0.0)
-        l = (l - log_s).masked_fill_(chunk.empty, -math.inf)
-        idx = chunk.rows.reshape(-1)  # rows of different chunks are disjoint
-        out[:, h].index_copy_(1, idx, o.flatten(1, 2))
-        lse[:, h].index_copy_(1, idx, l.flatten(1, 2))
+        l = l.masked_fill(chunk.empty, -math.inf)
+        chunk.put_rows(out[:, h], o)  # rows of different chunks are disjoint
+        chunk.put_rows(lse[:, h], l)
 
-    _run_parallel(_chunk_specs(plan, batch, workers), work, workers)
+    _run_parallel(_chunk_specs(plan, workers), work, workers)
     out, lse = out[:, :, :n_q], lse[:, :, :n_q]
     if plan.query_inverse is not None:
         out, lse = out[:, :, plan.query_inverse], lse[:, :, plan.query_inverse]
@@ -512,22 +632,18 @@ def plsh_backward_cpu(query, key, value, out, lse, grad_out, pitch, offset, quer
     batch, num_heads, n_q, _ = query.shape
     if n_q == 0 or key.shape[2] == 0 or batch == 0:
         return torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
-    dtype = _compute_dtype(query.dtype)
-    group = num_heads // key.shape[1]
-    plan = _plan(pitch, offset, query_positions, key_positions, causal, dtype)
-    rows = plan.padded_rows
-    q = _per_head(_sorted_rows(query, plan.query_order, rows, dtype))
-    k = _per_head(_sorted_rows(key, plan.key_order, 0, dtype))
-    v = _per_head(_sorted_rows(value, plan.key_order, 0, dtype))
+    plan, q, k, v = _prepare(query, key, value, pitch, offset, query_positions,
+                             key_positions, causal)
+    dtype, rows, group = plan.dtype, plan.padded_rows, num_heads // key.shape[1]
     d_out = _per_head(_sorted_rows(grad_out, plan.query_order, rows, dtype))
     o_all = _per_head(_sorted_rows(out, plan.query_order, rows, dtype))
-    # LSE of the tile softmax (bias log C, no 1/s); 0 on empty rows, whose bias is
-    # masked everywhere, so that their probabilities are exactly 0.
+    # LSE of the tile softmax (the forward's, bias log(C / s)); 0 on empty rows, whose bias
+    # is masked everywhere, so that their probabilities are exactly 0.
     tile_lse = _sorted_rows(lse[..., None], plan.query_order, rows, dtype)[..., 0]
-    tile_lse = torch.where(torch.isfinite(tile_lse), tile_lse + math.log(pitch.shape[1]), 0.0)
+    tile_lse = torch.where(torch.isfinite(tile_lse), tile_lse, 0.0)
     grad_q = torch.zeros(batch, num_heads, rows, query.shape[-1], dtype=dtype)
     workers = torch.get_num_threads()
-    specs = _chunk_specs(plan, batch, workers)
+    specs = _chunk_specs(plan, workers)
     workers = max(1, min(workers, len(specs)))
     # Key windows of different chunks overlap: one key/value accumulator per worker.
     grad_k = [torch.zeros(batch, key.shape[1], plan.n_k, key.shape[-1], dtype=dtype)
@@ -538,15 +654,14 @@ def plsh_backward_cpu(query, key, value, out, lse, grad_out, pitch, offset, quer
     def work(spec, worker):
         chunk = plan.build(spec)
         h, hk = chunk.head, chunk.head // group
-        row_idx, key_idx = chunk.rows.reshape(-1), chunk.keys.reshape(-1)
         gq, gk, gv = _tiles_backward(
-            _gather(d_out[h], chunk.rows), _gather(q[h], chunk.rows),
-            _gather(k[hk], chunk.keys), _gather(v[hk], chunk.keys),
-            _gather(o_all[h], chunk.rows), tile_lse[:, h][:, chunk.rows],
+            chunk.take_rows(d_out[h]), chunk.take_rows(q[h]),
+            chunk.take_keys(k[hk]), chunk.take_keys(v[hk]),
+            chunk.take_rows(o_all[h]), chunk.take_rows(tile_lse[:, h]),
             chunk.bias.expand(batch, -1, -1, -1), scale)
-        grad_q[:, h].index_copy_(1, row_idx, gq.flatten(1, 2))  # disjoint rows
-        grad_k[worker][:, hk].index_add_(1, key_idx, gk.flatten(1, 2))
-        grad_v[worker][:, hk].index_add_(1, key_idx, gv.flatten(1, 2))
+        chunk.put_rows(grad_q[:, h], gq)  # disjoint rows
+        chunk.add_keys(grad_k[worker][:, hk], gk)
+        chunk.add_keys(grad_v[worker][:, hk], gv)
 
     _run_parallel(specs, work, workers)
     grad_k, grad_v = sum(grad_k[1:], grad_k[0]), sum(grad_v[1:], grad_v[0])

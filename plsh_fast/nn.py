@@ -124,6 +124,12 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
     return out
 
 
+def _in_backward_pass() -> bool:
+    """Whether an autograd backward pass is running in this thread (checkpoint recompute)."""
+    task_id = getattr(torch._C, "_current_graph_task_id", None)
+    return task_id is not None and task_id() != -1
+
+
 def _derived_seed(seed: int, draw: int) -> int:
     """Seed of the ``draw``-th training partition: ``SeedSequence([seed, draw])`` (63 bits)."""
     state = np.random.SeedSequence([seed, draw]).generate_state(1, np.uint64)[0]
@@ -158,7 +164,10 @@ class PLSHAttention(nn.Module):
     resample : {"every_forward", "fixed"}
         In training mode, draw a fresh partition every forward (the draw counter is saved
         in the state dict, so a resumed run continues the same stream), or use the
-        module's own partition as in eval mode.
+        module's own partition as in eval mode. Activation checkpointing recomputes the
+        forward during the backward pass, where ``"every_forward"`` would draw another
+        partition than the one the loss used: that case raises ``ValueError``; use
+        ``"fixed"`` (and :meth:`set_partition` between steps) in checkpointed regions.
     exact : bool
         Compute exact ALiBi attention (dense bias through SDPA) instead of PLSH.
     backend : {"fast", "dense"}
@@ -286,6 +295,10 @@ class PLSHAttention(nn.Module):
                 raise ValueError(f"partition: state_dict entries {prefix}pitch and "
                                  f"{prefix}offset differ in shape")
             if pitch.shape != self.pitch.shape:  # adopt another num_samples
+                if offset is None:
+                    raise ValueError(f"partition: state_dict entry {prefix}pitch has "
+                                     f"num_samples={pitch.shape[1]} (the module has "
+                                     f"{self.pitch.shape[1]}) but {prefix}offset is missing")
                 self.pitch = torch.empty(pitch.shape, dtype=torch.float64,
                                          device=self.pitch.device)
                 self.offset = torch.empty(pitch.shape, dtype=torch.float64,
@@ -310,6 +323,16 @@ class PLSHAttention(nn.Module):
     # ---------------------------------------------------------------- forward
     def _forward_partition(self) -> PartitionSample:
         if self.training and self.resample == "every_forward":
+            if _in_backward_pass():
+                # Activation checkpointing recomputes the forward inside the backward; the
+                # recomputation would draw the next partition, not the one the loss used,
+                # and the gradients would silently belong to another function.
+                raise ValueError(
+                    "resample: PLSHAttention's forward runs during a backward pass "
+                    "(activation checkpointing recomputes it); with "
+                    "resample='every_forward' the recomputation would draw another "
+                    "partition than the forward did. Use resample='fixed' (and "
+                    "set_partition between steps) inside checkpointed regions.")
             part = self.training_partition(self.num_draws)
             self.num_draws += 1
             return part

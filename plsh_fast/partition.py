@@ -78,5 +78,5 @@ def bins(pitch: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor) -> 
     if positions.dtype != torch.int64:
         raise TypeError(f"positions: must be int64, got {positions.dtype}")
     p = positions.to(torch.float64)
-    quotient = (p[None, None, :] - offset[..., None]) / pitch[..., None]
-    return torch.floor(quotient).to(torch.int64)
+    quotient = p[None, None, :] - offset[..., None]
+    return quotient.div_(pitch[..., None]).floor_().to(torch.int64)

@@ -30,7 +30,9 @@ Tile planning (host side, torch, on the tensors' device):
   sample's key bins) and the union of ranges that all meet the query tile's span is
   contained in their hull; causal attention also stops at the last key position
   ``<=`` the tile's largest query position (causal tile skipping). With unsorted key
-  positions the range is all keys (correct, slower). ``start`` is rounded down to a
+  positions the range is all keys (correct, slow); the kernels' entry points therefore
+  sort the rows by position first (:mod:`plsh_fast.ordering`), so that this happens only
+  when ``make_plan`` is called directly. ``start`` is rounded down to a
   multiple of ``BLOCK_N`` so that key tiles are aligned with ``klo``/``khi``;
 * symmetrically, per (head, key tile), the query range used by the key/value-gradient
   kernel of the backward pass.

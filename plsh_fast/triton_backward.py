@@ -24,6 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .ordering import position_order, sort_positions, take_rows
 from .tiling import _sum_combine, make_plan, tile_counts
 from .triton_forward import LOG2E, _pow2, _unroll_for, default_blocks
 
@@ -246,6 +247,18 @@ def plsh_backward_triton(query, key, value, out, lse, grad_out, pitch, offset,
     assert out.shape == grad_out.shape and lse.shape == (batch, num_heads, n_q)
     assert num_heads % num_heads_kv == 0 and pitch.shape[0] == num_heads
     num_samples = pitch.shape[1]
+    q_order, q_inverse = position_order(query_positions)
+    k_order, k_inverse = position_order(key_positions)
+    if q_order is not None or k_order is not None:
+        # Unsorted positions: the gradients of the forward's sorted rows, put back.
+        query, out, lse, grad_out = take_rows(q_order, query, out, lse, grad_out)
+        key, value = take_rows(k_order, key, value)
+        dq, dk, dv = plsh_backward_triton(
+            query, key, value, out, lse, grad_out, pitch, offset,
+            sort_positions(query_positions, q_order), sort_positions(key_positions, k_order),
+            scale, causal, _block_m=_block_m, _block_n=_block_n, _variant=_variant,
+            _num_warps=_num_warps, _classify=_classify, _unroll=_unroll)
+        return (*take_rows(q_inverse, dq), *take_rows(k_inverse, dk, dv))
     dev = query.device
     dq = torch.zeros_like(query, memory_format=torch.contiguous_format)
     dk = torch.zeros_like(key, memory_format=torch.contiguous_format)

@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .ordering import position_order, sort_positions, take_rows
 from .tiling import _max_combine, _sum_combine, make_plan, tile_counts
 
 __all__ = ["plsh_forward_triton", "default_blocks"]
@@ -206,6 +207,19 @@ def plsh_forward_triton(query, key, value, pitch, offset, query_positions, key_p
     assert head_dim <= 256 and head_dim_v <= 256
     num_samples = pitch.shape[1]
     assert 1 <= num_samples <= 32768  # C_ij <= s must stay finite in float16
+    q_order, q_inverse = position_order(query_positions)
+    k_order, _ = position_order(key_positions)
+    if q_order is not None or k_order is not None:
+        # Unsorted positions: run on rows sorted by position, where every query tile has
+        # a bounded key range (plsh_fast.ordering), and put the rows back.
+        (query,) = take_rows(q_order, query)
+        key, value = take_rows(k_order, key, value)
+        out, lse = plsh_forward_triton(
+            query, key, value, pitch, offset, sort_positions(query_positions, q_order),
+            sort_positions(key_positions, k_order), scale, causal, _block_m=_block_m,
+            _block_n=_block_n, _variant=_variant, _num_warps=_num_warps,
+            _classify=_classify, _unroll=_unroll)
+        return take_rows(q_inverse, out, lse)
     dev = query.device
     out = torch.zeros((batch, num_heads, n_q, head_dim_v), dtype=query.dtype, device=dev)
     lse = torch.full((batch, num_heads, n_q), float("-inf"), dtype=torch.float32, device=dev)

@@ -32,3 +32,17 @@ def load(name: str):
         if m in stale:
             importlib.reload(sys.modules[m])
     return importlib.import_module(f"plsh_fast.{name}")
+
+
+def record_plans(monkeypatch, module) -> list:
+    """Replace ``module.make_plan`` by a wrapper recording the ``(query_positions,
+    key_positions)`` it is given; returns the (growing) list of recorded pairs."""
+    seen = []
+    real = module.make_plan
+
+    def recording(query_positions, key_positions, *args, **kwargs):
+        seen.append((query_positions.clone(), key_positions.clone()))
+        return real(query_positions, key_positions, *args, **kwargs)
+
+    monkeypatch.setattr(module, "make_plan", recording)
+    return seen

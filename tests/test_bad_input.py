@@ -285,3 +285,15 @@ def test_causal_must_be_bool(flag):
     for call in calls:
         with pytest.raises(TypeError, match="^causal"):
             call()
+
+
+@pytest.mark.parametrize("slope,base", [(1e12, 2**39), (1e300, 0)])
+def test_fast_path_refuses_bins_outside_int64_like_the_reference(slope, base):
+    """Regression: the fast path returned garbage where plsh_ref.partition.bins refuses."""
+    torch = pytest.importorskip("torch")
+    from plsh_fast import plsh_attention
+    q = k = v = torch.randn(1, 1, 16, 4)
+    pos = torch.arange(16) + base
+    with pytest.raises(ValueError, match="partition: bin index"):
+        plsh_attention(q, k, v, slopes=[slope], num_samples=4, seed=0, query_positions=pos,
+                       key_positions=pos)

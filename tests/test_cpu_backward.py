@@ -42,12 +42,15 @@ def _gradcheck(p, fast_mode):
     return torch.autograd.gradcheck(f, (p.query, p.key, p.value), fast_mode=fast_mode)
 
 
+@pytest.mark.parametrize("cells", [0.0, 1.0], ids=["per_row_counts", "cell_counts"])
 @pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("mode", ["default", "unsorted", "gaps"])
-def test_gradcheck_float64(monkeypatch, fused, causal, mode):
-    """Fast-mode gradcheck (random directions) on a problem with several tiles per head."""
+def test_gradcheck_float64(monkeypatch, fused, causal, mode, cells):
+    """Fast-mode gradcheck (random directions) on a problem with several tiles per head,
+    with the counts of every row computed directly and copied from cells."""
     monkeypatch.setattr(cpu, "USE_FUSED_TILES", fused)
+    monkeypatch.setattr(cpu, "PATTERN_ROWS_FRACTION", cells)
     p = make_problem(21, batch=2, num_heads=4, group=2, n_q=19, n_k=23, head_dim=3,
                      head_dim_v=5, dtype="float64", causal=causal, mode=mode,
                      num_samples=3, log2_sigma=(0.0, 4.0), requires_grad=True)

@@ -21,7 +21,7 @@ from plsh_fast import plsh_attention
 from plsh_fast.partition import bins as torch_bins
 from plsh_fast.partition import partition_tensors
 from plsh_ref.partition import bins as ref_bins
-from plsh_ref.partition import draw_partition
+from plsh_ref.partition import PartitionSample, draw_partition
 from plsh_ref.testing.baseline import plain_attention_torch
 from plsh_ref.testing.tolerance import assert_close_to_reference
 
@@ -128,7 +128,7 @@ def test_tiles_touch_only_the_reachable_window():
     pos = torch.arange(n)
     plan = cpu._plan(pitch, offset, pos, pos, True, torch.float32)
     logits = 0
-    for chunk in plan.chunks(1):
+    for chunk in plan.chunks():
         assert chunk.bias.numel() <= max(cpu.CHUNK_ELEMENTS, chunk.bias.shape[1] * chunk.bias.shape[2])
         logits += chunk.bias.numel()
     # expected causal window ~ sigma (ln 16 + 0.58) + tile: about 50 and 130 keys per row
@@ -167,7 +167,7 @@ def _corrupt(monkeypatch, how):
 
     def make_chunk(self, *args):
         chunk = original(self, *args)
-        admissible = chunk.bias > cpu._masked_bias(self.dtype) / 2
+        admissible = torch.isfinite(chunk.bias)  # inadmissible keys have bias -inf
         if how == "counts_ignored":
             chunk.bias = torch.where(admissible, 0.0, chunk.bias).to(chunk.bias.dtype)
         else:  # sign of the bias flipped
@@ -201,3 +201,136 @@ def test_chunk_size_does_not_change_the_result(problem):
     cpu.CHUNK_ELEMENTS = 2048
     magnitude = large.abs().max().item() if large.numel() else 1.0
     torch.testing.assert_close(small, large, rtol=4e-6, atol=4e-6 * magnitude)
+
+
+def test_tile_groups_pad_little_and_cover_every_window():
+    """Stacked tiles are padded to at most 8/7 of their own window, never below it."""
+    n = 3000
+    partition = draw_partition(np.array([3.0, 40.0, 300.0]), 16, seed=4)
+    pitch, offset = partition_tensors(partition, "cpu")
+    pos = torch.arange(n)
+    plan = cpu._plan(pitch, offset, pos, pos, True, torch.float32)
+    seen = 0
+    for h in range(3):
+        start, end = plan.ranges(h)
+        for spec in plan.head_specs(h):
+            chunk = plan.build(spec)
+            w = chunk.keys.shape[1]
+            for g, tile_rows in enumerate(chunk.rows):
+                rows = tile_rows[tile_rows < n]
+                nonempty = end[:, rows] > start[:, rows]
+                need = (end[:, rows][nonempty].max() - start[:, rows][nonempty].min()).item()
+                assert need <= w <= max(8 * need / 7, need + 1)
+                seen += 1
+    assert seen == sum(-(-n // t) for t in plan.tiles)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("mode", ["default", "gaps", "unsorted"])
+def test_cell_pattern_bias_equals_per_row_bias(monkeypatch, causal, mode):
+    """The bias copied from one row per cell (then causally cut) is bit-identical to the
+    bias counted row by row, for every chunk."""
+    rng = np.random.default_rng(3)
+    n_q, n_k = 300, 340
+    if mode == "default":
+        qpos, kpos = torch.arange(n_k - n_q, n_k), torch.arange(n_k)
+    elif mode == "gaps":
+        kpos = torch.from_numpy(np.cumsum(rng.integers(1, 4, n_k)) - 50)
+        qpos = torch.from_numpy(np.sort(rng.integers(-60, int(kpos[-1]) + 5, n_q)))
+    else:
+        kpos = torch.from_numpy(rng.permutation(n_k) * 2)
+        qpos = torch.from_numpy(rng.permutation(n_q) * 2 + 1)
+    partition = draw_partition(np.array([1.5, 30.0, 400.0]), 8, seed=2)
+    pitch, offset = partition_tensors(partition, "cpu")
+    plan = cpu._plan(pitch, offset, qpos, kpos, causal, torch.float32)
+    biases = {}
+    for fraction in (0.0, 1.0):
+        monkeypatch.setattr(cpu, "PATTERN_ROWS_FRACTION", fraction)
+        biases[fraction] = [(c.rows, c.keys, c.bias, c.empty) for c in plan.chunks()]
+    assert len(biases[0.0]) == len(biases[1.0]) > 3
+    for per_row, pattern in zip(biases[0.0], biases[1.0]):
+        for a, b in zip(per_row, pattern):
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0])
+def test_both_bias_constructions_match_the_reference(monkeypatch, fraction):
+    monkeypatch.setattr(cpu, "PATTERN_ROWS_FRACTION", fraction)
+    problem = make_problem(17, num_heads=3, n_q=260, n_k=300, head_dim=8, head_dim_v=8,
+                           causal=True, num_samples=8, log2_sigma=(0.0, 9.0))
+    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
+                              **problem.kwargs)
+    check_against_reference(problem, out, lse)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("cells", [0.0, 1.0], ids=["per_row_counts", "cell_counts"])
+def test_masked_keys_get_zero_weight_even_with_huge_logits(monkeypatch, fused, cells):
+    """Regression: the bias of an inadmissible key was the finite -1e30, so a causally
+    masked key whose logit exceeded the admissible ones by ~1e30 won the softmax."""
+    from plsh_ref.attention import plsh_attention as reference
+    monkeypatch.setattr(cpu, "USE_FUSED_TILES", fused)
+    monkeypatch.setattr(cpu, "PATTERN_ROWS_FRACTION", cells)
+    partition = draw_partition(np.array([4.0, 30.0]), 4, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 40, 4, generator=gen) * 1e16 for _ in range(2))
+    v = torch.randn(1, 2, 40, 4, generator=gen)
+    out = plsh_attention(q, k, v, partition=partition)
+    ref, _ = reference(q.double().numpy(), k.double().numpy(), v.double().numpy(), partition)
+    torch.testing.assert_close(out.double(), torch.from_numpy(ref), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("sigma", [1e-18 ** -1, 1e20, 1e100])
+def test_huge_sigma_gives_plain_causal_attention(sigma):
+    """Regression: pitches above ~9e18 overflowed int64 in the bin-boundary arithmetic, so
+    every block came out empty (output 0, LSE -inf) instead of one bin for all tokens."""
+    from plsh_ref.attention import plsh_attention as reference
+    partition = draw_partition(np.array([sigma]), 4, seed=0)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 1, 64, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    out, lse = plsh_attention(q, k, v, partition=partition, return_lse=True)
+    ref, ref_lse = reference(q.numpy(), k.numpy(), v.numpy(), partition)
+    torch.testing.assert_close(out, torch.from_numpy(ref), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, torch.from_numpy(ref_lse), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("offset", [1e15, 1e16, 1e17])
+def test_large_offsets_of_a_hand_made_partition(offset):
+    """Regression: with |offset| past ~1e16 the bin boundaries of the consecutive-positions
+    shortcut were off by more than one token; such partitions now take binary search."""
+    from plsh_ref.attention import plsh_attention as reference
+    partition = PartitionSample(np.array([[3.0, 7.0]]), np.array([[offset, 3 * offset]]))
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 1, 64, 8, generator=gen, dtype=torch.float64) for _ in range(3))
+    out = plsh_attention(q, k, v, partition=partition)
+    ref, _ = reference(q.numpy(), k.numpy(), v.numpy(), partition)
+    torch.testing.assert_close(out, torch.from_numpy(ref), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("num_samples", [100, 1000])
+def test_lse_far_below_log_s_keeps_float32_precision(num_samples):
+    """Regression: the LSE was computed with bias log C and log s subtracted afterwards in
+    float32, which cancels when the LSE is far below log s (one token, every count s)."""
+    import dataclasses
+    problem = make_problem(3, num_heads=1, n_q=1, n_k=1, head_dim=4, head_dim_v=4,
+                           num_samples=num_samples, log2_sigma=(20.0, 20.0))
+    problem = dataclasses.replace(problem, query=problem.query * 0.05)
+    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
+                              **problem.kwargs)
+    check_against_reference(problem, out, lse)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_inference_mode_with_worker_threads(monkeypatch, threads):
+    """Regression: with two torch threads the worker threads ran outside the caller's
+    inference mode and failed updating its inference tensors in place."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        q = torch.randn(1, 2, 64, 8, generator=torch.Generator().manual_seed(0))
+        expected = plsh_attention(q, q, q, seed=0, num_samples=4)
+        with torch.inference_mode():
+            out = plsh_attention(q, q, q, seed=0, num_samples=4)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(out, expected)

@@ -202,3 +202,20 @@ def test_meta_tensors_are_bad_input():
     qm = q.to("meta")
     with pytest.raises(ValueError, match="^query"):
         plsh_attention(qm, qm, qm, seed=0)
+
+
+def test_review_bad_inputs_are_refused_naming_the_argument():
+    """Regressions from the second review: a float num_samples next to a partition was
+    accepted, a string one gave a confusing ValueError, a subnormal slope failed naming
+    'sigma', and sparse tensors crashed inside the kernel."""
+    from plsh_ref.partition import draw_partition
+    q = torch.randn(1, 2, 8, 4)
+    part = draw_partition(np.array([4.0, 8.0]), 3, seed=0)
+    for bad in (3.0, "3"):
+        with pytest.raises(TypeError, match="num_samples"):
+            plsh_attention(q, q, q, partition=part, num_samples=bad)
+    with pytest.raises(ValueError, match="slopes"):
+        plsh_attention(q, q, q, slopes=[1e-320, 0.5], seed=0)
+    with pytest.raises(TypeError, match="query: must be a dense"):
+        plsh_attention(q.to_sparse(), q, q, seed=0)
+

@@ -264,3 +264,42 @@ def test_module_flags_must_be_bool(name):
     from plsh_fast.nn import PLSHAttention
     with pytest.raises(TypeError, match=f"^{name}"):
         PLSHAttention(4, 8, **{name: "no"})
+
+
+def test_state_dict_with_a_resized_pitch_but_no_offset_is_refused():
+    """Regression: load_state_dict(strict=False) with a pitch of another num_samples and no
+    offset left the offset as uninitialised memory, used silently by forward."""
+    from plsh_fast.nn import PLSHAttention
+    src = PLSHAttention(4, 8, seed=3)
+    state = {k: v for k, v in src.state_dict().items() if k != "offset"}
+    dst = PLSHAttention(4, 16, seed=1)
+    with pytest.raises(ValueError, match="offset is missing"):
+        dst.load_state_dict(state, strict=False)
+
+
+def test_activation_checkpointing_with_fresh_partitions_is_refused():
+    """Regression: checkpoint recomputation drew the next training partition, so the
+    gradients belonged to another function than the loss (silently)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from plsh_fast.nn import PLSHSelfAttention
+    x = torch.randn(1, 40, 16, generator=torch.Generator().manual_seed(0))
+    layer = PLSHSelfAttention(16, 2, num_samples=2, seed=0)
+    y = checkpoint(layer, x, use_reentrant=False)
+    with pytest.raises(ValueError, match="resample"):
+        y.square().sum().backward()
+
+
+def test_activation_checkpointing_with_a_fixed_partition_gives_the_same_gradients():
+    from torch.utils.checkpoint import checkpoint
+
+    from plsh_fast.nn import PLSHSelfAttention
+    x = torch.randn(1, 40, 16, generator=torch.Generator().manual_seed(0))
+    layer = PLSHSelfAttention(16, 2, num_samples=2, seed=0, resample="fixed")
+    grads = []
+    for use_checkpoint in (False, True):
+        layer.zero_grad()
+        y = checkpoint(layer, x, use_reentrant=False) if use_checkpoint else layer(x)
+        y.square().sum().backward()
+        grads.append(layer.q_proj.weight.grad.clone())
+    assert torch.equal(grads[0], grads[1])

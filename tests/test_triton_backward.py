@@ -146,3 +146,19 @@ def test_negative_control_counts_ignored_fails():
     _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "float32")
     with pytest.raises(AssertionError):
         _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "float32", _variant=1)
+
+
+def test_unsorted_positions_give_the_gradients_in_the_callers_order(monkeypatch):
+    """Shuffled (and repeated) positions: both passes plan on sorted rows; the gradients
+    come back in the caller's row order."""
+    planned = _triton_interp.record_plans(monkeypatch, triton_backward)
+    rng = np.random.default_rng(13)
+    partition, q, k, v, g = _case(rng, 1, 2, 1, 33, 29, 6, 5, 3, torch.float32,
+                                  np.array([2.5, 11.0]), 13)
+    qpos = rng.permutation(np.arange(33) * 2).astype(np.int64)
+    kpos = rng.permutation(np.repeat(np.arange(15), 2)[:29] * 4).astype(np.int64)
+    for causal in (True, False):
+        _check_grads(q, k, v, g, partition, qpos, kpos, 0.7, causal, "float32")
+    assert len(planned) == 2
+    for positions in (p for pair in planned for p in pair):
+        assert bool((positions[1:] >= positions[:-1]).all())

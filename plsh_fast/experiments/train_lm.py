@@ -83,7 +83,8 @@ _OPTIONS = [
 def add_arguments(parser) -> None:
     """Register the options of ``plsh train-lm`` on an ``argparse`` parser."""
     for flag, dest, typ, default, text in _OPTIONS:
-        parser.add_argument(flag, dest=dest, type=typ, default=default,
+        flags = (flag, "--output") if flag == "--out" else (flag,)  # as in the other commands
+        parser.add_argument(*flags, dest=dest, type=typ, default=default,
                             help=f"{text} (default: {default!r})")
     parser.add_argument("--no-eval-exact", dest="eval_exact", action="store_false",
                         help="skip evaluating PLSH-trained models with exact ALiBi")

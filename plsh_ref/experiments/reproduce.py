@@ -73,7 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sigmas", type=_float_list, default=[4.0, 16.0, 64.0],
                         help="comma-separated length scales for the kernel-matrix part "
                              "(default 4,16,64)")
-    parser.add_argument("--samples", type=_int_list,
+    parser.add_argument("--samples", "--num-samples", dest="samples", type=_int_list,
                         default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
                         help="comma-separated numbers of samples s (default 1,2,4,...,256)")
     parser.add_argument("--reps", type=int, default=5,
@@ -92,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="block size of the fixed-block baseline (default: per head, "
                              "the mean block size 2*sigma_h of one PLSH mask, rounded)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the partition draws")
-    parser.add_argument("--out", type=Path, default=None,
+    parser.add_argument("--out", "--output", dest="out", type=Path, default=None,
                         help="output folder (default plsh_out/reproduce-<UTC time>)")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--num-samples", type=int, default=16,
                         help="number of samples s in M~ (default 16)")
     parser.add_argument("--seed", type=int, default=0, help="partition seed (default 0)")
-    parser.add_argument("--output", type=pathlib.Path, default=pathlib.Path("plsh_spectrum"),
+    parser.add_argument("--output", "--out", dest="output", type=pathlib.Path, default=pathlib.Path("plsh_spectrum"),
                         help="folder for the plots (default ./plsh_spectrum)")
 
 
