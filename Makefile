@@ -1,13 +1,13 @@
 # Two entry points for a fresh machine (see README):
 #   make demo   - virtualenv, install, run the main job `plsh reproduce`
-#   make test   - install test/docs/fast extras, run the whole test suite and the docs build
+#   make test   - install test/docs/fast extras, lint (ruff), run the whole test suite and the docs build
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # torch==2.13.0 is the CPU wheel; a plain `torch` requirement would pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test venv install-test tests docs clean
+.PHONY: demo test venv install-test lint tests docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ install-test: $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[test,fast,docs]"
 
+lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
 tests:
 	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
 
@@ -29,6 +33,7 @@ docs:
 	$(BIN)/python -m sphinx -W --keep-going -n -b doctest docs docs/_build/doctest
 
 test: install-test
+	$(MAKE) lint
 	$(MAKE) tests
 	@if [ -f docs/conf.py ]; then $(MAKE) docs; fi
 

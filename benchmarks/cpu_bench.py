@@ -63,19 +63,26 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
-from plsh_fast import plsh_attention  # noqa: E402
 from plsh_fast import cpu as plsh_cpu  # noqa: E402
+from plsh_fast import plsh_attention  # noqa: E402
 from plsh_fast.partition import partition_tensors  # noqa: E402
 from plsh_ref.alibi import alibi_slopes  # noqa: E402
 from plsh_ref.partition import PartitionSample, draw_partition  # noqa: E402
 
 HEADS, HEAD_DIM = 4, 64
-METHODS = ("plsh", "sdpa_dense", "flex_exact", "flex_window_width", "flex_window_error",
-           "reduction")
+METHODS = (
+    "plsh",
+    "sdpa_dense",
+    "flex_exact",
+    "flex_window_width",
+    "flex_window_error",
+    "reduction",
+)
 WINDOW_GRID = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0, 24.0)
 
 
 # ----------------------------------------------------------------------------- inputs
+
 
 def make_inputs(n: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
@@ -93,7 +100,7 @@ def exact_alibi(q, k, v, slopes, chunk: int = 512) -> torch.Tensor:
     q64, k64, v64 = q.double(), k.double(), v.double()
     m = torch.tensor(slopes, dtype=torch.float64)[:, None, None]
     out = torch.empty_like(q64)
-    scale = HEAD_DIM ** -0.5
+    scale = HEAD_DIM**-0.5
     for r0 in range(0, n, chunk):
         r1 = min(n, r0 + chunk)
         i = torch.arange(r0, r1, dtype=torch.float64)[:, None]
@@ -106,15 +113,18 @@ def exact_alibi(q, k, v, slopes, chunk: int = 512) -> torch.Tensor:
 
 def errors(out: torch.Tensor, exact: torch.Tensor) -> dict:
     diff = out.double() - exact
-    return {"max_abs_error": diff.abs().max().item(),
-            "rel_fro_error": (diff.norm() / exact.norm()).item()}
+    return {
+        "max_abs_error": diff.abs().max().item(),
+        "rel_fro_error": (diff.norm() / exact.norm()).item(),
+    }
 
 
 # ----------------------------------------------------------------------------- methods
 
+
 def dense_alibi_bias(n: int, slopes) -> torch.Tensor:
     i = torch.arange(n, dtype=torch.float32)
-    dist = (i[:, None] - i[None, :])
+    dist = i[:, None] - i[None, :]
     m = torch.tensor(slopes, dtype=torch.float32)[:, None, None]
     bias = -m * dist.abs()
     return bias.masked_fill_(dist[None] < 0, -math.inf)[None]
@@ -143,6 +153,7 @@ def flex():
     global _FLEX
     if _FLEX is None:
         from torch.nn.attention.flex_attention import flex_attention
+
         _FLEX = torch.compile(flex_attention, dynamic=False)
     return _FLEX
 
@@ -150,6 +161,7 @@ def flex():
 def flex_runner(n: int, slopes, window=None):
     """Compiled FlexAttention exact ALiBi; ``window`` (per head, tokens) adds a sliding window."""
     from torch.nn.attention.flex_attention import create_block_mask
+
     assert np.array_equal(slopes, _SLOPES.double().numpy())
     f = flex()
     if window is None:
@@ -162,6 +174,7 @@ def flex_runner(n: int, slopes, window=None):
     def run_window(q, k, v):
         _WINDOW.copy_(w)
         return f(q, k, v, score_mod=_alibi_score, block_mask=block_mask)
+
     return run_window
 
 
@@ -172,13 +185,21 @@ def reduction(q, k, v, partition: PartitionSample) -> torch.Tensor:
     pitch, offset = partition_tensors(partition, "cpu")
     lses, outs = [], []
     for t in range(partition.num_samples):
-        o, lse = plsh_cpu.plsh_forward_cpu(q, k, v, pitch[:, t:t + 1].contiguous(),
-                                           offset[:, t:t + 1].contiguous(), pos, pos,
-                                           HEAD_DIM ** -0.5, True)
+        o, lse = plsh_cpu.plsh_forward_cpu(
+            q,
+            k,
+            v,
+            pitch[:, t : t + 1].contiguous(),
+            offset[:, t : t + 1].contiguous(),
+            pos,
+            pos,
+            HEAD_DIM**-0.5,
+            True,
+        )
         outs.append(o)
         lses.append(lse)
-    lse = torch.stack(lses)                       # (s, B, H, n)
-    weights = torch.softmax(lse, dim=0)           # numerators / denominators, summed first
+    lse = torch.stack(lses)  # (s, B, H, n)
+    weights = torch.softmax(lse, dim=0)  # numerators / denominators, summed first
     num = sum(w[..., None] * o for w, o in zip(weights, outs))
     return num
 
@@ -232,12 +253,14 @@ def backward_fn(name: str, n: int, s: int, inputs):
         def run():
             out = plsh_attention(*leaves, partition=partition, check_finite=False)
             out.backward(grad)
+
         return run
     bias = dense_alibi_bias(n, slopes)
 
     def run_sdpa():
         out = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=bias)
         out.backward(grad)
+
     return run_sdpa
 
 
@@ -252,6 +275,7 @@ def median_time(fn, repeats: int) -> tuple[float, object]:
 
 
 # ----------------------------------------------------------------------------- memory
+
 
 def _status_kb(field: str) -> int:
     with open("/proc/self/status") as f:
@@ -285,16 +309,20 @@ def measure_memory_child(name, n, s, window, backward):
 
 
 def measure_memory(name, n, s, window, threads, backward=False) -> float | None:
-    cmd = [sys.executable, __file__, "--memory-child", json.dumps(
-        {"name": name, "n": n, "s": s, "window": window, "backward": backward}),
-        "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--memory-child",
+        json.dumps({"name": name, "n": n, "s": s, "window": window, "backward": backward}),
+        "--threads",
+        str(threads),
+    ]
     try:
         # A fixed mmap threshold makes glibc return every large freed block to the OS,
         # so that the resident set tracks live memory and the warm-up call's freed
         # buffers do not hide the second call's peak.
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO,
-                             env=env)
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, cwd=REPO, env=env)
         return float(res.stdout.strip().splitlines()[-1])
     except Exception as exc:  # noqa: BLE001 - report and continue the table
         print(f"  memory of {name} n={n} s={s} failed: {exc}", file=sys.stderr)
@@ -303,17 +331,25 @@ def measure_memory(name, n, s, window, threads, backward=False) -> float | None:
 
 # ----------------------------------------------------------------------------- driver
 
+
 def machine() -> dict:
     cpu_model = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu_model = next(line.split(":", 1)[1].strip() for line in f
-                             if line.startswith("model name"))
+            cpu_model = next(
+                line.split(":", 1)[1].strip() for line in f if line.startswith("model name")
+            )
     except (OSError, StopIteration):
         pass
-    return {"host": socket.gethostname(), "cpu": cpu_model, "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "python": platform.python_version(), "platform": platform.platform()}
+    return {
+        "host": socket.gethostname(),
+        "cpu": cpu_model,
+        "cores": os.cpu_count(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
 
 
 def run(args) -> dict:
@@ -334,15 +370,25 @@ def run(args) -> dict:
                 row = dict(shared[key], s=s, **info)
             else:
                 t, out = median_time(method_fn(name, n, s, inputs, window), args.repeats)
-                row = {"method": name, "n": n, "s": s, "time_s": t, **errors(out, exact),
-                       "window": window, **info}
+                row = {
+                    "method": name,
+                    "n": n,
+                    "s": s,
+                    "time_s": t,
+                    **errors(out, exact),
+                    "window": window,
+                    **info,
+                }
                 if args.memory == "all":
                     row["peak_mb"] = measure_memory(name, n, s, window, args.threads)
                 if name in ("sdpa_dense", "flex_exact"):
                     shared[key] = row
             rows.append(row)
-            print(f"  {name:18s} s={s:3d} {row['time_s']:8.3f} s  err={row['rel_fro_error']:.3e}"
-                  f"  mem={row.get('peak_mb')}", flush=True)
+            print(
+                f"  {name:18s} s={s:3d} {row['time_s']:8.3f} s  err={row['rel_fro_error']:.3e}"
+                f"  mem={row.get('peak_mb')}",
+                flush=True,
+            )
             return row
 
         for s in args.s:
@@ -369,8 +415,9 @@ def run(args) -> dict:
                 t, _ = median_time(backward_fn("plsh", n, s, inputs), args.repeats)
                 ours["fwd_bwd_time_s"] = t
                 if args.memory == "all":
-                    ours["fwd_bwd_peak_mb"] = measure_memory("plsh", n, s, None, args.threads,
-                                                             backward=True)
+                    ours["fwd_bwd_peak_mb"] = measure_memory(
+                        "plsh", n, s, None, args.threads, backward=True
+                    )
                 if n <= args.sdpa_backward_max and "sdpa_dense" in args.methods:
                     key = ("sdpa_dense_bwd", None)
                     if key not in shared:
@@ -378,14 +425,22 @@ def run(args) -> dict:
                         shared[key] = {"fwd_bwd_time_s": t}
                         if args.memory == "all":
                             shared[key]["fwd_bwd_peak_mb"] = measure_memory(
-                                "sdpa_dense", n, s, None, args.threads, backward=True)
-                    sdpa_rows = [r for r in rows if r["method"] == "sdpa_dense" and r["n"] == n
-                                 and r["s"] == s]
+                                "sdpa_dense", n, s, None, args.threads, backward=True
+                            )
+                    sdpa_rows = [
+                        r
+                        for r in rows
+                        if r["method"] == "sdpa_dense" and r["n"] == n and r["s"] == s
+                    ]
                     for r in sdpa_rows:
                         r.update(shared[key])
                 print(f"  fwd+bwd plsh {ours['fwd_bwd_time_s']:.3f} s", flush=True)
-    return {"date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine(), "args": vars(args), "rows": rows}
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "args": vars(args),
+        "rows": rows,
+    }
 
 
 def _fmt(x, spec):
@@ -394,27 +449,38 @@ def _fmt(x, spec):
 
 def markdown(result: dict) -> str:
     m = result["machine"]
-    lines = [f"# CPU benchmark, {result['date']}", "",
-             f"Machine: {m['cpu']} ({m['cores']} cores, {m['threads']} torch threads), "
-             f"torch {m['torch']}, Python {m['python']}, host `{m['host']}`.", "",
-             "Config: batch 1, 4 heads (sigma 4, 16, 64, 256), head_dim 64, float32, causal. "
-             "Time: median wall seconds; memory: extra peak RSS of one call (MB); error: "
-             "relative Frobenius error against float64 exact ALiBi. Command: "
-             f"`python benchmarks/cpu_bench.py {' '.join(result['argv'])}`.", "",
-             "| n | s | method | time (s) | fwd+bwd (s) | peak MB | fwd+bwd MB | rel. error |"
-             " max abs error | window (tokens per head) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# CPU benchmark, {result['date']}",
+        "",
+        f"Machine: {m['cpu']} ({m['cores']} cores, {m['threads']} torch threads), "
+        f"torch {m['torch']}, Python {m['python']}, host `{m['host']}`.",
+        "",
+        "Config: batch 1, 4 heads (sigma 4, 16, 64, 256), head_dim 64, float32, causal. "
+        "Time: median wall seconds; memory: extra peak RSS of one call (MB); error: "
+        "relative Frobenius error against float64 exact ALiBi. Command: "
+        f"`python benchmarks/cpu_bench.py {' '.join(result['argv'])}`.",
+        "",
+        "| n | s | method | time (s) | fwd+bwd (s) | peak MB | fwd+bwd MB | rel. error |"
+        " max abs error | window (tokens per head) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         window = r.get("window")
         if r["method"] == "plsh":
-            window = "support " + ", ".join(f"{w:.0f}" for w in r["support_per_head"]) + \
-                "; tile " + ", ".join(f"{w:.0f}" for w in r["logits_per_row_per_head"])
+            window = (
+                "support "
+                + ", ".join(f"{w:.0f}" for w in r["support_per_head"])
+                + "; tile "
+                + ", ".join(f"{w:.0f}" for w in r["logits_per_row_per_head"])
+            )
         elif r["method"] == "flex_window_error":
             window = f"{r['window_sigmas']} sigma = {window}"
-        lines.append(f"| {r['n']} | {r['s']} | {r['method']} | {_fmt(r['time_s'], '.4f')} | "
-                     f"{_fmt(r.get('fwd_bwd_time_s'), '.4f')} | {_fmt(r.get('peak_mb'), '.0f')} | "
-                     f"{_fmt(r.get('fwd_bwd_peak_mb'), '.0f')} | {r['rel_fro_error']:.3e} | "
-                     f"{r['max_abs_error']:.3e} | {window or '-'} |")
+        lines.append(
+            f"| {r['n']} | {r['s']} | {r['method']} | {_fmt(r['time_s'], '.4f')} | "
+            f"{_fmt(r.get('fwd_bwd_time_s'), '.4f')} | {_fmt(r.get('peak_mb'), '.0f')} | "
+            f"{_fmt(r.get('fwd_bwd_peak_mb'), '.0f')} | {r['rel_fro_error']:.3e} | "
+            f"{r['max_abs_error']:.3e} | {window or '-'} |"
+        )
     lines += ["", "Speed-ups of `plsh` (time of the peer / time of plsh, forward):", ""]
     by = {}
     for r in result["rows"]:
@@ -434,11 +500,20 @@ def main(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--memory", choices=["all", "none"], default="all")
-    p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS,
-                   help="peers to run (plsh always runs)")
+    p.add_argument(
+        "--methods",
+        nargs="+",
+        default=list(METHODS),
+        choices=METHODS,
+        help="peers to run (plsh always runs)",
+    )
     p.add_argument("--backward", action=argparse.BooleanOptionalAction, default=True)
-    p.add_argument("--sdpa-max", type=int, default=16384,
-                   help="largest n for SDPA with a dense bias (memory ~ 4 H n^2 bytes)")
+    p.add_argument(
+        "--sdpa-max",
+        type=int,
+        default=16384,
+        help="largest n for SDPA with a dense bias (memory ~ 4 H n^2 bytes)",
+    )
     p.add_argument("--sdpa-backward-max", type=int, default=4096)
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
@@ -446,8 +521,11 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     if args.memory_child:
         spec = json.loads(args.memory_child)
-        print(measure_memory_child(spec["name"], spec["n"], spec["s"], spec["window"],
-                                   spec["backward"]))
+        print(
+            measure_memory_child(
+                spec["name"], spec["n"], spec["s"], spec["window"], spec["backward"]
+            )
+        )
         return
     t0 = time.perf_counter()
     result = run(args)

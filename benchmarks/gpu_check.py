@@ -55,6 +55,7 @@ def ensure_importable():
 
     try:
         import plsh_ref  # noqa: F401
+
         return
     except ModuleNotFoundError as exc:
         missing = (exc.name or "").split(".")[0]
@@ -68,6 +69,7 @@ def ensure_importable():
 
             def unavailable(*args, **kwargs):
                 raise RuntimeError(f"{self.__name__}.{name}: not installed on this machine")
+
             return unavailable
 
     class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -98,22 +100,38 @@ HEADLINE = (65536, 16)
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/gpu"),
-                   help="output folder (default $OUT)")
-    p.add_argument("--budget", type=float, default=420.0,
-                   help="seconds for the whole run; configs that cannot start in time are skipped")
+    p.add_argument(
+        "--out",
+        default=os.environ.get("OUT", "benchmarks/results/gpu"),
+        help="output folder (default $OUT)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=420.0,
+        help="seconds for the whole run; configs that cannot start in time are skipped",
+    )
     p.add_argument("--seq-lens", type=int, nargs="+", default=list(SEQ_LENS))
     p.add_argument("--samples", type=int, nargs="+", default=list(SAMPLES))
     p.add_argument("--num-heads", type=int, default=16)
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--skip", nargs="*", default=[],
-                   choices=["bins", "correctness", "large", "bench", "backward", "reduction",
-                            "variants"],
-                   help="sections or peers to skip")
-    p.add_argument("--work-model", action="store_true",
-                   help="CPU only: count tile steps and sample classes of the plan, then exit")
-    p.add_argument("--dry-run", action="store_true",
-                   help="no GPU: plan the configurations and write placeholder tables")
+    p.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=["bins", "correctness", "large", "bench", "backward", "reduction", "variants"],
+        help="sections or peers to skip",
+    )
+    p.add_argument(
+        "--work-model",
+        action="store_true",
+        help="CPU only: count tile steps and sample classes of the plan, then exit",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="no GPU: plan the configurations and write placeholder tables",
+    )
     return p.parse_args(argv)
 
 
@@ -153,8 +171,11 @@ def guarded(records, section, name, budget, estimate, fn):
         rec.update(fn())
         rec.setdefault("status", "ok")
     except Exception as exc:  # noqa: BLE001 - every failure is recorded, the run goes on
-        rec.update(status="error", error=f"{type(exc).__name__}: {exc}"[:2000],
-                   traceback=traceback.format_exc()[-4000:])
+        rec.update(
+            status="error",
+            error=f"{type(exc).__name__}: {exc}"[:2000],
+            traceback=traceback.format_exc()[-4000:],
+        )
     rec["seconds"] = round(time.monotonic() - t0, 2)
     records.append(rec)
     brief = {k: v for k, v in rec.items() if k not in ("traceback",)}
@@ -164,15 +185,19 @@ def guarded(records, section, name, budget, estimate, fn):
 
 # --------------------------------------------------------------------------- helpers (GPU)
 
+
 def _torch():
     import torch
+
     return torch
 
 
 def _partition_tensors(partition, device):
     torch = _torch()
-    return (torch.tensor(np.array(partition.pitch), dtype=torch.float64, device=device),
-            torch.tensor(np.array(partition.offset), dtype=torch.float64, device=device))
+    return (
+        torch.tensor(np.array(partition.pitch), dtype=torch.float64, device=device),
+        torch.tensor(np.array(partition.offset), dtype=torch.float64, device=device),
+    )
 
 
 def _timeit(fn, reps_max=20, target_s=1.0):
@@ -205,10 +230,12 @@ def _peak_mb(fn):
 
 # --------------------------------------------------------------------------- 1. bins
 
+
 def check_bins(device):
     torch = _torch()
     from plsh_fast.tiling import compute_bins
     from plsh_ref.partition import bins, draw_partition
+
     rng = np.random.default_rng(0)
     mismatches = 0
     cases = 0
@@ -217,8 +244,11 @@ def check_bins(device):
         part = draw_partition(sigma, int(rng.integers(1, 65)), seed=trial)
         base = int(rng.integers(-(2**45), 2**45)) if trial % 2 else 0
         pos = np.sort(base + rng.integers(-5000, 5000, size=4000)).astype(np.int64)
-        got = compute_bins(*_partition_tensors(part, device),
-                           torch.tensor(pos, device=device)).cpu().numpy()
+        got = (
+            compute_bins(*_partition_tensors(part, device), torch.tensor(pos, device=device))
+            .cpu()
+            .numpy()
+        )
         mismatches += int(np.count_nonzero(got != bins(part, pos)))
         cases += got.size
     if mismatches:
@@ -228,8 +258,10 @@ def check_bins(device):
 
 # --------------------------------------------------------------------------- 2. correctness
 
+
 def _dense_bias(partition, qpos, kpos, causal):
     from plsh_ref.partition import counts
+
     c = counts(partition, qpos, kpos, causal=causal)
     with np.errstate(divide="ignore"):
         return np.log(c / partition.num_samples)
@@ -244,15 +276,17 @@ def _dense_grads(q, k, v, g, bias, scale, dtype):
     vv = v.repeat_interleave(group, dim=1)
     b = torch.as_tensor(bias, device=q.device).to(dtype)[None]
     empty = torch.isneginf(b).all(dim=-1, keepdim=True)
-    logits = torch.where(empty, torch.zeros((), dtype=dtype, device=q.device),
-                         (q @ kk.transpose(-1, -2)) * scale + b)
+    logits = torch.where(
+        empty, torch.zeros((), dtype=dtype, device=q.device), (q @ kk.transpose(-1, -2)) * scale + b
+    )
     out = (torch.softmax(logits, dim=-1) * (~empty)) @ vv
     (out * g.to(dtype)).sum().backward()
     return q.grad, k.grad, v.grad
 
 
-def check_case(device, dtype_name, batch, heads, heads_kv, n_q, n_k, d, dv, s, causal,
-               positions, seed):
+def check_case(
+    device, dtype_name, batch, heads, heads_kv, n_q, n_k, d, dv, s, causal, positions, seed
+):
     torch = _torch()
     from plsh_fast.triton_backward import plsh_backward_triton
     from plsh_fast.triton_forward import plsh_forward_triton
@@ -260,6 +294,7 @@ def check_case(device, dtype_name, batch, heads, heads_kv, n_q, n_k, d, dv, s, c
     from plsh_ref.partition import draw_partition
     from plsh_ref.testing.baseline import plain_attention_torch
     from plsh_ref.testing.tolerance import assert_close_to_reference
+
     dtype = getattr(torch, dtype_name)
     rng = np.random.default_rng(seed)
     sigma = np.exp(rng.uniform(0.0, np.log(256.0), size=heads))
@@ -281,11 +316,13 @@ def check_case(device, dtype_name, batch, heads, heads_kv, n_q, n_k, d, dv, s, c
     kp = torch.tensor(kpos, device=device)
     out, lse = plsh_forward_triton(q, k, v, pitch, offset, qp, kp, scale, causal)
     q64, k64, v64 = (t.double().cpu().numpy() for t in (q, k, v))
-    ref_out, ref_lse = plsh_attention(q64, k64, v64, part, causal=causal, scale=scale,
-                                      query_positions=qpos, key_positions=kpos)
+    ref_out, ref_lse = plsh_attention(
+        q64, k64, v64, part, causal=causal, scale=scale, query_positions=qpos, key_positions=kpos
+    )
     bias = _dense_bias(part, qpos, kpos, causal)
-    base_out, base_lse = plain_attention_torch(q64, k64, v64, bias, scale=scale,
-                                               dtype=dtype_name, device=str(device))
+    base_out, base_lse = plain_attention_torch(
+        q64, k64, v64, bias, scale=scale, dtype=dtype_name, device=str(device)
+    )
     ratios = {}
     ratios["output"] = assert_close_to_reference(out, ref_out, base_out, dtype_name, name="output")
     ratios["lse"] = assert_close_to_reference(lse, ref_lse, base_lse, dtype_name, name="lse")
@@ -296,24 +333,66 @@ def check_case(device, dtype_name, batch, heads, heads_kv, n_q, n_k, d, dv, s, c
     for name, x, r, b in zip(("grad_query", "grad_key", "grad_value"), grads, ref, base):
         if torch.isnan(x).any():
             raise AssertionError(f"{name}: NaN")
-        ratios[name] = assert_close_to_reference(x, r, b, dtype_name, name=name,
-                                                 floor_scale=magnitude)
+        ratios[name] = assert_close_to_reference(
+            x, r, b, dtype_name, name=name, floor_scale=magnitude
+        )
     return {"error_over_allowed": {k_: round(v_, 4) for k_, v_ in ratios.items()}}
 
 
 CORRECTNESS_CASES = [
-    dict(batch=2, heads=4, heads_kv=2, n_q=300, n_k=300, d=64, dv=64, s=8, causal=True,
-         positions="default"),
-    dict(batch=1, heads=2, heads_kv=1, n_q=77, n_k=301, d=80, dv=48, s=5, causal=False,
-         positions="explicit"),
-    dict(batch=1, heads=2, heads_kv=2, n_q=190, n_k=190, d=256, dv=256, s=16, causal=True,
-         positions="default"),
-    dict(batch=1, heads=3, heads_kv=1, n_q=129, n_k=517, d=128, dv=128, s=64, causal=True,
-         positions="default"),
+    dict(
+        batch=2,
+        heads=4,
+        heads_kv=2,
+        n_q=300,
+        n_k=300,
+        d=64,
+        dv=64,
+        s=8,
+        causal=True,
+        positions="default",
+    ),
+    dict(
+        batch=1,
+        heads=2,
+        heads_kv=1,
+        n_q=77,
+        n_k=301,
+        d=80,
+        dv=48,
+        s=5,
+        causal=False,
+        positions="explicit",
+    ),
+    dict(
+        batch=1,
+        heads=2,
+        heads_kv=2,
+        n_q=190,
+        n_k=190,
+        d=256,
+        dv=256,
+        s=16,
+        causal=True,
+        positions="default",
+    ),
+    dict(
+        batch=1,
+        heads=3,
+        heads_kv=1,
+        n_q=129,
+        n_k=517,
+        d=128,
+        dv=128,
+        s=64,
+        causal=True,
+        positions="default",
+    ),
 ]
 
 
 # --------------------------------------------------------------------------- 3. > 2**31 elements
+
 
 def check_large(device, n=None, window=1024, tail=128):
     """(2, 1, 2**23 + 37, 128) bfloat16: 2.1e9 elements per tensor; check the far end.
@@ -328,6 +407,7 @@ def check_large(device, n=None, window=1024, tail=128):
     from plsh_ref.partition import draw_partition
     from plsh_ref.testing.baseline import plain_attention_torch
     from plsh_ref.testing.tolerance import assert_close_to_reference
+
     d, s = 128, 4
     if n is None:
         n = 2**23 + 37
@@ -350,31 +430,40 @@ def check_large(device, n=None, window=1024, tail=128):
     spos = np.arange(n - W, n)
     qs, ks, vs, gs = (t[1:2, :, sl] for t in (q, k, v, g))
     q64, k64, v64 = (t.double().cpu().numpy() for t in (qs, ks, vs))
-    ref_out, ref_lse = plsh_attention(q64, k64, v64, part, causal=True, scale=scale,
-                                      query_positions=spos, key_positions=spos)
+    ref_out, ref_lse = plsh_attention(
+        q64, k64, v64, part, causal=True, scale=scale, query_positions=spos, key_positions=spos
+    )
     bias = _dense_bias(part, spos, spos, True)
-    base_out, base_lse = plain_attention_torch(q64, k64, v64, bias, scale=scale,
-                                               dtype="bfloat16", device=str(device))
+    base_out, base_lse = plain_attention_torch(
+        q64, k64, v64, bias, scale=scale, dtype="bfloat16", device=str(device)
+    )
     tail = np.s_[:, :, -C:]
     r = {}
-    r["output"] = assert_close_to_reference(out[1:2, :, sl][tail], ref_out[tail], base_out[tail],
-                                            "bfloat16", name="output")
-    r["lse"] = assert_close_to_reference(lse[1:2, :, sl][:, :, -C:], ref_lse[:, :, -C:],
-                                         base_lse[:, :, -C:], "bfloat16", name="lse")
-    ref = _dense_grads(qs.double(), ks.double(), vs.double(), gs.double(), bias, scale,
-                       torch.float64)
+    r["output"] = assert_close_to_reference(
+        out[1:2, :, sl][tail], ref_out[tail], base_out[tail], "bfloat16", name="output"
+    )
+    r["lse"] = assert_close_to_reference(
+        lse[1:2, :, sl][:, :, -C:], ref_lse[:, :, -C:], base_lse[:, :, -C:], "bfloat16", name="lse"
+    )
+    ref = _dense_grads(
+        qs.double(), ks.double(), vs.double(), gs.double(), bias, scale, torch.float64
+    )
     base = _dense_grads(qs, ks, vs, gs, bias, scale, torch.bfloat16)
     magnitude = max(float(x[tail].abs().max()) for x in ref)
     for name, x, rr, b in zip(("grad_query", "grad_key", "grad_value"), (dq, dk, dv), ref, base):
-        r[name] = assert_close_to_reference(x[1:2, :, sl][tail], rr[tail], b[tail], "bfloat16",
-                                            name=name, floor_scale=magnitude)
+        r[name] = assert_close_to_reference(
+            x[1:2, :, sl][tail], rr[tail], b[tail], "bfloat16", name=name, floor_scale=magnitude
+        )
     del q, k, v, g, out, lse, dq, dk, dv
     torch.cuda.empty_cache()
-    return {"elements_per_tensor": 2 * n * d,
-            "error_over_allowed": {k_: round(v_, 4) for k_, v_ in r.items()}}
+    return {
+        "elements_per_tensor": 2 * n * d,
+        "error_over_allowed": {k_: round(v_, 4) for k_, v_ in r.items()},
+    }
 
 
 # --------------------------------------------------------------------------- 4. benchmark
+
 
 def _exact_alibi_rows(q, k, v, slopes, rows, scale):
     """float64 exact causal ALiBi output for query ``rows`` (default aligned positions)."""
@@ -395,6 +484,7 @@ def _exact_alibi_rows(q, k, v, slopes, rows, scale):
 
 def _flex():
     from torch.nn.attention import flex_attention as fa
+
     return fa
 
 
@@ -402,8 +492,9 @@ def _flex_lse_call(flex_fn, q, k, v, block_mask, scale):
     """FlexAttention returning (out, lse) across torch versions (return_aux or return_lse)."""
     fa = _flex()
     if hasattr(fa, "AuxRequest"):
-        out, aux = flex_fn(q, k, v, block_mask=block_mask, scale=scale,
-                           return_aux=fa.AuxRequest(lse=True))
+        out, aux = flex_fn(
+            q, k, v, block_mask=block_mask, scale=scale, return_aux=fa.AuxRequest(lse=True)
+        )
         return out, aux.lse
     return flex_fn(q, k, v, block_mask=block_mask, scale=scale, return_lse=True)
 
@@ -420,8 +511,9 @@ def causal_block_mask(n, device, block=128):
     full_num = qb[None, None].contiguous()
     full_idx = torch.arange(nb, device=device, dtype=torch.int32)[None, :].expand(nb, nb)
     full_idx = full_idx.contiguous()[None, None]
-    return fa.BlockMask.from_kv_blocks(kv_num, kv_idx, full_num, full_idx,
-                                       mask_mod=_causal_mod, seq_lengths=(n, n))
+    return fa.BlockMask.from_kv_blocks(
+        kv_num, kv_idx, full_num, full_idx, mask_mod=_causal_mod, seq_lengths=(n, n)
+    )
 
 
 def _causal_mod(b, h, q_idx, kv_idx):
@@ -454,14 +546,14 @@ def reduction_block_mask(bins, n, block=128):
     H, s, _ = bins.shape
     nb = (n + block - 1) // block
     first_q = torch.arange(nb, device=bins.device) * block
-    b = bins.transpose(0, 1).contiguous()                        # (s, H, n), non-decreasing
+    b = bins.transpose(0, 1).contiguous()  # (s, H, n), non-decreasing
     flat = b.reshape(s * H, n)
     start_key = torch.searchsorted(flat, flat[:, first_q].contiguous(), side="left")
     kb0 = torch.div(start_key, block, rounding_mode="floor").reshape(s, H, nb)
     qb = torch.arange(nb, device=bins.device)[None, None, :]
-    num = (qb - kb0 + 1).to(torch.int32)                         # (s, H, nb)
+    num = (qb - kb0 + 1).to(torch.int32)  # (s, H, nb)
     idx = kb0[..., None] + torch.arange(nb, device=bins.device)[None, None, None, :]
-    idx = torch.minimum(idx, qb[..., None]).to(torch.int32)      # (s, H, nb, nb)
+    idx = torch.minimum(idx, qb[..., None]).to(torch.int32)  # (s, H, nb, nb)
     _REDUCTION_BINS["bins"] = b
     return fa.BlockMask.from_kv_blocks(num, idx, mask_mod=_reduction_mod, seq_lengths=(n, n))
 
@@ -478,7 +570,7 @@ def reduction_forward(flex_fn, q, k, v, block_mask, scale, s):
     out_t, lse_t = _flex_lse_call(flex_fn, qs, ks, vs, block_mask, scale)
     lse_t = lse_t.float()
     m = lse_t.amax(dim=0)
-    w = torch.exp(lse_t - m)                                     # (s, H, n)
+    w = torch.exp(lse_t - m)  # (s, H, n)
     z = w.sum(dim=0)
     out = torch.zeros(out_t.shape[1:], dtype=torch.float32, device=q.device)
     for t in range(s):  # one sample at a time: no (s, H, n, d) float32 temporary
@@ -514,6 +606,7 @@ def flex_results(flex, q, k, v, g, n, scale, err, args, device):
             def flex_fwd_bwd():
                 o = flex(qg, kg, vg, score_mod=_alibi_mod, block_mask=causal_mask, scale=scale)
                 return torch.autograd.grad(o, (qg, kg, vg), g)
+
             rec["flex_fwd_bwd_ms"], _ = _timeit(flex_fwd_bwd, reps_max=5)
     except Exception as exc:  # noqa: BLE001
         rec["flex_error_msg"] = f"{type(exc).__name__}: {exc}"[:500]
@@ -527,19 +620,26 @@ def bench_one(device, n, s, args, state):
     from plsh_fast.triton_forward import plsh_forward_triton
     from plsh_ref.alibi import alibi_slopes
     from plsh_ref.partition import draw_partition
+
     fa = _flex()
     H, d = args.num_heads, args.head_dim
     slopes = alibi_slopes(H)
     part = draw_partition(1.0 / slopes, s, seed=1234)
     # q, k, v, g depend on n only, so that FlexAttention results can be shared across s
     gen = torch.Generator(device=device).manual_seed(n)
-    q, k, v, g = (torch.randn((1, H, n, d), generator=gen, device=device, dtype=torch.bfloat16)
-                  for _ in range(4))
+    q, k, v, g = (
+        torch.randn((1, H, n, d), generator=gen, device=device, dtype=torch.bfloat16)
+        for _ in range(4)
+    )
     pitch, offset = _partition_tensors(part, device)
     pos = torch.arange(n, device=device)
     scale = 1.0 / math.sqrt(d)
-    rows = torch.cat([torch.arange(n - 32, n, device=device),
-                      torch.randint(0, n, (32,), generator=gen, device=device)])
+    rows = torch.cat(
+        [
+            torch.arange(n - 32, n, device=device),
+            torch.randint(0, n, (32,), generator=gen, device=device),
+        ]
+    )
     ref = _exact_alibi_rows(q, k, v, slopes, rows, scale)
     rec = {"n": n, "s": s, "num_heads": H, "head_dim": d}
 
@@ -555,9 +655,11 @@ def bench_one(device, n, s, args, state):
     rec["plsh_fwd_ms"], _ = _timeit(ours_fwd)
     rec["plsh_fwd_peak_mb"] = _peak_mb(ours_fwd)
     if "backward" not in args.skip:
+
         def ours_fwd_bwd():
             o, l_ = plsh_forward_triton(q, k, v, pitch, offset, pos, pos, scale, True)
             return plsh_backward_triton(q, k, v, o, l_, g, pitch, offset, pos, pos, scale, True)
+
         rec["plsh_fwd_bwd_ms"], _ = _timeit(ours_fwd_bwd)
         rec["plsh_fwd_bwd_peak_mb"] = _peak_mb(ours_fwd_bwd)
     del out, lse
@@ -604,14 +706,23 @@ def bench_one(device, n, s, args, state):
 
 
 VARIANTS = [  # (block_m, block_n, num_warps, classify, unroll): forward-kernel tuning data
-    (64, 64, 4, True, 0), (64, 64, 4, True, 4), (64, 64, 4, False, 0), (128, 64, 8, True, 0),
-    (64, 32, 4, True, 0), (128, 128, 8, True, 0), (32, 64, 4, True, 0), (128, 64, 8, True, 4),
+    (64, 64, 4, True, 0),
+    (64, 64, 4, True, 4),
+    (64, 64, 4, False, 0),
+    (128, 64, 8, True, 0),
+    (64, 32, 4, True, 0),
+    (128, 128, 8, True, 0),
+    (32, 64, 4, True, 0),
+    (128, 64, 8, True, 4),
 ]
 
 
 def _variant_name(bm, bn, warps, classify, unroll):
-    return (f"BM{bm}_BN{bn}_w{warps}" + ("" if classify else "_noclassify")
-            + (f"_unroll{unroll}" if unroll else ""))
+    return (
+        f"BM{bm}_BN{bn}_w{warps}"
+        + ("" if classify else "_noclassify")
+        + (f"_unroll{unroll}" if unroll else "")
+    )
 
 
 def bench_variants(device, n, s, args):
@@ -620,11 +731,14 @@ def bench_variants(device, n, s, args):
     from plsh_fast.triton_forward import plsh_forward_triton
     from plsh_ref.alibi import alibi_slopes
     from plsh_ref.partition import draw_partition
+
     H, d = args.num_heads, args.head_dim
     part = draw_partition(1.0 / alibi_slopes(H), s, seed=1234)
     gen = torch.Generator(device=device).manual_seed(7)
-    q, k, v = (torch.randn((1, H, n, d), generator=gen, device=device, dtype=torch.bfloat16)
-               for _ in range(3))
+    q, k, v = (
+        torch.randn((1, H, n, d), generator=gen, device=device, dtype=torch.bfloat16)
+        for _ in range(3)
+    )
     pitch, offset = _partition_tensors(part, device)
     pos = torch.arange(n, device=device)
     scale = 1.0 / math.sqrt(d)
@@ -633,15 +747,32 @@ def bench_variants(device, n, s, args):
     for bm, bn, warps, classify, unroll in VARIANTS:
         key = _variant_name(bm, bn, warps, classify, unroll)
         try:
+
             def run(bm=bm, bn=bn, warps=warps, classify=classify, unroll=unroll):
-                return plsh_forward_triton(q, k, v, pitch, offset, pos, pos, scale, True,
-                                           _block_m=bm, _block_n=bn, _num_warps=warps,
-                                           _classify=classify, _unroll=unroll)
+                return plsh_forward_triton(
+                    q,
+                    k,
+                    v,
+                    pitch,
+                    offset,
+                    pos,
+                    pos,
+                    scale,
+                    True,
+                    _block_m=bm,
+                    _block_n=bn,
+                    _num_warps=warps,
+                    _classify=classify,
+                    _unroll=unroll,
+                )
+
             out = run()[0]
             if base is None:
                 base = out
-            times[key] = {"fwd_ms": _timeit(run)[0],
-                          "max_diff_vs_first": float((out.float() - base.float()).abs().max())}
+            times[key] = {
+                "fwd_ms": _timeit(run)[0],
+                "max_diff_vs_first": float((out.float() - base.float()).abs().max()),
+            }
         except Exception as exc:  # noqa: BLE001
             times[key] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     return {"n": n, "s": s, "variants": times}
@@ -659,6 +790,7 @@ def work_model(n, s, num_heads=16, block_m=64, block_n=64, seed=1234):
     """
     from plsh_ref.alibi import alibi_slopes
     from plsh_ref.partition import bins, draw_partition
+
     part = draw_partition(1.0 / alibi_slopes(num_heads), s, seed=seed)
     pos = np.arange(n)
     nq_t = -(-n // block_m)
@@ -666,13 +798,13 @@ def work_model(n, s, num_heads=16, block_m=64, block_n=64, seed=1234):
     steps = full = mixed = disjoint = 0
     per_head = []
     for h in range(num_heads):
-        b = bins(part.heads(h, h + 1), pos)[0]                       # (s, n)
+        b = bins(part.heads(h, h + 1), pos)[0]  # (s, n)
         pad_q = np.pad(b, ((0, 0), (0, nq_t * block_m - n)), mode="edge")
         pad_k = np.pad(b, ((0, 0), (0, nk_t * block_n - n)), mode="edge")
-        qlo, qhi = pad_q[:, ::block_m], pad_q[:, block_m - 1::block_m]  # (s, nq_t)
-        klo, khi = pad_k[:, ::block_n], pad_k[:, block_n - 1::block_n]
+        qlo, qhi = pad_q[:, ::block_m], pad_q[:, block_m - 1 :: block_m]  # (s, nq_t)
+        klo, khi = pad_k[:, ::block_n], pad_k[:, block_n - 1 :: block_n]
         start = np.min([np.searchsorted(b[t], qlo[t], side="left") for t in range(s)], axis=0)
-        end = np.minimum(np.arange(nq_t) * block_m + block_m, n)   # causal cap (default pos.)
+        end = np.minimum(np.arange(nq_t) * block_m + block_m, n)  # causal cap (default pos.)
         first = start // block_n
         last = -(-end // block_n)
         head_steps = 0
@@ -687,12 +819,19 @@ def work_model(n, s, num_heads=16, block_m=64, block_n=64, seed=1234):
         steps += head_steps
         per_head.append(round(head_steps / nq_t, 2))
     dense = num_heads * nq_t * (nq_t + 1) // 2 * (block_m // block_n if block_m >= block_n else 1)
-    return {"n": n, "s": s, "block_m": block_m, "block_n": block_n, "tile_steps": steps,
-            "dense_causal_tile_steps": dense, "work_ratio_vs_dense": round(dense / steps, 1),
-            "mixed_samples_per_step": round(mixed / steps, 2),
-            "full_samples_per_step": round(full / steps, 2),
-            "disjoint_samples_per_step": round(disjoint / steps, 2),
-            "key_tiles_per_query_tile_by_head": per_head}
+    return {
+        "n": n,
+        "s": s,
+        "block_m": block_m,
+        "block_n": block_n,
+        "tile_steps": steps,
+        "dense_causal_tile_steps": dense,
+        "work_ratio_vs_dense": round(dense / steps, 1),
+        "mixed_samples_per_step": round(mixed / steps, 2),
+        "full_samples_per_step": round(full / steps, 2),
+        "disjoint_samples_per_step": round(disjoint / steps, 2),
+        "key_tiles_per_query_tile_by_head": per_head,
+    }
 
 
 def _estimate_seconds(n, s):
@@ -701,6 +840,7 @@ def _estimate_seconds(n, s):
 
 
 # --------------------------------------------------------------------------- output
+
 
 def _fmt(x, digits=3):
     if x is None:
@@ -719,38 +859,62 @@ def write_results(out_dir, payload):
         json.dump(payload, f, indent=1, default=str)
     lines = [f"# GPU check ({payload['date']})", ""]
     env = payload["environment"]
-    lines += [f"- device: {env.get('device')}", f"- torch {env.get('torch')}, "
-              f"triton {env.get('triton')}, python {env.get('python')}",
-              f"- command: `{payload['command']}`", f"- wall time: {payload['wall_s']:.0f} s"]
+    lines += [
+        f"- device: {env.get('device')}",
+        f"- torch {env.get('torch')}, triton {env.get('triton')}, python {env.get('python')}",
+        f"- command: `{payload['command']}`",
+        f"- wall time: {payload['wall_s']:.0f} s",
+    ]
     if payload.get("dry_run"):
         lines.append("- **dry run: placeholder numbers, nothing was measured**")
-    lines += ["", "## Correctness (error / allowed, SPEC section 6; <= 1 passes)", "",
-              "| check | status | detail |", "|---|---|---|"]
+    lines += [
+        "",
+        "## Correctness (error / allowed, SPEC section 6; <= 1 passes)",
+        "",
+        "| check | status | detail |",
+        "|---|---|---|",
+    ]
     for r in payload["records"]:
         if r["section"] in ("bench", "variants"):
             continue
         detail = r.get("error_over_allowed", r.get("error", r.get("reason", "")))
         if isinstance(detail, dict):
             detail = ", ".join(f"{k}={_fmt(v)}" for k, v in detail.items())
-        lines.append(f"| {r['section']}: {r['name']} | {r['status']} | "
-                     f"{str(detail).replace('|', '/')[:300]} |")
-    lines += ["", "## Benchmark: causal, batch 1, 16 heads (standard slopes), head_dim 128, "
-              "bfloat16", "",
-              "Times are medians in ms (CUDA events). Error: max |out - exact ALiBi (float64)| "
-              "on 64 sampled rows.", "",
-              "| n | s | PLSH fwd | Flex fwd | speedup | reduction fwd | PLSH fwd+bwd | "
-              "Flex fwd+bwd | speedup | PLSH peak MB | Flex peak MB | err PLSH | err Flex | "
-              "err reduction | status |",
-              "|" + "---|" * 15]
+        lines.append(
+            f"| {r['section']}: {r['name']} | {r['status']} | "
+            f"{str(detail).replace('|', '/')[:300]} |"
+        )
+    lines += [
+        "",
+        "## Benchmark: causal, batch 1, 16 heads (standard slopes), head_dim 128, bfloat16",
+        "",
+        "Times are medians in ms (CUDA events). Error: max |out - exact ALiBi (float64)| "
+        "on 64 sampled rows.",
+        "",
+        "| n | s | PLSH fwd | Flex fwd | speedup | reduction fwd | PLSH fwd+bwd | "
+        "Flex fwd+bwd | speedup | PLSH peak MB | Flex peak MB | err PLSH | err Flex | "
+        "err reduction | status |",
+        "|" + "---|" * 15,
+    ]
     for r in payload["records"]:
         if r["section"] != "bench":
             continue
-        cells = [r.get("n"), r.get("s"), r.get("plsh_fwd_ms"), r.get("flex_fwd_ms"),
-                 r.get("speedup_fwd_vs_flex"), r.get("reduction_fwd_ms"),
-                 r.get("plsh_fwd_bwd_ms"), r.get("flex_fwd_bwd_ms"),
-                 r.get("speedup_fwd_bwd_vs_flex"), r.get("plsh_fwd_peak_mb"),
-                 r.get("flex_fwd_peak_mb"), r.get("plsh_error"), r.get("flex_error"),
-                 r.get("reduction_error")]
+        cells = [
+            r.get("n"),
+            r.get("s"),
+            r.get("plsh_fwd_ms"),
+            r.get("flex_fwd_ms"),
+            r.get("speedup_fwd_vs_flex"),
+            r.get("reduction_fwd_ms"),
+            r.get("plsh_fwd_bwd_ms"),
+            r.get("flex_fwd_bwd_ms"),
+            r.get("speedup_fwd_bwd_vs_flex"),
+            r.get("plsh_fwd_peak_mb"),
+            r.get("flex_fwd_peak_mb"),
+            r.get("plsh_error"),
+            r.get("flex_error"),
+            r.get("reduction_error"),
+        ]
         status = r["status"] if r["status"] != "error" else "error: " + r.get("error", "")[:80]
         for key in ("flex_error_msg", "reduction_error_msg"):
             if key in r:
@@ -759,12 +923,19 @@ def write_results(out_dir, payload):
     for r in payload["records"]:
         if r["section"] != "variants":
             continue
-        lines += ["", f"## Forward kernel variants (n={r.get('n')}, s={r.get('s')}): "
-                  f"{r['status']} {r.get('error', '')[:200]}", "",
-                  "| variant | fwd ms | max diff vs first | error |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"## Forward kernel variants (n={r.get('n')}, s={r.get('s')}): "
+            f"{r['status']} {r.get('error', '')[:200]}",
+            "",
+            "| variant | fwd ms | max diff vs first | error |",
+            "|---|---|---|---|",
+        ]
         for name, v in r.get("variants", {}).items():
-            lines.append(f"| {name} | {_fmt(v.get('fwd_ms'))} | "
-                         f"{_fmt(v.get('max_diff_vs_first'))} | {v.get('error', '')[:120]} |")
+            lines.append(
+                f"| {name} | {_fmt(v.get('fwd_ms'))} | "
+                f"{_fmt(v.get('max_diff_vs_first'))} | {v.get('error', '')[:120]} |"
+            )
     text = "\n".join(lines) + "\n"
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write(text)
@@ -772,17 +943,23 @@ def write_results(out_dir, payload):
 
 
 def environment(dry_run):
-    env = {"python": platform.python_version(), "platform": platform.platform(),
-           "stubbed_modules": list(STUBBED)}
+    env = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "stubbed_modules": list(STUBBED),
+    }
     try:
         import torch
+
         env["torch"] = torch.__version__
-        env["device"] = (torch.cuda.get_device_name(0) if torch.cuda.is_available()
-                         else "no CUDA device")
+        env["device"] = (
+            torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+        )
     except Exception as exc:  # noqa: BLE001
         env["torch"] = f"unavailable ({exc})"
     try:
         import triton
+
         env["triton"] = triton.__version__
     except Exception as exc:  # noqa: BLE001
         env["triton"] = f"unavailable ({exc})"
@@ -797,35 +974,58 @@ def main(argv=None):
     budget = Budget(args.budget)
     t0 = time.monotonic()
     records = []
-    payload = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-               "command": " ".join(["benchmarks/gpu_check.py"] + list(argv if argv is not None
-                                                                   else sys.argv[1:])),
-               "environment": environment(args.dry_run), "dry_run": args.dry_run,
-               "records": records}
+    payload = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(
+            ["benchmarks/gpu_check.py"] + list(argv if argv is not None else sys.argv[1:])
+        ),
+        "environment": environment(args.dry_run),
+        "dry_run": args.dry_run,
+        "records": records,
+    }
     configs = bench_configs(args.seq_lens, args.samples)
     if args.work_model:
         for n, s in configs:
             rec = work_model(n, s, args.num_heads)
             print(json.dumps(rec), flush=True)
-            records.append({"section": "work_model", "name": f"n={n} s={s}", "status": "ok",
-                            **rec})
+            records.append({"section": "work_model", "name": f"n={n} s={s}", "status": "ok", **rec})
         payload["wall_s"] = time.monotonic() - t0
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "work_model.json"), "w") as f:
             json.dump(payload, f, indent=1, default=str)
         return 0
     if args.dry_run:
-        for i, case in enumerate(CORRECTNESS_CASES):
-            records.append({"section": "correctness", "name": f"float16 case {i}",
-                            "status": "dry-run", "error_over_allowed": {"output": 0.0}})
+        for i, _case in enumerate(CORRECTNESS_CASES):
+            records.append(
+                {
+                    "section": "correctness",
+                    "name": f"float16 case {i}",
+                    "status": "dry-run",
+                    "error_over_allowed": {"output": 0.0},
+                }
+            )
         for n, s in configs:
-            records.append({"section": "bench", "name": f"n={n} s={s}", "status": "dry-run",
-                            "n": n, "s": s, "plsh_fwd_ms": float("nan"),
-                            "estimate_s": _estimate_seconds(n, s)})
-        records.append({"section": "variants", "name": "forward tile variants",
-                        "status": "dry-run", "n": HEADLINE[0], "s": HEADLINE[1],
-                        "variants": {_variant_name(*v): {"fwd_ms": float("nan")}
-                                     for v in VARIANTS}})
+            records.append(
+                {
+                    "section": "bench",
+                    "name": f"n={n} s={s}",
+                    "status": "dry-run",
+                    "n": n,
+                    "s": s,
+                    "plsh_fwd_ms": float("nan"),
+                    "estimate_s": _estimate_seconds(n, s),
+                }
+            )
+        records.append(
+            {
+                "section": "variants",
+                "name": "forward tile variants",
+                "status": "dry-run",
+                "n": HEADLINE[0],
+                "s": HEADLINE[1],
+                "variants": {_variant_name(*v): {"fwd_ms": float("nan")} for v in VARIANTS},
+            }
+        )
         payload["wall_s"] = time.monotonic() - t0
         write_results(args.out, payload)
         print(f"dry run: {len(configs)} benchmark configs planned; wrote {args.out}")
@@ -836,8 +1036,13 @@ def main(argv=None):
         return 2
     device = torch.device("cuda")
     import torch._dynamo
-    for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit",
-                 "accumulated_recompile_limit"):
+
+    for name in (
+        "cache_size_limit",
+        "recompile_limit",
+        "accumulated_cache_size_limit",
+        "accumulated_recompile_limit",
+    ):
         if hasattr(torch._dynamo.config, name):  # FlexAttention recompiles per sequence length
             setattr(torch._dynamo.config, name, max(256, getattr(torch._dynamo.config, name)))
 
@@ -846,18 +1051,33 @@ def main(argv=None):
         write_results(args.out, payload)
 
     state = {}
-    first_cases = [("bfloat16", 0), ("float16", 0), ("float32", 0), ("bfloat16", 1),
-                   ("bfloat16", 2)]
-    later_cases = [(dn, i) for dn in ("bfloat16", "float16", "float32")
-                   for i in range(len(CORRECTNESS_CASES)) if (dn, i) not in first_cases]
+    first_cases = [
+        ("bfloat16", 0),
+        ("float16", 0),
+        ("float32", 0),
+        ("bfloat16", 1),
+        ("bfloat16", 2),
+    ]
+    later_cases = [
+        (dn, i)
+        for dn in ("bfloat16", "float16", "float32")
+        for i in range(len(CORRECTNESS_CASES))
+        if (dn, i) not in first_cases
+    ]
 
     def correctness(cases):
         if "correctness" in args.skip:
             return
         for dtype_name, i in cases:
             case = CORRECTNESS_CASES[i]
-            guarded(records, "correctness", f"{dtype_name} case {i} {case}", budget, 30,
-                    lambda c=case, dn=dtype_name, i=i: check_case(device, dn, seed=i, **c))
+            guarded(
+                records,
+                "correctness",
+                f"{dtype_name} case {i} {case}",
+                budget,
+                30,
+                lambda c=case, dn=dtype_name, i=i: check_case(device, dn, seed=i, **c),
+            )
         flush()
 
     def bench(pairs):
@@ -865,30 +1085,50 @@ def main(argv=None):
             return
         for n, s in pairs:
             fresh = n not in state.get("flex_by_n", {})  # compiled FlexAttention for a new n
-            guarded(records, "bench", f"n={n} s={s}", budget,
-                    _estimate_seconds(n, s) + (100.0 if fresh else 0.0),
-                    lambda n=n, s=s: bench_one(device, n, s, args, state))
+            guarded(
+                records,
+                "bench",
+                f"n={n} s={s}",
+                budget,
+                _estimate_seconds(n, s) + (100.0 if fresh else 0.0),
+                lambda n=n, s=s: bench_one(device, n, s, args, state),
+            )
             flush()
 
     # Order: what matters most first, so that a budget cut loses the least.
     if "bins" not in args.skip:
         guarded(records, "bins", "float64 bins vs plsh_ref", budget, 5, lambda: check_bins(device))
     correctness(first_cases)
-    bench(configs[:1])                       # the headline configuration
+    bench(configs[:1])  # the headline configuration
     if "large" not in args.skip:
-        guarded(records, "large", "2 x 1 x (2^23+37) x 128 bfloat16 (> 2^31 elements)", budget,
-                40, lambda: check_large(device))
+        guarded(
+            records,
+            "large",
+            "2 x 1 x (2^23+37) x 128 bfloat16 (> 2^31 elements)",
+            budget,
+            40,
+            lambda: check_large(device),
+        )
         flush()
     bench(configs[1:])
     if "variants" not in args.skip and HEADLINE in configs:
-        guarded(records, "variants", f"forward tile variants n={HEADLINE[0]} s={HEADLINE[1]}",
-                budget, 40, lambda: bench_variants(device, *HEADLINE, args))
+        guarded(
+            records,
+            "variants",
+            f"forward tile variants n={HEADLINE[0]} s={HEADLINE[1]}",
+            budget,
+            40,
+            lambda: bench_variants(device, *HEADLINE, args),
+        )
     correctness(later_cases)
     flush()
-    failed = [r for r in records
-              if r["section"] not in ("bench", "variants") and r["status"] == "error"]
-    print(f"done in {time.monotonic() - t0:.0f} s; {len(failed)} correctness failures; "
-          f"results in {args.out}")
+    failed = [
+        r for r in records if r["section"] not in ("bench", "variants") and r["status"] == "error"
+    ]
+    print(
+        f"done in {time.monotonic() - t0:.0f} s; {len(failed)} correctness failures; "
+        f"results in {args.out}"
+    )
     return 1 if failed else 0
 
 

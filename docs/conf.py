@@ -103,15 +103,21 @@ _PY_ROLES = r"py:(class|obj|data|exc|func|meth|attr|mod)"
 nitpick_ignore_regex = [
     # dotted names outside our two packages (numpy.ndarray, torch.Tensor, importlib.x, ...)
     (_PY_ROLES, r"(?!plsh_ref\b|plsh_fast\b)[A-Za-z_]\w*\..*"),
-    (_PY_ROLES, r"(numpy|np|scipy|mpmath|torch|triton|hypothesis|pytest|argparse|pathlib|"
-                r"importlib|collections|typing|types|dataclasses|os|matplotlib|tqdm)"),
+    (
+        _PY_ROLES,
+        r"(numpy|np|scipy|mpmath|torch|triton|hypothesis|pytest|argparse|pathlib|"
+        r"importlib|collections|typing|types|dataclasses|os|matplotlib|tqdm)",
+    ),
     # private objects (a private base class, a helper named in a docstring) are not
     # documented by design, so a reference to one renders as plain code
     (_PY_ROLES, r"(.*\.)?_\w+(\..*)?"),
-    (r"py:class", r"(array_like|array-like|optional|callable|default.*|shape.*|dtype.*|"
-                  r"ndarray|Tensor|Generator|SearchStrategy|Namespace|Path|PathLike|"
-                  r"module|function|mpf|any|Any|Callable|Sequence|Iterable|Iterator|"
-                  r"Mapping|NDArray|ArgumentParser)"),
+    (
+        r"py:class",
+        r"(array_like|array-like|optional|callable|default.*|shape.*|dtype.*|"
+        r"ndarray|Tensor|Generator|SearchStrategy|Namespace|Path|PathLike|"
+        r"module|function|mpf|any|Any|Callable|Sequence|Iterable|Iterator|"
+        r"Mapping|NDArray|ArgumentParser)",
+    ),
     (r"py:class", r"[A-Za-z_][\w.]*\[.*"),  # subscripted generics in signatures
 ]
 
@@ -146,9 +152,11 @@ def _sync_dir(directory: Path, wanted: dict[str, str], keep: set[str]) -> None:
 
 def _theory_stubs() -> None:
     notes = sorted((ROOT / "proofs_notes").glob("*.md"))
-    wanted = {note.name: (f"```{{include}} ../../proofs_notes/{note.name}\n"
-                          f":relative-images:\n```\n")
-              for note in notes if note.name.lower() != "readme.md"}
+    wanted = {
+        note.name: (f"```{{include}} ../../proofs_notes/{note.name}\n:relative-images:\n```\n")
+        for note in notes
+        if note.name.lower() != "readme.md"
+    }
     _sync_dir(DOCS / "theory", wanted, keep={"index.md"})
 
 
@@ -157,8 +165,9 @@ def _benchmark_stubs() -> None:
     for table in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
         lines = [line for line in table.read_text().splitlines() if line.strip()]
         title = "" if lines and lines[0].startswith("# ") else f"# {table.stem}\n\n"
-        wanted[table.name] = (f"{title}```{{include}} ../../benchmarks/results/{table.name}\n"
-                              f":relative-images:\n```\n")
+        wanted[table.name] = (
+            f"{title}```{{include}} ../../benchmarks/results/{table.name}\n:relative-images:\n```\n"
+        )
     _sync_dir(DOCS / "benchmarks", wanted, keep={"index.md"})
 
 
@@ -182,8 +191,11 @@ def _is_triton_kernel(obj) -> bool:
 def _triton_kernels(module_name: str) -> list[str]:
     """Names in ``module.__all__`` bound to ``@triton.jit`` functions."""
     module = importlib.import_module(module_name)
-    return [name for name in getattr(module, "__all__", [])
-            if _is_triton_kernel(getattr(module, name, None))]
+    return [
+        name
+        for name in getattr(module, "__all__", [])
+        if _is_triton_kernel(getattr(module, name, None))
+    ]
 
 
 def _api_pages() -> None:
@@ -195,17 +207,21 @@ def _api_pages() -> None:
             is_package = hasattr(importlib.import_module(name), "__path__")
             option = "   :ignore-module-all:\n" if is_package else ""
             # autodoc does not list @triton.jit functions as members; add them explicitly
-            jit = "".join(f"\n.. autofunction:: {name}.{member}\n"
-                          for member in _triton_kernels(name))
-            wanted[f"{name}.md"] = (f"# `{name}`\n\n```{{eval-rst}}\n.. automodule:: {name}\n"
-                                    f"{option}{jit}```\n")
+            jit = "".join(
+                f"\n.. autofunction:: {name}.{member}\n" for member in _triton_kernels(name)
+            )
+            wanted[f"{name}.md"] = (
+                f"# `{name}`\n\n```{{eval-rst}}\n.. automodule:: {name}\n{option}{jit}```\n"
+            )
     _sync_dir(DOCS / "api", wanted, keep={"index.md"})
 
 
 #: generating script -> a file it writes (under ``_generated/``)
-_FIGURE_SCRIPTS = {"overview_figure.py": "overview.png",
-                   "reproduce_plots.py": "reproduce/log.txt",
-                   "verify_examples.py": "verify/numpy_alibi.txt"}
+_FIGURE_SCRIPTS = {
+    "overview_figure.py": "overview.png",
+    "reproduce_plots.py": "reproduce/log.txt",
+    "verify_examples.py": "verify/numpy_alibi.txt",
+}
 
 
 def _generate_sources(app) -> None:
@@ -220,20 +236,37 @@ def _figures(app) -> None:
     """Run the generating scripts (the doctest builder reuses outputs that exist)."""
     out = DOCS / "_generated"
     out.mkdir(exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
     for script, product in _FIGURE_SCRIPTS.items():
         if app.builder.name == "doctest" and (out / product).exists():
             continue
-        subprocess.run([sys.executable, str(DOCS / "_scripts" / script), str(out)], check=True,
-                       cwd=ROOT, env=env)
+        subprocess.run(
+            [sys.executable, str(DOCS / "_scripts" / script), str(out)],
+            check=True,
+            cwd=ROOT,
+            env=env,
+        )
 
 
 # --- events: generated toctrees, re-exported names ---------------------------------------
 #: reading order of the theory chapters; notes not listed follow in alphabetical order
-THEORY_ORDER = ["softmax_bias_identity", "collision_probability", "expectation", "block_laws",
-                "largest_pitch", "window_width", "kms_spectrum", "max_norm_bound",
-                "spectral_bound", "output_bound", "gradient_expectation"]
+THEORY_ORDER = [
+    "softmax_bias_identity",
+    "collision_probability",
+    "expectation",
+    "block_laws",
+    "largest_pitch",
+    "window_width",
+    "kms_spectrum",
+    "max_norm_bound",
+    "spectral_bound",
+    "output_bound",
+    "gradient_expectation",
+]
 #: index pages whose marker line is replaced by a toctree of the stubs next to them
 _GENERATED_TOCS = {"theory/index": "the proofs_notes", "benchmarks/index": "benchmarks/results"}
 _TOC_MARKER = "% generated toctree"
@@ -247,8 +280,11 @@ def _insert_toctree(app, docname, source):
     if docname == "theory/index":
         rank = {name: i for i, name in enumerate(THEORY_ORDER)}
         entries.sort(key=lambda name: (rank.get(name, len(rank)), name))
-    toc = ("```{toctree}\n:maxdepth: 1\n\n" + "\n".join(entries) + "\n```\n" if entries else
-           f"*(Nothing yet: no files in {_GENERATED_TOCS[docname]}.)*\n")
+    toc = (
+        "```{toctree}\n:maxdepth: 1\n\n" + "\n".join(entries) + "\n```\n"
+        if entries
+        else f"*(Nothing yet: no files in {_GENERATED_TOCS[docname]}.)*\n"
+    )
     source[0] = source[0].replace(_TOC_MARKER, toc)
 
 
@@ -289,8 +325,9 @@ def _resolve_reexports(app, env, node, contnode):
     if canonical is None:
         return None
     domain = env.get_domain("py")
-    return domain.resolve_xref(env, node["refdoc"], app.builder, node["reftype"], canonical,
-                               node, contnode)
+    return domain.resolve_xref(
+        env, node["refdoc"], app.builder, node["reftype"], canonical, node, contnode
+    )
 
 
 def _triton_signature(app, what, name, obj, options, signature, return_annotation):
@@ -308,4 +345,3 @@ def setup(app):
     app.connect("source-read", _insert_toctree)
     app.connect("env-get-outdated", _always_reread_indexes)
     app.connect("missing-reference", _resolve_reexports)
-

@@ -61,11 +61,14 @@ def check_qkv(query, key, value) -> None:
         if t.layout != torch.strided:
             raise TypeError(f"{name}: must be a dense (strided) tensor, got layout {t.layout}")
         if t.dim() != 4:
-            raise ValueError(f"{name}: must have 4 dimensions (batch, heads, seq_len, head_dim), "
-                             f"got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name}: must have 4 dimensions (batch, heads, seq_len, head_dim), "
+                f"got shape {tuple(t.shape)}"
+            )
         if t.dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{name}: dtype must be float16, bfloat16, float32 or float64, "
-                            f"got {t.dtype}")
+            raise TypeError(
+                f"{name}: dtype must be float16, bfloat16, float32 or float64, got {t.dtype}"
+            )
     for name, t in (("key", key), ("value", value)):
         if t.device != query.device:
             raise ValueError(f"{name}: on device {t.device}, query on {query.device}")
@@ -75,15 +78,18 @@ def check_qkv(query, key, value) -> None:
         raise TypeError("query: float64 is supported on the CPU path only")
     b, h, _, d = query.shape
     if key.shape[0] != b or value.shape[0] != b:
-        raise ValueError(f"key: batch sizes differ: query {b}, key {key.shape[0]}, "
-                         f"value {value.shape[0]}")
+        raise ValueError(
+            f"key: batch sizes differ: query {b}, key {key.shape[0]}, value {value.shape[0]}"
+        )
     if d < 1 or value.shape[3] < 1:
         raise ValueError(f"query: head_dim and head_dim_v must be >= 1, got {d}, {value.shape[3]}")
     if key.shape[3] != d:
         raise ValueError(f"key: head_dim {key.shape[3]} differs from query head_dim {d}")
     if value.shape[1] != key.shape[1] or value.shape[2] != key.shape[2]:
-        raise ValueError(f"value: (num_heads_kv, n_k) = {tuple(value.shape[1:3])} differs from "
-                         f"key's {tuple(key.shape[1:3])}")
+        raise ValueError(
+            f"value: (num_heads_kv, n_k) = {tuple(value.shape[1:3])} differs from "
+            f"key's {tuple(key.shape[1:3])}"
+        )
     if h < 1 or key.shape[1] < 1 or h % key.shape[1] != 0:
         raise ValueError(f"key: num_heads_kv={key.shape[1]} must divide num_heads={h} (both >= 1)")
 
@@ -135,15 +141,18 @@ def check_partition(partition, num_heads: int, num_samples, seed) -> None:
         ``seed`` is passed as well (the two are exclusive).
     """
     if not isinstance(partition, PartitionSample):
-        raise TypeError(f"partition: must be a plsh_ref.partition.PartitionSample, "
-                        f"got {type(partition).__name__}")
+        raise TypeError(
+            f"partition: must be a plsh_ref.partition.PartitionSample, "
+            f"got {type(partition).__name__}"
+        )
     if partition.num_heads != num_heads:
         raise ValueError(f"partition: has {partition.num_heads} heads, query has {num_heads}")
     if num_samples is not None:
         num_samples = check_num_samples(num_samples)
     if num_samples is not None and num_samples != partition.num_samples:
-        raise ValueError(f"num_samples: {num_samples} differs from the partition's "
-                         f"{partition.num_samples}")
+        raise ValueError(
+            f"num_samples: {num_samples} differs from the partition's {partition.num_samples}"
+        )
     if seed is not None:
         raise ValueError("seed: pass either a partition or a seed, not both")
 
@@ -189,13 +198,17 @@ def check_backend(backend: str, device: torch.device, head_dim: int, head_dim_v:
         raise ValueError(f"backend: 'cpu' needs CPU tensors, got device {device}")
     if backend == "triton":
         if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-            raise ValueError("backend: 'triton' on CPU tensors needs TRITON_INTERPRET=1 set "
-                             "before triton is imported (a CUDA-only option otherwise)")
+            raise ValueError(
+                "backend: 'triton' on CPU tensors needs TRITON_INTERPRET=1 set "
+                "before triton is imported (a CUDA-only option otherwise)"
+            )
         if device.type not in ("cpu", "cuda"):
             raise ValueError(f"query: device {device} is not supported (CPU or CUDA tensors)")
         if max(head_dim, head_dim_v) > MAX_HEAD_DIM_TRITON:
-            raise ValueError(f"backend: head_dim up to {MAX_HEAD_DIM_TRITON} on the Triton path, "
-                             f"got {max(head_dim, head_dim_v)}")
+            raise ValueError(
+                f"backend: head_dim up to {MAX_HEAD_DIM_TRITON} on the Triton path, "
+                f"got {max(head_dim, head_dim_v)}"
+            )
     return backend
 
 
@@ -204,8 +217,9 @@ def check_num_samples(num_samples) -> int:
     return check_int("num_samples", num_samples, minimum=1)
 
 
-def check_bins_in_range(partition, query_positions: torch.Tensor,
-                        key_positions: torch.Tensor) -> None:
+def check_bins_in_range(
+    partition, query_positions: torch.Tensor, key_positions: torch.Tensor
+) -> None:
     """Refuse a partition whose bin indices leave int64 for these positions.
 
     Bins are monotone in the position, so only the smallest and largest positions need
@@ -224,7 +238,11 @@ def check_bins_in_range(partition, query_positions: torch.Tensor,
     """
     from plsh_ref.partition import bins
 
-    ends = [int(v) for t in (query_positions, key_positions) if t.numel()
-            for v in torch.stack([t.min(), t.max()]).tolist()]
+    ends = [
+        int(v)
+        for t in (query_positions, key_positions)
+        if t.numel()
+        for v in torch.stack([t.min(), t.max()]).tolist()
+    ]
     if ends:
         bins(partition, np.array([min(ends), max(ends)], dtype=np.int64))

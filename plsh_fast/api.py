@@ -17,14 +17,29 @@ DEFAULT_NUM_SAMPLES = 16
 
 def _default_positions(n_q: int, n_k: int, device):
     """Keys ``0..n_k-1``; queries aligned to the end, ``n_k - n_q + (0..n_q-1)`` (SPEC 1)."""
-    return (torch.arange(n_k - n_q, n_k, dtype=torch.int64, device=device),
-            torch.arange(n_k, dtype=torch.int64, device=device))
+    return (
+        torch.arange(n_k - n_q, n_k, dtype=torch.int64, device=device),
+        torch.arange(n_k, dtype=torch.int64, device=device),
+    )
 
 
-def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: bool = True,
-                   scale=None, partition=None, seed=None, query_positions=None,
-                   key_positions=None, return_lse: bool = False, backend: str = "auto",
-                   check_finite: bool = True):
+def plsh_attention(
+    query,
+    key,
+    value,
+    *,
+    slopes=None,
+    num_samples=None,
+    causal: bool = True,
+    scale=None,
+    partition=None,
+    seed=None,
+    query_positions=None,
+    key_positions=None,
+    return_lse: bool = False,
+    backend: str = "auto",
+    check_finite: bool = True,
+):
     """PLSH attention: softmax attention with the count-weighted ALiBi approximation.
 
     Computes ``T~_i = sum_j A_ij C_ij v_j / sum_j A_ij C_ij`` with
@@ -142,8 +157,9 @@ def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: 
     if partition is not None:
         V.check_partition(partition, num_heads, num_samples, seed)
     else:
-        num_samples = V.check_num_samples(DEFAULT_NUM_SAMPLES if num_samples is None
-                                          else num_samples)
+        num_samples = V.check_num_samples(
+            DEFAULT_NUM_SAMPLES if num_samples is None else num_samples
+        )
     c = V.check_scale(scale, head_dim)
     qpos = V.check_positions("query_positions", query_positions, n_q, device)
     kpos = V.check_positions("key_positions", key_positions, n_k, device)
@@ -155,6 +171,7 @@ def plsh_attention(query, key, value, *, slopes=None, num_samples=None, causal: 
     sample = resolve_partition(partition, m, num_samples, seed)
     V.check_bins_in_range(sample, qpos, kpos)
     pitch, offset = partition_tensors(sample, device)
-    out, lse = PLSHAttentionFunction.apply(query, key, value, pitch, offset, qpos, kpos, c,
-                                           causal, backend)
+    out, lse = PLSHAttentionFunction.apply(
+        query, key, value, pitch, offset, qpos, kpos, c, causal, backend
+    )
     return (out, lse) if return_lse else out

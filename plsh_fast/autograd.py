@@ -25,10 +25,12 @@ def kernels(backend: str):
     """``(forward, backward)`` functions of ``backend`` ("cpu" or "triton"), imported lazily."""
     if backend == "cpu":
         from .cpu import plsh_backward_cpu, plsh_forward_cpu
+
         return plsh_forward_cpu, plsh_backward_cpu
     if backend == "triton":
         from .triton_backward import plsh_backward_triton
         from .triton_forward import plsh_forward_triton
+
         return plsh_forward_triton, plsh_backward_triton
     raise ValueError(f"backend: must be 'cpu' or 'triton', got {backend!r}")
 
@@ -43,13 +45,26 @@ class PLSHAttentionFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, query, key, value, pitch, offset, query_positions, key_positions,
-                scale, causal, backend):
+    def forward(
+        ctx,
+        query,
+        key,
+        value,
+        pitch,
+        offset,
+        query_positions,
+        key_positions,
+        scale,
+        causal,
+        backend,
+    ):
         forward, _ = kernels(backend)
-        out, lse = forward(query, key, value, pitch, offset, query_positions, key_positions,
-                           scale, causal)
-        ctx.save_for_backward(query, key, value, out, lse, pitch, offset, query_positions,
-                              key_positions)
+        out, lse = forward(
+            query, key, value, pitch, offset, query_positions, key_positions, scale, causal
+        )
+        ctx.save_for_backward(
+            query, key, value, out, lse, pitch, offset, query_positions, key_positions
+        )
         ctx.scale, ctx.causal, ctx.backend = scale, causal, backend
         return out, lse
 
@@ -68,10 +83,20 @@ class PLSHAttentionFunction(torch.autograd.Function):
             out = torch.cat([out, out.new_zeros(*out.shape[:3], 1)], dim=-1)
             grad_out = torch.cat([grad_out, g[..., None]], dim=-1)
         grad_query, grad_key, grad_value = backward(
-            query, key, value, out, lse, grad_out, pitch, offset, qpos, kpos,
-            ctx.scale, ctx.causal)
+            query, key, value, out, lse, grad_out, pitch, offset, qpos, kpos, ctx.scale, ctx.causal
+        )
         if augmented:
             grad_value = grad_value[..., :-1]
         needs = ctx.needs_input_grad
-        return (grad_query if needs[0] else None, grad_key if needs[1] else None,
-                grad_value if needs[2] else None, None, None, None, None, None, None, None)
+        return (
+            grad_query if needs[0] else None,
+            grad_key if needs[1] else None,
+            grad_value if needs[2] else None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+        )

@@ -70,8 +70,14 @@ import torch
 from .ordering import position_order
 from .partition import bins
 
-__all__ = ["CHUNK_ELEMENTS", "PATTERN_ROWS_FRACTION", "USE_FUSED_TILES", "plsh_backward_cpu",
-           "plsh_forward_cpu", "tile_size"]
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "PATTERN_ROWS_FRACTION",
+    "USE_FUSED_TILES",
+    "plsh_backward_cpu",
+    "plsh_forward_cpu",
+    "tile_size",
+]
 
 #: Upper bound on the ``tiles * T * W`` logits of one call per batch row (a single tile
 #: wider than this still runs alone); float32: about 2 MB per intermediate and batch row,
@@ -91,8 +97,9 @@ USE_FUSED_TILES = True
 _MIN_TILE = 16
 _MAX_TILE = 128
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_FUSED_BACKWARD = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward",
-                          None)
+_FUSED_BACKWARD = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
+)
 
 
 def tile_size(mean_pitch: float, n_q: int) -> int:
@@ -121,10 +128,10 @@ class _Chunk:
     """One call's work: ``G`` query tiles of ``T`` rows, each with a key window of ``W``."""
 
     head: int
-    rows: torch.Tensor    # (G, T) indices into the padded sorted query rows
-    keys: torch.Tensor    # (G, W) indices into the sorted keys (clamped; extra keys have count 0)
-    bias: torch.Tensor    # (G, T, W) log(C / s) (-inf where C = 0), compute dtype
-    empty: torch.Tensor   # (G, T) bool, rows without any admissible key
+    rows: torch.Tensor  # (G, T) indices into the padded sorted query rows
+    keys: torch.Tensor  # (G, W) indices into the sorted keys (clamped; extra keys have count 0)
+    bias: torch.Tensor  # (G, T, W) log(C / s) (-inf where C = 0), compute dtype
+    empty: torch.Tensor  # (G, T) bool, rows without any admissible key
 
     def take_rows(self, x: torch.Tensor) -> torch.Tensor:
         """The chunk's rows of ``x`` (B, n, ...) as ``(B, G, T, ...)``."""
@@ -155,12 +162,12 @@ class _Plan:
     query_inverse: torch.Tensor | None
     key_order: torch.Tensor | None
     key_inverse: torch.Tensor | None
-    qpos: torch.Tensor             # (n_q,) sorted
-    kpos: torch.Tensor             # (n_k,) sorted
-    pitch: torch.Tensor            # (H, s) float64
+    qpos: torch.Tensor  # (n_q,) sorted
+    kpos: torch.Tensor  # (n_k,) sorted
+    pitch: torch.Tensor  # (H, s) float64
     offset: torch.Tensor
     causal: bool
-    tiles: list[int]               # tile height per head
+    tiles: list[int]  # tile height per head
     dtype: torch.dtype
 
     @property
@@ -180,10 +187,14 @@ class _Plan:
         sorted keys. ``cut``: int64 ``(n_q,)``, the number of keys with ``p_key <= p_query``
         (causal), or ``None`` when not causal. ``bins``: int64 ``(s, n_q)``, the query bins.
         """
-        pitch, offset = self.pitch[h:h + 1], self.offset[h:h + 1]
+        pitch, offset = self.pitch[h : h + 1], self.offset[h : h + 1]
         bq = bins(pitch, offset, self.qpos)
-        if (_unit_steps(self.kpos) and _small(self.kpos) and _small(self.qpos)
-                and _small_partition(pitch, offset)):
+        if (
+            _unit_steps(self.kpos)
+            and _small(self.kpos)
+            and _small(self.qpos)
+            and _small_partition(pitch, offset)
+        ):
             start, end = _block_ranges_unit_steps(pitch, offset, bq, self.kpos)
         else:
             bk = bins(pitch, offset, self.kpos).contiguous()
@@ -264,8 +275,17 @@ class _Plan:
             j = i + 1
             while j < len(widths) and j - i < cap and 8 * widths[j] >= 7 * w:
                 j += 1
-            yield (h, tile, w, order[i:j], lo[i:j], st[:, i:j], en[:, i:j],
-                   None if cut is None else cut[i:j], new[i:j])
+            yield (
+                h,
+                tile,
+                w,
+                order[i:j],
+                lo[i:j],
+                st[:, i:j],
+                en[:, i:j],
+                None if cut is None else cut[i:j],
+                new[i:j],
+            )
             i = j
 
     def _make_chunk(self, h, tile, w, sel, lo, st, en, cut, new) -> _Chunk:
@@ -274,7 +294,7 @@ class _Plan:
         keys = (lo[:, None] + torch.arange(w)).clamp_(max=max(self.n_k - 1, 0))
         clipped = _clip(st, en, cut)
         empty = (clipped <= st).all(dim=0)
-        cell = new.cumsum(dim=1).sub_(1)                  # (G, T) cell of each row
+        cell = new.cumsum(dim=1).sub_(1)  # (G, T) cell of each row
         cells = int(cell[:, -1].max()) + 1
         if cells > PATTERN_ROWS_FRACTION * tile:
             # Rows change blocks often (small sigma): count every row's ranges directly.
@@ -283,13 +303,14 @@ class _Plan:
         # Few cells: count the first row of each cell over its blocks (before the causal
         # cut), copy that row to the cell's rows, then mask the keys past each row's cut.
         first = torch.full((g, cells), tile - 1).scatter_reduce_(
-            1, cell, torch.arange(tile).expand(g, tile), "amin")
+            1, cell, torch.arange(tile).expand(g, tile), "amin"
+        )
         first = first.expand(st.shape[0], g, cells)
         pattern = self._bias(st.gather(2, first), en.gather(2, first), lo, w)
         pick = (cell + cells * torch.arange(g)[:, None]).view(-1)
         bias = pattern.view(g * cells, w).index_select(0, pick).view(g, tile, w)
         if cut is not None:
-            rel_cut = cut - lo[:, None]                  # keys at or past it: inadmissible
+            rel_cut = cut - lo[:, None]  # keys at or past it: inadmissible
             c0 = max(int(rel_cut.min()), 0)
             if c0 < w:
                 past = torch.arange(c0, w) >= rel_cut[..., None]
@@ -402,8 +423,19 @@ def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) ->
     qpos = query_positions if query_order is None else query_positions[query_order]
     kpos = key_positions if key_order is None else key_positions[key_order]
     tiles = [tile_size(p, qpos.numel()) for p in pitch.mean(dim=1).tolist()]
-    return _Plan(query_order, query_inverse, key_order, key_inverse, qpos.contiguous(),
-                 kpos.contiguous(), pitch, offset, bool(causal), tiles, dtype)
+    return _Plan(
+        query_order,
+        query_inverse,
+        key_order,
+        key_inverse,
+        qpos.contiguous(),
+        kpos.contiguous(),
+        pitch,
+        offset,
+        bool(causal),
+        tiles,
+        dtype,
+    )
 
 
 def _run_parallel(tasks: list, fn, workers: int) -> None:
@@ -493,9 +525,14 @@ def _tiles_forward(q, k, v, bias, scale):
     """
     if _use_fused():
         width = max(q.shape[-1], v.shape[-1])
-        out, lse = _FUSED(_pad_last(q, width), _pad_last(k, width), _pad_last(v, width),
-                          attn_mask=bias, scale=scale)
-        return out[..., :v.shape[-1]], lse.to(q.dtype)
+        out, lse = _FUSED(
+            _pad_last(q, width),
+            _pad_last(k, width),
+            _pad_last(v, width),
+            attn_mask=bias,
+            scale=scale,
+        )
+        return out[..., : v.shape[-1]], lse.to(q.dtype)
     logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
     row_max = logits.amax(dim=-1, keepdim=True)
     probs = logits.sub_(row_max).exp_()
@@ -509,11 +546,18 @@ def _tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
     if _use_fused():
         width = max(q.shape[-1], v.shape[-1])
         dv = v.shape[-1]
-        gq, gk, gv = _FUSED_BACKWARD(_pad_last(grad_out, width), _pad_last(q, width),
-                                     _pad_last(k, width), _pad_last(v, width),
-                                     _pad_last(out, width), lse.to(torch.float32)
-                                     if q.dtype != torch.float64 else lse, 0.0, False,
-                                     attn_mask=bias, scale=scale)
+        gq, gk, gv = _FUSED_BACKWARD(
+            _pad_last(grad_out, width),
+            _pad_last(q, width),
+            _pad_last(k, width),
+            _pad_last(v, width),
+            _pad_last(out, width),
+            lse.to(torch.float32) if q.dtype != torch.float64 else lse,
+            0.0,
+            False,
+            attn_mask=bias,
+            scale=scale,
+        )
         d = q.shape[-1]
         return gq[..., :d], gk[..., :d], gv[..., :dv]
     logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
@@ -543,8 +587,9 @@ def _empty_result(query, value, n_q):
     return out, lse
 
 
-def plsh_forward_cpu(query, key, value, pitch, offset, query_positions, key_positions,
-                     scale: float, causal: bool):
+def plsh_forward_cpu(
+    query, key, value, pitch, offset, query_positions, key_positions, scale: float, causal: bool
+):
     """PLSH attention forward on CPU: ``softmax(scale q k^T + log C) v`` and its LSE.
 
     Parameters
@@ -579,8 +624,9 @@ def plsh_forward_cpu(query, key, value, pitch, offset, query_positions, key_posi
     batch, num_heads, n_q, _ = query.shape
     if n_q == 0 or key.shape[2] == 0 or batch == 0:
         return _empty_result(query, value, n_q)
-    plan, q, k, v = _prepare(query, key, value, pitch, offset, query_positions,
-                             key_positions, causal)
+    plan, q, k, v = _prepare(
+        query, key, value, pitch, offset, query_positions, key_positions, causal
+    )
     dtype, rows, group = plan.dtype, plan.padded_rows, num_heads // key.shape[1]
     out = torch.zeros(batch, num_heads, rows, value.shape[-1], dtype=dtype)
     lse = torch.full((batch, num_heads, rows), -math.inf, dtype=dtype)
@@ -589,9 +635,13 @@ def plsh_forward_cpu(query, key, value, pitch, offset, query_positions, key_posi
     def work(spec, _worker):
         chunk = plan.build(spec)
         h, hk = chunk.head, chunk.head // group
-        o, l = _tiles_forward(chunk.take_rows(q[h]), chunk.take_keys(k[hk]),
-                              chunk.take_keys(v[hk]), chunk.bias.expand(batch, -1, -1, -1),
-                              scale)
+        o, l = _tiles_forward(
+            chunk.take_rows(q[h]),
+            chunk.take_keys(k[hk]),
+            chunk.take_keys(v[hk]),
+            chunk.bias.expand(batch, -1, -1, -1),
+            scale,
+        )
         o = o.masked_fill(chunk.empty[..., None], 0.0)
         l = l.masked_fill(chunk.empty, -math.inf)
         chunk.put_rows(out[:, h], o)  # rows of different chunks are disjoint
@@ -604,8 +654,20 @@ def plsh_forward_cpu(query, key, value, pitch, offset, query_positions, key_posi
     return out.to(query.dtype), lse
 
 
-def plsh_backward_cpu(query, key, value, out, lse, grad_out, pitch, offset, query_positions,
-                      key_positions, scale: float, causal: bool):
+def plsh_backward_cpu(
+    query,
+    key,
+    value,
+    out,
+    lse,
+    grad_out,
+    pitch,
+    offset,
+    query_positions,
+    key_positions,
+    scale: float,
+    causal: bool,
+):
     """Gradients of PLSH attention on CPU from the saved output and LSE.
 
     With ``P_ij = exp(scale q_i . k_j + log C_ij - log s - lse_i)`` (the attention
@@ -632,8 +694,9 @@ def plsh_backward_cpu(query, key, value, out, lse, grad_out, pitch, offset, quer
     batch, num_heads, n_q, _ = query.shape
     if n_q == 0 or key.shape[2] == 0 or batch == 0:
         return torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
-    plan, q, k, v = _prepare(query, key, value, pitch, offset, query_positions,
-                             key_positions, causal)
+    plan, q, k, v = _prepare(
+        query, key, value, pitch, offset, query_positions, key_positions, causal
+    )
     dtype, rows, group = plan.dtype, plan.padded_rows, num_heads // key.shape[1]
     d_out = _per_head(_sorted_rows(grad_out, plan.query_order, rows, dtype))
     o_all = _per_head(_sorted_rows(out, plan.query_order, rows, dtype))
@@ -646,19 +709,28 @@ def plsh_backward_cpu(query, key, value, out, lse, grad_out, pitch, offset, quer
     specs = _chunk_specs(plan, workers)
     workers = max(1, min(workers, len(specs)))
     # Key windows of different chunks overlap: one key/value accumulator per worker.
-    grad_k = [torch.zeros(batch, key.shape[1], plan.n_k, key.shape[-1], dtype=dtype)
-              for _ in range(workers)]
-    grad_v = [torch.zeros(batch, key.shape[1], plan.n_k, value.shape[-1], dtype=dtype)
-              for _ in range(workers)]
+    grad_k = [
+        torch.zeros(batch, key.shape[1], plan.n_k, key.shape[-1], dtype=dtype)
+        for _ in range(workers)
+    ]
+    grad_v = [
+        torch.zeros(batch, key.shape[1], plan.n_k, value.shape[-1], dtype=dtype)
+        for _ in range(workers)
+    ]
 
     def work(spec, worker):
         chunk = plan.build(spec)
         h, hk = chunk.head, chunk.head // group
         gq, gk, gv = _tiles_backward(
-            chunk.take_rows(d_out[h]), chunk.take_rows(q[h]),
-            chunk.take_keys(k[hk]), chunk.take_keys(v[hk]),
-            chunk.take_rows(o_all[h]), chunk.take_rows(tile_lse[:, h]),
-            chunk.bias.expand(batch, -1, -1, -1), scale)
+            chunk.take_rows(d_out[h]),
+            chunk.take_rows(q[h]),
+            chunk.take_keys(k[hk]),
+            chunk.take_keys(v[hk]),
+            chunk.take_rows(o_all[h]),
+            chunk.take_rows(tile_lse[:, h]),
+            chunk.bias.expand(batch, -1, -1, -1),
+            scale,
+        )
         chunk.put_rows(grad_q[:, h], gq)  # disjoint rows
         chunk.add_keys(grad_k[worker][:, hk], gk)
         chunk.add_keys(grad_v[worker][:, hk], gv)

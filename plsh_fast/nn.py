@@ -67,8 +67,7 @@ def check_attention_inputs(query, key, value, num_heads: int | None = None) -> N
     """
     V.check_qkv(query, key, value)
     if num_heads is not None and query.shape[1] != num_heads:
-        raise ValueError(f"query: has {query.shape[1]} heads, the module has "
-                         f"num_heads={num_heads}")
+        raise ValueError(f"query: has {query.shape[1]} heads, the module has num_heads={num_heads}")
 
 
 def biased_sdpa(query, key, value, bias, *, scale=None):
@@ -103,8 +102,10 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
     num_heads, n_q, n_k = query.shape[1], query.shape[2], key.shape[2]
     bias = torch.as_tensor(bias).to(device=query.device, dtype=query.dtype)
     if tuple(bias.shape) != (num_heads, n_q, n_k):
-        raise ValueError(f"bias: shape {tuple(bias.shape)} does not match (num_heads, n_q, "
-                         f"n_k) = {(num_heads, n_q, n_k)}")
+        raise ValueError(
+            f"bias: shape {tuple(bias.shape)} does not match (num_heads, n_q, "
+            f"n_k) = {(num_heads, n_q, n_k)}"
+        )
     group = num_heads // key.shape[1]
     if group > 1:
         key = key.repeat_interleave(group, dim=1)
@@ -117,8 +118,9 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
     has_empty = bool(empty.any())
     if has_empty:
         bias = bias.masked_fill(empty, 0.0)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias[None],
-                                         scale=float(scale))
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=bias[None], scale=float(scale)
+    )
     if has_empty:
         out = out.masked_fill(empty[None], 0.0)
     return out
@@ -201,10 +203,19 @@ class PLSHAttention(nn.Module):
 
     _FLOAT64_BUFFERS = ("slopes", "pitch", "offset")
 
-    def __init__(self, num_heads: int, num_samples: int = 16, *, slopes=None,
-                 causal: bool = True, scale=None, seed: int | None = 0,
-                 resample: str = "every_forward", exact: bool = False,
-                 backend: str = "fast"):
+    def __init__(
+        self,
+        num_heads: int,
+        num_samples: int = 16,
+        *,
+        slopes=None,
+        causal: bool = True,
+        scale=None,
+        seed: int | None = 0,
+        resample: str = "every_forward",
+        exact: bool = False,
+        backend: str = "fast",
+    ):
         super().__init__()
         num_heads = check_int("num_heads", num_heads, minimum=1)
         num_samples = V.check_num_samples(num_samples)
@@ -244,8 +255,9 @@ class PLSHAttention(nn.Module):
     @property
     def partition(self) -> PartitionSample:
         """The module's own (eval) partition as a :class:`plsh_ref.PartitionSample`."""
-        return PartitionSample(self.pitch.detach().cpu().numpy(),
-                               self.offset.detach().cpu().numpy())
+        return PartitionSample(
+            self.pitch.detach().cpu().numpy(), self.offset.detach().cpu().numpy()
+        )
 
     def set_partition(self, partition: PartitionSample) -> None:
         """Replace the module's partition (its ``num_samples`` may differ).
@@ -258,11 +270,12 @@ class PLSHAttention(nn.Module):
             If its head count differs from ``num_heads``.
         """
         if not isinstance(partition, PartitionSample):
-            raise TypeError(f"partition: must be a PartitionSample, got "
-                            f"{type(partition).__name__}")
+            raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
         if partition.num_heads != self.num_heads:
-            raise ValueError(f"partition: has {partition.num_heads} heads, the module has "
-                             f"num_heads={self.num_heads}")
+            raise ValueError(
+                f"partition: has {partition.num_heads} heads, the module has "
+                f"num_heads={self.num_heads}"
+            )
         device = self.pitch.device
         self.pitch = torch.tensor(partition.pitch, dtype=torch.float64, device=device)
         self.offset = torch.tensor(partition.offset, dtype=torch.float64, device=device)
@@ -277,34 +290,44 @@ class PLSHAttention(nn.Module):
 
     def set_extra_state(self, state) -> None:
         if not isinstance(state, dict) or not {"seed", "num_draws"} <= set(state):
-            raise ValueError("state_dict: extra state of PLSHAttention must be a dict with "
-                             f"'seed' and 'num_draws', got {state!r}")
+            raise ValueError(
+                "state_dict: extra state of PLSHAttention must be a dict with "
+                f"'seed' and 'num_draws', got {state!r}"
+            )
         self.seed = check_int("seed", state["seed"], minimum=0)
         self.num_draws = check_int("num_draws", state["num_draws"], minimum=0)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict,
-                              missing_keys, unexpected_keys, error_msgs):
+    def _load_from_state_dict(
+        self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+    ):
         pitch = state_dict.get(prefix + "pitch")
         offset = state_dict.get(prefix + "offset")
         if pitch is not None:
             if pitch.dim() != 2 or pitch.shape[0] != self.num_heads:
-                raise ValueError(f"partition: state_dict entry {prefix}pitch has shape "
-                                 f"{tuple(pitch.shape)}, the module has "
-                                 f"num_heads={self.num_heads}")
+                raise ValueError(
+                    f"partition: state_dict entry {prefix}pitch has shape "
+                    f"{tuple(pitch.shape)}, the module has "
+                    f"num_heads={self.num_heads}"
+                )
             if offset is not None and offset.shape != pitch.shape:
-                raise ValueError(f"partition: state_dict entries {prefix}pitch and "
-                                 f"{prefix}offset differ in shape")
+                raise ValueError(
+                    f"partition: state_dict entries {prefix}pitch and "
+                    f"{prefix}offset differ in shape"
+                )
             if pitch.shape != self.pitch.shape:  # adopt another num_samples
                 if offset is None:
-                    raise ValueError(f"partition: state_dict entry {prefix}pitch has "
-                                     f"num_samples={pitch.shape[1]} (the module has "
-                                     f"{self.pitch.shape[1]}) but {prefix}offset is missing")
-                self.pitch = torch.empty(pitch.shape, dtype=torch.float64,
-                                         device=self.pitch.device)
-                self.offset = torch.empty(pitch.shape, dtype=torch.float64,
-                                          device=self.offset.device)
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict,
-                                      missing_keys, unexpected_keys, error_msgs)
+                    raise ValueError(
+                        f"partition: state_dict entry {prefix}pitch has "
+                        f"num_samples={pitch.shape[1]} (the module has "
+                        f"{self.pitch.shape[1]}) but {prefix}offset is missing"
+                    )
+                self.pitch = torch.empty(pitch.shape, dtype=torch.float64, device=self.pitch.device)
+                self.offset = torch.empty(
+                    pitch.shape, dtype=torch.float64, device=self.offset.device
+                )
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
 
     def _apply(self, fn, recurse=True):
         # Keep slopes/pitch/offset in float64 whatever fn does to dtypes; follow devices.
@@ -317,8 +340,10 @@ class PLSHAttention(nn.Module):
 
     def extra_repr(self) -> str:
         kind = "exact ALiBi" if self.exact else f"num_samples={self.num_samples}"
-        return (f"num_heads={self.num_heads}, {kind}, causal={self.causal}, "
-                f"resample={self.resample!r}, backend={self.backend!r}, seed={self.seed}")
+        return (
+            f"num_heads={self.num_heads}, {kind}, causal={self.causal}, "
+            f"resample={self.resample!r}, backend={self.backend!r}, seed={self.seed}"
+        )
 
     # ---------------------------------------------------------------- forward
     def _forward_partition(self) -> PartitionSample:
@@ -332,7 +357,8 @@ class PLSHAttention(nn.Module):
                     "(activation checkpointing recomputes it); with "
                     "resample='every_forward' the recomputation would draw another "
                     "partition than the forward did. Use resample='fixed' (and "
-                    "set_partition between steps) inside checkpointed regions.")
+                    "set_partition between steps) inside checkpointed regions."
+                )
             part = self.training_partition(self.num_draws)
             self.num_draws += 1
             return part
@@ -363,8 +389,7 @@ class PLSHAttention(nn.Module):
             See :func:`check_attention_inputs`; non-integer positions.
         """
         check_attention_inputs(query, key, value, self.num_heads)
-        qpos, kpos = resolve_positions(query.shape[2], key.shape[2], query_positions,
-                                       key_positions)
+        qpos, kpos = resolve_positions(query.shape[2], key.shape[2], query_positions, key_positions)
         slopes = self.slopes.detach().cpu().numpy()
         if self.exact:
             bias = alibi_bias(slopes, qpos, kpos, causal=self.causal)
@@ -375,10 +400,19 @@ class PLSHAttention(nn.Module):
                 log_c = np.log(counts(part, qpos, kpos, causal=self.causal).astype(np.float64))
             return biased_sdpa(query, key, value, torch.from_numpy(log_c), scale=self.scale)
         from .api import plsh_attention  # noqa: PLC0415 (plsh_fast.api imports torch/triton)
-        return plsh_attention(query, key, value, slopes=slopes, num_samples=part.num_samples,
-                              causal=self.causal, scale=self.scale, partition=part,
-                              query_positions=torch.from_numpy(qpos),
-                              key_positions=torch.from_numpy(kpos))
+
+        return plsh_attention(
+            query,
+            key,
+            value,
+            slopes=slopes,
+            num_samples=part.num_samples,
+            causal=self.causal,
+            scale=self.scale,
+            partition=part,
+            query_positions=torch.from_numpy(qpos),
+            key_positions=torch.from_numpy(kpos),
+        )
 
 
 class PLSHSelfAttention(nn.Module):
@@ -412,27 +446,39 @@ class PLSHSelfAttention(nn.Module):
         On non-integer or non-dividing sizes, or a core with another ``num_heads``.
     """
 
-    def __init__(self, embed_dim: int, num_heads: int, *, num_heads_kv: int | None = None,
-                 bias: bool = False, attention: nn.Module | None = None, **attention_kwargs):
+    def __init__(
+        self,
+        embed_dim: int,
+        num_heads: int,
+        *,
+        num_heads_kv: int | None = None,
+        bias: bool = False,
+        attention: nn.Module | None = None,
+        **attention_kwargs,
+    ):
         super().__init__()
         embed_dim = check_int("embed_dim", embed_dim, minimum=1)
         num_heads = check_int("num_heads", num_heads, minimum=1)
-        num_heads_kv = num_heads if num_heads_kv is None else check_int(
-            "num_heads_kv", num_heads_kv, minimum=1)
+        num_heads_kv = (
+            num_heads
+            if num_heads_kv is None
+            else check_int("num_heads_kv", num_heads_kv, minimum=1)
+        )
         if embed_dim % num_heads:
             raise ValueError(f"embed_dim: {embed_dim} is not divisible by num_heads={num_heads}")
         if num_heads % num_heads_kv:
-            raise ValueError(f"num_heads_kv: {num_heads_kv} does not divide "
-                             f"num_heads={num_heads}")
+            raise ValueError(f"num_heads_kv: {num_heads_kv} does not divide num_heads={num_heads}")
         if attention is None:
             attention = PLSHAttention(num_heads, **attention_kwargs)
         elif attention_kwargs:
-            raise ValueError(f"attention_kwargs: unused when attention is given: "
-                             f"{sorted(attention_kwargs)}")
+            raise ValueError(
+                f"attention_kwargs: unused when attention is given: {sorted(attention_kwargs)}"
+            )
         core_heads = getattr(attention, "num_heads", num_heads)
         if core_heads != num_heads:
-            raise ValueError(f"attention: core has num_heads={core_heads}, the layer has "
-                             f"{num_heads}")
+            raise ValueError(
+                f"attention: core has num_heads={core_heads}, the layer has {num_heads}"
+            )
         self.embed_dim, self.num_heads, self.num_heads_kv = embed_dim, num_heads, num_heads_kv
         self.head_dim = embed_dim // num_heads
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias)

@@ -74,7 +74,9 @@ def bins(pitch: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor) -> 
     SPEC section 2 (bins are defined in binary64; never in float32).
     """
     if pitch.dtype != torch.float64 or offset.dtype != torch.float64:
-        raise TypeError(f"pitch: pitch and offset must be float64, got {pitch.dtype}, {offset.dtype}")
+        raise TypeError(
+            f"pitch: pitch and offset must be float64, got {pitch.dtype}, {offset.dtype}"
+        )
     if positions.dtype != torch.int64:
         raise TypeError(f"positions: must be int64, got {positions.dtype}")
     p = positions.to(torch.float64)

@@ -78,10 +78,24 @@ _min_combine = getattr(tl.standard, "_elementwise_min", _min_fallback)
 
 
 @triton.jit
-def _bins_kernel(Pos, Pitch, Offset, RefPos, Bins, TileLo, TileHi, TilePosMin, TilePosMax,
-                 n, num_samples, n_tiles,
-                 BLOCK: tl.constexpr, S_CHUNK: tl.constexpr, WRITE_BINS: tl.constexpr,
-                 RELATIVE: tl.constexpr):
+def _bins_kernel(
+    Pos,
+    Pitch,
+    Offset,
+    RefPos,
+    Bins,
+    TileLo,
+    TileHi,
+    TilePosMin,
+    TilePosMax,
+    n,
+    num_samples,
+    n_tiles,
+    BLOCK: tl.constexpr,
+    S_CHUNK: tl.constexpr,
+    WRITE_BINS: tl.constexpr,
+    RELATIVE: tl.constexpr,
+):
     # grid: (n_tiles, num_heads); program = one tile of positions, all samples of one head.
     # bin(p) = floor((float64(p) - offset) / pitch) in binary64 (SPEC section 2): Triton's
     # float64 "/" is LLVM fdiv double, lowered to the correctly rounded div.rn.f64 on
@@ -102,8 +116,11 @@ def _bins_kernel(Pos, Pitch, Offset, RefPos, Bins, TileLo, TileHi, TilePosMin, T
         if RELATIVE:  # relative to the bin of the smallest position: >= 0, usually < 2**31
             b = b - tl.floor((ref_pos.to(tl.float64) - offset) / pitch).to(tl.int64)[:, None]
         if WRITE_BINS:
-            tl.store(Bins + hs[:, None] * n + offs[None, :], b.to(Bins.dtype.element_ty),
-                     mask=t_valid[:, None] & valid[None, :])
+            tl.store(
+                Bins + hs[:, None] * n + offs[None, :],
+                b.to(Bins.dtype.element_ty),
+                mask=t_valid[:, None] & valid[None, :],
+            )
         big = 2**62
         lo = tl.reduce(tl.where(valid[None, :], b, big), 1, _min_combine)
         hi = tl.reduce(tl.where(valid[None, :], b, -big), 1, _max_combine)
@@ -117,16 +134,17 @@ def _bins_kernel(Pos, Pitch, Offset, RefPos, Bins, TileLo, TileHi, TilePosMin, T
 
 @dataclass
 class _TileBins:
-    bins: torch.Tensor       # (H, s, n) int32/int64, relative to the bin of the smallest position
-    lo: torch.Tensor         # (H, n_tiles, s) smallest bin of each tile
-    hi: torch.Tensor         # (H, n_tiles, s) largest bin of each tile
-    pos_min: torch.Tensor    # (n_tiles,) int64 smallest position of each tile
-    pos_max: torch.Tensor    # (n_tiles,) int64 largest position of each tile
+    bins: torch.Tensor  # (H, s, n) int32/int64, relative to the bin of the smallest position
+    lo: torch.Tensor  # (H, n_tiles, s) smallest bin of each tile
+    hi: torch.Tensor  # (H, n_tiles, s) largest bin of each tile
+    pos_min: torch.Tensor  # (n_tiles,) int64 smallest position of each tile
+    pos_max: torch.Tensor  # (n_tiles,) int64 largest position of each tile
     block: int
 
 
-def _tile_bins(positions, pitch, offset, ref_pos, block, dtype, bins=None,
-               relative=True) -> _TileBins:
+def _tile_bins(
+    positions, pitch, offset, ref_pos, block, dtype, bins=None, relative=True
+) -> _TileBins:
     num_heads, num_samples = pitch.shape
     n = positions.shape[0]
     n_tiles = triton.cdiv(n, block)
@@ -140,15 +158,29 @@ def _tile_bins(positions, pitch, offset, ref_pos, block, dtype, bins=None,
     pos_max = torch.empty_like(pos_min)
     if n_tiles > 0:
         _bins_kernel[(n_tiles, num_heads)](
-            positions, pitch, offset, ref_pos, bins, lo, hi, pos_min, pos_max,
-            n, num_samples, n_tiles, BLOCK=block,
-            S_CHUNK=min(16, triton.next_power_of_2(num_samples)), WRITE_BINS=write,
-            RELATIVE=relative)
+            positions,
+            pitch,
+            offset,
+            ref_pos,
+            bins,
+            lo,
+            hi,
+            pos_min,
+            pos_max,
+            n,
+            num_samples,
+            n_tiles,
+            BLOCK=block,
+            S_CHUNK=min(16, triton.next_power_of_2(num_samples)),
+            WRITE_BINS=write,
+            RELATIVE=relative,
+        )
     return _TileBins(bins, lo, hi, pos_min, pos_max, block)
 
 
-def compute_bins(pitch: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor,
-                 *, block: int = 64) -> torch.Tensor:
+def compute_bins(
+    pitch: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor, *, block: int = 64
+) -> torch.Tensor:
     """The absolute bins computed by the Triton bin function, ``(num_heads, num_samples, n)``.
 
     Debug/test entry point: runs the Triton kernel of the planning pass with the same
@@ -172,8 +204,15 @@ def compute_bins(pitch: torch.Tensor, offset: torch.Tensor, positions: torch.Ten
     assert pitch.dtype == torch.float64 and offset.dtype == torch.float64
     assert positions.dtype == torch.int64 and positions.dim() == 1
     zero = torch.zeros((1,), dtype=torch.int64, device=positions.device)
-    return _tile_bins(positions.contiguous(), pitch.contiguous(), offset.contiguous(), zero,
-                      block, torch.int64, relative=False).bins
+    return _tile_bins(
+        positions.contiguous(),
+        pitch.contiguous(),
+        offset.contiguous(),
+        zero,
+        block,
+        torch.int64,
+        relative=False,
+    ).bins
 
 
 @dataclass
@@ -251,9 +290,17 @@ def _reach(seq_bins, tile_lo, tile_hi, sorted_seq, n_seq, causal_bound, align):
     return torch.stack([start, end], dim=-1).to(torch.int32).contiguous()
 
 
-def make_plan(query_positions: torch.Tensor, key_positions: torch.Tensor,
-              pitch: torch.Tensor, offset: torch.Tensor, *, causal: bool,
-              block_m: int, block_n: int, query_range: bool = False) -> TilePlan:
+def make_plan(
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    pitch: torch.Tensor,
+    offset: torch.Tensor,
+    *,
+    causal: bool,
+    block_m: int,
+    block_n: int,
+    query_range: bool = False,
+) -> TilePlan:
     """Bins, per-tile bin extents and key (and query) ranges for the Triton kernels.
 
     Parameters
@@ -287,14 +334,19 @@ def make_plan(query_positions: torch.Tensor, key_positions: torch.Tensor,
     pmin = torch.minimum(qpos.min(), kpos.min())
     pmax = torch.maximum(qpos.max(), kpos.max())
     span_bins = (pmax - pmin).to(torch.float64) / pitch.min() + 2.0
-    same_t = ((qpos == kpos).all() if n_q == n_k and qpos.data_ptr() != kpos.data_ptr()
-              else torch.tensor(n_q == n_k, device=qpos.device))
-    stats = torch.stack([
-        (qpos[1:] >= qpos[:-1]).all().to(torch.float64),
-        (kpos[1:] >= kpos[:-1]).all().to(torch.float64),
-        span_bins,
-        same_t.to(torch.float64),
-    ]).tolist()
+    same_t = (
+        (qpos == kpos).all()
+        if n_q == n_k and qpos.data_ptr() != kpos.data_ptr()
+        else torch.tensor(n_q == n_k, device=qpos.device)
+    )
+    stats = torch.stack(
+        [
+            (qpos[1:] >= qpos[:-1]).all().to(torch.float64),
+            (kpos[1:] >= kpos[:-1]).all().to(torch.float64),
+            span_bins,
+            same_t.to(torch.float64),
+        ]
+    ).tolist()
     sorted_q, sorted_k, span, same = bool(stats[0]), bool(stats[1]), stats[2], bool(stats[3])
     dtype = torch.int32 if span < _INT32_SAFE else torch.int64
     ref_pos = pmin.reshape(1)
@@ -315,15 +367,37 @@ def make_plan(query_positions: torch.Tensor, key_positions: torch.Tensor,
         if causal and sorted_q:
             q_bound = ("start", torch.searchsorted(qpos, tk.pos_min, side="left"))
         q_range = _reach(tq.bins, tk.lo, tk.hi, sorted_q, n_q, q_bound, block_m)
-    return TilePlan(tq.bins, tk.bins, tq.lo, tq.hi, tk.lo, tk.hi, key_range, q_range,
-                    block_m, block_n)
+    return TilePlan(
+        tq.bins, tk.bins, tq.lo, tq.hi, tk.lo, tk.hi, key_range, q_range, block_m, block_n
+    )
 
 
 @triton.jit
-def tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile, offs_m, offs_n,
-                m_valid, n_valid, n_q, n_k, num_samples, n_q_tiles, n_k_tiles,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_CHUNK: tl.constexpr,
-                CLASSIFY: tl.constexpr, UNROLL: tl.constexpr):
+def tile_counts(
+    BinsQ,
+    BinsK,
+    QLo,
+    QHi,
+    KLo,
+    KHi,
+    h,
+    m_tile,
+    n_tile,
+    offs_m,
+    offs_n,
+    m_valid,
+    n_valid,
+    n_q,
+    n_k,
+    num_samples,
+    n_q_tiles,
+    n_k_tiles,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S_CHUNK: tl.constexpr,
+    CLASSIFY: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
     """Counts ``C_ij = #{t : bin_t(p_i) = bin_t(p_j)}`` for one (query tile, key tile) pair.
 
     Samples are classified ``S_CHUNK`` at a time from the per-tile bin extents: *full*
@@ -359,8 +433,11 @@ def tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile, offs_m, off
         mixed = overlap & (~full)
         n_full += tl.reduce(full.to(tl.int32), 0, _sum_combine)
         n_touch += tl.reduce(overlap.to(tl.int32), 0, _sum_combine)
-        bits = tl.reduce(tl.where(mixed, tl.full([S_CHUNK], 1, tl.int64) << lane.to(tl.int64),
-                                  0), 0, _sum_combine)
+        bits = tl.reduce(
+            tl.where(mixed, tl.full([S_CHUNK], 1, tl.int64) << lane.to(tl.int64), 0),
+            0,
+            _sum_combine,
+        )
         if UNROLL == 0:
             tt = tl.full([], 0, tl.int64)
             while (bits >> tt) != 0:

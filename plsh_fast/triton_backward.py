@@ -32,9 +32,25 @@ __all__ = ["plsh_backward_triton"]
 
 
 @triton.jit
-def _delta_kernel(Out, DOut, Delta, sob, soh, som, sod, sdb, sdh, sdm, sdd,
-                  n_q, num_heads, n_q_tiles,
-                  DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr):
+def _delta_kernel(
+    Out,
+    DOut,
+    Delta,
+    sob,
+    soh,
+    som,
+    sod,
+    sdb,
+    sdh,
+    sdm,
+    sdd,
+    n_q,
+    num_heads,
+    n_q_tiles,
+    DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+):
     pid = tl.program_id(0)
     m_tile = pid % n_q_tiles
     bh = pid // n_q_tiles
@@ -43,17 +59,27 @@ def _delta_kernel(Out, DOut, Delta, sob, soh, som, sod, sdb, sdh, sdm, sdd,
     offs_m = m_tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
     mask = (offs_m < n_q)[:, None] & (offs_dv < DV)[None, :]
-    o = tl.load(Out + b * sob + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
-                mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DOut + b * sdb + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
-                 mask=mask, other=0.0).to(tl.float32)
-    tl.store(Delta + bh.to(tl.int64) * n_q + offs_m, tl.reduce(o * do, 1, _sum_combine),
-             mask=offs_m < n_q)
+    o = tl.load(
+        Out + b * sob + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
+        mask=mask,
+        other=0.0,
+    ).to(tl.float32)
+    do = tl.load(
+        DOut + b * sdb + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
+        mask=mask,
+        other=0.0,
+    ).to(tl.float32)
+    tl.store(
+        Delta + bh.to(tl.int64) * n_q + offs_m,
+        tl.reduce(o * do, 1, _sum_combine),
+        mask=offs_m < n_q,
+    )
 
 
 @triton.jit
-def _probabilities(q, k_t, counts, admissible, lse2, scale_log2, DOT_PREC: tl.constexpr,
-                   VARIANT: tl.constexpr):
+def _probabilities(
+    q, k_t, counts, admissible, lse2, scale_log2, DOT_PREC: tl.constexpr, VARIANT: tl.constexpr
+):
     """``P = C exp2(x log2 e - lse2)`` on admissible pairs, 0 elsewhere (float32)."""
     logits = tl.dot(q, k_t, input_precision=DOT_PREC) * scale_log2
     if VARIANT == 0:
@@ -64,17 +90,67 @@ def _probabilities(q, k_t, counts, admissible, lse2, scale_log2, DOT_PREC: tl.co
 
 
 @triton.jit
-def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
-                   BinsQ, BinsK, QLo, QHi, KLo, KHi, KeyRange, QPos, KPos,
-                   sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                   sdb, sdh, sdm, sdd, sgb, sgh, sgm, sgd,
-                   n_q, n_k, num_heads, group, num_samples, n_q_tiles, n_k_tiles,
-                   scale, scale_log2, log2_s,
-                   D: tl.constexpr, DV: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, S_CHUNK: tl.constexpr,
-                   CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                   VARIANT: tl.constexpr, CLASSIFY: tl.constexpr, UNROLL: tl.constexpr):
+def _bwd_dq_kernel(
+    Q,
+    K,
+    V,
+    DOut,
+    Lse,
+    Delta,
+    DQ,
+    BinsQ,
+    BinsK,
+    QLo,
+    QHi,
+    KLo,
+    KHi,
+    KeyRange,
+    QPos,
+    KPos,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sdb,
+    sdh,
+    sdm,
+    sdd,
+    sgb,
+    sgh,
+    sgm,
+    sgd,
+    n_q,
+    n_k,
+    num_heads,
+    group,
+    num_samples,
+    n_q_tiles,
+    n_k_tiles,
+    scale,
+    scale_log2,
+    log2_s,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    S_CHUNK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    VARIANT: tl.constexpr,
+    CLASSIFY: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
     pid = tl.program_id(0)
     m_tile = pid % n_q_tiles
     bh = pid // n_q_tiles
@@ -87,10 +163,16 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
     m_valid = offs_m < n_q
     d_valid = offs_d < D
     dv_valid = offs_dv < DV
-    q = tl.load(Q + b * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
-    do = tl.load(DOut + b * sdb + h.to(tl.int64) * sdh + offs_m[:, None] * sdm
-                 + offs_dv[None, :] * sdd, mask=m_valid[:, None] & dv_valid[None, :], other=0.0)
+    q = tl.load(
+        Q + b * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        mask=m_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
+    do = tl.load(
+        DOut + b * sdb + h.to(tl.int64) * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
+        mask=m_valid[:, None] & dv_valid[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
@@ -105,43 +187,130 @@ def _bwd_dq_kernel(Q, K, V, DOut, Lse, Delta, DQ,
     for start_n in range(tl.load(rng), tl.load(rng + 1), BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         n_valid = offs_n < n_k
-        counts, n_touch = tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile,
-                                      start_n // BLOCK_N, offs_m, offs_n, m_valid, n_valid,
-                                      n_q, n_k, num_samples, n_q_tiles, n_k_tiles,
-                                      BLOCK_M, BLOCK_N, S_CHUNK, CLASSIFY, UNROLL)
+        counts, n_touch = tile_counts(
+            BinsQ,
+            BinsK,
+            QLo,
+            QHi,
+            KLo,
+            KHi,
+            h,
+            m_tile,
+            start_n // BLOCK_N,
+            offs_m,
+            offs_n,
+            m_valid,
+            n_valid,
+            n_q,
+            n_k,
+            num_samples,
+            n_q_tiles,
+            n_k_tiles,
+            BLOCK_M,
+            BLOCK_N,
+            S_CHUNK,
+            CLASSIFY,
+            UNROLL,
+        )
         if n_touch > 0:
             admissible = (counts > 0) & n_valid[None, :] & live[:, None]
             if CAUSAL:
                 kpos = tl.load(KPos + offs_n, mask=n_valid, other=0)
                 admissible = admissible & (kpos[None, :] <= qpos[:, None])
-            k = tl.load(K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                        mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-            v_t = tl.load(V + b * svb + hk * svh + offs_n[None, :] * svn + offs_dv[:, None] * svd,
-                          mask=n_valid[None, :] & dv_valid[:, None], other=0.0)
+            k = tl.load(
+                K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+                mask=n_valid[:, None] & d_valid[None, :],
+                other=0.0,
+            )
+            v_t = tl.load(
+                V + b * svb + hk * svh + offs_n[None, :] * svn + offs_dv[:, None] * svd,
+                mask=n_valid[None, :] & dv_valid[:, None],
+                other=0.0,
+            )
             if UPCAST:
                 k = k.to(tl.float32)
                 v_t = v_t.to(tl.float32)
-            p = _probabilities(q, tl.trans(k), counts, admissible, lse2, scale_log2, DOT_PREC,
-                               VARIANT)
+            p = _probabilities(
+                q, tl.trans(k), counts, admissible, lse2, scale_log2, DOT_PREC, VARIANT
+            )
             dp = tl.dot(do, v_t, input_precision=DOT_PREC)
             ds = p * (dp - delta[:, None])
             dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PREC)
-    tl.store(DQ + b * sgb + h.to(tl.int64) * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
-             (dq * scale).to(DQ.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+    tl.store(
+        DQ + b * sgb + h.to(tl.int64) * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+        (dq * scale).to(DQ.dtype.element_ty),
+        mask=m_valid[:, None] & d_valid[None, :],
+    )
 
 
 @triton.jit
-def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV_,
-                     BinsQ, BinsK, QLo, QHi, KLo, KHi, QueryRange, QPos, KPos,
-                     sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                     sdb, sdh, sdm, sdd, skgb, skgh, skgn, skgd, svgb, svgh, svgn, svgd,
-                     n_q, n_k, num_heads, num_heads_kv, group, num_samples, n_q_tiles,
-                     n_k_tiles, scale, scale_log2, log2_s,
-                     D: tl.constexpr, DV: tl.constexpr,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, S_CHUNK: tl.constexpr,
-                     CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                     VARIANT: tl.constexpr, CLASSIFY: tl.constexpr, UNROLL: tl.constexpr):
+def _bwd_dkdv_kernel(
+    Q,
+    K,
+    V,
+    DOut,
+    Lse,
+    Delta,
+    DK,
+    DV_,
+    BinsQ,
+    BinsK,
+    QLo,
+    QHi,
+    KLo,
+    KHi,
+    QueryRange,
+    QPos,
+    KPos,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sdb,
+    sdh,
+    sdm,
+    sdd,
+    skgb,
+    skgh,
+    skgn,
+    skgd,
+    svgb,
+    svgh,
+    svgn,
+    svgd,
+    n_q,
+    n_k,
+    num_heads,
+    num_heads_kv,
+    group,
+    num_samples,
+    n_q_tiles,
+    n_k_tiles,
+    scale,
+    scale_log2,
+    log2_s,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    S_CHUNK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    VARIANT: tl.constexpr,
+    CLASSIFY: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
     pid = tl.program_id(0)
     n_tile = pid % n_k_tiles
     bhk = pid // n_k_tiles
@@ -153,10 +322,16 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV_,
     n_valid = offs_n < n_k
     d_valid = offs_d < D
     dv_valid = offs_dv < DV
-    k = tl.load(K + b * skb + hk.to(tl.int64) * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                mask=n_valid[:, None] & d_valid[None, :], other=0.0)
-    v = tl.load(V + b * svb + hk.to(tl.int64) * svh + offs_n[:, None] * svn
-                + offs_dv[None, :] * svd, mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+    k = tl.load(
+        K + b * skb + hk.to(tl.int64) * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+        mask=n_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
+    v = tl.load(
+        V + b * svb + hk.to(tl.int64) * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+        mask=n_valid[:, None] & dv_valid[None, :],
+        other=0.0,
+    )
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
@@ -172,10 +347,31 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV_,
             m_tile = start_m // BLOCK_M
             offs_m = start_m + tl.arange(0, BLOCK_M).to(tl.int64)
             m_valid = offs_m < n_q
-            counts, n_touch = tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile, n_tile,
-                                          offs_m, offs_n, m_valid, n_valid, n_q, n_k,
-                                          num_samples, n_q_tiles, n_k_tiles,
-                                          BLOCK_M, BLOCK_N, S_CHUNK, CLASSIFY, UNROLL)
+            counts, n_touch = tile_counts(
+                BinsQ,
+                BinsK,
+                QLo,
+                QHi,
+                KLo,
+                KHi,
+                h,
+                m_tile,
+                n_tile,
+                offs_m,
+                offs_n,
+                m_valid,
+                n_valid,
+                n_q,
+                n_k,
+                num_samples,
+                n_q_tiles,
+                n_k_tiles,
+                BLOCK_M,
+                BLOCK_N,
+                S_CHUNK,
+                CLASSIFY,
+                UNROLL,
+            )
             if n_touch > 0:
                 row = (b * num_heads + h) * n_q + offs_m
                 lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
@@ -186,34 +382,65 @@ def _bwd_dkdv_kernel(Q, K, V, DOut, Lse, Delta, DK, DV_,
                 if CAUSAL:
                     qpos = tl.load(QPos + offs_m, mask=m_valid, other=0)
                     admissible = admissible & (kpos[None, :] <= qpos[:, None])
-                q = tl.load(Q + b * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm
-                            + offs_d[None, :] * sqd, mask=m_valid[:, None] & d_valid[None, :],
-                            other=0.0)
-                do = tl.load(DOut + b * sdb + h.to(tl.int64) * sdh + offs_m[:, None] * sdm
-                             + offs_dv[None, :] * sdd,
-                             mask=m_valid[:, None] & dv_valid[None, :], other=0.0)
+                q = tl.load(
+                    Q
+                    + b * sqb
+                    + h.to(tl.int64) * sqh
+                    + offs_m[:, None] * sqm
+                    + offs_d[None, :] * sqd,
+                    mask=m_valid[:, None] & d_valid[None, :],
+                    other=0.0,
+                )
+                do = tl.load(
+                    DOut
+                    + b * sdb
+                    + h.to(tl.int64) * sdh
+                    + offs_m[:, None] * sdm
+                    + offs_dv[None, :] * sdd,
+                    mask=m_valid[:, None] & dv_valid[None, :],
+                    other=0.0,
+                )
                 if UPCAST:
                     q = q.to(tl.float32)
                     do = do.to(tl.float32)
-                p = _probabilities(q, k_t, counts, admissible, lse2, scale_log2, DOT_PREC,
-                                   VARIANT)
+                p = _probabilities(q, k_t, counts, admissible, lse2, scale_log2, DOT_PREC, VARIANT)
                 dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=DOT_PREC)
                 dp = tl.dot(do, v_t, input_precision=DOT_PREC)
                 ds = p * (dp - delta[:, None])
                 dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=DOT_PREC)
-    tl.store(DK + b * skgb + hk.to(tl.int64) * skgh + offs_n[:, None] * skgn
-             + offs_d[None, :] * skgd, (dk * scale).to(DK.dtype.element_ty),
-             mask=n_valid[:, None] & d_valid[None, :])
-    tl.store(DV_ + b * svgb + hk.to(tl.int64) * svgh + offs_n[:, None] * svgn
-             + offs_dv[None, :] * svgd, dv.to(DV_.dtype.element_ty),
-             mask=n_valid[:, None] & dv_valid[None, :])
+    tl.store(
+        DK + b * skgb + hk.to(tl.int64) * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
+        (dk * scale).to(DK.dtype.element_ty),
+        mask=n_valid[:, None] & d_valid[None, :],
+    )
+    tl.store(
+        DV_ + b * svgb + hk.to(tl.int64) * svgh + offs_n[:, None] * svgn + offs_dv[None, :] * svgd,
+        dv.to(DV_.dtype.element_ty),
+        mask=n_valid[:, None] & dv_valid[None, :],
+    )
 
 
-def plsh_backward_triton(query, key, value, out, lse, grad_out, pitch, offset,
-                         query_positions, key_positions, scale: float, causal: bool, *,
-                         _block_m: int | None = None, _block_n: int | None = None,
-                         _variant: int = 0, _num_warps=None, _classify: bool = True,
-                         _unroll: int = 0):
+def plsh_backward_triton(
+    query,
+    key,
+    value,
+    out,
+    lse,
+    grad_out,
+    pitch,
+    offset,
+    query_positions,
+    key_positions,
+    scale: float,
+    causal: bool,
+    *,
+    _block_m: int | None = None,
+    _block_n: int | None = None,
+    _variant: int = 0,
+    _num_warps=None,
+    _classify: bool = True,
+    _unroll: int = 0,
+):
     """Gradients of PLSH attention with respect to query, key and value (Triton).
 
     Parameters
@@ -254,10 +481,25 @@ def plsh_backward_triton(query, key, value, out, lse, grad_out, pitch, offset,
         query, out, lse, grad_out = take_rows(q_order, query, out, lse, grad_out)
         key, value = take_rows(k_order, key, value)
         dq, dk, dv = plsh_backward_triton(
-            query, key, value, out, lse, grad_out, pitch, offset,
-            sort_positions(query_positions, q_order), sort_positions(key_positions, k_order),
-            scale, causal, _block_m=_block_m, _block_n=_block_n, _variant=_variant,
-            _num_warps=_num_warps, _classify=_classify, _unroll=_unroll)
+            query,
+            key,
+            value,
+            out,
+            lse,
+            grad_out,
+            pitch,
+            offset,
+            sort_positions(query_positions, q_order),
+            sort_positions(key_positions, k_order),
+            scale,
+            causal,
+            _block_m=_block_m,
+            _block_n=_block_n,
+            _variant=_variant,
+            _num_warps=_num_warps,
+            _classify=_classify,
+            _unroll=_unroll,
+        )
         return (*take_rows(q_inverse, dq), *take_rows(k_inverse, dk, dv))
     dev = query.device
     dq = torch.zeros_like(query, memory_format=torch.contiguous_format)
@@ -269,8 +511,16 @@ def plsh_backward_triton(query, key, value, out, lse, grad_out, pitch, offset,
     block_m = _block_m or block_m
     block_n = _block_n or block_n
     num_warps = _num_warps or num_warps
-    plan = make_plan(query_positions, key_positions, pitch, offset, causal=causal,
-                     block_m=block_m, block_n=block_n, query_range=True)
+    plan = make_plan(
+        query_positions,
+        key_positions,
+        pitch,
+        offset,
+        causal=causal,
+        block_m=block_m,
+        block_n=block_n,
+        query_range=True,
+    )
     n_q_tiles = triton.cdiv(n_q, block_m)
     n_k_tiles = triton.cdiv(n_k, block_n)
     lse = lse.to(torch.float32).contiguous()
@@ -278,32 +528,110 @@ def plsh_backward_triton(query, key, value, out, lse, grad_out, pitch, offset,
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
     block_d, block_dv = _pow2(head_dim), _pow2(head_dim_v)
     _delta_kernel[(n_q_tiles * batch * num_heads,)](
-        out, grad_out, delta, *out.stride(), *grad_out.stride(), n_q, num_heads, n_q_tiles,
-        DV=head_dim_v, BLOCK_M=block_m, BLOCK_DV=block_dv)
+        out,
+        grad_out,
+        delta,
+        *out.stride(),
+        *grad_out.stride(),
+        n_q,
+        num_heads,
+        n_q_tiles,
+        DV=head_dim_v,
+        BLOCK_M=block_m,
+        BLOCK_DV=block_dv,
+    )
     interp = type(_bwd_dq_kernel).__name__ == "InterpretedFunction"
     upcast = query.dtype == torch.bfloat16 and interp
     prec = "ieee" if (query.dtype == torch.float32 or upcast) else "tf32"
     qpos = query_positions.contiguous()
     kpos = key_positions.contiguous()
-    common = dict(D=head_dim, DV=head_dim_v, BLOCK_M=block_m, BLOCK_N=block_n,
-                  BLOCK_D=block_d, BLOCK_DV=block_dv,
-                  S_CHUNK=min(32, _pow2(num_samples, minimum=2)), CAUSAL=bool(causal),
-                  UPCAST=upcast, DOT_PREC=prec, VARIANT=int(_variant),
-                  CLASSIFY=bool(_classify), UNROLL=_unroll_for(_unroll, num_samples),
-                  num_warps=num_warps)
+    common = dict(
+        D=head_dim,
+        DV=head_dim_v,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
+        S_CHUNK=min(32, _pow2(num_samples, minimum=2)),
+        CAUSAL=bool(causal),
+        UPCAST=upcast,
+        DOT_PREC=prec,
+        VARIANT=int(_variant),
+        CLASSIFY=bool(_classify),
+        UNROLL=_unroll_for(_unroll, num_samples),
+        num_warps=num_warps,
+    )
     scale = float(scale)
     log2_s = math.log2(num_samples)
     _bwd_dq_kernel[(n_q_tiles * batch * num_heads,)](
-        query, key, value, grad_out, lse, delta, dq,
-        plan.bins_q, plan.bins_k, plan.qlo, plan.qhi, plan.klo, plan.khi, plan.key_range,
-        qpos, kpos, *query.stride(), *key.stride(), *value.stride(), *grad_out.stride(),
-        *dq.stride(), n_q, n_k, num_heads, num_heads // num_heads_kv, num_samples,
-        n_q_tiles, n_k_tiles, scale, scale * LOG2E, log2_s, **common)
+        query,
+        key,
+        value,
+        grad_out,
+        lse,
+        delta,
+        dq,
+        plan.bins_q,
+        plan.bins_k,
+        plan.qlo,
+        plan.qhi,
+        plan.klo,
+        plan.khi,
+        plan.key_range,
+        qpos,
+        kpos,
+        *query.stride(),
+        *key.stride(),
+        *value.stride(),
+        *grad_out.stride(),
+        *dq.stride(),
+        n_q,
+        n_k,
+        num_heads,
+        num_heads // num_heads_kv,
+        num_samples,
+        n_q_tiles,
+        n_k_tiles,
+        scale,
+        scale * LOG2E,
+        log2_s,
+        **common,
+    )
     _bwd_dkdv_kernel[(n_k_tiles * batch * num_heads_kv,)](
-        query, key, value, grad_out, lse, delta, dk, dv,
-        plan.bins_q, plan.bins_k, plan.qlo, plan.qhi, plan.klo, plan.khi, plan.query_range,
-        qpos, kpos, *query.stride(), *key.stride(), *value.stride(), *grad_out.stride(),
-        *dk.stride(), *dv.stride(), n_q, n_k, num_heads, num_heads_kv,
-        num_heads // num_heads_kv, num_samples, n_q_tiles, n_k_tiles, scale, scale * LOG2E,
-        log2_s, **common)
+        query,
+        key,
+        value,
+        grad_out,
+        lse,
+        delta,
+        dk,
+        dv,
+        plan.bins_q,
+        plan.bins_k,
+        plan.qlo,
+        plan.qhi,
+        plan.klo,
+        plan.khi,
+        plan.query_range,
+        qpos,
+        kpos,
+        *query.stride(),
+        *key.stride(),
+        *value.stride(),
+        *grad_out.stride(),
+        *dk.stride(),
+        *dv.stride(),
+        n_q,
+        n_k,
+        num_heads,
+        num_heads_kv,
+        num_heads // num_heads_kv,
+        num_samples,
+        n_q_tiles,
+        n_k_tiles,
+        scale,
+        scale * LOG2E,
+        log2_s,
+        **common,
+    )
     return dq, dk, dv

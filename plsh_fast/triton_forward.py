@@ -34,18 +34,60 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, Out, Lse,
-                BinsQ, BinsK, QLo, QHi, KLo, KHi, KeyRange, QPos, KPos,
-                sqb, sqh, sqm, sqd, skb, skh, skn, skd, svb, svh, svn, svd,
-                sob, soh, som, sod,
-                n_q, n_k, num_heads, group, num_samples, n_q_tiles, n_k_tiles,
-                scale_log2, log_s,
-                D: tl.constexpr, DV: tl.constexpr,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, S_CHUNK: tl.constexpr,
-                CAUSAL: tl.constexpr, UPCAST: tl.constexpr, DOT_PREC: tl.constexpr,
-                VARIANT: tl.constexpr, CLASSIFY: tl.constexpr,
-                UNROLL: tl.constexpr):
+def _fwd_kernel(
+    Q,
+    K,
+    V,
+    Out,
+    Lse,
+    BinsQ,
+    BinsK,
+    QLo,
+    QHi,
+    KLo,
+    KHi,
+    KeyRange,
+    QPos,
+    KPos,
+    sqb,
+    sqh,
+    sqm,
+    sqd,
+    skb,
+    skh,
+    skn,
+    skd,
+    svb,
+    svh,
+    svn,
+    svd,
+    sob,
+    soh,
+    som,
+    sod,
+    n_q,
+    n_k,
+    num_heads,
+    group,
+    num_samples,
+    n_q_tiles,
+    n_k_tiles,
+    scale_log2,
+    log_s,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    S_CHUNK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    UPCAST: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+    VARIANT: tl.constexpr,
+    CLASSIFY: tl.constexpr,
+    UNROLL: tl.constexpr,
+):
     pid = tl.program_id(0)
     m_tile = pid % n_q_tiles
     bh = pid // n_q_tiles
@@ -61,8 +103,11 @@ def _fwd_kernel(Q, K, V, Out, Lse,
     d_valid = offs_d < D
     dv_valid = offs_dv < DV
 
-    q = tl.load(Q + b64 * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm
-                + offs_d[None, :] * sqd, mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    q = tl.load(
+        Q + b64 * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+        mask=m_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
     if UPCAST:
         q = q.to(tl.float32)
     qpos = tl.load(QPos + offs_m, mask=m_valid, other=0)
@@ -80,10 +125,31 @@ def _fwd_kernel(Q, K, V, Out, Lse,
     for start_n in range(key_start, key_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         n_valid = offs_n < n_k
-        counts, n_touch = tile_counts(BinsQ, BinsK, QLo, QHi, KLo, KHi, h, m_tile,
-                                      start_n // BLOCK_N, offs_m, offs_n, m_valid, n_valid,
-                                      n_q, n_k, num_samples, n_q_tiles, n_k_tiles,
-                                      BLOCK_M, BLOCK_N, S_CHUNK, CLASSIFY, UNROLL)
+        counts, n_touch = tile_counts(
+            BinsQ,
+            BinsK,
+            QLo,
+            QHi,
+            KLo,
+            KHi,
+            h,
+            m_tile,
+            start_n // BLOCK_N,
+            offs_m,
+            offs_n,
+            m_valid,
+            n_valid,
+            n_q,
+            n_k,
+            num_samples,
+            n_q_tiles,
+            n_k_tiles,
+            BLOCK_M,
+            BLOCK_N,
+            S_CHUNK,
+            CLASSIFY,
+            UNROLL,
+        )
         if n_touch > 0:
             admissible = (counts > 0) & n_valid[None, :]
             if CAUSAL:
@@ -95,8 +161,11 @@ def _fwd_kernel(Q, K, V, Out, Lse,
                 weight = 1.0 / tl.maximum(counts, 1).to(tl.float32)
             else:  # negative control: counts ignored (block mask only)
                 weight = tl.full([BLOCK_M, BLOCK_N], 1.0, dtype=tl.float32)
-            k = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                        mask=n_valid[None, :] & d_valid[:, None], other=0.0)
+            k = tl.load(
+                k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                mask=n_valid[None, :] & d_valid[:, None],
+                other=0.0,
+            )
             if UPCAST:
                 k = k.to(tl.float32)
             logits = tl.dot(q, k, input_precision=DOT_PREC) * scale_log2
@@ -106,8 +175,11 @@ def _fwd_kernel(Q, K, V, Out, Lse,
             p = tl.where(admissible, tl.exp2(logits - m_use[:, None]) * weight, 0.0)
             alpha = tl.exp2(m_i - m_use)
             l_i = l_i * alpha + tl.reduce(p, 1, _sum_combine)
-            v = tl.load(v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-                        mask=n_valid[:, None] & dv_valid[None, :], other=0.0)
+            v = tl.load(
+                v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+                mask=n_valid[:, None] & dv_valid[None, :],
+                other=0.0,
+            )
             if UPCAST:
                 v = v.to(tl.float32)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
@@ -117,9 +189,11 @@ def _fwd_kernel(Q, K, V, Out, Lse,
     l_safe = tl.where(nonempty, l_i, 1.0)
     out = tl.where(nonempty[:, None], acc / l_safe[:, None], 0.0)
     lse = tl.where(nonempty, m_i * 0.6931471805599453 + tl.log(l_safe) - log_s, float("-inf"))
-    tl.store(Out + b64 * sob + h.to(tl.int64) * soh + offs_m[:, None] * som
-             + offs_dv[None, :] * sod, out.to(Out.dtype.element_ty),
-             mask=m_valid[:, None] & dv_valid[None, :])
+    tl.store(
+        Out + b64 * sob + h.to(tl.int64) * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
+        out.to(Out.dtype.element_ty),
+        mask=m_valid[:, None] & dv_valid[None, :],
+    )
     tl.store(Lse + (b64 * num_heads + h) * n_q + offs_m, lse, mask=m_valid)
 
 
@@ -127,8 +201,9 @@ def _pow2(x: int, minimum: int = 16) -> int:
     return max(minimum, triton.next_power_of_2(max(int(x), 1)))
 
 
-def default_blocks(head_dim: int, head_dim_v: int, device: torch.device,
-                   dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int]:
+def default_blocks(
+    head_dim: int, head_dim_v: int, device: torch.device, dtype: torch.dtype = torch.bfloat16
+) -> tuple[int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps)`` for a head size (untuned heuristic; GPU-measured later).
 
     Small query tiles keep the planned key range ``BLOCK_M + window`` tight (the PLSH window
@@ -157,10 +232,24 @@ def _interpreting() -> bool:
     return type(_fwd_kernel).__name__ == "InterpretedFunction"
 
 
-def plsh_forward_triton(query, key, value, pitch, offset, query_positions, key_positions,
-                        scale: float, causal: bool, *, _block_m: int | None = None,
-                        _block_n: int | None = None, _variant: int = 0, _num_warps=None,
-                        _classify: bool = True, _unroll: int = 0):
+def plsh_forward_triton(
+    query,
+    key,
+    value,
+    pitch,
+    offset,
+    query_positions,
+    key_positions,
+    scale: float,
+    causal: bool,
+    *,
+    _block_m: int | None = None,
+    _block_n: int | None = None,
+    _variant: int = 0,
+    _num_warps=None,
+    _classify: bool = True,
+    _unroll: int = 0,
+):
     """PLSH attention forward on the fused Triton kernel.
 
     Inputs are validated by :func:`plsh_fast.plsh_attention`; only internal preconditions
@@ -215,10 +304,22 @@ def plsh_forward_triton(query, key, value, pitch, offset, query_positions, key_p
         (query,) = take_rows(q_order, query)
         key, value = take_rows(k_order, key, value)
         out, lse = plsh_forward_triton(
-            query, key, value, pitch, offset, sort_positions(query_positions, q_order),
-            sort_positions(key_positions, k_order), scale, causal, _block_m=_block_m,
-            _block_n=_block_n, _variant=_variant, _num_warps=_num_warps,
-            _classify=_classify, _unroll=_unroll)
+            query,
+            key,
+            value,
+            pitch,
+            offset,
+            sort_positions(query_positions, q_order),
+            sort_positions(key_positions, k_order),
+            scale,
+            causal,
+            _block_m=_block_m,
+            _block_n=_block_n,
+            _variant=_variant,
+            _num_warps=_num_warps,
+            _classify=_classify,
+            _unroll=_unroll,
+        )
         return take_rows(q_inverse, out, lse)
     dev = query.device
     out = torch.zeros((batch, num_heads, n_q, head_dim_v), dtype=query.dtype, device=dev)
@@ -229,8 +330,15 @@ def plsh_forward_triton(query, key, value, pitch, offset, query_positions, key_p
     block_m = _block_m or block_m
     block_n = _block_n or block_n
     num_warps = _num_warps or num_warps
-    plan = make_plan(query_positions, key_positions, pitch, offset, causal=causal,
-                     block_m=block_m, block_n=block_n)
+    plan = make_plan(
+        query_positions,
+        key_positions,
+        pitch,
+        offset,
+        causal=causal,
+        block_m=block_m,
+        block_n=block_n,
+    )
     n_q_tiles = triton.cdiv(n_q, block_m)
     n_k_tiles = triton.cdiv(n_k, block_n)
     interp = _interpreting()
@@ -239,16 +347,46 @@ def plsh_forward_triton(query, key, value, pitch, offset, query_positions, key_p
     grid = (n_q_tiles * batch * num_heads,)
     assert grid[0] < 2**31
     _fwd_kernel[grid](
-        query, key, value, out, lse,
-        plan.bins_q, plan.bins_k, plan.qlo, plan.qhi, plan.klo, plan.khi, plan.key_range,
-        query_positions.contiguous(), key_positions.contiguous(),
-        *query.stride(), *key.stride(), *value.stride(), *out.stride(),
-        n_q, n_k, num_heads, num_heads // num_heads_kv, num_samples, n_q_tiles, n_k_tiles,
-        float(scale) * LOG2E, math.log(num_samples),
-        D=head_dim, DV=head_dim_v, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_D=_pow2(head_dim), BLOCK_DV=_pow2(head_dim_v),
+        query,
+        key,
+        value,
+        out,
+        lse,
+        plan.bins_q,
+        plan.bins_k,
+        plan.qlo,
+        plan.qhi,
+        plan.klo,
+        plan.khi,
+        plan.key_range,
+        query_positions.contiguous(),
+        key_positions.contiguous(),
+        *query.stride(),
+        *key.stride(),
+        *value.stride(),
+        *out.stride(),
+        n_q,
+        n_k,
+        num_heads,
+        num_heads // num_heads_kv,
+        num_samples,
+        n_q_tiles,
+        n_k_tiles,
+        float(scale) * LOG2E,
+        math.log(num_samples),
+        D=head_dim,
+        DV=head_dim_v,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_D=_pow2(head_dim),
+        BLOCK_DV=_pow2(head_dim_v),
         S_CHUNK=min(32, _pow2(num_samples, minimum=2)),
-        CAUSAL=bool(causal), UPCAST=upcast, DOT_PREC=prec, VARIANT=int(_variant),
-        CLASSIFY=bool(_classify), UNROLL=_unroll_for(_unroll, num_samples),
-        num_warps=num_warps)
+        CAUSAL=bool(causal),
+        UPCAST=upcast,
+        DOT_PREC=prec,
+        VARIANT=int(_variant),
+        CLASSIFY=bool(_classify),
+        UNROLL=_unroll_for(_unroll, num_samples),
+        num_warps=num_warps,
+    )
     return out, lse

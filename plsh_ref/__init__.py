@@ -5,12 +5,15 @@ Linear Biases* (arXiv 2605.09472, 2026). Depends on numpy, scipy and mpmath only
 """
 
 from . import alibi, attention, bounds, expectation, partition, toeplitz
-from .alibi import (alibi_bias, alibi_slopes, default_positions, kernel_matrix,
-                    sigma_from_slopes)
-from .attention import (alibi_attention, biased_attention, fixed_block_attention,
-                        no_bias_attention, plsh_attention)
-from .partition import (PartitionSample, bins, counts, draw_partition, empirical_mean,
-                        masks)
+from .alibi import alibi_bias, alibi_slopes, default_positions, kernel_matrix, sigma_from_slopes
+from .attention import (
+    alibi_attention,
+    biased_attention,
+    fixed_block_attention,
+    no_bias_attention,
+    plsh_attention,
+)
+from .partition import PartitionSample, bins, counts, draw_partition, empirical_mean, masks
 
 __version__ = "0.1.0"
 

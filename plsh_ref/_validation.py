@@ -80,8 +80,9 @@ def _tensor_to_numpy(name: str, tensor) -> np.ndarray:
     return tensor.numpy()
 
 
-def as_float_array(name: str, value, *, ndim: int | tuple[int, ...] | None = None,
-                   finite: bool = True) -> np.ndarray:
+def as_float_array(
+    name: str, value, *, ndim: int | tuple[int, ...] | None = None, finite: bool = True
+) -> np.ndarray:
     """Convert ``value`` to a float64 numpy array and check its rank and finiteness.
 
     Parameters
@@ -105,15 +106,18 @@ def as_float_array(name: str, value, *, ndim: int | tuple[int, ...] | None = Non
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor without importing torch
         value = _tensor_to_numpy(name, value).astype(np.float64)
     arr = np.asarray(value)
-    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer)
-                                     or np.issubdtype(arr.dtype, np.floating)):
+    if arr.dtype == np.bool_ or not (
+        np.issubdtype(arr.dtype, np.integer) or np.issubdtype(arr.dtype, np.floating)
+    ):
         raise TypeError(f"{name}: must be a real numeric array, got dtype {arr.dtype}")
     arr = arr.astype(np.float64, copy=False)
     if ndim is not None:
         allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
         if arr.ndim not in allowed:
-            raise ValueError(f"{name}: must have {' or '.join(map(str, allowed))} dimensions, "
-                             f"got shape {arr.shape}")
+            raise ValueError(
+                f"{name}: must have {' or '.join(map(str, allowed))} dimensions, "
+                f"got shape {arr.shape}"
+            )
     if finite and not np.all(np.isfinite(arr)):
         raise ValueError(f"{name}: contains NaN or infinite values")
     return arr

@@ -101,8 +101,9 @@ def default_positions(n_q: int, n_k: int) -> tuple[np.ndarray, np.ndarray]:
     return (np.arange(n_q, dtype=np.int64) + (n_k - n_q), np.arange(n_k, dtype=np.int64))
 
 
-def resolve_positions(n_q: int, n_k: int, query_positions=None, key_positions=None
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def resolve_positions(
+    n_q: int, n_k: int, query_positions=None, key_positions=None
+) -> tuple[np.ndarray, np.ndarray]:
     """Explicit positions where given (validated, int64), defaults otherwise.
 
     Raises
@@ -113,10 +114,16 @@ def resolve_positions(n_q: int, n_k: int, query_positions=None, key_positions=No
         If their lengths differ from ``n_q``/``n_k`` or they are not one-dimensional.
     """
     default_q, default_k = default_positions(n_q, n_k)
-    qpos = default_q if query_positions is None else as_positions(
-        "query_positions", query_positions, length=n_q)
-    kpos = default_k if key_positions is None else as_positions(
-        "key_positions", key_positions, length=n_k)
+    qpos = (
+        default_q
+        if query_positions is None
+        else as_positions("query_positions", query_positions, length=n_q)
+    )
+    kpos = (
+        default_k
+        if key_positions is None
+        else as_positions("key_positions", key_positions, length=n_k)
+    )
     return qpos, kpos
 
 

@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import (as_float_array, check_bool, check_int, check_positive_float,
-                          check_sigma)
+from ._validation import as_float_array, check_bool, check_int, check_positive_float, check_sigma
 from .alibi import alibi_bias, alibi_slopes, resolve_positions
 from .partition import PartitionSample, bins, counts
 
@@ -59,13 +58,15 @@ def validate_qkv(query, key, value):
     v = as_float_array("value", value, ndim=4)
     for name, x in (("key", k), ("value", v)):
         if x.shape[0] != q.shape[0]:
-            raise ValueError(f"{name}: batch size {x.shape[0]} differs from query batch size "
-                             f"{q.shape[0]}")
+            raise ValueError(
+                f"{name}: batch size {x.shape[0]} differs from query batch size {q.shape[0]}"
+            )
     if k.shape[3] != q.shape[3]:
         raise ValueError(f"key: head_dim {k.shape[3]} differs from query head_dim {q.shape[3]}")
     if v.shape[1] != k.shape[1] or v.shape[2] != k.shape[2]:
-        raise ValueError(f"value: (num_heads_kv, n_k) = {v.shape[1:3]} differs from key's "
-                         f"{k.shape[1:3]}")
+        raise ValueError(
+            f"value: (num_heads_kv, n_k) = {v.shape[1:3]} differs from key's {k.shape[1:3]}"
+        )
     if k.shape[1] == 0 or q.shape[1] % k.shape[1] != 0:
         raise ValueError(f"key: num_heads_kv={k.shape[1]} must divide num_heads={q.shape[1]}")
     return q, k, v
@@ -92,8 +93,10 @@ def _softmax_with_log_weight(q, k, v, log_weight, scale):
     if not np.all(np.isfinite(scores)):
         # Finite inputs whose logits overflow binary64 would otherwise look like empty rows
         # (output 0, lse -inf) or give NaN: refuse instead of returning a wrong answer.
-        raise ValueError("query: scale * query . key overflows float64 (non-finite logits); "
-                         "rescale query/key or pass a smaller scale")
+        raise ValueError(
+            "query: scale * query . key overflows float64 (non-finite logits); "
+            "rescale query/key or pass a smaller scale"
+        )
     logits = scores + log_weight
     row_max = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
     empty = ~np.isfinite(row_max)
@@ -159,8 +162,17 @@ def _resolve_slopes(slopes, num_heads: int) -> np.ndarray:
     return m
 
 
-def alibi_attention(query, key, value, *, slopes=None, causal: bool = True, scale=None,
-                    query_positions=None, key_positions=None):
+def alibi_attention(
+    query,
+    key,
+    value,
+    *,
+    slopes=None,
+    causal: bool = True,
+    scale=None,
+    query_positions=None,
+    key_positions=None,
+):
     """Exact ALiBi attention in float64: ``softmax(scale q k^T - m_h |p_i - p_j|) v``.
 
     Equal to ``T*_i = sum_j A_ij L*_ij v_j / sum_j A_ij L*_ij`` with
@@ -203,8 +215,9 @@ def alibi_attention(query, key, value, *, slopes=None, causal: bool = True, scal
     return _softmax_with_log_weight(q, k, v, bias[None], _scale(scale, q.shape[3]))
 
 
-def no_bias_attention(query, key, value, *, causal: bool = True, scale=None,
-                      query_positions=None, key_positions=None):
+def no_bias_attention(
+    query, key, value, *, causal: bool = True, scale=None, query_positions=None, key_positions=None
+):
     """Baseline without positional bias: ``softmax(scale q k^T) v`` (causal mask optional).
 
     Shapes, returns and errors as :func:`alibi_attention`. The paper's "no bias" baseline.
@@ -218,8 +231,17 @@ def no_bias_attention(query, key, value, *, causal: bool = True, scale=None,
     return _softmax_with_log_weight(q, k, v, log_w, _scale(scale, q.shape[3]))
 
 
-def fixed_block_attention(query, key, value, block_size: int, *, causal: bool = True,
-                          scale=None, query_positions=None, key_positions=None):
+def fixed_block_attention(
+    query,
+    key,
+    value,
+    block_size: int,
+    *,
+    causal: bool = True,
+    scale=None,
+    query_positions=None,
+    key_positions=None,
+):
     """Baseline with fixed blocks: attend only within ``floor(p / block_size)`` bins.
 
     The deterministic block-diagonal mask of the paper's "fixed blocks" baseline.
@@ -239,8 +261,9 @@ def fixed_block_attention(query, key, value, block_size: int, *, causal: bool = 
     else:
         sizes = [check_int("block_size", b, minimum=1) for b in block_size]
         if len(sizes) != q.shape[1]:
-            raise ValueError(f"block_size: needs {q.shape[1]} entries (one per head), "
-                             f"got {len(sizes)}")
+            raise ValueError(
+                f"block_size: needs {q.shape[1]} entries (one per head), got {len(sizes)}"
+            )
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
     size = np.asarray(sizes, dtype=np.int64)[:, None, None]
     same = (qpos[None, :, None] // size) == (kpos[None, None, :] // size)
@@ -258,9 +281,18 @@ def _check_partition_heads(partition, num_heads: int) -> PartitionSample:
     return partition
 
 
-def plsh_attention(query, key, value, partition: PartitionSample, *, causal: bool = True,
-                   scale=None, query_positions=None, key_positions=None,
-                   method: str = "counts"):
+def plsh_attention(
+    query,
+    key,
+    value,
+    partition: PartitionSample,
+    *,
+    causal: bool = True,
+    scale=None,
+    query_positions=None,
+    key_positions=None,
+    method: str = "counts",
+):
     """PLSH attention ``T~_i = sum_j A_ij M~_ij v_j / sum_j A_ij M~_ij`` in float64.
 
     Parameters
@@ -325,8 +357,9 @@ def _reduction(q, k, v, partition, qpos, kpos, causal, c):
                 log_w = np.zeros((iq.size, ik.size))
                 if causal:
                     log_w = np.where(kpos[ik][None, :] <= qpos[iq][:, None], 0.0, -np.inf)
-                o, l = _softmax_with_log_weight(kq[:, None, iq], kk[:, None, ik],
-                                                kv[:, None, ik], log_w[None, None], c)
+                o, l = _softmax_with_log_weight(
+                    kq[:, None, iq], kk[:, None, ik], kv[:, None, ik], log_w[None, None], c
+                )
                 out_t[t, :, h][:, iq] = o[:, 0]
                 lse_t[t, :, h][:, iq] = l[:, 0]
     # Merge: numerator_t = exp(lse_t) out_t, denominator_t = exp(lse_t); M~ = C / s.

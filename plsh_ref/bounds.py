@@ -28,8 +28,12 @@ import numpy as np
 from ._validation import check_int, check_positive_float, check_probability
 from .alibi import kernel_matrix, resolve_positions
 from .attention import _check_partition_heads, _expand_kv, _resolve_slopes, _scale, validate_qkv
-from .expectation import largest_pitch_quantile, largest_pitch_sf, variance_proxy, \
-    variance_proxy_limit
+from .expectation import (
+    largest_pitch_quantile,
+    largest_pitch_sf,
+    variance_proxy,
+    variance_proxy_limit,
+)
 from .partition import counts
 from .toeplitz import kms_spectral_norm_limit
 
@@ -54,6 +58,7 @@ EXACT_VARIANCE_MAX_N = 1024
 # --------------------------------------------------------------------------------------
 # Max norm: DKW (Massart)
 # --------------------------------------------------------------------------------------
+
 
 def max_norm_tail_bound(n: int, num_samples: int, eps) -> float:
     """``min(1, 2 (n - 1) exp(-2 s eps^2)) >= P(max_ij |M~_ij - L*_ij| > eps)``.
@@ -160,7 +165,7 @@ def required_samples(n: int, eps, delta) -> int:
         return 1
     s = max(1, math.ceil(math.log(2.0 * (n - 1) / delta) / (2.0 * eps * eps)))
     while s > 1 and 2.0 * (n - 1) * math.exp(-2.0 * (s - 1) * eps * eps) <= delta:
-        s -= 1                                      # guard against rounding up one too many
+        s -= 1  # guard against rounding up one too many
     while 2.0 * (n - 1) * math.exp(-2.0 * s * eps * eps) > delta:
         s += 1
     return s
@@ -169,6 +174,7 @@ def required_samples(n: int, eps, delta) -> int:
 # --------------------------------------------------------------------------------------
 # Block size
 # --------------------------------------------------------------------------------------
+
 
 def block_size_tail_bound(b: int, sigma, num_samples: int) -> float:
     """``P(some block of some of the s masks has more than b tokens) <= P(max_t delta_t > b)``.
@@ -234,6 +240,7 @@ def block_size_bound(sigma, num_samples: int, delta) -> int:
 # Spectral norm: truncated matrix Bernstein
 # --------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class SpectralBound:
     """A spectral-norm bound ``P(||M~ - L*||_2 > eps) <= probability`` and its ingredients.
@@ -287,7 +294,7 @@ def _truncation_terms(n: int, sigma: float, s: int, k: int, lnorm: float):
     if k >= n:
         return 0.0, 0.0, max(float(n), lnorm)
     tail = math.exp(-k / sigma)
-    p_one = (1 + k / sigma) * tail                           # P(delta > k)
+    p_one = (1 + k / sigma) * tail  # P(delta > k)
     # E[(delta + 1) 1[delta > k]] for Gamma(2, sigma): e^{-k/s}(k^2/s + 2k + 2s) + P.
     moment = tail * (k * k / sigma + 2 * k + 2 * sigma) + p_one
     bias = min(n * p_one, moment + lnorm * p_one)
@@ -310,8 +317,7 @@ def _candidate_levels(n: int, sigma: float, s: int, delta: float):
     return sorted(levels)
 
 
-def spectral_error_bound(n: int, sigma, num_samples: int, delta, *,
-                         variance=None) -> SpectralBound:
+def spectral_error_bound(n: int, sigma, num_samples: int, delta, *, variance=None) -> SpectralBound:
     """``eps`` with ``P(||M~ - L*||_2 > eps) <= delta`` for aligned positions ``0..n-1``.
 
     Truncated matrix Bernstein (``proofs_notes/spectral_bound.md``): with ``X_t = M_t - L*``,
@@ -361,9 +367,17 @@ def spectral_error_bound(n: int, sigma, num_samples: int, delta, *,
             continue
         r = r0 + bias
         tau = _bernstein_tau(n, s, v, r, delta - p_trunc)
-        cand = SpectralBound(eps=tau + bias, probability=delta, num_samples=s,
-                             variance_proxy=v, truncation=k, truncation_probability=p_trunc,
-                             range_bound=r, bias=bias, bernstein=tau)
+        cand = SpectralBound(
+            eps=tau + bias,
+            probability=delta,
+            num_samples=s,
+            variance_proxy=v,
+            truncation=k,
+            truncation_probability=p_trunc,
+            range_bound=r,
+            bias=bias,
+            bernstein=tau,
+        )
         if best is None or cand.eps < best.eps:
             best = cand
     return best
@@ -391,8 +405,9 @@ def spectral_tail_bound(n: int, sigma, num_samples: int, eps, *, variance=None) 
     s = check_int("num_samples", num_samples, minimum=1)
     eps = check_positive_float("eps", eps)
     v, lnorm = _spectral_setup(n, sigma, variance)
-    levels = sorted({n} | {max(1, min(n, math.ceil(sigma * x)))
-                           for x in np.geomspace(0.5, 200.0, 40)})
+    levels = sorted(
+        {n} | {max(1, min(n, math.ceil(sigma * x))) for x in np.geomspace(0.5, 200.0, 40)}
+    )
     best = 1.0
     for k in levels:
         p_trunc, bias, r0 = _truncation_terms(n, sigma, s, k, lnorm)
@@ -405,8 +420,9 @@ def spectral_tail_bound(n: int, sigma, num_samples: int, eps, *, variance=None) 
     return best
 
 
-def spectral_required_samples(n: int, sigma, eps, delta, *, variance=None,
-                              max_samples: int = 10**9) -> int:
+def spectral_required_samples(
+    n: int, sigma, eps, delta, *, variance=None, max_samples: int = 10**9
+) -> int:
     """Smallest ``s`` (found by bisection) with ``spectral_error_bound(n, sigma, s, delta).eps <= eps``.
 
     Parameters
@@ -459,8 +475,8 @@ def spectral_required_samples(n: int, sigma, eps, delta, *, variance=None,
 # Attention output
 # --------------------------------------------------------------------------------------
 
-def _scores_and_weights(query, key, value, slopes, causal, scale, query_positions,
-                        key_positions):
+
+def _scores_and_weights(query, key, value, slopes, causal, scale, query_positions, key_positions):
     """Shifted attention weights A (0 where inadmissible), L*, V expanded, positions."""
     q, k, v = validate_qkv(query, key, value)
     m = _resolve_slopes(slopes, q.shape[1])
@@ -474,8 +490,8 @@ def _scores_and_weights(query, key, value, slopes, causal, scale, query_position
         admissible = kpos[None, :] <= qpos[:, None]
     logits = np.where(admissible, logits, -np.inf)
     row_max = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
-    a = np.exp(logits - np.where(np.isfinite(row_max), row_max, 0.0))   # A up to a row factor
-    lstar = kernel_matrix(1.0 / m, qpos, kpos, causal=causal)           # (H, n_q, n_k)
+    a = np.exp(logits - np.where(np.isfinite(row_max), row_max, 0.0))  # A up to a row factor
+    lstar = kernel_matrix(1.0 / m, qpos, kpos, causal=causal)  # (H, n_q, n_k)
     return a, lstar, v, admissible, qpos, kpos
 
 
@@ -490,8 +506,18 @@ def _value_range(v: np.ndarray, admissible: np.ndarray):
     return np.where(empty, 0.0, vmax - vmin), vabs
 
 
-def output_error_certificate(query, key, value, partition, *, slopes=None, causal: bool = True,
-                             scale=None, query_positions=None, key_positions=None):
+def output_error_certificate(
+    query,
+    key,
+    value,
+    partition,
+    *,
+    slopes=None,
+    causal: bool = True,
+    scale=None,
+    query_positions=None,
+    key_positions=None,
+):
     """A-posteriori bound on ``|T~_ik - T*_ik|`` for a given partition sample and Q/K/V.
 
     From the exact identity ``T~_i - T*_i = sum_j E_ij (v_j - T~_i) / Z*_i`` with
@@ -533,7 +559,8 @@ def output_error_certificate(query, key, value, partition, *, slopes=None, causa
     Wolfson & Wagner (2026), Theorem 2.2; ``proofs_notes/output_bound.md``.
     """
     a, lstar, v, admissible, qpos, kpos = _scores_and_weights(
-        query, key, value, slopes, causal, scale, query_positions, key_positions)
+        query, key, value, slopes, causal, scale, query_positions, key_positions
+    )
     partition = _check_partition_heads(partition, a.shape[1])
     mt = counts(partition, qpos, kpos, causal=causal) / partition.num_samples
     z_star = np.sum(a * lstar[None], axis=-1)
@@ -546,9 +573,19 @@ def output_error_certificate(query, key, value, partition, *, slopes=None, causa
     return np.where((z_tilde == 0)[..., None] & (z_star > 0)[..., None], vabs, bound)
 
 
-def output_error_bound(query, key, value, num_samples: int, delta, *, slopes=None,
-                       causal: bool = True, scale=None, query_positions=None,
-                       key_positions=None):
+def output_error_bound(
+    query,
+    key,
+    value,
+    num_samples: int,
+    delta,
+    *,
+    slopes=None,
+    causal: bool = True,
+    scale=None,
+    query_positions=None,
+    key_positions=None,
+):
     """A-priori bound: with probability ``>= 1 - delta`` over the partition sample,
     simultaneously for every head, row and column,
     ``|T~_ik - T*_ik| <= range_k(V_i) * eps * sum_j A_ij / sum_j A_ij L*_ij``.
@@ -587,7 +624,8 @@ def output_error_bound(query, key, value, num_samples: int, delta, *, slopes=Non
     s = check_int("num_samples", num_samples, minimum=1)
     delta = check_probability("delta", delta)
     a, lstar, v, admissible, qpos, kpos = _scores_and_weights(
-        query, key, value, slopes, causal, scale, query_positions, key_positions)
+        query, key, value, slopes, causal, scale, query_positions, key_positions
+    )
     n = np.unique(np.concatenate([qpos, kpos])).size
     eps = max_norm_error_bound(n, s, delta / a.shape[1])
     z_star = np.sum(a * lstar[None], axis=-1)
@@ -597,6 +635,6 @@ def output_error_bound(query, key, value, num_samples: int, delta, *, slopes=Non
     bound = vrange * ratio[..., None]
     # On the event, M~_ij >= L*_ij - eps > 0 wherever L*_ij > eps; a row can vanish (and
     # output 0) only if every admissible L*_ij <= eps. Cover those rows by max |v|.
-    lmax = np.max(np.where(admissible[None], lstar, -np.inf), axis=-1)       # (H, n_q)
+    lmax = np.max(np.where(admissible[None], lstar, -np.inf), axis=-1)  # (H, n_q)
     can_vanish = (eps >= lmax)[None, :, :, None] & np.isfinite(lmax)[None, :, :, None]
     return np.where(can_vanish, np.maximum(bound, vabs), bound)

@@ -36,8 +36,11 @@ _SUMMARIES = {
 
 
 def _usage() -> str:
-    lines = ["usage: plsh [COMMAND] [OPTIONS]", "",
-             "With no COMMAND, runs `plsh reproduce`. Commands:"]
+    lines = [
+        "usage: plsh [COMMAND] [OPTIONS]",
+        "",
+        "With no COMMAND, runs `plsh reproduce`. Commands:",
+    ]
     lines += [f"  {name:<10} {_SUMMARIES[name]}" for name in COMMANDS]
     lines += ["", "`plsh COMMAND --help` describes a command's options."]
     return "\n".join(lines)
@@ -51,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if argv and argv[0] in ("-V", "--version"):
         from . import __version__
+
         print(f"positional-lsh {__version__}")
         return 0
     if not argv or argv[0].startswith("-"):
@@ -63,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(COMMANDS[command])
     except ImportError as exc:
-        print(f"plsh {command}: cannot import {COMMANDS[command]} ({exc}); "
-              "install the extras it needs, e.g. `pip install positional-lsh[fast]`",
-              file=sys.stderr)
+        print(
+            f"plsh {command}: cannot import {COMMANDS[command]} ({exc}); "
+            "install the extras it needs, e.g. `pip install positional-lsh[fast]`",
+            file=sys.stderr,
+        )
         return 2
     parser = argparse.ArgumentParser(prog=f"plsh {command}", description=module.HELP)
     module.add_arguments(parser)

@@ -27,8 +27,13 @@ import mpmath
 import numpy as np
 from scipy.special import lambertw
 
-from ._validation import (as_float_array, as_positions, check_int, check_positive_float,
-                          check_probability)
+from ._validation import (
+    as_float_array,
+    as_positions,
+    check_int,
+    check_positive_float,
+    check_probability,
+)
 from .alibi import kernel_matrix
 
 __all__ = [
@@ -75,6 +80,7 @@ def _rho(sigma: float) -> float:
 # --------------------------------------------------------------------------------------
 # Collision probability, E[M], Var(M~)
 # --------------------------------------------------------------------------------------
+
 
 def collision_probability(distance, sigma):
     """Probability that two positions at ``distance`` share a bin: ``exp(-|r| / sigma)``.
@@ -171,11 +177,15 @@ def _to_mpf(name: str, value):
     if isinstance(value, mpmath.mpf):
         out = value
     else:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
-                                                                          np.floating)):
+        if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)
+        ):
             raise TypeError(f"{name}: must be a real number, got {type(value).__name__}")
-        out = mpmath.mpf(float(value)) if not isinstance(value, (int, np.integer)) \
+        out = (
+            mpmath.mpf(float(value))
+            if not isinstance(value, (int, np.integer))
             else mpmath.mpf(int(value))
+        )
     if not mpmath.isfinite(out):
         raise ValueError(f"{name}: must be finite, got {value}")
     return out
@@ -195,8 +205,9 @@ def expected_mask(sigma, query_positions, key_positions, *, causal: bool = False
     return kernel_matrix(sigma, query_positions, key_positions, causal=causal)
 
 
-def mask_variance(sigma, query_positions, key_positions, num_samples: int, *,
-                  causal: bool = False) -> np.ndarray:
+def mask_variance(
+    sigma, query_positions, key_positions, num_samples: int, *, causal: bool = False
+) -> np.ndarray:
     """``Var(M~_ij) = L*_ij (1 - L*_ij) / s`` for ``s`` independent samples.
 
     Each ``M(h_t)_ij`` is Bernoulli(``L*_ij``); the mean of ``s`` independent copies has
@@ -231,8 +242,9 @@ def mask_variance(sigma, query_positions, key_positions, num_samples: int, *,
     return lstar * (1.0 - lstar) / s
 
 
-def relative_frobenius_error_square(sigma, n: int, num_samples: int, *,
-                                    causal: bool = False) -> float:
+def relative_frobenius_error_square(
+    sigma, n: int, num_samples: int, *, causal: bool = False
+) -> float:
     """``E||M~ - L*||_F^2 / ||L*||_F^2 = sum L*(1 - L*) / (s sum L*^2)`` (positions ``0..n-1``).
 
     As ``n -> inf`` this tends to ``sech(1 / sigma) / s`` (bidirectional) and to
@@ -273,6 +285,7 @@ def relative_frobenius_error_square(sigma, n: int, num_samples: int, *,
 # --------------------------------------------------------------------------------------
 # Second moments: E[M^2], E[(M - L*)^2], variance proxy
 # --------------------------------------------------------------------------------------
+
 
 def expected_mask_square(sigma, positions) -> np.ndarray:
     """``E[M^2]`` for the square mask on ``positions`` (closed form, ``O(n^2)``).
@@ -315,10 +328,10 @@ def expected_mask_square(sigma, positions) -> np.ndarray:
         raise ValueError("positions: needs at least one position (n >= 1)")
     order = np.argsort(p, kind="stable")
     ps = p[order].astype(np.float64)
-    step = np.exp(-np.diff(ps) / sigma)            # exp(-(p_{k+1} - p_k) / sigma)
+    step = np.exp(-np.diff(ps) / sigma)  # exp(-(p_{k+1} - p_k) / sigma)
     left = np.zeros(n)
     right = np.zeros(n)
-    for k in range(1, n):                           # left_k = (left_{k-1} + 1) step_{k-1}
+    for k in range(1, n):  # left_k = (left_{k-1} + 1) step_{k-1}
         left[k] = (left[k - 1] + 1.0) * step[k - 1]
     for k in range(n - 2, -1, -1):
         right[k] = (right[k + 1] + 1.0) * step[k]
@@ -398,6 +411,7 @@ def variance_proxy_limit(sigma) -> float:
 # --------------------------------------------------------------------------------------
 # The block containing a fixed position
 # --------------------------------------------------------------------------------------
+
 
 def _as_int_array(name: str, value, minimum: int) -> np.ndarray:
     arr = np.asarray(value)
@@ -513,6 +527,7 @@ def block_size_mean(sigma) -> float:
 # Largest pitch over s samples
 # --------------------------------------------------------------------------------------
 
+
 def pitch_sf(b, sigma):
     """``P(delta > b) = (1 + b / sigma) exp(-b / sigma)`` for ``delta ~ Gamma(2, sigma)``.
 
@@ -627,7 +642,7 @@ def largest_pitch_quantile(q, sigma, num_samples: int) -> float:
     q = check_probability("q", q)
     sigma = check_positive_float("sigma", sigma)
     s = check_int("num_samples", num_samples, minimum=1)
-    t = -math.expm1(math.log(q) / s)              # single-pitch tail probability
+    t = -math.expm1(math.log(q) / s)  # single-pitch tail probability
     w = lambertw(-t / math.e, k=-1)
     x = -1.0 - float(w.real)
     return sigma * max(x, 0.0)
@@ -636,6 +651,7 @@ def largest_pitch_quantile(q, sigma, num_samples: int) -> float:
 # --------------------------------------------------------------------------------------
 # Expected fused window width per query
 # --------------------------------------------------------------------------------------
+
 
 def _max_extent_tail_sum(sigma: float, s: int, limit: int | None) -> np.ndarray:
     """Cumulative sums ``c[m] = sum_{r=1}^{m} [1 - (1 - rho^r)^s]`` for ``m = 0..R``."""
@@ -647,8 +663,7 @@ def _max_extent_tail_sum(sigma: float, s: int, limit: int | None) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(terms)])
 
 
-def expected_window_width(sigma, num_samples: int, n: int | None = None, *,
-                          causal: bool = False):
+def expected_window_width(sigma, num_samples: int, n: int | None = None, *, causal: bool = False):
     """Expected number of keys with a nonzero count ``C_ij`` for a query (fused window).
 
     The keys with ``C_ij > 0`` are the union of the ``s`` blocks containing the query, an

@@ -86,8 +86,10 @@ def weighted_attention_mp(query, key, value, weight, *, scale=None, dps: int = 3
                         wij = weight(h, i, j)
                         if wij == 0:
                             continue
-                        dot = mpmath.fsum(mpmath.mpf(float(x)) * mpmath.mpf(float(y))
-                                          for x, y in zip(q[b, h, i], k[b, hk, j]))
+                        dot = mpmath.fsum(
+                            mpmath.mpf(float(x)) * mpmath.mpf(float(y))
+                            for x, y in zip(q[b, h, i], k[b, hk, j])
+                        )
                         aw = mpmath.exp(cm * dot) * wij
                         z += aw
                         for e in range(dv):
@@ -101,8 +103,18 @@ def weighted_attention_mp(query, key, value, weight, *, scale=None, dps: int = 3
     return out, lse
 
 
-def alibi_attention_mp(query, key, value, *, slopes=None, causal: bool = True, scale=None,
-                       query_positions=None, key_positions=None, dps: int = 30):
+def alibi_attention_mp(
+    query,
+    key,
+    value,
+    *,
+    slopes=None,
+    causal: bool = True,
+    scale=None,
+    query_positions=None,
+    key_positions=None,
+    dps: int = 30,
+):
     """Exact ALiBi attention at ``dps`` digits (same arguments as
     :func:`plsh_ref.attention.alibi_attention`, plus ``dps``).
 
@@ -123,8 +135,18 @@ def alibi_attention_mp(query, key, value, *, slopes=None, causal: bool = True, s
     return weighted_attention_mp(query, key, value, weight, scale=scale, dps=dps)
 
 
-def plsh_attention_mp(query, key, value, partition, *, causal: bool = True, scale=None,
-                      query_positions=None, key_positions=None, dps: int = 30):
+def plsh_attention_mp(
+    query,
+    key,
+    value,
+    partition,
+    *,
+    causal: bool = True,
+    scale=None,
+    query_positions=None,
+    key_positions=None,
+    dps: int = 30,
+):
     """PLSH attention with weights ``M~ = C / s`` at ``dps`` digits (arguments as
     :func:`plsh_ref.attention.plsh_attention`). Counts are exact integers; ``C / s`` is
     formed at the working precision.

@@ -86,7 +86,7 @@ class PartitionSample:
         """Number of samples ``s`` per head."""
         return self.pitch.shape[1]
 
-    def heads(self, start: int, stop: int | None = None) -> "PartitionSample":
+    def heads(self, start: int, stop: int | None = None) -> PartitionSample:
         """The sub-sample for heads ``start..stop-1`` (as :func:`draw_partition` with ``head_start``)."""
         start = check_int("start", start, minimum=0)
         stop = self.num_heads if stop is None else check_int("stop", stop, minimum=start + 1)
@@ -94,7 +94,7 @@ class PartitionSample:
             raise ValueError(f"stop: must be <= num_heads={self.num_heads}, got {stop}")
         return PartitionSample(self.pitch[start:stop], self.offset[start:stop])
 
-    def samples(self, start: int, stop: int | None = None) -> "PartitionSample":
+    def samples(self, start: int, stop: int | None = None) -> PartitionSample:
         """The sub-sample of hashes ``start..stop-1`` of every head.
 
         Counts of disjoint sample ranges add up: ``counts(p) == counts(p.samples(0, k)) +
@@ -109,9 +109,11 @@ class PartitionSample:
     def __eq__(self, other) -> bool:
         if not isinstance(other, PartitionSample):
             return NotImplemented
-        return (self.pitch.shape == other.pitch.shape
-                and np.array_equal(self.pitch, other.pitch)
-                and np.array_equal(self.offset, other.offset))
+        return (
+            self.pitch.shape == other.pitch.shape
+            and np.array_equal(self.pitch, other.pitch)
+            and np.array_equal(self.offset, other.offset)
+        )
 
     def __repr__(self) -> str:
         return f"PartitionSample(num_heads={self.num_heads}, num_samples={self.num_samples})"
@@ -121,7 +123,7 @@ class PartitionSample:
         np.savez(path, pitch=self.pitch, offset=self.offset)
 
     @classmethod
-    def load(cls, path) -> "PartitionSample":
+    def load(cls, path) -> PartitionSample:
         """Read a sample written by :meth:`save`.
 
         Raises
@@ -153,8 +155,9 @@ def head_rng(seed: int, head: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(head,)))
 
 
-def draw_partition(sigma, num_samples: int, seed: int | None = None, *,
-                   head_start: int = 0) -> PartitionSample:
+def draw_partition(
+    sigma, num_samples: int, seed: int | None = None, *, head_start: int = 0
+) -> PartitionSample:
     """Draw a partition sample: pitch ``~ Gamma(2, scale=sigma_h)``, offset ``~ U[0, pitch)``.
 
     Parameters
@@ -240,12 +243,15 @@ def bins(partition: PartitionSample, positions) -> np.ndarray:
     partition = _check_partition(partition)
     p = as_positions("positions", positions).astype(np.float64)
     with np.errstate(over="ignore"):
-        quotient = np.floor((p[None, None, :] - partition.offset[..., None])
-                            / partition.pitch[..., None])
-    if not np.all((quotient >= -2.0**63) & (quotient < 2.0**63)):
+        quotient = np.floor(
+            (p[None, None, :] - partition.offset[..., None]) / partition.pitch[..., None]
+        )
+    if not np.all((quotient >= -(2.0**63)) & (quotient < 2.0**63)):
         # Casting would wrap silently (every such position in one bin): refuse.
-        raise ValueError("partition: bin index floor((p - offset) / pitch) leaves the int64 "
-                         "range; pitch too small for these positions")
+        raise ValueError(
+            "partition: bin index floor((p - offset) / pitch) leaves the int64 "
+            "range; pitch too small for these positions"
+        )
     return quotient.astype(np.int64)
 
 
@@ -294,12 +300,15 @@ def block_sizes(partition: PartitionSample, positions) -> list[list[np.ndarray]]
     """
     partition = _check_partition(partition)
     b = bins(partition, positions)
-    return [[np.unique(b[h, t], return_counts=True)[1] for t in range(b.shape[1])]
-            for h in range(b.shape[0])]
+    return [
+        [np.unique(b[h, t], return_counts=True)[1] for t in range(b.shape[1])]
+        for h in range(b.shape[0])
+    ]
 
 
-def masks(partition: PartitionSample, query_positions, key_positions, *,
-          causal: bool = False) -> np.ndarray:
+def masks(
+    partition: PartitionSample, query_positions, key_positions, *, causal: bool = False
+) -> np.ndarray:
     """All masks ``M(h_t)_ij = 1[bin_t(p_i) = bin_t(p_j)]`` (and ``p_j <= p_i`` if causal).
 
     Returns
@@ -323,12 +332,13 @@ def masks(partition: PartitionSample, query_positions, key_positions, *,
     bk = bins(partition, kpos)
     out = bq[..., :, None] == bk[..., None, :]
     if causal:
-        out &= (kpos[None, :] <= qpos[:, None])
+        out &= kpos[None, :] <= qpos[:, None]
     return out
 
 
-def counts(partition: PartitionSample, query_positions, key_positions, *,
-           causal: bool = False) -> np.ndarray:
+def counts(
+    partition: PartitionSample, query_positions, key_positions, *, causal: bool = False
+) -> np.ndarray:
     """Collision counts ``C[h, i, j] = #{t : bin_t(p_i) = bin_t(p_j)}`` (0..s).
 
     Parameters
@@ -365,12 +375,13 @@ def counts(partition: PartitionSample, query_positions, key_positions, *,
     for t in range(bq.shape[1]):
         out += bq[:, t, :, None] == bk[:, t, None, :]
     if causal:
-        out *= (kpos[None, :] <= qpos[:, None])
+        out *= kpos[None, :] <= qpos[:, None]
     return out
 
 
-def empirical_mean(partition: PartitionSample, query_positions, key_positions, *,
-                   causal: bool = False) -> np.ndarray:
+def empirical_mean(
+    partition: PartitionSample, query_positions, key_positions, *, causal: bool = False
+) -> np.ndarray:
     """Empirical mean ``M~ = (1/s) sum_t M(h_t)``, float64, shape ``(num_heads, n_q, n_k)``.
 
     Unbiased for ``L*`` (``E[M~] = L*``) when the pitches/offsets are drawn by

@@ -148,7 +148,9 @@ def _reduced_secular_np(theta: np.ndarray, n: int, sigma: float) -> np.ndarray:
     rho = math.exp(-1.0 / sigma)
     one_minus_rho = -math.expm1(-1.0 / sigma)
     cos_minus_rho = one_minus_rho - 2.0 * np.sin(theta / 2) ** 2
-    g = 2.0 * cos_minus_rho * np.sin(n * theta) - one_minus_rho * (1 + rho) * np.sin((n - 1) * theta)
+    g = 2.0 * cos_minus_rho * np.sin(n * theta) - one_minus_rho * (1 + rho) * np.sin(
+        (n - 1) * theta
+    )
     with np.errstate(invalid="ignore", divide="ignore"):
         out = g / np.sin(theta)
     limit = one_minus_rho * (2 * n - (1 + rho) * (n - 1))
@@ -236,8 +238,9 @@ def kms_eigenvalues(n: int, sigma) -> np.ndarray:
 def _secular_mp(theta, n: int, rho, one_minus_rho):
     """``g(theta)`` at the working precision, in the form of :func:`_reduced_secular_np`."""
     cos_minus_rho = one_minus_rho - 2 * mpmath.sin(theta / 2) ** 2
-    return (2 * cos_minus_rho * mpmath.sin(n * theta)
-            - one_minus_rho * (1 + rho) * mpmath.sin((n - 1) * theta))
+    return 2 * cos_minus_rho * mpmath.sin(n * theta) - one_minus_rho * (1 + rho) * mpmath.sin(
+        (n - 1) * theta
+    )
 
 
 def kms_angles_mp(n: int, sigma, *, dps: int = 50) -> list:
@@ -273,8 +276,9 @@ def kms_angles_mp(n: int, sigma, *, dps: int = 50) -> list:
     """
     n = check_int("n", n, minimum=1)
     dps = check_dps(dps)
-    sig_mp = sigma if isinstance(sigma, mpmath.mpf) else mpmath.mpf(
-        check_positive_float("sigma", sigma))
+    sig_mp = (
+        sigma if isinstance(sigma, mpmath.mpf) else mpmath.mpf(check_positive_float("sigma", sigma))
+    )
     if not (mpmath.isfinite(sig_mp) and sig_mp > 0):
         raise ValueError(f"sigma: must be finite and > 0, got {sigma}")
     out = []
@@ -285,10 +289,13 @@ def kms_angles_mp(n: int, sigma, *, dps: int = 50) -> list:
             # k = 1: g also vanishes at 0, so solve g / sin (> 0 near 0) from just inside.
             lo = (k - 1) * mpmath.pi / n if k > 1 else mpmath.pi / (n + 1) * mpmath.mpf(2) ** (-dps)
             hi = k * mpmath.pi / (n + 1)
-            root = mpmath.findroot(lambda t: _secular_mp(t, n, rho, one_minus_rho) / mpmath.sin(t),
-                                   (lo, hi),
-                                   solver="anderson", tol=mpmath.mpf(10) ** (-(dps + 5)),
-                                   maxsteps=400)
+            root = mpmath.findroot(
+                lambda t: _secular_mp(t, n, rho, one_minus_rho) / mpmath.sin(t),
+                (lo, hi),
+                solver="anderson",
+                tol=mpmath.mpf(10) ** (-(dps + 5)),
+                maxsteps=400,
+            )
             if not lo <= root <= hi:  # pragma: no cover - bracketing solvers stay inside
                 raise ArithmeticError(f"root {k} left its bracket")
             out.append(root)
@@ -417,8 +424,9 @@ def kms_determinant(n: int, sigma) -> float:
     return math.exp(kms_log_determinant(n, sigma))
 
 
-def mask_spectrum(partition: PartitionSample, positions, head: int = 0,
-                  sample: int = 0) -> np.ndarray:
+def mask_spectrum(
+    partition: PartitionSample, positions, head: int = 0, sample: int = 0
+) -> np.ndarray:
     """Eigenvalues of one mask ``M(h)`` (bidirectional, square on ``positions``).
 
     ``M(h)`` is, up to a permutation, block diagonal with all-ones blocks; a ``k x k``

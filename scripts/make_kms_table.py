@@ -34,10 +34,14 @@ def eigenvalues(n: int, sigma: float) -> list[str]:
 
 
 def main() -> None:
-    table = {"description": "eigenvalues of the KMS matrix exp(-|i-j|/sigma), n x n, decreasing; "
-                            "mpmath.eigsy at 60 digits, printed to 50 significant digits",
-             "generator": "scripts/make_kms_table.py", "mpmath": mpmath.__version__,
-             "n": N, "entries": []}
+    table = {
+        "description": "eigenvalues of the KMS matrix exp(-|i-j|/sigma), n x n, decreasing; "
+        "mpmath.eigsy at 60 digits, printed to 50 significant digits",
+        "generator": "scripts/make_kms_table.py",
+        "mpmath": mpmath.__version__,
+        "n": N,
+        "entries": [],
+    }
     for sigma in SIGMAS:
         t0 = time.time()
         table["entries"].append({"sigma": sigma.hex(), "eigenvalues": eigenvalues(N, sigma)})

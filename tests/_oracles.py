@@ -31,6 +31,7 @@ def press_slope_exponents(num_heads: int) -> list[Fraction]:
     Otherwise: the ``c`` slopes for the largest power of two ``c < H``, then every other
     slope (``0, 2, 4, ...``) of the ``2c`` sequence, the first ``H - c`` of them.
     """
+
     def geometric(n: int) -> list[Fraction]:
         start = Fraction(-8, n)
         return [start * (i + 1) for i in range(n)]
@@ -60,8 +61,8 @@ def round_to_double(x: Fraction) -> float:
         e -= 1
     elif a >= Fraction(2) ** (e + 1):
         e += 1
-    quantum = max(e, -1022) - 52          # spacing of binary64 numbers around a
-    scaled = a / Fraction(2) ** quantum   # a in units of the spacing
+    quantum = max(e, -1022) - 52  # spacing of binary64 numbers around a
+    scaled = a / Fraction(2) ** quantum  # a in units of the spacing
     m = scaled.numerator // scaled.denominator
     rem = scaled - m
     if rem > Fraction(1, 2) or (rem == Fraction(1, 2) and m % 2 == 1):
@@ -106,8 +107,18 @@ def dense_weighted_attention(q, k, v, weight, scale):
     return out, lse
 
 
-def random_qkv(seed: int, batch: int, num_heads: int, num_heads_kv: int, n_q: int, n_k: int,
-               head_dim: int, head_dim_v: int, *, magnitude: float = 1.0):
+def random_qkv(
+    seed: int,
+    batch: int,
+    num_heads: int,
+    num_heads_kv: int,
+    n_q: int,
+    n_k: int,
+    head_dim: int,
+    head_dim_v: int,
+    *,
+    magnitude: float = 1.0,
+):
     """Standard normal query/key/value (float64) times ``magnitude``, from ``seed``."""
     rng = np.random.default_rng(seed)
     q = magnitude * rng.standard_normal((batch, num_heads, n_q, head_dim))

@@ -20,8 +20,11 @@ _MODULES = ("plsh_fast.tiling", "plsh_fast.triton_forward", "plsh_fast.triton_ba
 
 
 def _interpreted(module) -> bool:
-    kernels = [v for v in vars(module).values() if type(v).__name__ in
-               ("JITFunction", "InterpretedFunction")]
+    kernels = [
+        v
+        for v in vars(module).values()
+        if type(v).__name__ in ("JITFunction", "InterpretedFunction")
+    ]
     return all(type(v).__name__ == "InterpretedFunction" for v in kernels)
 
 

@@ -5,12 +5,19 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 import pytest
+from _oracles import mp_slope, press_slope_exponents
 from hypothesis import given
 from hypothesis import strategies as st
 
-from _oracles import mp_slope, press_slope_exponents
-from plsh_ref.alibi import (alibi_bias, alibi_slopes, causal_mask, default_positions,
-                            kernel_matrix, resolve_positions, sigma_from_slopes)
+from plsh_ref.alibi import (
+    alibi_bias,
+    alibi_slopes,
+    causal_mask,
+    default_positions,
+    kernel_matrix,
+    resolve_positions,
+    sigma_from_slopes,
+)
 
 
 @pytest.mark.parametrize("num_heads", range(1, 65))
@@ -53,7 +60,7 @@ def test_slopes_power_of_two_geometric(num_heads):
     slopes = alibi_slopes(num_heads)
     exponents = press_slope_exponents(num_heads)
     assert exponents[0] == Fraction(-8, num_heads) and exponents[-1] == -8
-    assert slopes[-1] == 2.0 ** -8
+    assert slopes[-1] == 2.0**-8
     assert np.all(np.diff(slopes) < 0)
 
 
@@ -81,9 +88,12 @@ def test_resolve_positions_explicit_and_default():
     assert qpos.tolist() == [1, 2] and kpos.tolist() == [5, 1, 9]
 
 
-@given(st.lists(st.integers(-1000, 1000), min_size=0, max_size=9),
-       st.lists(st.integers(-1000, 1000), min_size=0, max_size=9),
-       st.sampled_from([1, 3, 6, 8]), st.booleans())
+@given(
+    st.lists(st.integers(-1000, 1000), min_size=0, max_size=9),
+    st.lists(st.integers(-1000, 1000), min_size=0, max_size=9),
+    st.sampled_from([1, 3, 6, 8]),
+    st.booleans(),
+)
 def test_bias_and_kernel_matrix_by_definition(qpos, kpos, num_heads, causal):
     slopes = alibi_slopes(num_heads)
     bias = alibi_bias(slopes, qpos, kpos, causal=causal)
@@ -102,7 +112,7 @@ def test_bias_and_kernel_matrix_by_definition(qpos, kpos, num_heads, causal):
                         exact = mpmath.exp(-abs(pi - pj) / (1 / mpmath.mpf(float(m))))
                     # exp(-d / sigma) with sigma = fl(1/m): two roundings before a faithful exp
                     # each perturb the result by at most (1 + d/sigma) ulps of relative error.
-                    tol = (2 + abs(pi - pj) * float(m)) * 2.0 ** -52 * float(exact) + 5e-324
+                    tol = (2 + abs(pi - pj) * float(m)) * 2.0**-52 * float(exact) + 5e-324
                     assert abs(kern[h, i, j] - float(exact)) <= tol
 
 
@@ -124,5 +134,8 @@ def test_kernel_matrix_is_exp_of_bias_and_kms():
 
 def test_causal_mask_admissible_iff_key_not_after_query():
     mask = causal_mask([3, 0, 5], [0, 3, 4, 6])
-    assert mask.tolist() == [[True, True, False, False], [True, False, False, False],
-                             [True, True, True, False]]
+    assert mask.tolist() == [
+        [True, True, False, False],
+        [True, False, False, False],
+        [True, True, True, False],
+    ]

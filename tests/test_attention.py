@@ -11,14 +11,19 @@ at 1e-12 (absolute, outputs are O(1)).
 
 import numpy as np
 import pytest
+from _oracles import dense_weighted_attention, random_qkv
+from _strategies import problems
 from hypothesis import given
 from hypothesis import strategies as st
 
-from _oracles import dense_weighted_attention, random_qkv
-from _strategies import problems
 from plsh_ref.alibi import alibi_slopes
-from plsh_ref.attention import (alibi_attention, biased_attention, fixed_block_attention,
-                                no_bias_attention, plsh_attention)
+from plsh_ref.attention import (
+    alibi_attention,
+    biased_attention,
+    fixed_block_attention,
+    no_bias_attention,
+    plsh_attention,
+)
 from plsh_ref.partition import counts, draw_partition
 
 TOL = 1e-12
@@ -53,13 +58,18 @@ def _close(got, want):
 # ---------------------------------------------------------------------------------------
 # Each method against the dense formula.
 
+
 @given(problems())
 def test_alibi_attention_equals_dense_formula(prob):
     qpos, kpos = prob.positions
     got = alibi_attention(prob.query, prob.key, prob.value, slopes=prob.slopes, **prob.kwargs)
-    want = dense_weighted_attention(prob.query, prob.key, prob.value,
-                                    _alibi_weight(prob.slopes, qpos, kpos, prob.causal),
-                                    _scale(prob))
+    want = dense_weighted_attention(
+        prob.query,
+        prob.key,
+        prob.value,
+        _alibi_weight(prob.slopes, qpos, kpos, prob.causal),
+        _scale(prob),
+    )
     _close(got, want)
 
 
@@ -67,19 +77,21 @@ def test_alibi_attention_equals_dense_formula(prob):
 def test_plsh_attention_equals_dense_formula(prob, method):
     qpos, kpos = prob.positions
     m_tilde = counts(prob.partition, qpos, kpos, causal=prob.causal) / prob.partition.num_samples
-    got = plsh_attention(prob.query, prob.key, prob.value, prob.partition, method=method,
-                         **prob.kwargs)
-    _close(got, dense_weighted_attention(prob.query, prob.key, prob.value, m_tilde,
-                                         _scale(prob)))
+    got = plsh_attention(
+        prob.query, prob.key, prob.value, prob.partition, method=method, **prob.kwargs
+    )
+    _close(got, dense_weighted_attention(prob.query, prob.key, prob.value, m_tilde, _scale(prob)))
 
 
 @given(problems(max_seq_len=14, max_samples=10))
 def test_reduction_equals_counts(prob):
     """The paper's reduction (per-sample block attention, LSE merge) = count-weighted form."""
-    a = plsh_attention(prob.query, prob.key, prob.value, prob.partition, method="counts",
-                       **prob.kwargs)
-    b = plsh_attention(prob.query, prob.key, prob.value, prob.partition, method="reduction",
-                       **prob.kwargs)
+    a = plsh_attention(
+        prob.query, prob.key, prob.value, prob.partition, method="counts", **prob.kwargs
+    )
+    b = plsh_attention(
+        prob.query, prob.key, prob.value, prob.partition, method="reduction", **prob.kwargs
+    )
     _close(a, b)
 
 
@@ -103,8 +115,9 @@ def test_fixed_block_baseline_equals_dense_formula(prob, block, per_head):
             for j, pj in enumerate(kpos):
                 # block of p: floor(p / b) (Python's // floors negative positions too)
                 w[h, i, j] = (int(pi) // b == int(pj) // b) and not (prob.causal and pj > pi)
-    got = fixed_block_attention(prob.query, prob.key, prob.value,
-                                sizes if per_head else block, **prob.kwargs)
+    got = fixed_block_attention(
+        prob.query, prob.key, prob.value, sizes if per_head else block, **prob.kwargs
+    )
     _close(got, dense_weighted_attention(prob.query, prob.key, prob.value, w, _scale(prob)))
 
 
@@ -112,24 +125,30 @@ def test_fixed_block_baseline_equals_dense_formula(prob, block, per_head):
 def test_biased_attention_equals_dense_formula(prob, seed, per_batch):
     rng = np.random.default_rng(seed)
     batch, num_heads, n_q, _ = prob.query.shape
-    shape = (batch, num_heads, n_q, prob.key.shape[2]) if per_batch else \
-        (num_heads, n_q, prob.key.shape[2])
+    shape = (
+        (batch, num_heads, n_q, prob.key.shape[2])
+        if per_batch
+        else (num_heads, n_q, prob.key.shape[2])
+    )
     bias = rng.normal(size=shape) * 3
-    bias[rng.random(shape) < 0.3] = -np.inf   # masked pairs; whole rows may be masked
+    bias[rng.random(shape) < 0.3] = -np.inf  # masked pairs; whole rows may be masked
     got = biased_attention(prob.query, prob.key, prob.value, bias, scale=prob.scale)
-    _close(got, dense_weighted_attention(prob.query, prob.key, prob.value, np.exp(bias),
-                                         _scale(prob)))
+    _close(
+        got, dense_weighted_attention(prob.query, prob.key, prob.value, np.exp(bias), _scale(prob))
+    )
 
 
 # ---------------------------------------------------------------------------------------
 # Grouped-query heads, n_q != n_k, positions.
 
+
 def _all_methods(part):
     return {
         "alibi": lambda q, k, v, **kw: alibi_attention(q, k, v, **kw),
         "plsh_counts": lambda q, k, v, **kw: plsh_attention(q, k, v, part, **kw),
-        "plsh_reduction": lambda q, k, v, **kw: plsh_attention(q, k, v, part,
-                                                               method="reduction", **kw),
+        "plsh_reduction": lambda q, k, v, **kw: plsh_attention(
+            q, k, v, part, method="reduction", **kw
+        ),
         "no_bias": lambda q, k, v, **kw: no_bias_attention(q, k, v, **kw),
         "fixed_block": lambda q, k, v, **kw: fixed_block_attention(q, k, v, 3, **kw),
     }
@@ -163,9 +182,9 @@ def test_short_query_rows_equal_last_rows_of_square_problem(method, n_q, causal)
     q, k, v = random_qkv(5, 1, 2, 2, n_k, n_k, 4, 4)
     fn = _all_methods(draw_partition([3.0, 7.0], 6, seed=4))[method]
     out_sq, lse_sq = fn(q, k, v, causal=causal)
-    out, lse = fn(q[:, :, n_k - n_q:], k, v, causal=causal)
-    np.testing.assert_allclose(out, out_sq[:, :, n_k - n_q:], rtol=0, atol=TOL)
-    np.testing.assert_allclose(lse, lse_sq[:, :, n_k - n_q:], rtol=0, atol=TOL)
+    out, lse = fn(q[:, :, n_k - n_q :], k, v, causal=causal)
+    np.testing.assert_allclose(out, out_sq[:, :, n_k - n_q :], rtol=0, atol=TOL)
+    np.testing.assert_allclose(lse, lse_sq[:, :, n_k - n_q :], rtol=0, atol=TOL)
 
 
 @pytest.mark.parametrize("shift", [1, -37, 1000, 2**40 + 3])
@@ -176,23 +195,31 @@ def test_exact_alibi_is_shift_invariant(shift, causal):
     qpos = np.array([2, 3, 5, 6, 7, 8, 8])
     kpos = np.arange(9)
     base = alibi_attention(q, k, v, causal=causal, query_positions=qpos, key_positions=kpos)
-    moved = alibi_attention(q, k, v, causal=causal, query_positions=qpos + shift,
-                            key_positions=kpos + shift)
+    moved = alibi_attention(
+        q, k, v, causal=causal, query_positions=qpos + shift, key_positions=kpos + shift
+    )
     for a, b in zip(base, moved):
         np.testing.assert_array_equal(a, b)
     # no_bias and causal masks likewise depend only on order
-    for a, b in zip(no_bias_attention(q, k, v, causal=causal, query_positions=qpos,
-                                      key_positions=kpos),
-                    no_bias_attention(q, k, v, causal=causal, query_positions=qpos + shift,
-                                      key_positions=kpos + shift)):
+    for a, b in zip(
+        no_bias_attention(q, k, v, causal=causal, query_positions=qpos, key_positions=kpos),
+        no_bias_attention(
+            q, k, v, causal=causal, query_positions=qpos + shift, key_positions=kpos + shift
+        ),
+    ):
         np.testing.assert_array_equal(a, b)
 
 
 def _one_hash_outputs(q, k, v, part, pos):
     """Output entry (0, 0, last row, 0) of PLSH attention with each single hash of part."""
-    return np.array([plsh_attention(q, k, v, part.samples(t, t + 1), query_positions=pos,
-                                    key_positions=pos)[0][0, 0, -1, 0]
-                     for t in range(part.num_samples)])
+    return np.array(
+        [
+            plsh_attention(q, k, v, part.samples(t, t + 1), query_positions=pos, key_positions=pos)[
+                0
+            ][0, 0, -1, 0]
+            for t in range(part.num_samples)
+        ]
+    )
 
 
 def test_plsh_is_shift_invariant_in_distribution():
@@ -204,6 +231,7 @@ def test_plsh_is_shift_invariant_in_distribution():
     so the assertion fails with probability at most 1e-6. Negative control: the same test
     rejects a pitch law with sigma twice as large (p-value < 1e-6; measured 1.6e-26)."""
     from scipy import stats
+
     n, draws = 12, 1000
     q, k, v = random_qkv(16, 1, 1, 1, n, n, 4, 2)
     pos = np.arange(n)
@@ -230,19 +258,28 @@ def test_left_padding_with_explicit_positions(pad):
     garbage = random_qkv(8, 1, num_heads, num_heads, pad, pad, 4, 3)
     qp, kp, vp = (np.concatenate([g, x], axis=2) for g, x in zip(garbage, (q, k, v)))
     real = np.arange(m)
-    pos_padded = np.concatenate([m + 100 + np.arange(pad), real])   # (a)
-    for fn in (lambda *a, **kw: alibi_attention(*a, **kw),
-               lambda *a, **kw: plsh_attention(*a, part, **kw),
-               lambda *a, **kw: plsh_attention(*a, part, method="reduction", **kw)):
+    pos_padded = np.concatenate([m + 100 + np.arange(pad), real])  # (a)
+    for fn in (
+        lambda *a, **kw: alibi_attention(*a, **kw),
+        lambda *a, **kw: plsh_attention(*a, part, **kw),
+        lambda *a, **kw: plsh_attention(*a, part, method="reduction", **kw),
+    ):
         out, lse = fn(q, k, v, causal=True, query_positions=real, key_positions=real)
-        out_p, lse_p = fn(qp, kp, vp, causal=True, query_positions=pos_padded,
-                          key_positions=pos_padded)
+        out_p, lse_p = fn(
+            qp, kp, vp, causal=True, query_positions=pos_padded, key_positions=pos_padded
+        )
         np.testing.assert_allclose(out_p[:, :, pad:], out, rtol=0, atol=TOL)
         np.testing.assert_allclose(lse_p[:, :, pad:], lse, rtol=0, atol=TOL)
         # Without excluding the padding (positions -pad..-1 before the real tokens) the
         # outputs change: the test can tell.
-        out_bad, _ = fn(qp, kp, vp, causal=True,
-                        query_positions=np.arange(-pad, m), key_positions=np.arange(-pad, m))
+        out_bad, _ = fn(
+            qp,
+            kp,
+            vp,
+            causal=True,
+            query_positions=np.arange(-pad, m),
+            key_positions=np.arange(-pad, m),
+        )
         assert not np.allclose(out_bad[:, :, pad:], out)
 
     # (b) batch of [padded sequence, unpadded sequence of length m + pad], masks per batch.
@@ -250,14 +287,15 @@ def test_left_padding_with_explicit_positions(pad):
     qb, kb, vb = (np.concatenate([x, y], axis=0) for x, y in zip((qp, kp, vp), (q2, k2, v2)))
     pos_a = np.concatenate([np.zeros(pad, dtype=np.int64), real])  # pad positions unused
     pos_b = np.arange(m + pad)
-    for weight_of in (lambda pos: np.exp(-slopes[:, None, None]
-                                         * np.abs(pos[:, None] - pos[None, :])),
-                      lambda pos: counts(part, pos, pos) / part.num_samples):
+    for weight_of in (
+        lambda pos: np.exp(-slopes[:, None, None] * np.abs(pos[:, None] - pos[None, :])),
+        lambda pos: counts(part, pos, pos) / part.num_samples,
+    ):
         bias = np.zeros((2, num_heads, m + pad, m + pad))
         for b, pos in enumerate((pos_a, pos_b)):
             with np.errstate(divide="ignore"):
                 bias[b] = np.log(weight_of(pos)) + np.where(_causal(pos, pos), 0.0, -np.inf)
-        bias[0, :, :, :pad] = -np.inf                      # padding keys of sequence 0
+        bias[0, :, :, :pad] = -np.inf  # padding keys of sequence 0
         out_b, lse_b = biased_attention(qb, kb, vb, bias)
         w_a = weight_of(real) * _causal(real, real)
         w_b = weight_of(pos_b) * _causal(pos_b, pos_b)
@@ -272,19 +310,19 @@ def test_left_padding_with_explicit_positions(pad):
 # ---------------------------------------------------------------------------------------
 # Degenerate sizes and empty rows.
 
+
 @pytest.mark.parametrize("method", list(_all_methods(None)))
 @pytest.mark.parametrize("n_q,n_k", [(0, 0), (0, 3), (3, 0), (1, 1)])
 @pytest.mark.parametrize("causal", [True, False])
 def test_empty_and_single_token(method, n_q, n_k, causal):
     q, k, v = random_qkv(10, 2, 2, 1, n_q, n_k, 3, 5)
-    out, lse = _all_methods(draw_partition([2.0, 8.0], 4, seed=0))[method](q, k, v,
-                                                                          causal=causal)
+    out, lse = _all_methods(draw_partition([2.0, 8.0], 4, seed=0))[method](q, k, v, causal=causal)
     assert out.shape == (2, 2, n_q, 5) and lse.shape == (2, 2, n_q)
     assert out.dtype == lse.dtype == np.float64
     assert not np.any(np.isnan(out)) and not np.any(np.isnan(lse))
-    if n_k == 0:      # no key at all: every row is empty
+    if n_k == 0:  # no key at all: every row is empty
         assert np.all(out == 0) and np.all(np.isneginf(lse))
-    if n_q == n_k == 1:   # the single key has weight 1 (distance 0, always one bin)
+    if n_q == n_k == 1:  # the single key has weight 1 (distance 0, always one bin)
         for b in range(2):
             for h in range(2):
                 np.testing.assert_array_equal(out[b, h, 0], v[b, 0, 0])
@@ -302,10 +340,10 @@ def test_rows_without_admissible_keys(method):
     fn = _all_methods(draw_partition([2.0, 8.0], 4, seed=0))[method]
     out, lse = fn(q, k, v, causal=True)
     assert np.all(out[:, :, : n_q - n_k] == 0) and np.all(np.isneginf(lse[:, :, : n_q - n_k]))
-    assert np.all(np.isfinite(lse[:, :, n_q - n_k:]))
-    out_sq, lse_sq = fn(q[:, :, n_q - n_k:], k, v, causal=True)
-    np.testing.assert_allclose(out[:, :, n_q - n_k:], out_sq, rtol=0, atol=TOL)
-    np.testing.assert_allclose(lse[:, :, n_q - n_k:], lse_sq, rtol=0, atol=TOL)
+    assert np.all(np.isfinite(lse[:, :, n_q - n_k :]))
+    out_sq, lse_sq = fn(q[:, :, n_q - n_k :], k, v, causal=True)
+    np.testing.assert_allclose(out[:, :, n_q - n_k :], out_sq, rtol=0, atol=TOL)
+    np.testing.assert_allclose(lse[:, :, n_q - n_k :], lse_sq, rtol=0, atol=TOL)
 
 
 def test_plsh_row_empty_when_no_key_shares_a_bin():
@@ -314,13 +352,22 @@ def test_plsh_row_empty_when_no_key_shares_a_bin():
     part = draw_partition([1.0], 3, seed=1)
     q, k, v = random_qkv(12, 1, 1, 1, 1, 2, 2, 2)
     for method in ("counts", "reduction"):
-        out, lse = plsh_attention(q, k, v, part, causal=False, method=method,
-                                  query_positions=[0], key_positions=[10**6, 10**6 + 1])
+        out, lse = plsh_attention(
+            q,
+            k,
+            v,
+            part,
+            causal=False,
+            method=method,
+            query_positions=[0],
+            key_positions=[10**6, 10**6 + 1],
+        )
         assert np.all(out == 0) and np.isneginf(lse).all()
 
 
 # ---------------------------------------------------------------------------------------
 # Weight rows made visible by one-hot values.
+
 
 def test_one_hot_values_causal_alibi_weights_grow_toward_diagonal():
     """With q = k = 0 and V = I the output rows are the weights rho^(i-j) normalised."""
@@ -334,12 +381,13 @@ def test_one_hot_values_causal_alibi_weights_grow_toward_diagonal():
             rho = np.exp(-slopes[h])
             for i in range(n):
                 row = w[0, h, i]
-                assert np.all(row[i + 1:] == 0)
-                assert np.all(np.diff(row[: i + 1]) > 0)    # strictly growing to j = i
+                assert np.all(row[i + 1 :] == 0)
+                assert np.all(np.diff(row[: i + 1]) > 0)  # strictly growing to j = i
                 expected = rho ** (i - np.arange(i + 1)) * (1 - rho) / (1 - rho ** (i + 1))
                 np.testing.assert_allclose(row[: i + 1], expected, rtol=1e-13)
-                np.testing.assert_allclose(lse[0, h, i], np.log((1 - rho ** (i + 1))
-                                                                / (1 - rho)), rtol=1e-13)
+                np.testing.assert_allclose(
+                    lse[0, h, i], np.log((1 - rho ** (i + 1)) / (1 - rho)), rtol=1e-13
+                )
 
 
 def test_one_hot_values_bidirectional_rows_symmetric():
@@ -349,15 +397,16 @@ def test_one_hot_values_bidirectional_rows_symmetric():
     w, _ = alibi_attention(q, q, v, causal=False)
     for h in range(num_heads):
         for i in range(n):
-            reach = min(i, n - 1 - i)   # interior part of the row, symmetric about i
-            left = w[0, h, i, i - reach: i][::-1]
-            right = w[0, h, i, i + 1: i + 1 + reach]
+            reach = min(i, n - 1 - i)  # interior part of the row, symmetric about i
+            left = w[0, h, i, i - reach : i][::-1]
+            right = w[0, h, i, i + 1 : i + 1 + reach]
             np.testing.assert_array_equal(left, right)
-            assert np.all(np.diff(w[0, h, i, i:]) < 0) and np.all(np.diff(w[0, h, i, :i + 1]) > 0)
+            assert np.all(np.diff(w[0, h, i, i:]) < 0) and np.all(np.diff(w[0, h, i, : i + 1]) > 0)
     # The first and last rows are mirror images: the same terms, normalised by a sum taken
     # in the opposite order (each sum within (n-1) 2^-53 relative of the exact one).
-    np.testing.assert_allclose(w[0, :, 0], w[0, :, n - 1, ::-1], rtol=2 * (n - 1) * 2.0**-53,
-                               atol=0)
+    np.testing.assert_allclose(
+        w[0, :, 0], w[0, :, n - 1, ::-1], rtol=2 * (n - 1) * 2.0**-53, atol=0
+    )
 
 
 @pytest.mark.parametrize("method", ["counts", "reduction"])
@@ -368,14 +417,17 @@ def test_one_hot_values_plsh_weights_are_normalised_counts(method):
     q, k, _ = random_qkv(13, 1, 1, 1, n, n, 4, 1)
     v = np.eye(n)[None, None]
     w, _ = plsh_attention(q, k, v, part, causal=True, method=method)
-    a = np.exp((q[0, 0] @ k[0, 0].T) / 2.0) * counts(part, np.arange(n), np.arange(n),
-                                                      causal=True)[0]
+    a = (
+        np.exp((q[0, 0] @ k[0, 0].T) / 2.0)
+        * counts(part, np.arange(n), np.arange(n), causal=True)[0]
+    )
     np.testing.assert_allclose(w[0, 0], a / a.sum(axis=1, keepdims=True), rtol=0, atol=TOL)
     assert np.all(w[0, 0][np.triu_indices(n, 1)] == 0)
 
 
 # ---------------------------------------------------------------------------------------
 # PLSH attention approaches exact ALiBi as s grows.
+
 
 def test_plsh_attention_converges_to_exact_alibi():
     """Relative Frobenius output error, mean over 4 fixed seeds, at s = 4, 16, 64, 256
@@ -407,6 +459,7 @@ def test_plsh_attention_converges_to_exact_alibi():
 # ---------------------------------------------------------------------------------------
 # LSE merge of per-sample results, and why averaging outputs is a different estimator.
 
+
 def _merge(results):
     """Combine per-sample (output, lse) by numerators and denominators (LSE merge)."""
     lse = np.stack([r[1] for r in results])
@@ -425,8 +478,7 @@ def test_lse_merge_of_single_sample_results_equals_plsh(causal):
     unbiased attention inside the blocks of one hash): proofs_notes/softmax_bias_identity.md."""
     q, k, v = random_qkv(15, 2, 2, 1, 12, 12, 4, 3)
     part = draw_partition([3.0, 10.0], 7, seed=21)
-    per_sample = [plsh_attention(q, k, v, part.samples(t, t + 1), causal=causal)
-                  for t in range(7)]
+    per_sample = [plsh_attention(q, k, v, part.samples(t, t + 1), causal=causal) for t in range(7)]
     _close(_merge(per_sample), plsh_attention(q, k, v, part, causal=causal))
 
 
@@ -457,7 +509,9 @@ def test_averaging_per_sample_outputs_is_a_different_estimator():
     assert abs(merged[0, 0, 0, 0] - 1 / 3) < 0.025
     assert abs(average - 1 / 4) < 0.025
     # the average is what averaging single-sample attentions gives (checked on 50 of them)
-    outs = [plsh_attention(q, k, v, part.samples(t, t + 1), causal=True)[0][0, 0, 0, 0]
-            for t in range(50)]
+    outs = [
+        plsh_attention(q, k, v, part.samples(t, t + 1), causal=True)[0][0, 0, 0, 0]
+        for t in range(50)
+    ]
     m50 = counts(part.samples(0, 50), [1], [0, 1], causal=True)[0, 0, 0]
     assert abs(np.mean(outs) - 0.5 * m50 / 50) < 1e-15

@@ -15,8 +15,8 @@ from plsh_ref.attention import alibi_attention, plsh_attention
 from plsh_ref.expectation import largest_pitch_sf, variance_proxy_limit
 from plsh_ref.partition import PartitionSample, draw_partition, empirical_mean
 
-
 # ---------------------------------------------------------------- max norm
+
 
 @settings(max_examples=30)
 @given(n=st.integers(2, 10**6), eps=st.floats(0.01, 0.99), delta=st.floats(1e-9, 0.99))
@@ -30,7 +30,9 @@ def test_required_samples_is_the_smallest(n, eps, delta):
 
 
 def test_max_norm_formulas():
-    assert bd.max_norm_tail_bound(100, 150, 0.2) == pytest.approx(2 * 99 * math.exp(-2 * 150 * 0.04))
+    assert bd.max_norm_tail_bound(100, 150, 0.2) == pytest.approx(
+        2 * 99 * math.exp(-2 * 150 * 0.04)
+    )
     assert bd.max_norm_tail_bound(100, 1, 0.01) == 1.0
     eps = bd.max_norm_error_bound(512, 64, 0.05)
     assert bd.max_norm_tail_bound(512, 64, eps) == pytest.approx(0.05, rel=1e-12)
@@ -38,6 +40,7 @@ def test_max_norm_formulas():
 
 
 # ---------------------------------------------------------------- block size
+
 
 @pytest.mark.parametrize("sigma, s, delta", [(0.5, 1, 0.5), (4.0, 16, 0.01), (256.0, 64, 1e-6)])
 def test_block_size_bound_is_smallest_integer(sigma, s, delta):
@@ -52,6 +55,7 @@ def test_block_size_bound_is_smallest_integer(sigma, s, delta):
 def test_blocks_never_exceed_ceil_pitch(sigma, seed, s):
     # The deterministic fact behind the block-size bound: a block holds <= ceil(pitch) tokens.
     from plsh_ref.partition import block_sizes
+
     part = draw_partition([sigma], s, seed)
     sizes = block_sizes(part, np.arange(-30, 200))[0]
     for t in range(s):
@@ -60,13 +64,20 @@ def test_blocks_never_exceed_ceil_pitch(sigma, seed, s):
 
 # ---------------------------------------------------------------- spectral norm
 
+
 def test_spectral_bound_components():
     sb = bd.spectral_error_bound(64, 4.0, 16, 0.1)
     assert sb.eps == pytest.approx(sb.bernstein + sb.bias)
     assert sb.truncation_probability < 0.1
     assert sb.variance_proxy <= variance_proxy_limit(4.0)
     # The Bernstein part solves 2n exp(-s tau^2 / (2 (v + R tau/3))) = delta - p_trunc.
-    tail = 2 * 64 * math.exp(-16 * sb.bernstein**2 / (2 * (sb.variance_proxy + sb.range_bound * sb.bernstein / 3)))
+    tail = (
+        2
+        * 64
+        * math.exp(
+            -16 * sb.bernstein**2 / (2 * (sb.variance_proxy + sb.range_bound * sb.bernstein / 3))
+        )
+    )
     assert tail == pytest.approx(0.1 - sb.truncation_probability, rel=1e-9)
     # Limit proxy for large n, and the tail bound agrees with the error bound.
     big = bd.spectral_error_bound(5000, 4.0, 16, 0.1)
@@ -95,15 +106,24 @@ def test_no_truncation_needed_when_n_small():
 
 # ---------------------------------------------------------------- attention output
 
+
 def _qkv(rng, batch, heads, n, d, dv=None):
     dv = d if dv is None else dv
-    return (rng.normal(size=(batch, heads, n, d)), rng.normal(size=(batch, heads, n, d)),
-            rng.normal(size=(batch, heads, n, dv)))
+    return (
+        rng.normal(size=(batch, heads, n, d)),
+        rng.normal(size=(batch, heads, n, d)),
+        rng.normal(size=(batch, heads, n, dv)),
+    )
 
 
 @settings(max_examples=15)
-@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 24), s=st.integers(1, 6),
-       causal=st.booleans(), logit_scale=st.floats(0.1, 3.0))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 24),
+    s=st.integers(1, 6),
+    causal=st.booleans(),
+    logit_scale=st.floats(0.1, 3.0),
+)
 def test_certificate_bounds_the_actual_error(seed, n, s, causal, logit_scale):
     rng = np.random.default_rng(seed)
     q, k, v = _qkv(rng, 1, 2, n, 4, 3)
@@ -111,8 +131,9 @@ def test_certificate_bounds_the_actual_error(seed, n, s, causal, logit_scale):
     part = draw_partition(1 / slopes, s, seed)
     out_t, _ = plsh_attention(q, k, v, part, causal=causal, scale=logit_scale)
     out_s, _ = alibi_attention(q, k, v, slopes=slopes, causal=causal, scale=logit_scale)
-    cert = bd.output_error_certificate(q, k, v, part, slopes=slopes, causal=causal,
-                                       scale=logit_scale)
+    cert = bd.output_error_certificate(
+        q, k, v, part, slopes=slopes, causal=causal, scale=logit_scale
+    )
     # Slack only for float64 rounding of the two attention outputs (|v| = O(1)).
     assert np.all(np.abs(out_t - out_s) <= cert + 1e-12)
 
@@ -125,7 +146,9 @@ def test_certificate_with_empty_plsh_row():
     k = rng.normal(size=(1, 1, 3, 2))
     v = rng.normal(size=(1, 1, 3, 2)) + 5.0
     kw = dict(slopes=[0.5], causal=True, query_positions=[5], key_positions=[0, 1, 2])
-    out_t, _ = plsh_attention(q, k, v, part, causal=True, query_positions=[5], key_positions=[0, 1, 2])
+    out_t, _ = plsh_attention(
+        q, k, v, part, causal=True, query_positions=[5], key_positions=[0, 1, 2]
+    )
     out_s, _ = alibi_attention(q, k, v, **kw)
     assert np.all(out_t == 0)
     cert = bd.output_error_certificate(q, k, v, part, **kw)
@@ -150,8 +173,8 @@ def test_signed_sum_version_is_false():
     # keys weighted so that A (M~ - L*) sums to zero on row 2 while T~_2 != T*_2.
     sigma = 2.0
     rho = math.exp(-1 / sigma)
-    part = PartitionSample([[2.0]], [[0.5]])          # bins: 0 -> -1, 1 -> 0, 2 -> 0
-    a_weights = np.array([1 - rho, rho**2, 1.0])       # row 2: E = (-rho^2, 1 - rho, 0) o A
+    part = PartitionSample([[2.0]], [[0.5]])  # bins: 0 -> -1, 1 -> 0, 2 -> 0
+    a_weights = np.array([1 - rho, rho**2, 1.0])  # row 2: E = (-rho^2, 1 - rho, 0) o A
     q = np.ones((1, 1, 3, 1))
     k = np.log(a_weights)[None, None, :, None]
     v = np.array([0.0, 1.0, 0.0])[None, None, :, None]
@@ -160,10 +183,11 @@ def test_signed_sum_version_is_false():
     out_s, _ = alibi_attention(q, k, v, slopes=slopes, causal=True, scale=1.0)
     actual = np.abs(out_t - out_s)[0, 0, 2, 0]
     false_bound = _signed_sum_bound(q, k, v, part, slopes, 1.0)[0, 0, 2, 0]
-    true_bound = bd.output_error_certificate(q, k, v, part, slopes=slopes, causal=True,
-                                             scale=1.0)[0, 0, 2, 0]
-    assert false_bound < 1e-15          # the signed sum cancels exactly (up to rounding)
-    assert actual > 0.1                 # but the outputs differ by a lot
+    true_bound = bd.output_error_certificate(q, k, v, part, slopes=slopes, causal=True, scale=1.0)[
+        0, 0, 2, 0
+    ]
+    assert false_bound < 1e-15  # the signed sum cancels exactly (up to rounding)
+    assert actual > 0.1  # but the outputs differ by a lot
     assert actual <= true_bound + 1e-15  # while the absolute-value certificate holds
 
 
@@ -198,28 +222,40 @@ def test_apriori_bound_dominates_certificate_on_the_event():
 
 # ---------------------------------------------------------------- bad input
 
-@pytest.mark.parametrize("call, name", [
-    (lambda: bd.max_norm_tail_bound(0, 4, 0.1), "n"),
-    (lambda: bd.max_norm_tail_bound(5, 4, 0.0), "eps"),
-    (lambda: bd.max_norm_tail_bound(5, 4, 1.0), "eps"),
-    (lambda: bd.max_norm_error_bound(5, 0, 0.1), "num_samples"),
-    (lambda: bd.max_norm_error_bound(5, 4, 1.5), "delta"),
-    (lambda: bd.required_samples(5, 1.2, 0.1), "eps"),
-    (lambda: bd.required_samples(5, 0.1, 0.0), "delta"),
-    (lambda: bd.required_samples(0, 0.1, 0.1), "n"),
-    (lambda: bd.block_size_bound(0.0, 4, 0.1), "sigma"),
-    (lambda: bd.block_size_bound(2.0, 4, -0.1), "delta"),
-    (lambda: bd.block_size_tail_bound(-1, 2.0, 4), "b"),
-    (lambda: bd.spectral_error_bound(0, 2.0, 4, 0.1), "n"),
-    (lambda: bd.spectral_error_bound(8, -2.0, 4, 0.1), "sigma"),
-    (lambda: bd.spectral_error_bound(8, 2.0, 4, 1.0), "delta"),
-    (lambda: bd.spectral_tail_bound(8, 2.0, 4, 0.0), "eps"),
-    (lambda: bd.spectral_required_samples(8, 2.0, 1.0, 0.0), "delta"),
-    (lambda: bd.output_error_bound(np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)),
-                                   np.ones((1, 1, 2, 2)), 4, 1.0), "delta"),
-    (lambda: bd.output_error_bound(np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)),
-                                   np.ones((1, 1, 2, 2)), 0, 0.5), "num_samples"),
-])
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: bd.max_norm_tail_bound(0, 4, 0.1), "n"),
+        (lambda: bd.max_norm_tail_bound(5, 4, 0.0), "eps"),
+        (lambda: bd.max_norm_tail_bound(5, 4, 1.0), "eps"),
+        (lambda: bd.max_norm_error_bound(5, 0, 0.1), "num_samples"),
+        (lambda: bd.max_norm_error_bound(5, 4, 1.5), "delta"),
+        (lambda: bd.required_samples(5, 1.2, 0.1), "eps"),
+        (lambda: bd.required_samples(5, 0.1, 0.0), "delta"),
+        (lambda: bd.required_samples(0, 0.1, 0.1), "n"),
+        (lambda: bd.block_size_bound(0.0, 4, 0.1), "sigma"),
+        (lambda: bd.block_size_bound(2.0, 4, -0.1), "delta"),
+        (lambda: bd.block_size_tail_bound(-1, 2.0, 4), "b"),
+        (lambda: bd.spectral_error_bound(0, 2.0, 4, 0.1), "n"),
+        (lambda: bd.spectral_error_bound(8, -2.0, 4, 0.1), "sigma"),
+        (lambda: bd.spectral_error_bound(8, 2.0, 4, 1.0), "delta"),
+        (lambda: bd.spectral_tail_bound(8, 2.0, 4, 0.0), "eps"),
+        (lambda: bd.spectral_required_samples(8, 2.0, 1.0, 0.0), "delta"),
+        (
+            lambda: bd.output_error_bound(
+                np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)), 4, 1.0
+            ),
+            "delta",
+        ),
+        (
+            lambda: bd.output_error_bound(
+                np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2)), 0, 0.5
+            ),
+            "num_samples",
+        ),
+    ],
+)
 def test_bad_input(call, name):
     with pytest.raises(ValueError, match=f"^{name}"):
         call()
@@ -236,6 +272,7 @@ def test_certificate_rejects_wrong_partition():
 def test_plsh_bounds_command(capsys):
     from plsh_ref.cli import main
     from plsh_ref.experiments.bounds_report import rows
+
     assert main(["bounds", "--n", "128", "--sigma", "2", "8", "--num-samples", "8"]) == 0
     text = capsys.readouterr().out
     assert "max|M~-L*|" in text and len(text.strip().splitlines()) == 5

@@ -15,8 +15,9 @@ def _parse(command: str, argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@pytest.mark.parametrize("command,dest", [("reproduce", "out"), ("spectrum", "output"),
-                                          ("train-lm", "out")])
+@pytest.mark.parametrize(
+    "command,dest", [("reproduce", "out"), ("spectrum", "output"), ("train-lm", "out")]
+)
 def test_output_folder_option_has_both_spellings(command, dest):
     if command == "train-lm":
         pytest.importorskip("torch")

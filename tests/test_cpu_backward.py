@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _cpu_problems import make_problem, problems
 from hypothesis import given, settings
 
 import plsh_fast.cpu as cpu
-from _cpu_problems import make_problem, problems
 from plsh_fast import plsh_attention
 from plsh_ref.testing.tolerance import assert_close_to_reference
 
@@ -51,18 +51,44 @@ def test_gradcheck_float64(monkeypatch, fused, causal, mode, cells):
     with the counts of every row computed directly and copied from cells."""
     monkeypatch.setattr(cpu, "USE_FUSED_TILES", fused)
     monkeypatch.setattr(cpu, "PATTERN_ROWS_FRACTION", cells)
-    p = make_problem(21, batch=2, num_heads=4, group=2, n_q=19, n_k=23, head_dim=3,
-                     head_dim_v=5, dtype="float64", causal=causal, mode=mode,
-                     num_samples=3, log2_sigma=(0.0, 4.0), requires_grad=True)
+    p = make_problem(
+        21,
+        batch=2,
+        num_heads=4,
+        group=2,
+        n_q=19,
+        n_k=23,
+        head_dim=3,
+        head_dim_v=5,
+        dtype="float64",
+        causal=causal,
+        mode=mode,
+        num_samples=3,
+        log2_sigma=(0.0, 4.0),
+        requires_grad=True,
+    )
     assert _gradcheck(p, fast_mode=True)
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_gradcheck_float64_full_jacobian(causal):
     """Every Jacobian entry, on a smaller problem (GQA, unsorted positions, empty rows)."""
-    p = make_problem(8, batch=1, num_heads=2, group=2, n_q=7, n_k=9, head_dim=3,
-                     head_dim_v=2, dtype="float64", causal=causal, mode="unsorted",
-                     num_samples=3, log2_sigma=(0.0, 3.0), requires_grad=True)
+    p = make_problem(
+        8,
+        batch=1,
+        num_heads=2,
+        group=2,
+        n_q=7,
+        n_k=9,
+        head_dim=3,
+        head_dim_v=2,
+        dtype="float64",
+        causal=causal,
+        mode="unsorted",
+        num_samples=3,
+        log2_sigma=(0.0, 3.0),
+        requires_grad=True,
+    )
     assert _gradcheck(p, fast_mode=False)
 
 
@@ -90,9 +116,11 @@ def test_gradients_match_dense_reference(problem):
     base.backward(grad_out.to(base.dtype))
     refs = (q64.grad, k64.grad, v64.grad)
     scale = max([g.abs().max().item() for g in refs if g.numel()] + [0.0])
-    for name, got, want, yard in (("grad_query", problem.query.grad, q64.grad, qb.grad),
-                                  ("grad_key", problem.key.grad, k64.grad, kb.grad),
-                                  ("grad_value", problem.value.grad, v64.grad, vb.grad)):
+    for name, got, want, yard in (
+        ("grad_query", problem.query.grad, q64.grad, qb.grad),
+        ("grad_key", problem.key.grad, k64.grad, kb.grad),
+        ("grad_value", problem.value.grad, v64.grad, vb.grad),
+    ):
         assert got.dtype == problem.query.dtype and got.shape == want.shape
         assert not torch.isnan(got).any()
         assert_close_to_reference(got, want, yard, problem.dtype, name=name, floor_scale=scale)
@@ -101,12 +129,29 @@ def test_gradients_match_dense_reference(problem):
 @pytest.mark.parametrize("fused", [True, False])
 def test_unreachable_keys_and_empty_rows_get_exact_zero_gradient(monkeypatch, fused):
     monkeypatch.setattr(cpu, "USE_FUSED_TILES", fused)
-    p = make_problem(4, batch=2, num_heads=2, n_q=8, n_k=12, head_dim=4, head_dim_v=4,
-                     dtype="float32", causal=True, requires_grad=True)
-    qpos = np.array([-7, -2, 0, 1, 2, 3, 4, 5])      # the first two see no key
+    p = make_problem(
+        4,
+        batch=2,
+        num_heads=2,
+        n_q=8,
+        n_k=12,
+        head_dim=4,
+        head_dim_v=4,
+        dtype="float32",
+        causal=True,
+        requires_grad=True,
+    )
+    qpos = np.array([-7, -2, 0, 1, 2, 3, 4, 5])  # the first two see no key
     kpos = np.array([0, 1, 2, 3, 4, 5, 30, 31, 32, 33, 34, 35])  # the last six: no query
-    out, lse = plsh_attention(p.query, p.key, p.value, partition=p.partition,
-                              query_positions=qpos, key_positions=kpos, return_lse=True)
+    out, lse = plsh_attention(
+        p.query,
+        p.key,
+        p.value,
+        partition=p.partition,
+        query_positions=qpos,
+        key_positions=kpos,
+        return_lse=True,
+    )
     (out.square().sum() + torch.where(torch.isfinite(lse), lse, 0.0).sum()).backward()
     for g in (p.query.grad, p.key.grad, p.value.grad):
         assert not torch.isnan(g).any() and torch.isfinite(g).all()
@@ -117,9 +162,21 @@ def test_unreachable_keys_and_empty_rows_get_exact_zero_gradient(monkeypatch, fu
 
 
 def test_fused_and_plain_backward_agree(monkeypatch):
-    p = make_problem(9, batch=1, num_heads=4, group=4, n_q=200, n_k=200, head_dim=8,
-                     head_dim_v=6, dtype="float64", num_samples=8, log2_sigma=(1.0, 7.0),
-                     mode="unsorted", requires_grad=True)
+    p = make_problem(
+        9,
+        batch=1,
+        num_heads=4,
+        group=4,
+        n_q=200,
+        n_k=200,
+        head_dim=8,
+        head_dim_v=6,
+        dtype="float64",
+        num_samples=8,
+        log2_sigma=(1.0, 7.0),
+        mode="unsorted",
+        requires_grad=True,
+    )
     grads = []
     for fused in (True, False):
         monkeypatch.setattr(cpu, "USE_FUSED_TILES", fused)
@@ -138,9 +195,20 @@ def test_no_grad_inputs_build_no_graph():
 
 def test_two_worker_threads_give_the_same_results(monkeypatch):
     """Tiles run on Python worker threads when torch has several intra-op threads."""
-    p = make_problem(12, batch=2, num_heads=4, group=2, n_q=150, n_k=150, head_dim=8,
-                     head_dim_v=8, dtype="float32", num_samples=8, log2_sigma=(1.0, 6.0),
-                     requires_grad=True)
+    p = make_problem(
+        12,
+        batch=2,
+        num_heads=4,
+        group=2,
+        n_q=150,
+        n_k=150,
+        head_dim=8,
+        head_dim_v=8,
+        dtype="float32",
+        num_samples=8,
+        log2_sigma=(1.0, 6.0),
+        requires_grad=True,
+    )
     results = []
     for threads in (1, 2):
         torch.set_num_threads(threads)

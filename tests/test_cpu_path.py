@@ -12,16 +12,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from _cpu_problems import make_problem, problems
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import plsh_fast.cpu as cpu
-from _cpu_problems import make_problem, problems
 from plsh_fast import plsh_attention
 from plsh_fast.partition import bins as torch_bins
 from plsh_fast.partition import partition_tensors
-from plsh_ref.partition import bins as ref_bins
 from plsh_ref.partition import PartitionSample, draw_partition
+from plsh_ref.partition import bins as ref_bins
 from plsh_ref.testing.baseline import plain_attention_torch
 from plsh_ref.testing.tolerance import assert_close_to_reference
 
@@ -35,8 +35,9 @@ def small_chunks(monkeypatch):
 
 def check_against_reference(problem, out, lse):
     ref_out, ref_lse = problem.reference()
-    base_out, base_lse = plain_attention_torch(*problem.numpy64(), problem.log_weight(),
-                                               scale=problem.scale, dtype=problem.dtype)
+    base_out, base_lse = plain_attention_torch(
+        *problem.numpy64(), problem.log_weight(), scale=problem.scale, dtype=problem.dtype
+    )
     assert out.dtype == problem.query.dtype
     assert lse.dtype == (torch.float64 if problem.dtype == "float64" else torch.float32)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
@@ -44,8 +45,12 @@ def check_against_reference(problem, out, lse):
     assert_close_to_reference(lse, ref_lse, base_lse, problem.dtype, name="lse")
 
 
-@given(st.integers(0, 2**31 - 1), st.integers(0, 300), st.floats(-2.0, 10.0),
-       st.sampled_from([1, 5, 64]))
+@given(
+    st.integers(0, 2**31 - 1),
+    st.integers(0, 300),
+    st.floats(-2.0, 10.0),
+    st.sampled_from([1, 5, 64]),
+)
 def test_bins_equal_reference_bit_for_bit(seed, n, log2_sigma, num_samples):
     rng = np.random.default_rng(seed)
     partition = draw_partition(np.exp2([log2_sigma, log2_sigma / 2]), num_samples, seed=seed)
@@ -56,8 +61,13 @@ def test_bins_equal_reference_bit_for_bit(seed, n, log2_sigma, num_samples):
     np.testing.assert_array_equal(got.numpy(), ref_bins(partition, pos))
 
 
-@given(st.integers(0, 2**31 - 1), st.integers(1, 300), st.integers(1, 200),
-       st.sampled_from([0, -7, 2**39]), st.floats(-3.0, 9.0))
+@given(
+    st.integers(0, 2**31 - 1),
+    st.integers(1, 300),
+    st.integers(1, 200),
+    st.sampled_from([0, -7, 2**39]),
+    st.floats(-3.0, 9.0),
+)
 def test_block_ranges_by_arithmetic_equal_searchsorted(seed, n_k, n_q, k0, log2_sigma):
     """Consecutive key positions: block ranges from bin boundaries equal binary search."""
     rng = np.random.default_rng(seed)
@@ -74,16 +84,18 @@ def test_block_ranges_by_arithmetic_equal_searchsorted(seed, n_k, n_q, k0, log2_
 
 @given(problems())
 def test_matches_reference(problem):
-    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
-                              **problem.kwargs)
+    out, lse = plsh_attention(
+        problem.query, problem.key, problem.value, return_lse=True, **problem.kwargs
+    )
     check_against_reference(problem, out, lse)
 
 
 @settings(max_examples=10)
 @given(problems(dtypes=("float64",)))
 def test_matches_reference_float64(problem):
-    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
-                              **problem.kwargs)
+    out, lse = plsh_attention(
+        problem.query, problem.key, problem.value, return_lse=True, **problem.kwargs
+    )
     check_against_reference(problem, out, lse)
 
 
@@ -91,32 +103,59 @@ def test_matches_reference_float64(problem):
 @pytest.mark.parametrize("mode", ["default", "unsorted"])
 def test_plain_torch_fallback_matches_reference(monkeypatch, dtype, mode):
     monkeypatch.setattr(cpu, "USE_FUSED_TILES", False)
-    problem = make_problem(3, batch=2, num_heads=4, group=2, n_q=90, n_k=77, head_dim=7,
-                           head_dim_v=4, dtype=dtype, mode=mode, num_samples=8,
-                           log2_sigma=(0.0, 7.0))
-    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
-                              **problem.kwargs)
+    problem = make_problem(
+        3,
+        batch=2,
+        num_heads=4,
+        group=2,
+        n_q=90,
+        n_k=77,
+        head_dim=7,
+        head_dim_v=4,
+        dtype=dtype,
+        mode=mode,
+        num_samples=8,
+        log2_sigma=(0.0, 7.0),
+    )
+    out, lse = plsh_attention(
+        problem.query, problem.key, problem.value, return_lse=True, **problem.kwargs
+    )
     check_against_reference(problem, out, lse)
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_longer_sequences_with_several_tile_sizes(causal):
     # sigma from 2 to 256: tile heights 16..64, windows from a few keys to the whole row
-    problem = make_problem(11, num_heads=4, n_q=700, n_k=700, head_dim=16, head_dim_v=16,
-                           causal=causal, num_samples=16, log2_sigma=(1.0, 8.0))
-    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
-                              **problem.kwargs)
+    problem = make_problem(
+        11,
+        num_heads=4,
+        n_q=700,
+        n_k=700,
+        head_dim=16,
+        head_dim_v=16,
+        causal=causal,
+        num_samples=16,
+        log2_sigma=(1.0, 8.0),
+    )
+    out, lse = plsh_attention(
+        problem.query, problem.key, problem.value, return_lse=True, **problem.kwargs
+    )
     check_against_reference(problem, out, lse)
 
 
 def test_batch_invariance():
     """A batch row computed alone equals the same row inside a batch, bit for bit."""
-    problem = make_problem(5, batch=3, num_heads=2, n_q=150, n_k=150, head_dim=8,
-                           head_dim_v=8, num_samples=8)
+    problem = make_problem(
+        5, batch=3, num_heads=2, n_q=150, n_k=150, head_dim=8, head_dim_v=8, num_samples=8
+    )
     whole = plsh_attention(problem.query, problem.key, problem.value, **problem.kwargs)
     for b in range(3):
-        alone = plsh_attention(problem.query[b:b + 1], problem.key[b:b + 1],
-                               problem.value[b:b + 1], **problem.kwargs)
+        alone = plsh_attention(
+            problem.query[b : b + 1],
+            problem.key[b : b + 1],
+            problem.value[b : b + 1],
+            **problem.kwargs,
+        )
         assert torch.equal(alone[0], whole[b])
 
 
@@ -129,7 +168,9 @@ def test_tiles_touch_only_the_reachable_window():
     plan = cpu._plan(pitch, offset, pos, pos, True, torch.float32)
     logits = 0
     for chunk in plan.chunks():
-        assert chunk.bias.numel() <= max(cpu.CHUNK_ELEMENTS, chunk.bias.shape[1] * chunk.bias.shape[2])
+        assert chunk.bias.numel() <= max(
+            cpu.CHUNK_ELEMENTS, chunk.bias.shape[1] * chunk.bias.shape[2]
+        )
         logits += chunk.bias.numel()
     # expected causal window ~ sigma (ln 16 + 0.58) + tile: about 50 and 130 keys per row
     assert logits < 2 * n * 200
@@ -139,8 +180,9 @@ def test_tiles_touch_only_the_reachable_window():
 @pytest.mark.parametrize("n_q,n_k", [(0, 0), (0, 5), (5, 0), (1, 1), (1, 9), (9, 1)])
 def test_tiny_and_empty_sequences(n_q, n_k):
     problem = make_problem(1, batch=2, n_q=n_q, n_k=n_k)
-    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
-                              **problem.kwargs)
+    out, lse = plsh_attention(
+        problem.query, problem.key, problem.value, return_lse=True, **problem.kwargs
+    )
     assert out.shape == (2, 2, n_q, 3) and lse.shape == (2, 2, n_q)
     if n_k == 0:
         assert torch.equal(out, torch.zeros_like(out))
@@ -154,9 +196,15 @@ def test_rows_without_admissible_key():
     problem = make_problem(2, n_q=6, n_k=10, causal=True, mode="default")
     qpos = np.array([-9, -3, 0, 4, 5, 9])  # each of the last four is a key position
     kpos = np.arange(10)
-    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
-                              partition=problem.partition, query_positions=qpos,
-                              key_positions=kpos)
+    out, lse = plsh_attention(
+        problem.query,
+        problem.key,
+        problem.value,
+        return_lse=True,
+        partition=problem.partition,
+        query_positions=qpos,
+        key_positions=kpos,
+    )
     assert torch.equal(out[:, :, :2], torch.zeros_like(out[:, :, :2]))
     assert torch.isneginf(lse[:, :, :2]).all() and torch.isfinite(lse[:, :, 2:]).all()
     assert not torch.isnan(out).any()
@@ -180,14 +228,25 @@ def _corrupt(monkeypatch, how):
 @pytest.mark.parametrize("how", ["counts_ignored", "sign_flipped"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_negative_controls_fail_the_same_check(monkeypatch, how, dtype):
-    problem = make_problem(7, num_heads=2, n_q=80, n_k=80, head_dim=8, head_dim_v=8,
-                           dtype=dtype, num_samples=8, log2_sigma=(3.0, 5.0))
-    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
-                              **problem.kwargs)
+    problem = make_problem(
+        7,
+        num_heads=2,
+        n_q=80,
+        n_k=80,
+        head_dim=8,
+        head_dim_v=8,
+        dtype=dtype,
+        num_samples=8,
+        log2_sigma=(3.0, 5.0),
+    )
+    out, lse = plsh_attention(
+        problem.query, problem.key, problem.value, return_lse=True, **problem.kwargs
+    )
     check_against_reference(problem, out, lse)  # the real kernel passes
     _corrupt(monkeypatch, how)
-    bad_out, bad_lse = plsh_attention(problem.query, problem.key, problem.value,
-                                      return_lse=True, **problem.kwargs)
+    bad_out, bad_lse = plsh_attention(
+        problem.query, problem.key, problem.value, return_lse=True, **problem.kwargs
+    )
     with pytest.raises(AssertionError):
         check_against_reference(problem, bad_out, bad_lse)
 
@@ -216,7 +275,7 @@ def test_tile_groups_pad_little_and_cover_every_window():
         for spec in plan.head_specs(h):
             chunk = plan.build(spec)
             w = chunk.keys.shape[1]
-            for g, tile_rows in enumerate(chunk.rows):
+            for tile_rows in chunk.rows:
                 rows = tile_rows[tile_rows < n]
                 nonempty = end[:, rows] > start[:, rows]
                 need = (end[:, rows][nonempty].max() - start[:, rows][nonempty].min()).item()
@@ -256,10 +315,20 @@ def test_cell_pattern_bias_equals_per_row_bias(monkeypatch, causal, mode):
 @pytest.mark.parametrize("fraction", [0.0, 1.0])
 def test_both_bias_constructions_match_the_reference(monkeypatch, fraction):
     monkeypatch.setattr(cpu, "PATTERN_ROWS_FRACTION", fraction)
-    problem = make_problem(17, num_heads=3, n_q=260, n_k=300, head_dim=8, head_dim_v=8,
-                           causal=True, num_samples=8, log2_sigma=(0.0, 9.0))
-    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
-                              **problem.kwargs)
+    problem = make_problem(
+        17,
+        num_heads=3,
+        n_q=260,
+        n_k=300,
+        head_dim=8,
+        head_dim_v=8,
+        causal=True,
+        num_samples=8,
+        log2_sigma=(0.0, 9.0),
+    )
+    out, lse = plsh_attention(
+        problem.query, problem.key, problem.value, return_lse=True, **problem.kwargs
+    )
     check_against_reference(problem, out, lse)
 
 
@@ -269,6 +338,7 @@ def test_masked_keys_get_zero_weight_even_with_huge_logits(monkeypatch, fused, c
     """Regression: the bias of an inadmissible key was the finite -1e30, so a causally
     masked key whose logit exceeded the admissible ones by ~1e30 won the softmax."""
     from plsh_ref.attention import plsh_attention as reference
+
     monkeypatch.setattr(cpu, "USE_FUSED_TILES", fused)
     monkeypatch.setattr(cpu, "PATTERN_ROWS_FRACTION", cells)
     partition = draw_partition(np.array([4.0, 30.0]), 4, seed=0)
@@ -280,11 +350,12 @@ def test_masked_keys_get_zero_weight_even_with_huge_logits(monkeypatch, fused, c
     torch.testing.assert_close(out.double(), torch.from_numpy(ref), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("sigma", [1e-18 ** -1, 1e20, 1e100])
+@pytest.mark.parametrize("sigma", [1e-18**-1, 1e20, 1e100])
 def test_huge_sigma_gives_plain_causal_attention(sigma):
     """Regression: pitches above ~9e18 overflowed int64 in the bin-boundary arithmetic, so
     every block came out empty (output 0, LSE -inf) instead of one bin for all tokens."""
     from plsh_ref.attention import plsh_attention as reference
+
     partition = draw_partition(np.array([sigma]), 4, seed=0)
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 1, 64, 8, generator=gen, dtype=torch.float64) for _ in range(3))
@@ -299,6 +370,7 @@ def test_large_offsets_of_a_hand_made_partition(offset):
     """Regression: with |offset| past ~1e16 the bin boundaries of the consecutive-positions
     shortcut were off by more than one token; such partitions now take binary search."""
     from plsh_ref.attention import plsh_attention as reference
+
     partition = PartitionSample(np.array([[3.0, 7.0]]), np.array([[offset, 3 * offset]]))
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 1, 64, 8, generator=gen, dtype=torch.float64) for _ in range(3))
@@ -312,11 +384,21 @@ def test_lse_far_below_log_s_keeps_float32_precision(num_samples):
     """Regression: the LSE was computed with bias log C and log s subtracted afterwards in
     float32, which cancels when the LSE is far below log s (one token, every count s)."""
     import dataclasses
-    problem = make_problem(3, num_heads=1, n_q=1, n_k=1, head_dim=4, head_dim_v=4,
-                           num_samples=num_samples, log2_sigma=(20.0, 20.0))
+
+    problem = make_problem(
+        3,
+        num_heads=1,
+        n_q=1,
+        n_k=1,
+        head_dim=4,
+        head_dim_v=4,
+        num_samples=num_samples,
+        log2_sigma=(20.0, 20.0),
+    )
     problem = dataclasses.replace(problem, query=problem.query * 0.05)
-    out, lse = plsh_attention(problem.query, problem.key, problem.value, return_lse=True,
-                              **problem.kwargs)
+    out, lse = plsh_attention(
+        problem.query, problem.key, problem.value, return_lse=True, **problem.kwargs
+    )
     check_against_reference(problem, out, lse)
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from plsh_ref.data import SHIPPED_FILE, load_qkv
 
-
 # --- the shipped file -------------------------------------------------------------------
+
 
 def test_shipped_file_is_package_data_and_small():
     resource = importlib.resources.files("plsh_ref.data").joinpath(SHIPPED_FILE)
@@ -24,8 +24,14 @@ def test_shipped_file_is_package_data_and_small():
     card = importlib.resources.files("plsh_ref.data").joinpath("DATA_CARD.md")
     assert card.is_file()
     text = card.read_text(encoding="utf-8")
-    for needle in ("all-MiniLM-L6-v2", "Apache-2.0", "GNU General Public License",
-                   "float16", "make_qkv_data.py", "ALiBi"):
+    for needle in (
+        "all-MiniLM-L6-v2",
+        "Apache-2.0",
+        "GNU General Public License",
+        "float16",
+        "make_qkv_data.py",
+        "ALiBi",
+    ):
         assert needle in text
 
 
@@ -96,32 +102,42 @@ def test_real_attention_structure():
 
 
 def test_plsh_ref_data_imports_without_torch():
-    code = ("import sys; sys.modules['torch'] = None; "
-            "from plsh_ref.data import load_qkv; q = load_qkv(layer=5); "
-            "assert q['query'].shape == (1, 12, 512, 32); "
-            "assert sys.modules['torch'] is None")
+    code = (
+        "import sys; sys.modules['torch'] = None; "
+        "from plsh_ref.data import load_qkv; q = load_qkv(layer=5); "
+        "assert q['query'].shape == (1, 12, 512, 32); "
+        "assert sys.modules['torch'] is None"
+    )
     import plsh_ref
 
     root = str(Path(plsh_ref.__file__).resolve().parent.parent)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    env = dict(
+        os.environ,
+        PYTHONPATH=os.pathsep.join(
+            [root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
 
 # --- user files and the loader's errors -------------------------------------------------
 
+
 def _rng_qkv(rng, b=2, h=4, hkv=2, nq=5, nk=7, d=3, dv=6):
-    return {"query": rng.standard_normal((b, h, nq, d)),
-            "key": rng.standard_normal((b, hkv, nk, d)),
-            "value": rng.standard_normal((b, hkv, nk, dv))}
+    return {
+        "query": rng.standard_normal((b, h, nq, d)),
+        "key": rng.standard_normal((b, hkv, nk, d)),
+        "value": rng.standard_normal((b, hkv, nk, dv)),
+    }
 
 
 def test_user_file_4d_with_metadata(tmp_path):
     rng = np.random.default_rng(0)
     arrays = _rng_qkv(rng)
     path = tmp_path / "mine.npz"
-    np.savez(path, **arrays, layers=np.array([7, 2]), note=np.array("hello"),
-             temperature=np.array(0.5))
+    np.savez(
+        path, **arrays, layers=np.array([7, 2]), note=np.array("hello"), temperature=np.array(0.5)
+    )
     out = load_qkv(path)
     for name, arr in arrays.items():
         np.testing.assert_array_equal(out[name], arr)
@@ -169,34 +185,37 @@ def _bad(tmp_path, **changes):
     return path
 
 
-@pytest.mark.parametrize("changes, name, exc", [
-    # wrong rank
-    ({"query": np.zeros((4, 5))}, "query", ValueError),
-    ({"key": np.zeros((1, 2, 2, 7, 3))}, "key", ValueError),
-    # empty dimension
-    ({"query": np.zeros((2, 4, 0, 3))}, "query", ValueError),
-    # batch mismatch
-    ({"key": np.ones((3, 2, 7, 3)), "value": np.ones((3, 2, 7, 6))}, "key", ValueError),
-    ({"value": np.ones((1, 2, 7, 6))}, "value", ValueError),
-    # heads: key/value differ, or do not divide the query's
-    ({"value": np.ones((2, 4, 7, 6))}, "value", ValueError),
-    ({"key": np.ones((2, 3, 7, 3)), "value": np.ones((2, 3, 7, 6))}, "key", ValueError),
-    # key/value sequence lengths differ
-    ({"value": np.ones((2, 2, 8, 6))}, "value", ValueError),
-    # query/key head_dim differ
-    ({"key": np.ones((2, 2, 7, 4))}, "key", ValueError),
-    # non-finite entries
-    ({"query": np.full((2, 4, 5, 3), np.nan)}, "query", ValueError),
-    ({"value": np.full((2, 2, 7, 6), np.inf)}, "value", ValueError),
-    # non-numeric dtypes
-    ({"key": np.ones((2, 2, 7, 3), dtype=bool)}, "key", TypeError),
-    ({"query": np.ones((2, 4, 5, 3), dtype=complex)}, "query", TypeError),
-    ({"value": np.full((2, 2, 7, 6), "x")}, "value", TypeError),
-    # layers metadata
-    ({"layers": np.array([0, 1, 2])}, "layers", ValueError),
-    ({"layers": np.array([4, 4])}, "layers", ValueError),
-    ({"layers": np.array([0.0, 1.0])}, "layers", TypeError),
-])
+@pytest.mark.parametrize(
+    "changes, name, exc",
+    [
+        # wrong rank
+        ({"query": np.zeros((4, 5))}, "query", ValueError),
+        ({"key": np.zeros((1, 2, 2, 7, 3))}, "key", ValueError),
+        # empty dimension
+        ({"query": np.zeros((2, 4, 0, 3))}, "query", ValueError),
+        # batch mismatch
+        ({"key": np.ones((3, 2, 7, 3)), "value": np.ones((3, 2, 7, 6))}, "key", ValueError),
+        ({"value": np.ones((1, 2, 7, 6))}, "value", ValueError),
+        # heads: key/value differ, or do not divide the query's
+        ({"value": np.ones((2, 4, 7, 6))}, "value", ValueError),
+        ({"key": np.ones((2, 3, 7, 3)), "value": np.ones((2, 3, 7, 6))}, "key", ValueError),
+        # key/value sequence lengths differ
+        ({"value": np.ones((2, 2, 8, 6))}, "value", ValueError),
+        # query/key head_dim differ
+        ({"key": np.ones((2, 2, 7, 4))}, "key", ValueError),
+        # non-finite entries
+        ({"query": np.full((2, 4, 5, 3), np.nan)}, "query", ValueError),
+        ({"value": np.full((2, 2, 7, 6), np.inf)}, "value", ValueError),
+        # non-numeric dtypes
+        ({"key": np.ones((2, 2, 7, 3), dtype=bool)}, "key", TypeError),
+        ({"query": np.ones((2, 4, 5, 3), dtype=complex)}, "query", TypeError),
+        ({"value": np.full((2, 2, 7, 6), "x")}, "value", TypeError),
+        # layers metadata
+        ({"layers": np.array([0, 1, 2])}, "layers", ValueError),
+        ({"layers": np.array([4, 4])}, "layers", ValueError),
+        ({"layers": np.array([0.0, 1.0])}, "layers", TypeError),
+    ],
+)
 def test_bad_files(tmp_path, changes, name, exc):
     path = _bad(tmp_path, **changes)
     with pytest.raises(exc, match=rf"^{name}:"):

@@ -33,8 +33,15 @@ def _outside_code(text: str) -> str:
 
 
 def test_bibliography_has_the_required_references():
-    assert {"wolfson2026plsh", "rahimi2007random", "press2022alibi", "kac1953eigenvalues",
-            "dvoretzky1956asymptotic", "massart1990tight", "tropp2012user"} <= BIB_KEYS
+    assert {
+        "wolfson2026plsh",
+        "rahimi2007random",
+        "press2022alibi",
+        "kac1953eigenvalues",
+        "dvoretzky1956asymptotic",
+        "massart1990tight",
+        "tropp2012user",
+    } <= BIB_KEYS
     assert "2605.09472" in BIB
 
 
@@ -55,10 +62,14 @@ def test_note_is_a_valid_chapter(note):
 
 def test_conf_resolves_reexported_names():
     conf = _load_conf()
-    assert (conf._canonical_name("plsh_ref.PartitionSample", None)
-            == "plsh_ref.partition.PartitionSample")
-    assert (conf._canonical_name("check_case", "plsh_ref.testing")
-            == "plsh_ref.testing.suite.check_case")
+    assert (
+        conf._canonical_name("plsh_ref.PartitionSample", None)
+        == "plsh_ref.partition.PartitionSample"
+    )
+    assert (
+        conf._canonical_name("check_case", "plsh_ref.testing")
+        == "plsh_ref.testing.suite.check_case"
+    )
     # a documented name is left to Sphinx; unknown names and other packages stay unresolved
     assert conf._canonical_name("plsh_ref.partition.PartitionSample", None) is None
     assert conf._canonical_name("plsh_ref.no_such_name", None) is None
@@ -68,6 +79,11 @@ def test_conf_resolves_reexported_names():
 def test_conf_lists_public_modules_only():
     conf = _load_conf()
     modules = conf.public_modules("plsh_ref")
-    assert {"plsh_ref", "plsh_ref.alibi", "plsh_ref.testing", "plsh_ref.testing.verify",
-            "plsh_ref.testing.strategies"} <= set(modules)
+    assert {
+        "plsh_ref",
+        "plsh_ref.alibi",
+        "plsh_ref.testing",
+        "plsh_ref.testing.verify",
+        "plsh_ref.testing.strategies",
+    } <= set(modules)
     assert not [m for m in modules if any(p.startswith("_") for p in m.split("."))]

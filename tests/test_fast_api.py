@@ -18,9 +18,11 @@ torch.set_num_threads(1)
 
 def qkv(batch=1, heads=4, kv_heads=4, n_q=33, n_k=33, d=8, dv=8, dtype=torch.float32, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(batch, heads, n_q, d, generator=g).to(dtype),
-            torch.randn(batch, kv_heads, n_k, d, generator=g).to(dtype),
-            torch.randn(batch, kv_heads, n_k, dv, generator=g).to(dtype))
+    return (
+        torch.randn(batch, heads, n_q, d, generator=g).to(dtype),
+        torch.randn(batch, kv_heads, n_k, d, generator=g).to(dtype),
+        torch.randn(batch, kv_heads, n_k, dv, generator=g).to(dtype),
+    )
 
 
 def test_seeded_draw_equals_explicit_partition_with_default_slopes():
@@ -38,16 +40,23 @@ def test_seeded_draw_equals_explicit_partition_with_default_slopes():
 def test_default_num_samples_is_16():
     q, k, v = qkv()
     partition = draw_partition(1.0 / alibi_slopes(4), 16, seed=1)
-    assert torch.equal(plsh_attention(q, k, v, seed=1), plsh_attention(q, k, v, partition=partition))
+    assert torch.equal(
+        plsh_attention(q, k, v, seed=1), plsh_attention(q, k, v, partition=partition)
+    )
 
 
 def test_default_positions_are_end_aligned():
     q, k, v = qkv(n_q=10, n_k=30)
     partition = draw_partition(1.0 / alibi_slopes(4), 4, seed=0)
     implicit = plsh_attention(q, k, v, partition=partition)
-    explicit = plsh_attention(q, k, v, partition=partition,
-                              query_positions=torch.arange(20, 30),
-                              key_positions=np.arange(30))
+    explicit = plsh_attention(
+        q,
+        k,
+        v,
+        partition=partition,
+        query_positions=torch.arange(20, 30),
+        key_positions=np.arange(30),
+    )
     assert torch.equal(implicit, explicit)
 
 
@@ -86,6 +95,7 @@ def test_check_finite_is_default_and_can_be_disabled():
 @pytest.fixture
 def no_kernel(monkeypatch):
     """Fail if any kernel is looked up: errors must come before a launch."""
+
     def forbidden(backend):
         raise AssertionError(f"kernel {backend!r} reached with bad input")
 
@@ -106,34 +116,58 @@ BAD_INPUTS = [
     ("value", ValueError, lambda q, k, v: ((q, k, v[:, :, :5]), {})),
     ("key", ValueError, lambda q, k, v: ((q, torch.cat([k, k]), torch.cat([v, v])), {})),
     ("query", TypeError, lambda q, k, v: ((q.int(), k.int(), v.int()), {})),
-    ("query", TypeError, lambda q, k, v: ((_meta(q).double(), _meta(k).double(),
-                                            _meta(v).double()), {})),
+    (
+        "query",
+        TypeError,
+        lambda q, k, v: ((_meta(q).double(), _meta(k).double(), _meta(v).double()), {}),
+    ),
     ("num_samples", ValueError, lambda q, k, v: ((q, k, v), {"num_samples": 0})),
     ("num_samples", TypeError, lambda q, k, v: ((q, k, v), {"num_samples": 2.0})),
     ("slopes", ValueError, lambda q, k, v: ((q, k, v), {"slopes": [0.5, 0.25]})),
     ("slopes", ValueError, lambda q, k, v: ((q, k, v), {"slopes": [0.5, 0.25, 0.0, 0.1]})),
     ("slopes", ValueError, lambda q, k, v: ((q, k, v), {"slopes": [0.5, -1, 0.2, 0.1]})),
-    ("partition", ValueError, lambda q, k, v: ((q, k, v), {
-        "partition": draw_partition(np.ones(2), 4, seed=0)})),
+    (
+        "partition",
+        ValueError,
+        lambda q, k, v: ((q, k, v), {"partition": draw_partition(np.ones(2), 4, seed=0)}),
+    ),
     ("partition", TypeError, lambda q, k, v: ((q, k, v), {"partition": (1, 2)})),
-    ("seed", ValueError, lambda q, k, v: ((q, k, v), {
-        "partition": draw_partition(np.ones(4), 4, seed=0), "seed": 1})),
-    ("num_samples", ValueError, lambda q, k, v: ((q, k, v), {
-        "partition": draw_partition(np.ones(4), 4, seed=0), "num_samples": 8})),
+    (
+        "seed",
+        ValueError,
+        lambda q, k, v: (
+            (q, k, v),
+            {"partition": draw_partition(np.ones(4), 4, seed=0), "seed": 1},
+        ),
+    ),
+    (
+        "num_samples",
+        ValueError,
+        lambda q, k, v: (
+            (q, k, v),
+            {"partition": draw_partition(np.ones(4), 4, seed=0), "num_samples": 8},
+        ),
+    ),
     ("seed", ValueError, lambda q, k, v: ((q, k, v), {"seed": -1})),
     ("scale", ValueError, lambda q, k, v: ((q, k, v), {"scale": 0.0})),
-    ("query_positions", ValueError, lambda q, k, v: ((q, k, v), {
-        "query_positions": np.arange(3)})),
-    ("key_positions", TypeError, lambda q, k, v: ((q, k, v), {
-        "key_positions": np.arange(33) + 0.5})),
-    ("key_positions", ValueError, lambda q, k, v: ((q, k, v), {
-        "key_positions": np.full(33, 2.0**60)})),
+    ("query_positions", ValueError, lambda q, k, v: ((q, k, v), {"query_positions": np.arange(3)})),
+    (
+        "key_positions",
+        TypeError,
+        lambda q, k, v: ((q, k, v), {"key_positions": np.arange(33) + 0.5}),
+    ),
+    (
+        "key_positions",
+        ValueError,
+        lambda q, k, v: ((q, k, v), {"key_positions": np.full(33, 2.0**60)}),
+    ),
     ("backend", ValueError, lambda q, k, v: ((q, k, v), {"backend": "cuda"})),
 ]
 
 
-@pytest.mark.parametrize("name,error,make", BAD_INPUTS,
-                         ids=[f"{i}-{b[0]}" for i, b in enumerate(BAD_INPUTS)])
+@pytest.mark.parametrize(
+    "name,error,make", BAD_INPUTS, ids=[f"{i}-{b[0]}" for i, b in enumerate(BAD_INPUTS)]
+)
 def test_bad_input_names_the_argument(no_kernel, name, error, make):
     args, kwargs = make(*qkv())
     kwargs = {"seed": 0, **kwargs} if "partition" not in kwargs else kwargs
@@ -158,8 +192,14 @@ def test_partition_is_a_function_of_absolute_positions():
     q, k, v = qkv(n_q=64, n_k=64)
     partition = draw_partition(1.0 / alibi_slopes(4), 8, seed=5)
     full = plsh_attention(q, k, v, partition=partition)
-    prefix = plsh_attention(q[:, :, :40], k[:, :, :40], v[:, :, :40], partition=partition,
-                            query_positions=np.arange(40), key_positions=np.arange(40))
+    prefix = plsh_attention(
+        q[:, :, :40],
+        k[:, :, :40],
+        v[:, :, :40],
+        partition=partition,
+        query_positions=np.arange(40),
+        key_positions=np.arange(40),
+    )
     torch.testing.assert_close(prefix, full[:, :, :40])
 
 
@@ -175,8 +215,7 @@ def test_triton_backend_through_the_api_agrees_with_the_cpu_path():
     results = []
     for backend in ("cpu", "triton"):
         leaves = [x.clone().requires_grad_() for x in (q, k, v)]
-        out, lse = plsh_attention(*leaves, partition=partition, return_lse=True,
-                                  backend=backend)
+        out, lse = plsh_attention(*leaves, partition=partition, return_lse=True, backend=backend)
         out.backward(torch.linspace(-1, 1, out.numel()).view_as(out))
         results.append((out, lse, *(x.grad for x in leaves)))
     for a, b in zip(*results):
@@ -209,6 +248,7 @@ def test_review_bad_inputs_are_refused_naming_the_argument():
     accepted, a string one gave a confusing ValueError, a subnormal slope failed naming
     'sigma', and sparse tensors crashed inside the kernel."""
     from plsh_ref.partition import draw_partition
+
     q = torch.randn(1, 2, 8, 4)
     part = draw_partition(np.array([4.0, 8.0]), 3, seed=0)
     for bad in (3.0, "3"):
@@ -218,4 +258,3 @@ def test_review_bad_inputs_are_refused_naming_the_argument():
         plsh_attention(q, q, q, slopes=[1e-320, 0.5], seed=0)
     with pytest.raises(TypeError, match="query: must be a dense"):
         plsh_attention(q.to_sparse(), q, q, seed=0)
-

@@ -30,8 +30,9 @@ def gpu_check():
 def test_headline_config_runs_first(gpu_check):
     configs = gpu_check.bench_configs([4096, 65536, 262144, 16384], [64, 4, 16])
     assert configs[0] == (65536, 16)
-    assert sorted(configs) == sorted((n, s) for n in (4096, 16384, 65536, 262144)
-                                     for s in (4, 16, 64))
+    assert sorted(configs) == sorted(
+        (n, s) for n in (4096, 16384, 65536, 262144) for s in (4, 16, 64)
+    )
     assert len(configs) == 12
 
 
@@ -53,9 +54,15 @@ def test_guarded_records_errors_and_budget_skips(gpu_check):
 def test_large_tensor_check_runs_on_a_small_cpu_problem(gpu_check):
     """The > 2**31-element check's code path (windowed reference, tolerance rule) at n=300."""
     import _triton_interp  # noqa: F401  (interpreted kernels on CPU)
+
     rec = gpu_check.check_large("cpu", n=300, window=200, tail=48)
-    assert set(rec["error_over_allowed"]) == {"output", "lse", "grad_query", "grad_key",
-                                              "grad_value"}
+    assert set(rec["error_over_allowed"]) == {
+        "output",
+        "lse",
+        "grad_query",
+        "grad_key",
+        "grad_value",
+    }
     assert all(r <= 1.0 for r in rec["error_over_allowed"].values())
 
 
@@ -64,9 +71,9 @@ def test_bench_one_runs_on_cpu_with_eager_flex(gpu_check, monkeypatch):
     """The benchmark body (ours in the Triton interpreter, eager FlexAttention peers, the
     reduction) on a tiny CPU problem, timing and CUDA memory stubbed out; the error columns
     are real: PLSH and the reduction compute the same function, FlexAttention is exact."""
-    import _triton_interp  # noqa: F401  (interpreted kernels on CPU)
     from types import SimpleNamespace
 
+    import _triton_interp  # noqa: F401  (interpreted kernels on CPU)
     from torch.nn.attention import flex_attention as fa
 
     monkeypatch.setattr(gpu_check, "_timeit", lambda fn, **kw: (fn() is not None and 1.0, 1))
@@ -76,17 +83,21 @@ def test_bench_one_runs_on_cpu_with_eager_flex(gpu_check, monkeypatch):
     assert "reduction_error_msg" not in rec, rec.get("reduction_error_msg")
     # FlexAttention has no backward on CPU: the only acceptable recorded failure here
     assert "flex_error_msg" not in rec or "backward on CPU" in rec["flex_error_msg"], rec
-    assert rec["flex_error"] < 2e-2                      # exact ALiBi, bfloat16 rounding only
-    assert abs(rec["reduction_error"] - rec["plsh_error"]) < 2e-2   # same estimator, bf16
-    assert rec["plsh_error"] > rec["flex_error"]         # PLSH approximates ALiBi
+    assert rec["flex_error"] < 2e-2  # exact ALiBi, bfloat16 rounding only
+    assert abs(rec["reduction_error"] - rec["plsh_error"]) < 2e-2  # same estimator, bf16
+    assert rec["plsh_error"] > rec["flex_error"]  # PLSH approximates ALiBi
     assert rec["speedup_fwd_vs_flex"] == 1.0 and "plsh_fwd_bwd_ms" in rec
 
 
 def test_dry_run_writes_tables(tmp_path):
     out = tmp_path / "gpu"
-    proc = subprocess.run([sys.executable, SCRIPT, "--dry-run", "--out", str(out)],
-                          capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=ROOT))
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=ROOT),
+    )
     assert proc.returncode == 0, proc.stderr
     payload = json.loads((out / "results.json").read_text())
     bench = [r for r in payload["records"] if r["section"] == "bench"]

@@ -47,8 +47,13 @@ def _exact():
     M2 = _joint_collision(idx[:, None], idx[None, :])
     M3 = _joint_collision(idx[:, None, None], idx[None, :, None], idx[None, None, :])
     G = M2 - np.outer(L, L)
-    K3 = (M3 - L[:, None, None] * M2[None] - L[None, :, None] * M2[:, None, :]
-          - L[None, None, :] * M2[:, :, None] + 2 * np.einsum("j,l,m->jlm", L, L, L))
+    K3 = (
+        M3
+        - L[:, None, None] * M2[None]
+        - L[None, :, None] * M2[:, None, :]
+        - L[None, None, :] * M2[:, :, None]
+        + 2 * np.einsum("j,l,m->jlm", L, L, L)
+    )
     var_u = a @ G @ a / Z**2
     cov_uD = a @ G @ (a * w) / Z
     e_u2D = np.einsum("j,l,m,jlm->", a, a, a * w, K3) / Z**2
@@ -67,7 +72,7 @@ def _simulate(s, seed):
         d = draw_partition([SIGMA], CHUNK * s, seed=seed + c)
         # Treat each replicate as a "head" with s hashes: bins (CHUNK, s, n).
         b = bins(PartitionSample(d.pitch.reshape(CHUNK, s), d.offset.reshape(CHUNK, s)), POS)
-        M = b == b[:, :, ROW:ROW + 1]  # causal: all keys are at or before the row
+        M = b == b[:, :, ROW : ROW + 1]  # causal: all keys are at or before the row
         Mt = M.mean(axis=1)
         z, nn = Mt @ a, (Mt * a) @ VALUES
         t = nn / z
@@ -90,8 +95,9 @@ def _mean_se(x):
 
 def test_closed_forms_match_their_definitions():
     # E[M_1j] from the same helper equals exp(-|p_i - p_j| / sigma) (collision probability)
-    np.testing.assert_allclose(_joint_collision(np.arange(8)),
-                               np.exp(-(ROW - POS) / SIGMA), rtol=1e-15)
+    np.testing.assert_allclose(
+        _joint_collision(np.arange(8)), np.exp(-(ROW - POS) / SIGMA), rtol=1e-15
+    )
 
 
 def test_numerator_and_denominator_are_unbiased(runs):

@@ -9,17 +9,17 @@ fixed tolerance.
 import mpmath
 import numpy as np
 import pytest
+from _oracles import random_qkv
+from _strategies import problems
 from hypothesis import given
 from hypothesis import strategies as st
 
-from _oracles import random_qkv
-from _strategies import problems
 from plsh_ref.alibi import alibi_slopes
 from plsh_ref.attention import alibi_attention, plsh_attention
 from plsh_ref.mp_attention import alibi_attention_mp, plsh_attention_mp, weighted_attention_mp
 from plsh_ref.partition import counts, draw_partition
 
-EPS = 2.0**-53   # unit roundoff of binary64
+EPS = 2.0**-53  # unit roundoff of binary64
 SMALL = dict(max_seq_len=8, max_heads=2, max_batch=2, max_head_dim=4, max_samples=4)
 
 
@@ -75,23 +75,35 @@ def _bias_max(prob):
 @given(problems(**SMALL))
 def test_alibi_float64_equals_mpmath_30_digits(prob):
     got = alibi_attention(prob.query, prob.key, prob.value, slopes=prob.slopes, **prob.kwargs)
-    exact = alibi_attention_mp(prob.query, prob.key, prob.value, slopes=prob.slopes, dps=30,
-                               **prob.kwargs)
-    _compare(got, exact, _float64_error_bound(prob.query, prob.key, prob.value,
-                                              _bias_max(prob), _scale(prob),
-                                              prob.key.shape[2]))
+    exact = alibi_attention_mp(
+        prob.query, prob.key, prob.value, slopes=prob.slopes, dps=30, **prob.kwargs
+    )
+    _compare(
+        got,
+        exact,
+        _float64_error_bound(
+            prob.query, prob.key, prob.value, _bias_max(prob), _scale(prob), prob.key.shape[2]
+        ),
+    )
 
 
 @given(problems(**SMALL), st.sampled_from(["counts", "reduction"]))
 def test_plsh_float64_equals_mpmath_30_digits(prob, method):
-    got = plsh_attention(prob.query, prob.key, prob.value, prob.partition, method=method,
-                         **prob.kwargs)
-    exact = plsh_attention_mp(prob.query, prob.key, prob.value, prob.partition, dps=30,
-                              **prob.kwargs)
+    got = plsh_attention(
+        prob.query, prob.key, prob.value, prob.partition, method=method, **prob.kwargs
+    )
+    exact = plsh_attention_mp(
+        prob.query, prob.key, prob.value, prob.partition, dps=30, **prob.kwargs
+    )
     # log(C / s) lies in [-log s, 0]
     bias_max = float(np.log(prob.partition.num_samples))
-    _compare(got, exact, _float64_error_bound(prob.query, prob.key, prob.value, bias_max,
-                                              _scale(prob), prob.key.shape[2]))
+    _compare(
+        got,
+        exact,
+        _float64_error_bound(
+            prob.query, prob.key, prob.value, bias_max, _scale(prob), prob.key.shape[2]
+        ),
+    )
 
 
 def test_large_logits_are_stable():
@@ -100,7 +112,7 @@ def test_large_logits_are_stable():
     q, k, v = random_qkv(21, 1, 2, 2, 6, 6, 4, 3, magnitude=25.0)
     for causal in (True, False):
         got = alibi_attention(q, k, v, causal=causal)
-        assert np.max(np.abs(got[1])) > 700   # exp of these LSEs is beyond float64
+        assert np.max(np.abs(got[1])) > 700  # exp of these LSEs is beyond float64
         exact = alibi_attention_mp(q, k, v, causal=causal, dps=30)
         _compare(got, exact, _float64_error_bound(q, k, v, 5.0, 0.5, 6))
 
@@ -120,8 +132,10 @@ def test_mpmath_global_precision_untouched():
                 ref_a, ref_p = a, p
             else:
                 # the result depends on dps only, not on the caller's global precision
-                for x, y in zip(np.concatenate([a[0].ravel(), p[0].ravel()]),
-                                np.concatenate([ref_a[0].ravel(), ref_p[0].ravel()])):
+                for x, y in zip(
+                    np.concatenate([a[0].ravel(), p[0].ravel()]),
+                    np.concatenate([ref_a[0].ravel(), ref_p[0].ravel()]),
+                ):
                     with mpmath.workdps(40):
                         assert abs(x - y) <= mpmath.mpf(10) ** -29 * max(1, abs(y))
         # an error raised by validation leaves the precision alone too
@@ -141,19 +155,20 @@ def test_mpmath_precision_is_the_requested_one():
     with mpmath.workdps(80):
         diffs = [abs(x - y) / max(abs(y), 1) for x, y in zip(a30, a60)]
         assert max(diffs) <= mpmath.mpf(10) ** -27
-        assert max(diffs) > mpmath.mpf(10) ** -50   # 30 digits are not 60
+        assert max(diffs) > mpmath.mpf(10) ** -50  # 30 digits are not 60
 
 
 def test_weighted_attention_array_equals_callable_and_empty_rows():
     q, k, v = random_qkv(24, 1, 2, 2, 3, 4, 2, 2)
     part = draw_partition([2.0, 5.0], 4, seed=2)
-    qpos, kpos = np.array([-9, 1, 3]), np.arange(4)   # the query at -9 has no causal key
+    qpos, kpos = np.array([-9, 1, 3]), np.arange(4)  # the query at -9 has no causal key
     c = counts(part, qpos, kpos, causal=True)
     via_array = weighted_attention_mp(q, k, v, c / 4, dps=30)
-    via_plsh = plsh_attention_mp(q, k, v, part, query_positions=qpos, key_positions=kpos,
-                                 dps=30)
-    for x, y in zip(np.concatenate([via_array[0].ravel(), via_array[1].ravel()]),
-                    np.concatenate([via_plsh[0].ravel(), via_plsh[1].ravel()])):
-        assert x == y   # C/s is exact in binary64 here (s = 4)
+    via_plsh = plsh_attention_mp(q, k, v, part, query_positions=qpos, key_positions=kpos, dps=30)
+    for x, y in zip(
+        np.concatenate([via_array[0].ravel(), via_array[1].ravel()]),
+        np.concatenate([via_plsh[0].ravel(), via_plsh[1].ravel()]),
+    ):
+        assert x == y  # C/s is exact in binary64 here (s = 4)
     assert all(x == 0 for x in via_plsh[0][0, :, 0].ravel())
     assert all(x == mpmath.ninf for x in via_plsh[1][0, :, 0])

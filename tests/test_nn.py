@@ -78,8 +78,9 @@ def test_exact_equals_dense_alibi_reference(causal, heads_kv):
     kpos = np.arange(29) + 100
     qpos = np.arange(20) + 109
     out = core(q, k, v, qpos, kpos)
-    ref, _ = plsh_ref.alibi_attention(*_np(q, k, v), causal=causal, query_positions=qpos,
-                                      key_positions=kpos)
+    ref, _ = plsh_ref.alibi_attention(
+        *_np(q, k, v), causal=causal, query_positions=qpos, key_positions=kpos
+    )
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
     # negative control: PLSH with few samples is measurably different from exact ALiBi
     core.exact = False
@@ -109,8 +110,12 @@ def test_longer_sequences_than_ever_seen_just_work():
     # far positions (a chunk at 10**6) also match the reference
     pos = np.arange(50) + 10**6
     far = core(q[:, :, :50], k[:, :, :50], v[:, :, :50], pos, pos)
-    ref_far, _ = plsh_ref.plsh_attention(*_np(q[:, :, :50], k[:, :, :50], v[:, :, :50]),
-                                         core.partition, query_positions=pos, key_positions=pos)
+    ref_far, _ = plsh_ref.plsh_attention(
+        *_np(q[:, :, :50], k[:, :, :50], v[:, :, :50]),
+        core.partition,
+        query_positions=pos,
+        key_positions=pos,
+    )
     np.testing.assert_allclose(far.numpy(), ref_far, rtol=0, atol=1e-12)
 
 
@@ -123,8 +128,9 @@ def test_training_resamples_every_forward_and_eval_is_fixed():
     assert core.num_draws == 2
     assert torch.max(torch.abs(a - b)) > 1e-3
     # the training stream is reproducible from the seed
-    np.testing.assert_array_equal(core.training_partition(1).pitch,
-                                  PLSHAttention(4, 10, seed=5).training_partition(1).pitch)
+    np.testing.assert_array_equal(
+        core.training_partition(1).pitch, PLSHAttention(4, 10, seed=5).training_partition(1).pitch
+    )
     ref_b, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.training_partition(1))
     np.testing.assert_allclose(b.detach().numpy(), ref_b, rtol=0, atol=1e-12)
     core.eval()
@@ -158,8 +164,9 @@ def test_state_dict_round_trip_gives_identical_eval_outputs():
     assert dst.attention.partition == src.attention.partition
     assert torch.equal(src(x), dst(x))
     # training continues the same partition stream after a resume
-    np.testing.assert_array_equal(dst.attention.training_partition(17).offset,
-                                  src.attention.training_partition(17).offset)
+    np.testing.assert_array_equal(
+        dst.attention.training_partition(17).offset, src.attention.training_partition(17).offset
+    )
 
 
 def test_gradients_flow_and_match_float64_gradcheck():
@@ -185,8 +192,9 @@ def test_biased_sdpa_equals_reference_biased_attention():
     q, k, v = _qkv(n=9, heads=4, heads_kv=2, n_k=11)
     bias = np.random.default_rng(0).normal(size=(4, 9, 11))
     ref, _ = plsh_ref.biased_attention(*_np(q, k, v), bias)
-    np.testing.assert_allclose(biased_sdpa(q, k, v, torch.from_numpy(bias)).numpy(), ref,
-                               rtol=0, atol=1e-12)
+    np.testing.assert_allclose(
+        biased_sdpa(q, k, v, torch.from_numpy(bias)).numpy(), ref, rtol=0, atol=1e-12
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
@@ -194,8 +202,9 @@ def test_half_precision_layer_against_float64_reference(dtype):
     # A model cast with .to(dtype) keeps a float64 partition and computes the same function
     # as the float64 reference up to the rounding of the dtype.
     torch.manual_seed(0)
-    layer = PLSHSelfAttention(32, 4, num_heads_kv=2,
-                              attention=PLSHAttention(4, 8, seed=1, backend="dense")).eval()
+    layer = PLSHSelfAttention(
+        32, 4, num_heads_kv=2, attention=PLSHAttention(4, 8, seed=1, backend="dense")
+    ).eval()
     x = torch.randn(2, 40, 32)
     ref = layer.double()(x.double())
     out = layer.to(dtype)(x.to(dtype))
@@ -262,6 +271,7 @@ def test_bad_inputs_raise_clear_errors():
 def test_module_flags_must_be_bool(name):
     """PLSHAttention(causal="no") was coerced by bool() to True; now a TypeError."""
     from plsh_fast.nn import PLSHAttention
+
     with pytest.raises(TypeError, match=f"^{name}"):
         PLSHAttention(4, 8, **{name: "no"})
 
@@ -270,6 +280,7 @@ def test_state_dict_with_a_resized_pitch_but_no_offset_is_refused():
     """Regression: load_state_dict(strict=False) with a pitch of another num_samples and no
     offset left the offset as uninitialised memory, used silently by forward."""
     from plsh_fast.nn import PLSHAttention
+
     src = PLSHAttention(4, 8, seed=3)
     state = {k: v for k, v in src.state_dict().items() if k != "offset"}
     dst = PLSHAttention(4, 16, seed=1)
@@ -283,6 +294,7 @@ def test_activation_checkpointing_with_fresh_partitions_is_refused():
     from torch.utils.checkpoint import checkpoint
 
     from plsh_fast.nn import PLSHSelfAttention
+
     x = torch.randn(1, 40, 16, generator=torch.Generator().manual_seed(0))
     layer = PLSHSelfAttention(16, 2, num_samples=2, seed=0)
     y = checkpoint(layer, x, use_reentrant=False)
@@ -294,6 +306,7 @@ def test_activation_checkpointing_with_a_fixed_partition_gives_the_same_gradient
     from torch.utils.checkpoint import checkpoint
 
     from plsh_fast.nn import PLSHSelfAttention
+
     x = torch.randn(1, 40, 16, generator=torch.Generator().manual_seed(0))
     layer = PLSHSelfAttention(16, 2, num_samples=2, seed=0, resample="fixed")
     grads = []

@@ -8,20 +8,30 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
+from _oracles import binary64_bin, exact_rational_bin, round_to_double
 from hypothesis import given
 from hypothesis import strategies as st
 from scipy import integrate, stats
 
-from _oracles import binary64_bin, exact_rational_bin, round_to_double
 from plsh_ref.alibi import kernel_matrix
-from plsh_ref.partition import (PartitionSample, bins, block_sizes, blocks, counts,
-                                draw_partition, empirical_mean, head_rng, masks)
+from plsh_ref.partition import (
+    PartitionSample,
+    bins,
+    block_sizes,
+    blocks,
+    counts,
+    draw_partition,
+    empirical_mean,
+    head_rng,
+    masks,
+)
 
 SIGMAS = st.sampled_from([0.3, 1.0, 1.4142135623730951, 4.0, 16.0, 256.0, 1e4])
 
 
 # ---------------------------------------------------------------------------------------
 # Drawing: the documented recipe, reproducibility, one stream per global head.
+
 
 @given(st.integers(0, 2**63), st.integers(1, 6), st.integers(1, 5))
 def test_draw_follows_documented_recipe(seed, num_heads, num_samples):
@@ -35,8 +45,9 @@ def test_draw_follows_documented_recipe(seed, num_heads, num_samples):
         np.testing.assert_array_equal(part.pitch[h], pitch)
         np.testing.assert_array_equal(part.offset[h], offset)
         # head_rng is the same stream
-        np.testing.assert_array_equal(head_rng(seed, h).gamma(2.0, scale=sigma[h],
-                                                              size=num_samples), pitch)
+        np.testing.assert_array_equal(
+            head_rng(seed, h).gamma(2.0, scale=sigma[h], size=num_samples), pitch
+        )
     assert part.pitch.dtype == part.offset.dtype == np.float64
     assert np.all((part.offset >= 0) & (part.offset < part.pitch))
 
@@ -47,13 +58,14 @@ def test_slicing_heads_equals_drawing_with_head_start(seed, num_heads, data):
     full = draw_partition(sigma, 7, seed)
     h = data.draw(st.integers(0, num_heads - 1))
     stop = data.draw(st.integers(h + 1, num_heads))
-    assert draw_partition(sigma[h:h + 1], 7, seed, head_start=h) == full.heads(h, h + 1)
+    assert draw_partition(sigma[h : h + 1], 7, seed, head_start=h) == full.heads(h, h + 1)
     assert draw_partition(sigma[h:stop], 7, seed, head_start=h) == full.heads(h, stop)
     # Same masks on the slice as on the full draw.
     pos = np.arange(-5, 30)
     np.testing.assert_array_equal(
         masks(draw_partition(sigma[h:stop], 7, seed, head_start=h), pos, pos),
-        masks(full, pos, pos)[h:stop])
+        masks(full, pos, pos)[h:stop],
+    )
 
 
 def test_seed_reproducible_and_distinct():
@@ -97,6 +109,7 @@ def test_partition_sample_round_trip_and_immutable(tmp_path):
 # ---------------------------------------------------------------------------------------
 # Bins: the binary64 definition, and how it relates to exact rational arithmetic.
 
+
 def _rounding_bound(q: Fraction) -> Fraction:
     """Largest possible |fl(fl(p - u) / delta) - q| for the exact quotient ``q``.
 
@@ -134,9 +147,12 @@ def _check_bins_against_oracles(part, positions):
     return got.size, near, differ
 
 
-@given(st.integers(0, 2**32), SIGMAS,
-       st.lists(st.integers(-(2**53) + 1, 2**53 - 1), min_size=1, max_size=6),
-       st.integers(-(2**52), 2**52))
+@given(
+    st.integers(0, 2**32),
+    SIGMAS,
+    st.lists(st.integers(-(2**53) + 1, 2**53 - 1), min_size=1, max_size=6),
+    st.integers(-(2**52), 2**52),
+)
 def test_bins_equal_binary64_and_exact_rational_on_drawn_samples(seed, sigma, far, base):
     part = draw_partition([sigma], 6, seed)
     positions = np.array(far + [base + i for i in range(8)], dtype=np.int64)
@@ -148,8 +164,8 @@ def test_bins_equal_binary64_and_exact_rational_on_drawn_samples(seed, sigma, fa
 def near_integer_hashes(draw):
     """Offsets chosen so that the exact quotient (p - u) / delta is within ulps of an integer."""
     delta = draw(st.floats(0.01, 1e6, allow_nan=False, allow_infinity=False))
-    k = draw(st.integers(-10**6, 10**6))
-    p = draw(st.integers(-10**9, 10**9))
+    k = draw(st.integers(-(10**6), 10**6))
+    p = draw(st.integers(-(10**9), 10**9))
     u = round_to_double(Fraction(p) - k * Fraction(delta))
     for _ in range(draw(st.integers(0, 3))):
         u = float(np.nextafter(u, draw(st.sampled_from([-np.inf, np.inf]))))
@@ -192,6 +208,7 @@ def test_bins_witnesses_where_binary64_and_exact_floor_differ():
 
 # ---------------------------------------------------------------------------------------
 # Blocks: contiguous runs of floor(delta) or ceil(delta) positions.
+
 
 @given(st.integers(0, 2**32), SIGMAS, st.integers(-(2**40), 2**40), st.integers(1, 60))
 def test_blocks_are_contiguous_with_floor_or_ceil_sizes(seed, sigma, base, n):
@@ -238,9 +255,15 @@ def test_mask_spectrum_is_its_block_sizes():
 # ---------------------------------------------------------------------------------------
 # Masks, counts and M~.
 
-@given(st.integers(0, 2**32), st.integers(1, 3), st.integers(1, 6),
-       st.lists(st.integers(-30, 30), max_size=10), st.lists(st.integers(-30, 30), max_size=10),
-       st.booleans())
+
+@given(
+    st.integers(0, 2**32),
+    st.integers(1, 3),
+    st.integers(1, 6),
+    st.lists(st.integers(-30, 30), max_size=10),
+    st.lists(st.integers(-30, 30), max_size=10),
+    st.booleans(),
+)
 def test_counts_equal_sum_of_masks(seed, num_heads, s, qpos, kpos, causal):
     part = draw_partition(np.linspace(1.0, 9.0, num_heads), s, seed)
     m = masks(part, qpos, kpos, causal=causal)
@@ -258,8 +281,10 @@ def test_counts_equal_sum_of_masks(seed, num_heads, s, qpos, kpos, causal):
     np.testing.assert_array_equal(empirical_mean(part, qpos, kpos, causal=causal), c / s)
     if s > 1:  # counts of disjoint sample ranges add up
         np.testing.assert_array_equal(
-            c, counts(part.samples(0, 1), qpos, kpos, causal=causal)
-            + counts(part.samples(1), qpos, kpos, causal=causal))
+            c,
+            counts(part.samples(0, 1), qpos, kpos, causal=causal)
+            + counts(part.samples(1), qpos, kpos, causal=causal),
+        )
 
 
 def test_equal_positions_always_collide():
@@ -273,14 +298,16 @@ def test_equal_positions_always_collide():
 # ---------------------------------------------------------------------------------------
 # Collision probability and E[M] = L*.
 
+
 @pytest.mark.parametrize("sigma", [0.5, 4.0, 64.0])
 @pytest.mark.parametrize("ratio", [0.0, 0.1, 1.0, 3.0, 10.0])
 def test_collision_probability_integral(sigma, ratio):
     """E_delta[max(0, 1 - r / delta)] with delta ~ Gamma(2, sigma) equals exp(-r / sigma)."""
     r = ratio * sigma
     density = stats.gamma(2.0, scale=sigma).pdf
-    value, err = integrate.quad(lambda d: (1 - r / d) * density(d), r, np.inf,
-                                epsabs=1e-13, epsrel=1e-12)
+    value, err = integrate.quad(
+        lambda d: (1 - r / d) * density(d), r, np.inf, epsabs=1e-13, epsrel=1e-12
+    )
     assert err < 1e-10
     assert abs(value - np.exp(-r / sigma)) <= 1e-10
 
@@ -357,8 +384,9 @@ def test_expected_mask_negative_control_exponential_pitch():
     rng = np.random.default_rng(7)
     pitch = rng.exponential(scale=1.0, size=(1, N_MC)) * np.array(SIGMA_MC[1:2])[:, None]
     offset = pitch * rng.random(pitch.shape)
-    outcomes = _collision_test(PartitionSample(pitch, offset), SIGMA_MC[1:2], [0],
-                               [1, 2, 5, 10], alpha=1e-9 / 60)
+    outcomes = _collision_test(
+        PartitionSample(pitch, offset), SIGMA_MC[1:2], [0], [1, 2, 5, 10], alpha=1e-9 / 60
+    )
     assert all(not ok for *_, ok in outcomes), outcomes
 
 
@@ -376,8 +404,9 @@ def test_empirical_mean_matrix_dkw():
     eps = math.sqrt(math.log(2 * 2 * n / 1e-9) / (2 * s))
     assert err <= eps, (err, eps)
     # Causal M~ is the causal mask times M~ (same hashes).
-    np.testing.assert_array_equal(empirical_mean(part, pos, pos, causal=True)[0],
-                                  np.tril(empirical_mean(part, pos, pos)[0]))
+    np.testing.assert_array_equal(
+        empirical_mean(part, pos, pos, causal=True)[0], np.tril(empirical_mean(part, pos, pos)[0])
+    )
 
 
 def test_variance_of_empirical_mean():

@@ -18,6 +18,7 @@ def test_readme_python_blocks_run():
     ref = namespace["approx"]
     out = namespace["plsh_attention"](
         *(namespace["torch"].from_numpy(namespace[x]) for x in ("q", "k", "v")),
-        partition=namespace["partition"])
+        partition=namespace["partition"],
+    )
     assert np.abs(out.numpy() - ref).max() < 1e-10
     assert namespace["qt"].grad is not None and namespace["qt"].grad.abs().sum() > 0

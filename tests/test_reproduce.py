@@ -9,14 +9,17 @@ import numpy as np
 import pytest
 
 from plsh_ref.cli import main
-from plsh_ref.experiments.reproduce import (fit_loglog_slope, matrix_error_experiment,
-                                            output_error_experiment)
+from plsh_ref.experiments.reproduce import (
+    fit_loglog_slope,
+    matrix_error_experiment,
+    output_error_experiment,
+)
 
 
 def test_fit_loglog_slope_recovers_exponent():
     s = np.array([1, 2, 4, 8, 16])
-    assert fit_loglog_slope(s, 3.0 * s ** -0.5) == pytest.approx(-0.5, abs=1e-12)
-    assert fit_loglog_slope(s, 0.1 * s ** -1.0) == pytest.approx(-1.0, abs=1e-12)
+    assert fit_loglog_slope(s, 3.0 * s**-0.5) == pytest.approx(-0.5, abs=1e-12)
+    assert fit_loglog_slope(s, 0.1 * s**-1.0) == pytest.approx(-1.0, abs=1e-12)
 
 
 @pytest.mark.parametrize("errors", [[1.0, 0.0], [1.0, -1.0], [1.0, np.nan]])
@@ -46,9 +49,26 @@ def test_output_error_baselines_and_convergence():
 
 def test_cli_small_run_writes_outputs(tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["reproduce", "--n", "64", "--sigmas", "2,8", "--samples", "1,4,16",
-                 "--reps", "2", "--output-reps", "1", "--max-tokens", "64",
-                 "--out", str(out), "--quiet"])
+    code = main(
+        [
+            "reproduce",
+            "--n",
+            "64",
+            "--sigmas",
+            "2,8",
+            "--samples",
+            "1,4,16",
+            "--reps",
+            "2",
+            "--output-reps",
+            "1",
+            "--max-tokens",
+            "64",
+            "--out",
+            str(out),
+            "--quiet",
+        ]
+    )
     assert code == 0
     record = json.loads((out / "results.json").read_text())
     assert set(record["matrix_error_slopes"]) == {"spectral", "max", "frobenius"}
@@ -62,12 +82,35 @@ def test_cli_small_run_writes_outputs(tmp_path, capsys):
 def test_cli_user_qkv_and_bad_file(tmp_path, capsys):
     rng = np.random.default_rng(1)
     path = tmp_path / "mine.npz"
-    np.savez(path, query=rng.normal(size=(1, 2, 40, 4)), key=rng.normal(size=(1, 1, 40, 4)),
-             value=rng.normal(size=(1, 1, 40, 4)))
-    code = main(["reproduce", "--n", "32", "--sigmas", "4", "--samples", "1,8",
-                 "--fit-min-samples", "1", "--reps", "1",
-                 "--output-reps", "1", "--qkv", str(path), "--out", str(tmp_path / "o"),
-                 "--no-plots", "--quiet"])
+    np.savez(
+        path,
+        query=rng.normal(size=(1, 2, 40, 4)),
+        key=rng.normal(size=(1, 1, 40, 4)),
+        value=rng.normal(size=(1, 1, 40, 4)),
+    )
+    code = main(
+        [
+            "reproduce",
+            "--n",
+            "32",
+            "--sigmas",
+            "4",
+            "--samples",
+            "1,8",
+            "--fit-min-samples",
+            "1",
+            "--reps",
+            "1",
+            "--output-reps",
+            "1",
+            "--qkv",
+            str(path),
+            "--out",
+            str(tmp_path / "o"),
+            "--no-plots",
+            "--quiet",
+        ]
+    )
     assert code == 0
     record = json.loads((tmp_path / "o" / "results.json").read_text())
     assert record["config"]["qkv_shape"]["key"] == [1, 1, 40, 4]
@@ -92,25 +135,30 @@ def test_plsh_ref_runs_without_torch(tmp_path):
         from plsh_ref.cli import main
         assert main(['reproduce', '--n', '32', '--sigmas', '4', '--samples', '1,2', '--fit-min-samples', '1',
                      '--reps', '1', '--output-reps', '1', '--max-tokens', '32',
-                     '--no-plots', '--quiet', '--out', {str(tmp_path / 'x')!r}]) == 0
+                     '--no-plots', '--quiet', '--out', {str(tmp_path / "x")!r}]) == 0
         assert 'torch' not in sys.modules
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-@pytest.mark.parametrize("argv", [
-    ["spectrum", "--n", "0"],
-    ["bounds", "--eps", "0"],
-    ["reproduce", "--samples", "1", "--quiet"],
-    ["reproduce", "--samples", "1,2", "--fit-min-samples", "100", "--quiet"],
-    ["reproduce", "--fixed-block-size", "0", "--n", "16", "--samples", "1,2", "--quiet"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["spectrum", "--n", "0"],
+        ["bounds", "--eps", "0"],
+        ["reproduce", "--samples", "1", "--quiet"],
+        ["reproduce", "--samples", "1,2", "--fit-min-samples", "100", "--quiet"],
+        ["reproduce", "--fixed-block-size", "0", "--n", "16", "--samples", "1,2", "--quiet"],
+    ],
+)
 def test_cli_bad_options_one_line_exit_2(argv, capsys, tmp_path):
     """Bad options used to end in a traceback (exit 1); now one line and exit status 2."""
-    code = main(argv + ["--out" if argv[0] == "reproduce" else "--output", str(tmp_path / "o")]
-                if argv[0] != "bounds" else argv)
+    code = main(
+        argv + ["--out" if argv[0] == "reproduce" else "--output", str(tmp_path / "o")]
+        if argv[0] != "bounds"
+        else argv
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith(f"plsh {argv[0]}: ") and "Traceback" not in err

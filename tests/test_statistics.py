@@ -34,14 +34,14 @@ def correct_sampler(sigma, s, seed):
 
 def rate_sampler(sigma, s, seed):
     rng = np.random.default_rng(seed)
-    pitch = rng.gamma(2.0, scale=1.0 / sigma, size=s)      # WRONG: rate used as scale
+    pitch = rng.gamma(2.0, scale=1.0 / sigma, size=s)  # WRONG: rate used as scale
     return PartitionSample(pitch[None], (pitch * rng.random(s))[None])
 
 
 def unit_offset_sampler(sigma, s, seed):
     rng = np.random.default_rng(seed)
     pitch = rng.gamma(2.0, scale=sigma, size=s)
-    return PartitionSample(pitch[None], rng.random(s)[None])   # WRONG: offset on [0, 1)
+    return PartitionSample(pitch[None], rng.random(s)[None])  # WRONG: offset on [0, 1)
 
 
 WRONG = [rate_sampler, unit_offset_sampler]
@@ -67,7 +67,9 @@ def _loglog_slopes(sampler, sigma):
     for s in SLOPE_S:
         errs = []
         for trial in range(SLOPE_TRIALS):
-            diff = empirical_mean(sampler(sigma, int(s), 7919 * int(s) + trial), pos, pos)[0] - lstar
+            diff = (
+                empirical_mean(sampler(sigma, int(s), 7919 * int(s) + trial), pos, pos)[0] - lstar
+            )
             errs.append([np.linalg.norm(diff), np.linalg.norm(diff, 2), np.abs(diff).max()])
         means.append(np.mean(errs, axis=0))
     return np.polyfit(np.log(SLOPE_S), np.log(np.array(means)), 1)[0]
@@ -96,9 +98,10 @@ def test_error_slopes_fail_for_wrong_samplers(sampler, sigma):
 
 # ------------------------------------------------------------------ exact binomial tests
 
+
 def _collision_count(sampler, sigma, positions, s, seed):
     part = sampler(sigma, s, seed)
-    b = bins(part, positions)[0]                       # (s, len(positions))
+    b = bins(part, positions)[0]  # (s, len(positions))
     return int(np.sum(np.all(b == b[:, :1], axis=1)))
 
 
@@ -125,7 +128,7 @@ def test_collision_count_fails_for_wrong_samplers(sampler, positions):
 def _block_sizes_at_zero(sampler, sigma, s, seed):
     pos = np.arange(-100, 101)
     b = bins(sampler(sigma, s, seed), pos)[0]
-    same = b == b[:, 100:101]                          # position 0 is index 100
+    same = b == b[:, 100:101]  # position 0 is index 100
     return same.sum(axis=1), same[:, :100].sum(axis=1), same[:, 101:].sum(axis=1)
 
 
@@ -135,12 +138,13 @@ def _block_law_pvalue(sampler):
     sizes, _, right = _block_sizes_at_zero(sampler, sigma, s, 777)
     k = np.arange(1, kmax)
     expected = np.append(ex.block_size_pmf(k, sigma), ex.block_size_sf(kmax, sigma)) * s
-    observed = np.append(np.bincount(np.minimum(sizes, kmax), minlength=kmax + 1)[1:kmax],
-                         np.sum(sizes >= kmax))
+    observed = np.append(
+        np.bincount(np.minimum(sizes, kmax), minlength=kmax + 1)[1:kmax], np.sum(sizes >= kmax)
+    )
     p_size = stats.chisquare(observed, expected).pvalue
     r = np.arange(kmax)
     rho = math.exp(-1 / sigma)
-    expected = np.append((1 - rho) * rho**r, rho**kmax) * s          # geometric extent
+    expected = np.append((1 - rho) * rho**r, rho**kmax) * s  # geometric extent
     observed = np.bincount(np.minimum(right, kmax), minlength=kmax + 1)
     p_extent = stats.chisquare(observed, expected).pvalue
     return min(p_size, p_extent)
@@ -214,13 +218,16 @@ def test_largest_pitch_law_fails_for_rate_sampler():
 
 # ------------------------------------------------------------------ coverage of the bounds
 
+
 def _max_norm_failures(sampler, trials=100):
     n, sigma, s, delta = 64, 8.0, 64, 0.2
     pos = np.arange(n)
     eps = bd.max_norm_error_bound(n, s, delta)
     lstar = kernel_matrix(sigma, pos, pos)
-    fails = sum(np.abs(empirical_mean(sampler(sigma, s, 500 + t), pos, pos)[0] - lstar).max() > eps
-                for t in range(trials))
+    fails = sum(
+        np.abs(empirical_mean(sampler(sigma, s, 500 + t), pos, pos)[0] - lstar).max() > eps
+        for t in range(trials)
+    )
     return fails, _binom_upper(trials, delta)
 
 
@@ -241,8 +248,10 @@ def _spectral_failures(sampler, trials=40):
     pos = np.arange(n)
     eps = bd.spectral_error_bound(n, sigma, s, delta).eps
     lstar = kernel_matrix(sigma, pos, pos)
-    fails = sum(np.linalg.norm(empirical_mean(sampler(sigma, s, 900 + t), pos, pos)[0] - lstar, 2) > eps
-                for t in range(trials))
+    fails = sum(
+        np.linalg.norm(empirical_mean(sampler(sigma, s, 900 + t), pos, pos)[0] - lstar, 2) > eps
+        for t in range(trials)
+    )
     return fails, _binom_upper(trials, delta)
 
 

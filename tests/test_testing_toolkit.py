@@ -15,15 +15,29 @@ from hypothesis import strategies as st
 from plsh_ref.alibi import alibi_slopes
 from plsh_ref.attention import alibi_attention, plsh_attention
 from plsh_ref.partition import PartitionSample
-from plsh_ref.testing import (KernelContractError, ProblemSpec, alibi_reference,
-                              attention_problems, check_case, check_signature, dtypes,
-                              examples, load_kernel, make_property_suite, partition_samples,
-                              plsh_reference, positions, problem_specs, sample_specs, slopes)
+from plsh_ref.testing import (
+    KernelContractError,
+    ProblemSpec,
+    alibi_reference,
+    attention_problems,
+    check_case,
+    check_signature,
+    dtypes,
+    examples,
+    load_kernel,
+    make_property_suite,
+    partition_samples,
+    plsh_reference,
+    positions,
+    problem_specs,
+    sample_specs,
+    slopes,
+)
 from plsh_ref.testing.baseline import plain_attention_numpy
 from plsh_ref.testing.problems import round_to_dtype
 
-
 # --- problems and strategies -------------------------------------------------------------
+
 
 @given(attention_problems("plsh", dtypes=["float16", "bfloat16", "float32", "float64"]))
 def test_problems_are_consistent(problem):
@@ -113,24 +127,40 @@ def test_small_strategies(data):
 
 # --- reference callables and the plain-attention baseline ---------------------------------
 
+
 def test_reference_callables_are_the_reference():
-    p = ProblemSpec(kind="plsh", dtype="float64", num_heads=4, num_heads_kv=2, n_q=5, n_k=9,
-                    positions="explicit", pad=2, data_seed=3).build()
-    kw = dict(causal=True, scale=None, query_positions=p.query_positions,
-              key_positions=p.key_positions)
-    for got, want in zip(plsh_reference(p.query, p.key, p.value, partition=p.partition, **kw),
-                         plsh_attention(p.query, p.key, p.value, p.partition, **kw)):
+    p = ProblemSpec(
+        kind="plsh",
+        dtype="float64",
+        num_heads=4,
+        num_heads_kv=2,
+        n_q=5,
+        n_k=9,
+        positions="explicit",
+        pad=2,
+        data_seed=3,
+    ).build()
+    kw = dict(
+        causal=True, scale=None, query_positions=p.query_positions, key_positions=p.key_positions
+    )
+    for got, want in zip(
+        plsh_reference(p.query, p.key, p.value, partition=p.partition, **kw),
+        plsh_attention(p.query, p.key, p.value, p.partition, **kw),
+    ):
         np.testing.assert_array_equal(got, want)
-    for got, want in zip(alibi_reference(p.query, p.key, p.value, slopes=p.slopes, **kw),
-                         alibi_attention(p.query, p.key, p.value, slopes=p.slopes, **kw)):
+    for got, want in zip(
+        alibi_reference(p.query, p.key, p.value, slopes=p.slopes, **kw),
+        alibi_attention(p.query, p.key, p.value, slopes=p.slopes, **kw),
+    ):
         np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("kind", ["alibi", "plsh"])
 def test_plain_attention_float64_is_the_reference(kind):
     p = ProblemSpec(kind=kind, dtype="float64", n_q=6, n_k=4, causal=True, data_seed=1).build()
-    out, lse = plain_attention_numpy(p.query, p.key, p.value, p.log_weight(), scale=None,
-                                     dtype="float64")
+    out, lse = plain_attention_numpy(
+        p.query, p.key, p.value, p.log_weight(), scale=None, dtype="float64"
+    )
     ref_out, ref_lse = p.reference()
     np.testing.assert_allclose(out, ref_out, rtol=0, atol=1e-14)
     assert np.all(np.isneginf(lse) == np.isneginf(ref_lse))  # n_q > n_k: empty causal rows
@@ -139,6 +169,7 @@ def test_plain_attention_float64_is_the_reference(kind):
 
 # --- the property suite ------------------------------------------------------------------
 
+
 @given(problem_specs("alibi"))
 @settings(max_examples=30)
 def test_correct_numpy_kernel_passes(spec):
@@ -146,14 +177,29 @@ def test_correct_numpy_kernel_passes(spec):
     assert result.passed, result.message
 
 
-BROKEN_SPEC = ProblemSpec(kind="plsh", dtype="float32", num_heads=2, num_heads_kv=2, n_q=12,
-                          n_k=12, head_dim=4, head_dim_v=4, causal=True, num_samples=4,
-                          data_seed=7)
+BROKEN_SPEC = ProblemSpec(
+    kind="plsh",
+    dtype="float32",
+    num_heads=2,
+    num_heads_kv=2,
+    n_q=12,
+    n_k=12,
+    head_dim=4,
+    head_dim_v=4,
+    causal=True,
+    num_samples=4,
+    data_seed=7,
+)
 
 
-@pytest.mark.parametrize("kernel, kind", [(examples.sign_flipped_alibi, "alibi"),
-                                          (examples.averaged_plsh, "plsh"),
-                                          (examples.mask_only_plsh, "plsh")])
+@pytest.mark.parametrize(
+    "kernel, kind",
+    [
+        (examples.sign_flipped_alibi, "alibi"),
+        (examples.averaged_plsh, "plsh"),
+        (examples.mask_only_plsh, "plsh"),
+    ],
+)
 def test_broken_kernels_fail(kernel, kind):
     result = check_case(kernel, BROKEN_SPEC.replace(kind=kind).build())
     assert not result.passed
@@ -169,22 +215,33 @@ def test_averaging_estimator_agrees_at_one_sample():
 
 def _kernel(**behaviour):
     def kernel(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
-        out, lse = alibi_reference(query, key, value, slopes=slopes, causal=causal,
-                                   scale=scale, query_positions=query_positions,
-                                   key_positions=key_positions)
+        out, lse = alibi_reference(
+            query,
+            key,
+            value,
+            slopes=slopes,
+            causal=causal,
+            scale=scale,
+            query_positions=query_positions,
+            key_positions=key_positions,
+        )
         out = out.astype(query.dtype)
         return behaviour["ret"](out, lse) if "ret" in behaviour else (out, lse)
+
     return kernel
 
 
-@pytest.mark.parametrize("ret, message", [
-    (lambda o, l: o[..., :1], "output has shape"),
-    (lambda o, l: o.astype(np.float64), "output has dtype float64"),
-    (lambda o, l: (o, l[..., None]), "lse has shape"),
-    (lambda o, l: (o, l, l), "length 3"),
-    (lambda o, l: (o.tolist(), l), "output of type list; expected numpy.ndarray"),
-    (lambda o, l: (o, "lse"), "lse of type str"),
-])
+@pytest.mark.parametrize(
+    "ret, message",
+    [
+        (lambda o, l: o[..., :1], "output has shape"),
+        (lambda o, l: o.astype(np.float64), "output has dtype float64"),
+        (lambda o, l: (o, l[..., None]), "lse has shape"),
+        (lambda o, l: (o, l, l), "length 3"),
+        (lambda o, l: (o.tolist(), l), "output of type list; expected numpy.ndarray"),
+        (lambda o, l: (o, "lse"), "lse of type str"),
+    ],
+)
 def test_contract_violations(ret, message):
     problem = ProblemSpec(dtype="float32", n_q=3, n_k=4, head_dim_v=2).build()
     with pytest.raises(KernelContractError, match=message):
@@ -202,6 +259,7 @@ def test_nan_output_and_wrong_empty_row_lse_fail():
 def test_raising_kernel_fails_the_case():
     def kernel(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
         raise RuntimeError("CUDA error: out of luck")
+
     result = check_case(kernel, ProblemSpec().build())
     assert not result.passed and result.message == "raised RuntimeError: CUDA error: out of luck"
 
@@ -213,9 +271,12 @@ def test_signature_and_loading():
     with pytest.raises(KernelContractError, match="does not match the alibi contract"):
         check_signature(lambda q, k: q, "alibi")
     assert load_kernel("plsh_ref.testing.examples:numpy_alibi") is examples.numpy_alibi
-    for bad, message in [("nocolon", "MODULE:FUNCTION"), ("no_such_mod_xyz:f", "cannot import"),
-                         ("plsh_ref.testing.examples:nope", "no attribute"),
-                         ("plsh_ref.testing.examples:__doc__", "not a function")]:
+    for bad, message in [
+        ("nocolon", "MODULE:FUNCTION"),
+        ("no_such_mod_xyz:f", "cannot import"),
+        ("plsh_ref.testing.examples:nope", "no attribute"),
+        ("plsh_ref.testing.examples:__doc__", "not a function"),
+    ]:
         with pytest.raises(KernelContractError, match=message):
             load_kernel(bad)
 
@@ -223,13 +284,19 @@ def test_signature_and_loading():
 def test_torch_framework_conversion():
     torch = pytest.importorskip("torch")
 
-    def torch_kernel(query, key, value, *, slopes, causal, scale, query_positions,
-                     key_positions):
+    def torch_kernel(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
         assert isinstance(query, torch.Tensor) and slopes.dtype == torch.float64
         assert query_positions is None or query_positions.dtype == torch.int64
-        out, lse = alibi_reference(query, key, value, slopes=slopes.numpy(), causal=causal,
-                                   scale=scale, query_positions=query_positions,
-                                   key_positions=key_positions)
+        out, lse = alibi_reference(
+            query,
+            key,
+            value,
+            slopes=slopes.numpy(),
+            causal=causal,
+            scale=scale,
+            query_positions=query_positions,
+            key_positions=key_positions,
+        )
         return torch.from_numpy(out).to(query.dtype), torch.from_numpy(lse).float()
 
     for dtype in ("bfloat16", "float16", "float32"):
@@ -241,6 +308,7 @@ def test_torch_framework_conversion():
 
 
 # --- make_property_suite and the pytest plugin -------------------------------------------
+
 
 def test_make_property_suite():
     make_property_suite(examples.numpy_alibi, max_examples=15)()
@@ -255,13 +323,30 @@ def test_make_property_suite():
 
 def _run_pytest(tmp_path, source, *args):
     (tmp_path / "test_user.py").write_text(textwrap.dedent(source))
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-p", "no:xdist", str(tmp_path / "test_user.py"), *args],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "no:xdist",
+            str(tmp_path / "test_user.py"),
+            *args,
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_plugin_in_a_foreign_repository(tmp_path):
-    proc = _run_pytest(tmp_path, """
+    proc = _run_pytest(
+        tmp_path,
+        """
         from plsh_ref.testing import examples, make_property_suite, ProblemSpec
 
         test_good = make_property_suite(examples.numpy_alibi, max_examples=5)
@@ -276,12 +361,15 @@ def test_plugin_in_a_foreign_repository(tmp_path):
 
         def test_option(plsh_kernel):
             assert plsh_kernel is examples.numpy_alibi
-    """)
+    """,
+    )
     assert "2 passed, 1 skipped" in proc.stdout and "1 failed" in proc.stdout, proc.stdout
     assert "test_bad" in proc.stdout
     # the plugin does nothing until asked: before the fixture runs, only the plugin
     # module itself is loaded, not the toolkit behind it
-    proc = _run_pytest(tmp_path, """
+    proc = _run_pytest(
+        tmp_path,
+        """
         import sys
 
         def test_inert():
@@ -293,50 +381,74 @@ def test_plugin_in_a_foreign_repository(tmp_path):
             assert "plsh_ref.testing.suite" in sys.modules
             from plsh_ref.testing import ProblemSpec
             plsh_check(plsh_kernel, ProblemSpec().build())  # device from --plsh-device
-    """, "--plsh-kernel", "plsh_ref.testing.examples:numpy_alibi", "--plsh-device", "cuda")
+    """,
+        "--plsh-kernel",
+        "plsh_ref.testing.examples:numpy_alibi",
+        "--plsh-device",
+        "cuda",
+    )
     # the option reaches plsh_check: a numpy kernel cannot run on cuda
     assert "1 failed, 1 passed" in proc.stdout, proc.stdout
     assert "device: numpy kernels run on 'cpu', got 'cuda'" in proc.stdout, proc.stdout
 
 
 def test_toolkit_never_imports_torch():
-    code = ("import sys, pkgutil, importlib, plsh_ref.testing as t\n"
-            "for m in pkgutil.iter_modules(t.__path__):\n"
-            "    importlib.import_module('plsh_ref.testing.' + m.name)\n"
-            "[getattr(t, n) for n in t.__all__]\n"
-            "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', 'plsh_fast')]\n"
-            "assert not bad, bad\n")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import sys, pkgutil, importlib, plsh_ref.testing as t\n"
+        "for m in pkgutil.iter_modules(t.__path__):\n"
+        "    importlib.import_module('plsh_ref.testing.' + m.name)\n"
+        "[getattr(t, n) for n in t.__all__]\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'triton', 'plsh_fast')]\n"
+        "assert not bad, bad\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
 
 # --- the suite finds classic kernel bugs, and only where they show ---------------------
 
-def _misaligned_alibi(query, key, value, *, slopes, causal, scale, query_positions,
-                      key_positions):
+
+def _misaligned_alibi(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
     """Bug: queries at 0..n_q-1 instead of aligned to the end of the keys."""
     if query_positions is None:
         query_positions = np.arange(query.shape[2])
-    return alibi_reference(query, key, value, slopes=slopes, causal=causal, scale=scale,
-                           query_positions=query_positions,
-                           key_positions=key_positions)[0].astype(query.dtype)
+    return alibi_reference(
+        query,
+        key,
+        value,
+        slopes=slopes,
+        causal=causal,
+        scale=scale,
+        query_positions=query_positions,
+        key_positions=key_positions,
+    )[0].astype(query.dtype)
 
 
-def _interleaved_gqa_alibi(query, key, value, *, slopes, causal, scale, query_positions,
-                           key_positions):
+def _interleaved_gqa_alibi(
+    query, key, value, *, slopes, causal, scale, query_positions, key_positions
+):
     """Bug: query head h reads kv head h % num_heads_kv instead of h // group."""
     reps = query.shape[1] // key.shape[1]
     key, value = np.tile(key, (1, reps, 1, 1)), np.tile(value, (1, reps, 1, 1))
-    return alibi_reference(query, key, value, slopes=slopes, causal=causal, scale=scale,
-                           query_positions=query_positions,
-                           key_positions=key_positions)[0].astype(query.dtype)
+    return alibi_reference(
+        query,
+        key,
+        value,
+        slopes=slopes,
+        causal=causal,
+        scale=scale,
+        query_positions=query_positions,
+        key_positions=key_positions,
+    )[0].astype(query.dtype)
 
 
-@pytest.mark.parametrize("kernel, shows", [
-    (_misaligned_alibi, lambda s: s.positions == "default" and s.n_q != s.n_k),
-    (_interleaved_gqa_alibi, lambda s: 1 < s.num_heads_kv < s.num_heads),
-])
+@pytest.mark.parametrize(
+    "kernel, shows",
+    [
+        (_misaligned_alibi, lambda s: s.positions == "default" and s.n_q != s.n_k),
+        (_interleaved_gqa_alibi, lambda s: 1 < s.num_heads_kv < s.num_heads),
+    ],
+)
 def test_suite_finds_classic_bugs_where_they_show(kernel, shows):
     specs = sample_specs("alibi", seed=0, num_cases=80, dtypes=["float32", "float64"])
     failing = [s for s in specs if not check_case(kernel, s.build()).passed]
@@ -350,8 +462,15 @@ def test_alibi_cases_are_distinct_problems():
     import dataclasses
 
     from plsh_ref.testing import sample_specs
-    specs = sample_specs("alibi", seed=0, num_cases=50, max_seq_len=16, max_head_dim=8,
-                         dtypes=["float16", "float32", "float64"])
+
+    specs = sample_specs(
+        "alibi",
+        seed=0,
+        num_cases=50,
+        max_seq_len=16,
+        max_head_dim=8,
+        dtypes=["float16", "float32", "float64"],
+    )
     problems = {dataclasses.replace(s, num_samples=1) for s in specs}
     assert len(problems) == len(specs)
 
@@ -359,6 +478,7 @@ def test_alibi_cases_are_distinct_problems():
 def test_problem_specs_flags_must_be_bool():
     """problem_specs(causal="no") was coerced by bool() to causal=True; now a TypeError."""
     from plsh_ref.testing.strategies import problem_specs
+
     with pytest.raises(TypeError, match="^causal"):
         problem_specs(causal="no")
     with pytest.raises(TypeError, match="^gqa"):

@@ -71,8 +71,9 @@ def test_secular_matches_precomputed_eigsy_table_n64():
             tol = mpmath.mpf(10) ** -46 * ref[0]
             assert all(abs(a - b) <= tol for a, b in zip(mine, ref)), sigma
         ref64 = np.array([float(x) for x in entry["eigenvalues"]])
-        np.testing.assert_allclose(tp.kms_eigenvalues(n, sigma), ref64, rtol=0,
-                                   atol=32 * n * EPS * ref64[0])
+        np.testing.assert_allclose(
+            tp.kms_eigenvalues(n, sigma), ref64, rtol=0, atol=32 * n * EPS * ref64[0]
+        )
 
 
 @pytest.mark.parametrize("n, sigma", [(1, 2.0), (5, 0.7), (33, 16.0)])
@@ -84,7 +85,11 @@ def test_angles_interlace_and_solve_secular(n, sigma):
         th = tp.kms_angles_mp(n, sigma, dps=40)
         rho = mpmath.exp(-1 / mpmath.mpf(sigma))
         for t in th:
-            g = mpmath.sin((n + 1) * t) - 2 * rho * mpmath.sin(n * t) + rho**2 * mpmath.sin((n - 1) * t)
+            g = (
+                mpmath.sin((n + 1) * t)
+                - 2 * rho * mpmath.sin(n * t)
+                + rho**2 * mpmath.sin((n - 1) * t)
+            )
             assert abs(g) < mpmath.mpf(10) ** -35
     assert np.max(np.abs(theta - np.array([float(t) for t in th]))) < 1e-13
 
@@ -117,7 +122,9 @@ def test_spectral_norm_increases_to_limit():
         assert all(a < b for a, b in zip(norms, norms[1:]))
         assert norms[-1] < lim
         assert lim == pytest.approx(1 / math.tanh(0.5 / sigma))
-        assert lim - norms[-1] < 20 * sigma**3 / 4096**2 + 1e-9  # f(0) - f(pi/(n+1)) = O(sigma^3/n^2)
+        assert (
+            lim - norms[-1] < 20 * sigma**3 / 4096**2 + 1e-9
+        )  # f(0) - f(pi/(n+1)) = O(sigma^3/n^2)
 
 
 def test_symbol_is_the_fourier_series():
@@ -125,16 +132,22 @@ def test_symbol_is_the_fourier_series():
     rho = math.exp(-1 / sigma)
     theta = np.linspace(0, np.pi, 9)
     kk = np.arange(-400, 401)
-    series = np.real(np.sum(rho ** np.abs(kk)[None, :] * np.exp(1j * kk[None, :] * theta[:, None]),
-                            axis=1))
+    series = np.real(
+        np.sum(rho ** np.abs(kk)[None, :] * np.exp(1j * kk[None, :] * theta[:, None]), axis=1)
+    )
     np.testing.assert_allclose(tp.kms_symbol(theta, sigma), series, rtol=1e-12)
     lo, hi = tp.kms_symbol_bounds(sigma)
-    assert tp.kms_symbol(np.pi, sigma) == pytest.approx(lo) and tp.kms_symbol(0.0, sigma) == pytest.approx(hi)
+    assert tp.kms_symbol(np.pi, sigma) == pytest.approx(lo) and tp.kms_symbol(
+        0.0, sigma
+    ) == pytest.approx(hi)
 
 
 @settings(max_examples=10)
-@given(sigma=st.floats(0.3, 30.0), seed=st.integers(0, 2**32 - 1),
-       pos=st.lists(st.integers(-50, 200), min_size=1, max_size=40))
+@given(
+    sigma=st.floats(0.3, 30.0),
+    seed=st.integers(0, 2**32 - 1),
+    pos=st.lists(st.integers(-50, 200), min_size=1, max_size=40),
+)
 def test_mask_spectrum_is_block_sizes(sigma, seed, pos):
     part = draw_partition([sigma], 3, seed)
     pos = np.array(pos)
@@ -146,18 +159,21 @@ def test_mask_spectrum_is_block_sizes(sigma, seed, pos):
         assert spec[0] == np.linalg.norm(m, 2).round()
 
 
-@pytest.mark.parametrize("call, name", [
-    (lambda: tp.kms_eigenvalues(0, 1.0), "n"),
-    (lambda: tp.kms_eigenvalues(4, 0.0), "sigma"),
-    (lambda: tp.kms_eigenvalues(4, -2.0), "sigma"),
-    (lambda: tp.kms_eigenvalues_mp(4, 1.0, dps=10), "dps"),
-    (lambda: tp.kms_eigenvalues_mp(0, 1.0), "n"),
-    (lambda: tp.kms_inverse(0, 1.0), "n"),
-    (lambda: tp.kms_symbol(0.1, -1.0), "sigma"),
-    (lambda: tp.kms_log_determinant(3, float("inf")), "sigma"),
-    (lambda: tp.mask_spectrum(PartitionSample([[2.0]], [[0.5]]), [0, 1], 1, 0), "head"),
-    (lambda: tp.mask_spectrum(PartitionSample([[2.0]], [[0.5]]), [0, 1], 0, 1), "sample"),
-])
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: tp.kms_eigenvalues(0, 1.0), "n"),
+        (lambda: tp.kms_eigenvalues(4, 0.0), "sigma"),
+        (lambda: tp.kms_eigenvalues(4, -2.0), "sigma"),
+        (lambda: tp.kms_eigenvalues_mp(4, 1.0, dps=10), "dps"),
+        (lambda: tp.kms_eigenvalues_mp(0, 1.0), "n"),
+        (lambda: tp.kms_inverse(0, 1.0), "n"),
+        (lambda: tp.kms_symbol(0.1, -1.0), "sigma"),
+        (lambda: tp.kms_log_determinant(3, float("inf")), "sigma"),
+        (lambda: tp.mask_spectrum(PartitionSample([[2.0]], [[0.5]]), [0, 1], 1, 0), "head"),
+        (lambda: tp.mask_spectrum(PartitionSample([[2.0]], [[0.5]]), [0, 1], 0, 1), "sample"),
+    ],
+)
 def test_bad_input(call, name):
     with pytest.raises(ValueError, match=f"^{name}"):
         call()
@@ -173,14 +189,30 @@ def test_mpmath_precision_restored_after_error():
 
 def test_plsh_spectrum_command(tmp_path, capsys):
     from plsh_ref.cli import main
-    assert main(["spectrum", "--n", "24", "--sigma", "3", "--num-samples", "4",
-                 "--output", str(tmp_path / "out")]) == 0
+
+    assert (
+        main(
+            [
+                "spectrum",
+                "--n",
+                "24",
+                "--sigma",
+                "3",
+                "--num-samples",
+                "4",
+                "--output",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "lambda_max (secular equation)" in text
     assert text.strip().splitlines()[-1] == f"output folder: {tmp_path / 'out'}"
     assert (tmp_path / "out" / "kms_spectrum.png").stat().st_size > 0
     assert (tmp_path / "out" / "mask_spectra.png").stat().st_size > 0
     from plsh_ref.experiments.spectrum import compute
+
     res = compute(24, 3.0, 4, 0)
     np.testing.assert_allclose(res["kms"], res["dense"], atol=32 * 24 * EPS * res["dense"][0])
     with pytest.raises(ValueError, match="^n"):

@@ -5,8 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plsh_ref.testing.tolerance import (allowed_error, assert_close_to_reference, dtype_eps,
-                                        max_error)
+from plsh_ref.testing.tolerance import (
+    allowed_error,
+    assert_close_to_reference,
+    dtype_eps,
+    max_error,
+)
 
 
 def test_dtype_eps_names():
@@ -21,7 +25,7 @@ def test_dtype_eps_names():
 def test_max_error_handles_infinities_and_nan():
     ref = np.array([1.0, -np.inf, 2.0])
     assert max_error(np.array([1.0, -np.inf, 2.5]), ref) == (0.5, (2,))
-    assert max_error(np.array([1.0, 0.0, 2.0]), ref)[0] == np.inf       # -inf row not matched
+    assert max_error(np.array([1.0, 0.0, 2.0]), ref)[0] == np.inf  # -inf row not matched
     assert max_error(np.array([np.nan, -np.inf, 2.0]), ref) == (np.inf, (0,))
     with pytest.raises(ValueError, match="^out"):
         max_error(np.zeros(2), ref)

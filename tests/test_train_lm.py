@@ -10,8 +10,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from plsh_fast.experiments import corpus as corpus_mod  # noqa: E402
-from plsh_fast.experiments.model import (ByteLM, FixedBlockAttention,  # noqa: E402
-                                         NoBiasAttention, default_block_sizes, parse_variant)
+from plsh_fast.experiments.model import (  # noqa: E402
+    ByteLM,
+    FixedBlockAttention,
+    NoBiasAttention,
+    default_block_sizes,
+    parse_variant,
+)
 from plsh_fast.experiments.train_lm import command_line  # noqa: E402
 from plsh_ref import fixed_block_attention, no_bias_attention  # noqa: E402
 from plsh_ref.cli import main  # noqa: E402
@@ -27,7 +32,7 @@ def _write_corpus(root, num_files=24, size=3000, seed=0):
         start = int(rng.integers(0, len(source) - size))
         sub = root / f"pkg{i % 3}"
         sub.mkdir(exist_ok=True)
-        (sub / f"mod{i}.py").write_bytes(source[start:start + size])
+        (sub / f"mod{i}.py").write_bytes(source[start : start + size])
     (root / "tests").mkdir()
     (root / "tests" / "test_x.py").write_bytes(b"excluded" * 100)
     return root
@@ -93,23 +98,52 @@ def test_parse_variant_and_bad_options(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"^variants: unknown variant 'plsh-0'"):
         parse_variant("plsh-0")
     capsys.readouterr()
-    assert main(["train-lm", "--eval-tokens", "100", "--seq-len", "64", "--out",
-                 str(tmp_path / "x")]) == 2
+    assert (
+        main(["train-lm", "--eval-tokens", "100", "--seq-len", "64", "--out", str(tmp_path / "x")])
+        == 2
+    )
     assert capsys.readouterr().err.startswith("plsh train-lm: error: eval_tokens:")
     assert main(["train-lm", "--variants", "alibi,rope", "--out", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.startswith(
-        "plsh train-lm: error: variants: unknown variant 'rope'")
+        "plsh train-lm: error: variants: unknown variant 'rope'"
+    )
 
 
 def test_tiny_run_writes_outputs_and_learns(tmp_path, capsys):
     root = _write_corpus(tmp_path / "corpus")
     out = tmp_path / "run"
-    argv = ["train-lm", "--variants", "alibi,plsh-4,none,blocks", "--steps", "40",
-            "--batch-size", "8", "--seq-len", "32", "--d-model", "32", "--layers", "2",
-            "--heads", "4", "--eval-tokens", "1024", "--threads", "1", "--lr", "1e-2",
-            "--seeds", "0,1",
-            "--val-fraction", "0.25", "--corpus", str(root), "--out", str(out),
-            "--no-progress"]
+    argv = [
+        "train-lm",
+        "--variants",
+        "alibi,plsh-4,none,blocks",
+        "--steps",
+        "40",
+        "--batch-size",
+        "8",
+        "--seq-len",
+        "32",
+        "--d-model",
+        "32",
+        "--layers",
+        "2",
+        "--heads",
+        "4",
+        "--eval-tokens",
+        "1024",
+        "--threads",
+        "1",
+        "--lr",
+        "1e-2",
+        "--seeds",
+        "0,1",
+        "--val-fraction",
+        "0.25",
+        "--corpus",
+        str(root),
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert f"results written to {out}" in printed
@@ -120,23 +154,29 @@ def test_tiny_run_writes_outputs_and_learns(tmp_path, capsys):
     assert data["meta"]["command"] in (out / "results.md").read_text()
     variants = ["alibi", "plsh-4", "none", "blocks"]
     assert [(r["variant"], r["seed"]) for r in data["results"]] == (
-        [(v, 0) for v in variants] + [(v, 1) for v in variants])
+        [(v, 0) for v in variants] + [(v, 1) for v in variants]
+    )
     # seeds change the init and the data (alibi, seed 0 vs seed 1)
     assert data["results"][0]["train_loss"][0] != data["results"][4]["train_loss"][0]
     rows = {row["name"]: row for row in data["table"]}
     assert list(rows) == ["alibi", "plsh-4", "plsh-4 (eval: exact ALiBi)", "none", "blocks"]
-    mean_bpb = np.mean([r["eval"]["2"]["bits_per_byte"] for r in data["results"]
-                        if r["variant"] == "none"])
+    mean_bpb = np.mean(
+        [r["eval"]["2"]["bits_per_byte"] for r in data["results"] if r["variant"] == "none"]
+    )
     assert rows["none"]["lengths"]["2"]["bits_per_byte"] == pytest.approx(mean_bpb, rel=1e-12)
     assert rows["none"]["lengths"]["2"]["bits_per_byte_sd"] > 0
     assert " ± " in (out / "results.md").read_text()
     assert rows["alibi"]["lengths"]["4"]["delta_bpb_vs_alibi"] == 0.0
-    deltas = [r["eval"]["4"]["bits_per_byte"] - a["eval"]["4"]["bits_per_byte"]
-              for r in data["results"] for a in data["results"]
-              if r["variant"] == "blocks" and a["variant"] == "alibi" and a["seed"] == r["seed"]]
+    deltas = [
+        r["eval"]["4"]["bits_per_byte"] - a["eval"]["4"]["bits_per_byte"]
+        for r in data["results"]
+        for a in data["results"]
+        if r["variant"] == "blocks" and a["variant"] == "alibi" and a["seed"] == r["seed"]
+    ]
     assert len(deltas) == 2
     assert rows["blocks"]["lengths"]["4"]["delta_bpb_vs_alibi"] == pytest.approx(
-        np.mean(deltas), rel=1e-9)
+        np.mean(deltas), rel=1e-9
+    )
     for r in data["results"]:
         loss = r["train_loss"]
         assert len(loss) == 40
@@ -169,19 +209,21 @@ def test_fast_and_dense_backends_train_the_same_model():
         torch.manual_seed(0)
         model = ByteLM("plsh-6", d_model=32, num_layers=2, num_heads=4, backend=backend).double()
         logits = model(tokens[:, :-1])  # training mode: draw 0 of each layer's stream
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256),
-                                                 tokens[:, 1:].reshape(-1))
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), tokens[:, 1:].reshape(-1))
         loss.backward()
         grads[backend] = [loss.detach()] + [p.grad for p in model.parameters()]
     for a, b in zip(grads["dense"], grads["fast"]):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("flag", [["--lr", "nan"], ["--block-size", "-1"],
-                                  ["--max-bytes", "-5"], ["--val-fraction", "0"]])
+@pytest.mark.parametrize(
+    "flag",
+    [["--lr", "nan"], ["--block-size", "-1"], ["--max-bytes", "-5"], ["--val-fraction", "0"]],
+)
 def test_bad_options_are_refused(flag, capsys):
     """--lr nan reached torch's Adam and --block-size -1 ran; now one-line errors, exit 2."""
     from plsh_ref.cli import main
+
     assert main(["train-lm", *flag]) == 2
     err = capsys.readouterr().err
     assert err.startswith("plsh train-lm: error: ") and "Traceback" not in err

@@ -8,7 +8,6 @@ The reference gradient is torch autograd through dense softmax attention with th
 from __future__ import annotations
 
 import _triton_interp  # noqa: F401  (sets TRITON_INTERPRET=1 before triton is imported)
-
 import numpy as np
 import pytest
 import torch
@@ -35,8 +34,9 @@ def _dense_grads(q, k, v, grad_out, bias, scale, dtype):
     vv = v.repeat_interleave(group, dim=1)
     b = torch.from_numpy(bias).to(dtype)[None]
     empty = torch.isneginf(b).all(dim=-1, keepdim=True)
-    logits = torch.where(empty, torch.zeros((), dtype=dtype),
-                         (q @ kk.transpose(-1, -2)) * scale + b)
+    logits = torch.where(
+        empty, torch.zeros((), dtype=dtype), (q @ kk.transpose(-1, -2)) * scale + b
+    )
     weights = torch.softmax(logits, dim=-1) * (~empty)
     out = weights @ vv
     (out * grad_out.to(dtype)).sum().backward()
@@ -56,11 +56,26 @@ def _kernel_grads(q, k, v, g, partition, qpos, kpos, scale, causal, **kw):
     pitch = torch.from_numpy(np.array(partition.pitch))
     offset = torch.from_numpy(np.array(partition.offset))
     qp, kp = torch.from_numpy(qpos), torch.from_numpy(kpos)
-    out, lse = triton_forward.plsh_forward_triton(q, k, v, pitch, offset, qp, kp, scale, causal,
-                                                  _block_m=BLOCK, _block_n=BLOCK)
-    return triton_backward.plsh_backward_triton(q, k, v, out, lse, g, pitch, offset, qp, kp,
-                                                scale, causal, _block_m=BLOCK, _block_n=BLOCK,
-                                                **kw)
+    out, lse = triton_forward.plsh_forward_triton(
+        q, k, v, pitch, offset, qp, kp, scale, causal, _block_m=BLOCK, _block_n=BLOCK
+    )
+    return triton_backward.plsh_backward_triton(
+        q,
+        k,
+        v,
+        out,
+        lse,
+        g,
+        pitch,
+        offset,
+        qp,
+        kp,
+        scale,
+        causal,
+        _block_m=BLOCK,
+        _block_n=BLOCK,
+        **kw,
+    )
 
 
 def _check_grads(q, k, v, g, partition, qpos, kpos, scale, causal, dtype_name, **kw):
@@ -82,18 +97,28 @@ def _check_grads(q, k, v, g, partition, qpos, kpos, scale, causal, dtype_name, *
 
 
 @settings(max_examples=10)
-@given(num_heads_kv=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]),
-       n_q=st.integers(1, 40), n_k=st.integers(1, 40), d=st.integers(1, 19),
-       dv=st.integers(1, 19), s=st.integers(1, 5), causal=st.booleans(),
-       dtype=st.sampled_from(sorted(DTYPES)), explicit=st.booleans(),
-       seed=st.integers(0, 2**31 - 1))
-def test_backward_matches_dense_autograd(num_heads_kv, group, n_q, n_k, d, dv, s, causal,
-                                         dtype, explicit, seed):
+@given(
+    num_heads_kv=st.sampled_from([1, 2]),
+    group=st.sampled_from([1, 2]),
+    n_q=st.integers(1, 40),
+    n_k=st.integers(1, 40),
+    d=st.integers(1, 19),
+    dv=st.integers(1, 19),
+    s=st.integers(1, 5),
+    causal=st.booleans(),
+    dtype=st.sampled_from(sorted(DTYPES)),
+    explicit=st.booleans(),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_backward_matches_dense_autograd(
+    num_heads_kv, group, n_q, n_k, d, dv, s, causal, dtype, explicit, seed
+):
     rng = np.random.default_rng(seed)
     num_heads = num_heads_kv * group
     sigma = np.exp(rng.uniform(0.0, np.log(64.0), size=num_heads))
-    partition, q, k, v, g = _case(rng, 1, num_heads, num_heads_kv, n_q, n_k, d, dv, s,
-                                  DTYPES[dtype], sigma, seed)
+    partition, q, k, v, g = _case(
+        rng, 1, num_heads, num_heads_kv, n_q, n_k, d, dv, s, DTYPES[dtype], sigma, seed
+    )
     if explicit:  # increasing with gaps; some queries precede every key (empty rows)
         kpos = np.cumsum(rng.integers(1, 3, size=n_k)).astype(np.int64)
         qpos = np.sort(rng.integers(-3, kpos[-1] + 3, size=n_q)).astype(np.int64)
@@ -105,10 +130,11 @@ def test_backward_matches_dense_autograd(num_heads_kv, group, n_q, n_k, d, dv, s
 def test_inadmissible_rows_and_keys_get_exactly_zero_gradient():
     """Queries without admissible keys get dQ = 0; keys no query may see get dK = dV = 0."""
     rng = np.random.default_rng(4)
-    partition, q, k, v, g = _case(rng, 2, 2, 1, 21, 30, 6, 5, 3, torch.float32,
-                                  np.array([3.0, 20.0]), 4)
-    kpos = np.arange(30) + 10           # keys 10..39
-    qpos = np.arange(21) + 3            # queries 3..23: rows 3..9 see no key (causal)
+    partition, q, k, v, g = _case(
+        rng, 2, 2, 1, 21, 30, 6, 5, 3, torch.float32, np.array([3.0, 20.0]), 4
+    )
+    kpos = np.arange(30) + 10  # keys 10..39
+    qpos = np.arange(21) + 3  # queries 3..23: rows 3..9 see no key (causal)
     (dq, dk, dv), c = _check_grads(q, k, v, g, partition, qpos, kpos, 0.6, True, "float32")
     empty_rows = np.flatnonzero(c.sum(axis=(0, 2)) == 0)
     dead_keys = np.flatnonzero(c.sum(axis=(0, 1)) == 0)
@@ -120,8 +146,9 @@ def test_inadmissible_rows_and_keys_get_exactly_zero_gradient():
 
 def test_bfloat16_upcast_in_interpreter():
     rng = np.random.default_rng(9)
-    partition, q, k, v, g = _case(rng, 1, 2, 2, 25, 25, 8, 8, 4, torch.bfloat16,
-                                  np.array([4.0, 16.0]), 9)
+    partition, q, k, v, g = _case(
+        rng, 1, 2, 2, 25, 25, 8, 8, 4, torch.bfloat16, np.array([4.0, 16.0]), 9
+    )
     pos = np.arange(25)
     _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "bfloat16")
 
@@ -129,8 +156,9 @@ def test_bfloat16_upcast_in_interpreter():
 def test_grouped_sample_counts_give_the_same_gradients():
     """The grouped (UNROLL=4) count path gives bit-identical gradients."""
     rng = np.random.default_rng(6)
-    partition, q, k, v, g = _case(rng, 1, 2, 1, 35, 35, 6, 6, 5, torch.float32,
-                                  np.array([2.0, 25.0]), 6)
+    partition, q, k, v, g = _case(
+        rng, 1, 2, 1, 35, 35, 6, 6, 5, torch.float32, np.array([2.0, 25.0]), 6
+    )
     pos = np.arange(35)
     one = _kernel_grads(q, k, v, g, partition, pos, pos, 0.5, True)
     grouped = _kernel_grads(q, k, v, g, partition, pos, pos, 0.5, True, _unroll=4)
@@ -140,8 +168,9 @@ def test_grouped_sample_counts_give_the_same_gradients():
 def test_negative_control_counts_ignored_fails():
     """Backward probabilities without the count weights must fail the same check."""
     rng = np.random.default_rng(2)
-    partition, q, k, v, g = _case(rng, 1, 2, 1, 40, 40, 8, 8, 4, torch.float32,
-                                  np.array([3.0, 12.0]), 2)
+    partition, q, k, v, g = _case(
+        rng, 1, 2, 1, 40, 40, 8, 8, 4, torch.float32, np.array([3.0, 12.0]), 2
+    )
     pos = np.arange(40)
     _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "float32")
     with pytest.raises(AssertionError):
@@ -153,8 +182,9 @@ def test_unsorted_positions_give_the_gradients_in_the_callers_order(monkeypatch)
     come back in the caller's row order."""
     planned = _triton_interp.record_plans(monkeypatch, triton_backward)
     rng = np.random.default_rng(13)
-    partition, q, k, v, g = _case(rng, 1, 2, 1, 33, 29, 6, 5, 3, torch.float32,
-                                  np.array([2.5, 11.0]), 13)
+    partition, q, k, v, g = _case(
+        rng, 1, 2, 1, 33, 29, 6, 5, 3, torch.float32, np.array([2.5, 11.0]), 13
+    )
     qpos = rng.permutation(np.arange(33) * 2).astype(np.int64)
     kpos = rng.permutation(np.repeat(np.arange(15), 2)[:29] * 4).astype(np.int64)
     for causal in (True, False):

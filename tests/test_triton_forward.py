@@ -10,7 +10,6 @@ are 16 x 16 so that several query and key tiles, partial tiles and skipped tiles
 from __future__ import annotations
 
 import _triton_interp  # noqa: F401  (sets TRITON_INTERPRET=1 before triton is imported)
-
 import numpy as np
 import pytest
 import torch
@@ -32,8 +31,10 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16}
 
 
 def _tensors(partition):
-    return (torch.from_numpy(np.array(partition.pitch)),
-            torch.from_numpy(np.array(partition.offset)))
+    return (
+        torch.from_numpy(np.array(partition.pitch)),
+        torch.from_numpy(np.array(partition.offset)),
+    )
 
 
 def _positions(mode, n_q, n_k, rng):
@@ -48,8 +49,10 @@ def _positions(mode, n_q, n_k, rng):
         q = np.sort(rng.choice(np.arange(k.min() - 3, k.max() + 4), size=n_q))
         return q.astype(np.int64), k.astype(np.int64)
     # unsorted explicit positions (correct but not tile-skipped)
-    return (rng.permutation(np.arange(n_q) * 2)[:n_q].astype(np.int64),
-            rng.permutation(np.arange(n_k) * 2)[:n_k].astype(np.int64))
+    return (
+        rng.permutation(np.arange(n_q) * 2)[:n_q].astype(np.int64),
+        rng.permutation(np.arange(n_k) * 2)[:n_k].astype(np.int64),
+    )
 
 
 def _make_view(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -60,14 +63,22 @@ def _make_view(x: torch.Tensor, kind: str) -> torch.Tensor:
         return x.transpose(1, 2).contiguous().transpose(1, 2)
     # wider last dimension, sliced
     wide = torch.zeros(x.shape[:-1] + (x.shape[-1] + 3,), dtype=x.dtype)
-    wide[..., 1:1 + x.shape[-1]] = x
-    return wide[..., 1:1 + x.shape[-1]]
+    wide[..., 1 : 1 + x.shape[-1]] = x
+    return wide[..., 1 : 1 + x.shape[-1]]
 
 
 def _reference(q, k, v, partition, qpos, kpos, causal, scale, dtype_name):
     q64, k64, v64 = (t.double().numpy() for t in (q, k, v))
-    ref = plsh_attention(q64, k64, v64, partition, causal=causal, scale=scale,
-                         query_positions=qpos, key_positions=kpos)
+    ref = plsh_attention(
+        q64,
+        k64,
+        v64,
+        partition,
+        causal=causal,
+        scale=scale,
+        query_positions=qpos,
+        key_positions=kpos,
+    )
     c = counts(partition, qpos, kpos, causal=causal)
     with np.errstate(divide="ignore"):
         bias = np.log(c / partition.num_samples)
@@ -78,8 +89,19 @@ def _reference(q, k, v, partition, qpos, kpos, causal, scale, dtype_name):
 def _run(q, k, v, partition, qpos, kpos, causal, scale, **kw):
     pitch, offset = _tensors(partition)
     return triton_forward.plsh_forward_triton(
-        q, k, v, pitch, offset, torch.from_numpy(qpos), torch.from_numpy(kpos), scale, causal,
-        _block_m=BLOCK, _block_n=BLOCK, **kw)
+        q,
+        k,
+        v,
+        pitch,
+        offset,
+        torch.from_numpy(qpos),
+        torch.from_numpy(kpos),
+        scale,
+        causal,
+        _block_m=BLOCK,
+        _block_n=BLOCK,
+        **kw,
+    )
 
 
 def _check(out, lse, ref, base, dtype_name):
@@ -93,10 +115,15 @@ def forward_cases(draw):
     group = draw(st.sampled_from([1, 2]))
     batch = draw(st.integers(1, 2)) if num_heads_kv * group <= 2 else 1
     return dict(
-        batch=batch, num_heads_kv=num_heads_kv, num_heads=num_heads_kv * group,
-        n_q=draw(st.integers(1, 45)), n_k=draw(st.integers(1, 45)),
-        head_dim=draw(st.integers(1, 20)), head_dim_v=draw(st.integers(1, 20)),
-        num_samples=draw(st.integers(1, 6)), causal=draw(st.booleans()),
+        batch=batch,
+        num_heads_kv=num_heads_kv,
+        num_heads=num_heads_kv * group,
+        n_q=draw(st.integers(1, 45)),
+        n_k=draw(st.integers(1, 45)),
+        head_dim=draw(st.integers(1, 20)),
+        head_dim_v=draw(st.integers(1, 20)),
+        num_samples=draw(st.integers(1, 6)),
+        causal=draw(st.booleans()),
         dtype=draw(st.sampled_from(sorted(DTYPES))),
         mode=draw(st.sampled_from(["default", "default", "shifted", "gaps", "unsorted"])),
         view=draw(st.sampled_from(["contiguous", "bnhd", "sliced"])),
@@ -120,8 +147,16 @@ def test_forward_matches_reference(case):
     v = torch.from_numpy(rng.standard_normal((b, hk, n_k, dv))).to(dtype)
     scale = float(rng.uniform(0.2, 1.5))
     ref, base = _reference(q, k, v, partition, qpos, kpos, case["causal"], scale, case["dtype"])
-    out, lse = _run(_make_view(q, case["view"]), _make_view(k, case["view"]),
-                    _make_view(v, case["view"]), partition, qpos, kpos, case["causal"], scale)
+    out, lse = _run(
+        _make_view(q, case["view"]),
+        _make_view(k, case["view"]),
+        _make_view(v, case["view"]),
+        partition,
+        qpos,
+        kpos,
+        case["causal"],
+        scale,
+    )
     assert out.dtype == dtype and lse.dtype == torch.float32
     assert out.shape == (b, h, n_q, dv) and lse.shape == (b, h, n_q)
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
@@ -218,8 +253,14 @@ def test_int64_bins_when_span_exceeds_int32():
     kpos = np.sort(rng.choice(3 * 10**6, size=30, replace=False)).astype(np.int64)
     kpos[5:12] = kpos[5] + np.arange(7)  # a run of consecutive positions
     qpos = kpos.copy()
-    plan = tiling.make_plan(torch.from_numpy(qpos), torch.from_numpy(kpos), *_tensors(partition),
-                            causal=True, block_m=BLOCK, block_n=BLOCK)
+    plan = tiling.make_plan(
+        torch.from_numpy(qpos),
+        torch.from_numpy(kpos),
+        *_tensors(partition),
+        causal=True,
+        block_m=BLOCK,
+        block_n=BLOCK,
+    )
     assert plan.bins_q.dtype == torch.int64
     q, k, v = (torch.from_numpy(rng.standard_normal((1, 1, 30, 4))).float() for _ in range(3))
     ref, base = _reference(q, k, v, partition, qpos, kpos, True, 0.5, "float32")
@@ -228,9 +269,14 @@ def test_int64_bins_when_span_exceeds_int32():
 
 
 @settings(max_examples=25)
-@given(sigma=st.lists(st.floats(0.05, 300.0), min_size=1, max_size=3),
-       s=st.integers(1, 20), seed=st.integers(0, 2**32 - 1),
-       base=st.integers(-(2**45), 2**45), n=st.integers(1, 70), spread=st.integers(1, 1000))
+@given(
+    sigma=st.lists(st.floats(0.05, 300.0), min_size=1, max_size=3),
+    s=st.integers(1, 20),
+    seed=st.integers(0, 2**32 - 1),
+    base=st.integers(-(2**45), 2**45),
+    n=st.integers(1, 70),
+    spread=st.integers(1, 1000),
+)
 def test_kernel_bins_equal_reference_bits(sigma, s, seed, base, n, spread):
     """The Triton float64 bins equal plsh_ref.partition.bins bit for bit (SPEC section 2)."""
     partition = draw_partition(np.array(sigma), s, seed=seed)
@@ -242,15 +288,27 @@ def test_kernel_bins_equal_reference_bits(sigma, s, seed, base, n, spread):
 
 
 @settings(max_examples=10)
-@given(mode=st.sampled_from(["default", "shifted", "gaps", "unsorted"]), causal=st.booleans(),
-       n_q=st.integers(1, 90), n_k=st.integers(1, 90), seed=st.integers(0, 2**31 - 1))
+@given(
+    mode=st.sampled_from(["default", "shifted", "gaps", "unsorted"]),
+    causal=st.booleans(),
+    n_q=st.integers(1, 90),
+    n_k=st.integers(1, 90),
+    seed=st.integers(0, 2**31 - 1),
+)
 def test_planned_ranges_cover_every_collision(mode, causal, n_q, n_k, seed):
     """Every pair with C_ij > 0 lies in its query tile's key range and key tile's query range."""
     rng = np.random.default_rng(seed)
     partition = draw_partition(np.array([1.41, 8.0, 64.0]), 5, seed=seed)
     qpos, kpos = _positions(mode, n_q, n_k, rng)
-    plan = tiling.make_plan(torch.from_numpy(qpos), torch.from_numpy(kpos), *_tensors(partition),
-                            causal=causal, block_m=BLOCK, block_n=BLOCK, query_range=True)
+    plan = tiling.make_plan(
+        torch.from_numpy(qpos),
+        torch.from_numpy(kpos),
+        *_tensors(partition),
+        causal=causal,
+        block_m=BLOCK,
+        block_n=BLOCK,
+        query_range=True,
+    )
     c = counts(partition, qpos, kpos, causal=causal)
     kr = plan.key_range.numpy()
     qr = plan.query_range.numpy()

@@ -26,12 +26,12 @@ def test_correct_kernel_passes(capsys):
     assert "40/40 cases passed" in out and out.rstrip().endswith("PASS")
 
 
-@pytest.mark.parametrize("kernel, kind", [("sign_flipped_alibi", "alibi"),
-                                          ("averaged_plsh", "plsh"),
-                                          ("mask_only_plsh", "plsh")])
+@pytest.mark.parametrize(
+    "kernel, kind",
+    [("sign_flipped_alibi", "alibi"), ("averaged_plsh", "plsh"), ("mask_only_plsh", "plsh")],
+)
 def test_broken_kernel_fails_with_reproducible_cases(capsys, kernel, kind):
-    code, out, _ = verify(capsys, f"{EX}:{kernel}", "--kind", kind, "--cases", "30",
-                          "--seed", "4")
+    code, out, _ = verify(capsys, f"{EX}:{kernel}", "--kind", kind, "--cases", "30", "--seed", "4")
     assert code == 1 and "FAIL:" in out
     reruns = re.findall(r"rerun: plsh verify (.*)", out)
     assert reruns, out
@@ -43,16 +43,33 @@ def test_broken_kernel_fails_with_reproducible_cases(capsys, kernel, kind):
     assert "0/1 cases passed" in again
     # and the printed ProblemSpec rebuilds it without Hypothesis
     from plsh_ref.testing import ProblemSpec, check_case, examples  # noqa: F401
-    spec = eval(re.search(r"check_case\(kernel, (ProblemSpec\(.*?\))\.build\(\)", again,
-                          flags=re.S).group(1))
+
+    spec = eval(
+        re.search(r"check_case\(kernel, (ProblemSpec\(.*?\))\.build\(\)", again, flags=re.S).group(
+            1
+        )
+    )
     result = check_case(getattr(examples, kernel), spec.build())
     assert not result.passed and f"output error {first_error} > allowed" in result.message
 
 
 def test_options_shape_the_cases(capsys):
-    code, out, _ = verify(capsys, f"{EX}:numpy_alibi", "--cases", "15", "--dtypes", "float64",
-                          "--causal", "no", "--no-gqa", "--positions", "left_padding",
-                          "--max-seq-len", "5", "-v")
+    code, out, _ = verify(
+        capsys,
+        f"{EX}:numpy_alibi",
+        "--cases",
+        "15",
+        "--dtypes",
+        "float64",
+        "--causal",
+        "no",
+        "--no-gqa",
+        "--positions",
+        "left_padding",
+        "--max-seq-len",
+        "5",
+        "-v",
+    )
     assert code == 0
     cases = [line for line in out.splitlines() if line.strip().startswith("case ")]
     assert len(cases) >= 15
@@ -87,20 +104,23 @@ BAD_KERNELS = """
     """
 
 
-@pytest.mark.parametrize("args, message", [
-    (["no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
-    (["user_kernels"], "expected MODULE:FUNCTION"),
-    (["user_kernels:missing"], "has no attribute 'missing'"),
-    (["user_kernels:not_a_function"], "is a int, not a function"),
-    (["user_kernels:two_args"], "does not match the alibi contract"),
-    (["user_kernels:wrong_shape"], "output has shape (1, 1, 1, 1)"),
-    (["user_kernels:wrong_dtype", "--dtypes", "float32"], "output has dtype float64"),
-    ([f"{EX}:numpy_alibi", "--dtypes", "bfloat16"], "bfloat16 needs --framework torch"),
-    ([f"{EX}:numpy_alibi", "--dtypes", "float8"], "unknown dtype 'float8'"),
-    ([f"{EX}:numpy_alibi", "--case", "50", "--cases", "50"], "case: must be in 0..49"),
-    ([f"{EX}:numpy_alibi", "--device", "cuda"], "numpy kernels run on cpu"),
-    ([f"{EX}:numpy_alibi", "--positions", "middle"], "positions: entries must be in"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
+        (["user_kernels"], "expected MODULE:FUNCTION"),
+        (["user_kernels:missing"], "has no attribute 'missing'"),
+        (["user_kernels:not_a_function"], "is a int, not a function"),
+        (["user_kernels:two_args"], "does not match the alibi contract"),
+        (["user_kernels:wrong_shape"], "output has shape (1, 1, 1, 1)"),
+        (["user_kernels:wrong_dtype", "--dtypes", "float32"], "output has dtype float64"),
+        ([f"{EX}:numpy_alibi", "--dtypes", "bfloat16"], "bfloat16 needs --framework torch"),
+        ([f"{EX}:numpy_alibi", "--dtypes", "float8"], "unknown dtype 'float8'"),
+        ([f"{EX}:numpy_alibi", "--case", "50", "--cases", "50"], "case: must be in 0..49"),
+        ([f"{EX}:numpy_alibi", "--device", "cuda"], "numpy kernels run on cpu"),
+        ([f"{EX}:numpy_alibi", "--positions", "middle"], "positions: entries must be in"),
+    ],
+)
 def test_bad_input_one_line_exit_2(capsys, tmp_path, monkeypatch, args, message):
     _write_module(tmp_path, monkeypatch, BAD_KERNELS)
     code, out, err = verify(capsys, *args)
@@ -113,8 +133,16 @@ def test_unavailable_device_is_bad_input(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is available here")
-    code, _, err = verify(capsys, f"{EX}:plsh_fast_kernel", "--kind", "plsh", "--framework",
-                          "torch", "--device", "cuda")
+    code, _, err = verify(
+        capsys,
+        f"{EX}:plsh_fast_kernel",
+        "--kind",
+        "plsh",
+        "--framework",
+        "torch",
+        "--device",
+        "cuda",
+    )
     assert code == 2 and err.startswith("plsh verify: device: 'cuda' is not available")
     assert len(err.strip().splitlines()) == 1
 
@@ -122,12 +150,18 @@ def test_unavailable_device_is_bad_input(capsys):
 def test_console_script_no_traceback(tmp_path):
     """Through the installed entry point: an import error inside the user's module."""
     (tmp_path / "broken_mod.py").write_text("import numpy\nraise RuntimeError('boom')\n")
-    proc = subprocess.run([sys.executable, "-m", "plsh_ref.cli", "verify", "broken_mod:f"],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                          env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "plsh_ref.cli", "verify", "broken_mod:f"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 2
-    assert proc.stderr.strip() == ("plsh verify: kernel: cannot import module 'broken_mod': "
-                                   "RuntimeError: boom")
+    assert proc.stderr.strip() == (
+        "plsh verify: kernel: cannot import module 'broken_mod': RuntimeError: boom"
+    )
 
 
 def test_torch_framework_with_sdpa(capsys):
@@ -139,6 +173,16 @@ def test_torch_framework_with_sdpa(capsys):
 def test_torch_framework_with_plsh_fast(capsys):
     pytest.importorskip("torch")
     pytest.importorskip("plsh_fast")
-    code, out, err = verify(capsys, f"{EX}:plsh_fast_kernel", "--kind", "plsh", "--framework",
-                            "torch", "--cases", "12", "--max-seq-len", "12")
+    code, out, err = verify(
+        capsys,
+        f"{EX}:plsh_fast_kernel",
+        "--kind",
+        "plsh",
+        "--framework",
+        "torch",
+        "--cases",
+        "12",
+        "--max-seq-len",
+        "12",
+    )
     assert code == 0, out + err

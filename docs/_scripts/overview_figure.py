@@ -25,11 +25,11 @@ def main(out_dir: Path) -> Path:
     some = masks(partition.samples(0, SHOWN), pos, pos)[0]
     mean = empirical_mean(partition, pos, pos)[0]
     exact = kernel_matrix(SIGMA, pos, pos)
-    panels = [(some[t], f"mask $M(h_{t + 1})$\npitch {partition.pitch[0, t]:.1f}")
-              for t in range(SHOWN)]
+    panels = [
+        (some[t], f"mask $M(h_{t + 1})$\npitch {partition.pitch[0, t]:.1f}") for t in range(SHOWN)
+    ]
     panels += [(mean, f"mean $\\tilde M$ of s={S}"), (exact, f"$L^*$, $\\sigma$={SIGMA:g}")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(2.3 * len(panels), 2.9),
-                             layout="constrained")
+    fig, axes = plt.subplots(1, len(panels), figsize=(2.3 * len(panels), 2.9), layout="constrained")
     for ax, (img, title) in zip(axes, panels):
         ax.imshow(img, cmap="viridis", vmin=0, vmax=1, interpolation="nearest")
         ax.set_title(title, fontsize=9)

@@ -13,8 +13,22 @@ from pathlib import Path
 
 from plsh_ref.cli import main as plsh
 
-ARGS = ["reproduce", "--n", "512", "--reps", "3", "--output-reps", "2",
-        "--samples", "1,2,4,8,16,32,64", "--max-tokens", "256", "--seed", "0", "--quiet"]
+ARGS = [
+    "reproduce",
+    "--n",
+    "512",
+    "--reps",
+    "3",
+    "--output-reps",
+    "2",
+    "--samples",
+    "1,2,4,8,16,32,64",
+    "--max-tokens",
+    "256",
+    "--seed",
+    "0",
+    "--quiet",
+]
 
 if __name__ == "__main__":
     out = Path(sys.argv[1]) / "reproduce"
@@ -22,7 +36,8 @@ if __name__ == "__main__":
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         code = plsh([*ARGS, "--out", str(out)])
-    (out / "log.txt").write_text("$ plsh " + " ".join(ARGS) + f" --out {out.name}/\n\n"
-                                 + buffer.getvalue())
+    (out / "log.txt").write_text(
+        "$ plsh " + " ".join(ARGS) + f" --out {out.name}/\n\n" + buffer.getvalue()
+    )
     if code != 0:
         sys.exit(f"plsh reproduce failed with exit status {code}:\n{buffer.getvalue()}")

@@ -21,12 +21,12 @@ import numpy as np
 
 from plsh_ref._validation import check_int, check_probability
 
-__all__ = ["EXCLUDED_DIRS", "Corpus", "default_root", "is_validation", "list_files",
-           "load_corpus"]
+__all__ = ["EXCLUDED_DIRS", "Corpus", "default_root", "is_validation", "list_files", "load_corpus"]
 
 #: directory names never descended into
-EXCLUDED_DIRS = frozenset({"test", "tests", "idle_test", "site-packages", "dist-packages",
-                           "__pycache__"})
+EXCLUDED_DIRS = frozenset(
+    {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__"}
+)
 
 
 def default_root() -> str:
@@ -72,13 +72,22 @@ class Corpus:
 
     def summary(self) -> dict:
         """Sizes and provenance, for reports."""
-        return {"root": self.root, "train_files": len(self.train_files),
-                "val_files": len(self.val_files), "train_bytes": int(self.train.size),
-                "val_bytes": int(self.val.size)}
+        return {
+            "root": self.root,
+            "train_files": len(self.train_files),
+            "val_files": len(self.val_files),
+            "train_bytes": int(self.train.size),
+            "val_bytes": int(self.val.size),
+        }
 
 
-def load_corpus(root: str | None = None, *, val_fraction: float = 0.05,
-                max_bytes: int | None = None, suffix: str = ".py") -> Corpus:
+def load_corpus(
+    root: str | None = None,
+    *,
+    val_fraction: float = 0.05,
+    max_bytes: int | None = None,
+    suffix: str = ".py",
+) -> Corpus:
     """Read the files under ``root`` and split them into train/validation streams by file.
 
     Parameters
@@ -125,5 +134,6 @@ def load_corpus(root: str | None = None, *, val_fraction: float = 0.05,
         if not parts[split]:
             raise ValueError(f"root: no {split} files with suffix {suffix!r} under {root!r}")
     streams = {k: np.frombuffer(b"".join(v), dtype=np.uint8) for k, v in parts.items()}
-    return Corpus(root, streams["train"], streams["val"], tuple(names["train"]),
-                  tuple(names["val"]))
+    return Corpus(
+        root, streams["train"], streams["val"], tuple(names["train"]), tuple(names["val"])
+    )

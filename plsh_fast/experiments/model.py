@@ -28,8 +28,15 @@ from plsh_ref.alibi import alibi_slopes, resolve_positions
 
 from ..nn import PLSHAttention, PLSHSelfAttention, biased_sdpa, check_attention_inputs
 
-__all__ = ["ByteLM", "FixedBlockAttention", "NoBiasAttention", "default_block_sizes",
-           "layer_seed", "make_attention", "parse_variant"]
+__all__ = [
+    "ByteLM",
+    "FixedBlockAttention",
+    "NoBiasAttention",
+    "default_block_sizes",
+    "layer_seed",
+    "make_attention",
+    "parse_variant",
+]
 
 _PLSH = re.compile(r"^plsh-(\d+)$")
 
@@ -47,8 +54,9 @@ def parse_variant(name: str) -> tuple[str, int | None]:
     match = _PLSH.match(name)
     if match and int(match.group(1)) >= 1:
         return "plsh", int(match.group(1))
-    raise ValueError(f"variants: unknown variant {name!r} (use alibi, none, blocks, plsh-S "
-                     f"with S >= 1)")
+    raise ValueError(
+        f"variants: unknown variant {name!r} (use alibi, none, blocks, plsh-S with S >= 1)"
+    )
 
 
 def default_block_sizes(num_heads: int) -> list[int]:
@@ -75,10 +83,8 @@ class _MaskAttention(nn.Module):
 
     def forward(self, query, key, value, query_positions=None, key_positions=None):
         check_attention_inputs(query, key, value, self.num_heads)
-        qpos, kpos = resolve_positions(query.shape[2], key.shape[2], query_positions,
-                                       key_positions)
-        allowed = np.broadcast_to(self._allowed(qpos, kpos),
-                                  (self.num_heads, qpos.size, kpos.size))
+        qpos, kpos = resolve_positions(query.shape[2], key.shape[2], query_positions, key_positions)
+        allowed = np.broadcast_to(self._allowed(qpos, kpos), (self.num_heads, qpos.size, kpos.size))
         if self.causal:
             allowed = allowed & (kpos[None, None, :] <= qpos[None, :, None])
         bias = torch.from_numpy(np.where(allowed, 0.0, -np.inf))
@@ -120,8 +126,15 @@ class FixedBlockAttention(_MaskAttention):
         return f"num_heads={self.num_heads}, block_sizes={self.block_sizes}"
 
 
-def make_attention(variant: str, num_heads: int, *, seed: int, backend: str = "fast",
-                   block_sizes=None, resample: str = "every_forward") -> nn.Module:
+def make_attention(
+    variant: str,
+    num_heads: int,
+    *,
+    seed: int,
+    backend: str = "fast",
+    block_sizes=None,
+    resample: str = "every_forward",
+) -> nn.Module:
     """The attention core of one layer for ``variant`` (see :func:`parse_variant`)."""
     kind, s = parse_variant(variant)
     if kind == "alibi":
@@ -139,8 +152,11 @@ class _Block(nn.Module):
         self.ln1 = nn.LayerNorm(d_model)
         self.attn = PLSHSelfAttention(d_model, num_heads, attention=attention)
         self.ln2 = nn.LayerNorm(d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, mlp_ratio * d_model), nn.GELU(),
-                                 nn.Linear(mlp_ratio * d_model, d_model))
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, mlp_ratio * d_model),
+            nn.GELU(),
+            nn.Linear(mlp_ratio * d_model, d_model),
+        )
 
     def forward(self, x, positions=None):
         x = x + self.attn(self.ln1(x), positions)
@@ -173,19 +189,39 @@ class ByteLM(nn.Module):
     ``torch.manual_seed`` first for identical weights across variants.
     """
 
-    def __init__(self, variant: str, *, d_model: int = 128, num_layers: int = 4,
-                 num_heads: int = 4, mlp_ratio: int = 4, seed: int = 0,
-                 backend: str = "fast", block_sizes=None, resample: str = "every_forward"):
+    def __init__(
+        self,
+        variant: str,
+        *,
+        d_model: int = 128,
+        num_layers: int = 4,
+        num_heads: int = 4,
+        mlp_ratio: int = 4,
+        seed: int = 0,
+        backend: str = "fast",
+        block_sizes=None,
+        resample: str = "every_forward",
+    ):
         super().__init__()
         parse_variant(variant)
         self.variant = variant
         self.embed = nn.Embedding(256, d_model)
         self.blocks = nn.ModuleList(
-            _Block(d_model, num_heads,
-                   make_attention(variant, num_heads, seed=layer_seed(seed, layer),
-                                  backend=backend, block_sizes=block_sizes,
-                                  resample=resample), mlp_ratio)
-            for layer in range(num_layers))
+            _Block(
+                d_model,
+                num_heads,
+                make_attention(
+                    variant,
+                    num_heads,
+                    seed=layer_seed(seed, layer),
+                    backend=backend,
+                    block_sizes=block_sizes,
+                    resample=resample,
+                ),
+                mlp_ratio,
+            )
+            for layer in range(num_layers)
+        )
         self.ln_f = nn.LayerNorm(d_model)
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):

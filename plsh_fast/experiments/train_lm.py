@@ -39,16 +39,23 @@ import time
 
 import numpy as np
 
-HELP = ("Train small causal byte-level transformers on the Python standard library with "
-        "exact ALiBi, positional LSH (s=10, 20), no positional bias and fixed blocks; "
-        "report validation bits per byte at 1x, 2x, 4x the training length.")
+HELP = (
+    "Train small causal byte-level transformers on the Python standard library with "
+    "exact ALiBi, positional LSH (s=10, 20), no positional bias and fixed blocks; "
+    "report validation bits per byte at 1x, 2x, 4x the training length."
+)
 
 DEFAULT_VARIANTS = "alibi,plsh-10,plsh-20,none,blocks"
 
 #: (flag, attribute, type, default, help) of every option, in command order
 _OPTIONS = [
-    ("--variants", "variants", str, DEFAULT_VARIANTS,
-     "comma-separated variants: alibi, plsh-S (S hashes), none, blocks"),
+    (
+        "--variants",
+        "variants",
+        str,
+        DEFAULT_VARIANTS,
+        "comma-separated variants: alibi, plsh-S (S hashes), none, blocks",
+    ),
     ("--seq-len", "seq_len", int, 128, "training length L (bytes)"),
     ("--steps", "steps", int, 250, "optimizer steps per variant and seed"),
     ("--batch-size", "batch_size", int, 32, "sequences per step"),
@@ -58,22 +65,53 @@ _OPTIONS = [
     ("--lr", "lr", float, 3e-3, "peak AdamW learning rate (linear warmup, cosine decay)"),
     ("--weight-decay", "weight_decay", float, 0.01, "AdamW weight decay"),
     ("--eval-lengths", "eval_lengths", str, "1,2,4", "evaluation lengths as multiples of L"),
-    ("--eval-tokens", "eval_tokens", int, 32768,
-     "validation bytes scored at each evaluation length (same text for every length)"),
-    ("--block-size", "block_size", int, 0,
-     "block size of the 'blocks' variant; 0: per head round(2 sigma_h)"),
-    ("--resample", "resample", str, "every_forward",
-     "PLSH training partitions: every_forward (fresh draw per forward) or fixed (the eval "
-     "partition throughout)"),
-    ("--backend", "backend", str, "dense",
-     "PLSH backend: dense (SDPA with a log-count bias; fastest on CPU at these lengths) "
-     "or fast (plsh_fast.plsh_attention); the same function"),
-    ("--seeds", "seeds", str, "0,1",
-     "comma-separated seeds; each seed fixes the initial weights, the batch order and the "
-     "partitions, shared by all variants; the table reports mean +- sd over seeds"),
+    (
+        "--eval-tokens",
+        "eval_tokens",
+        int,
+        32768,
+        "validation bytes scored at each evaluation length (same text for every length)",
+    ),
+    (
+        "--block-size",
+        "block_size",
+        int,
+        0,
+        "block size of the 'blocks' variant; 0: per head round(2 sigma_h)",
+    ),
+    (
+        "--resample",
+        "resample",
+        str,
+        "every_forward",
+        "PLSH training partitions: every_forward (fresh draw per forward) or fixed (the eval "
+        "partition throughout)",
+    ),
+    (
+        "--backend",
+        "backend",
+        str,
+        "dense",
+        "PLSH backend: dense (SDPA with a log-count bias; fastest on CPU at these lengths) "
+        "or fast (plsh_fast.plsh_attention); the same function",
+    ),
+    (
+        "--seeds",
+        "seeds",
+        str,
+        "0,1",
+        "comma-separated seeds; each seed fixes the initial weights, the batch order and the "
+        "partitions, shared by all variants; the table reports mean +- sd over seeds",
+    ),
     ("--val-fraction", "val_fraction", float, 0.05, "fraction of files held out"),
-    ("--max-bytes", "max_bytes", int, 0, "stop adding files to a split once it holds this many bytes (whole files, so a split "
-     "may exceed it; 0: no cap)"),
+    (
+        "--max-bytes",
+        "max_bytes",
+        int,
+        0,
+        "stop adding files to a split once it holds this many bytes (whole files, so a split "
+        "may exceed it; 0: no cap)",
+    ),
     ("--corpus", "corpus", str, "", "directory of .py files (default: the stdlib)"),
     ("--threads", "threads", int, 2, "torch CPU threads"),
     ("--out", "out", str, "", "output folder (default train_lm_<UTC time>)"),
@@ -84,12 +122,18 @@ def add_arguments(parser) -> None:
     """Register the options of ``plsh train-lm`` on an ``argparse`` parser."""
     for flag, dest, typ, default, text in _OPTIONS:
         flags = (flag, "--output") if flag == "--out" else (flag,)  # as in the other commands
-        parser.add_argument(*flags, dest=dest, type=typ, default=default,
-                            help=f"{text} (default: {default!r})")
-    parser.add_argument("--no-eval-exact", dest="eval_exact", action="store_false",
-                        help="skip evaluating PLSH-trained models with exact ALiBi")
-    parser.add_argument("--no-progress", dest="progress", action="store_false",
-                        help="hide the progress bars")
+        parser.add_argument(
+            *flags, dest=dest, type=typ, default=default, help=f"{text} (default: {default!r})"
+        )
+    parser.add_argument(
+        "--no-eval-exact",
+        dest="eval_exact",
+        action="store_false",
+        help="skip evaluating PLSH-trained models with exact ALiBi",
+    )
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="hide the progress bars"
+    )
 
 
 def command_line(args) -> str:
@@ -118,8 +162,9 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
     try:
         factors = sorted({int(f) for f in args.eval_lengths.split(",")})
     except ValueError:
-        raise ValueError(f"eval_lengths: must be comma-separated integers, got "
-                         f"{args.eval_lengths!r}") from None
+        raise ValueError(
+            f"eval_lengths: must be comma-separated integers, got {args.eval_lengths!r}"
+        ) from None
     try:
         seeds = [int(x) for x in args.seeds.split(",")]
     except ValueError:
@@ -128,15 +173,25 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
         raise ValueError(f"seeds: must be distinct and >= 0, got {args.seeds!r}")
     if not factors or factors[0] < 1:
         raise ValueError(f"eval_lengths: multiples must be >= 1, got {args.eval_lengths!r}")
-    for name in ("seq_len", "steps", "batch_size", "d_model", "layers", "heads",
-                 "eval_tokens", "threads"):
+    for name in (
+        "seq_len",
+        "steps",
+        "batch_size",
+        "d_model",
+        "layers",
+        "heads",
+        "eval_tokens",
+        "threads",
+    ):
         if getattr(args, name) < 1:
             raise ValueError(f"{name}: must be >= 1, got {getattr(args, name)}")
     if args.d_model % args.heads:
         raise ValueError(f"d_model: {args.d_model} not divisible by heads={args.heads}")
     if args.eval_tokens < args.seq_len * factors[-1]:
-        raise ValueError(f"eval_tokens: must be >= the longest evaluation length "
-                         f"{args.seq_len * factors[-1]}, got {args.eval_tokens}")
+        raise ValueError(
+            f"eval_tokens: must be >= the longest evaluation length "
+            f"{args.seq_len * factors[-1]}, got {args.eval_tokens}"
+        )
     if args.resample not in ("every_forward", "fixed"):
         raise ValueError(f"resample: must be 'every_forward' or 'fixed', got {args.resample!r}")
     if args.backend not in ("fast", "dense"):
@@ -169,8 +224,9 @@ def _windows(stream: np.ndarray, starts: np.ndarray, length: int):
     return chunk[:, :-1], chunk[:, 1:]
 
 
-def evaluate(model, stream: np.ndarray, length: int, num_tokens: int,
-             batch_tokens: int = 16384) -> float:
+def evaluate(
+    model, stream: np.ndarray, length: int, num_tokens: int, batch_tokens: int = 16384
+) -> float:
     """Mean next-byte cross-entropy (nats) over non-overlapping windows of ``length``.
 
     The windows tile the first ``num_tokens`` (rounded down to a multiple of ``length``)
@@ -189,29 +245,27 @@ def evaluate(model, stream: np.ndarray, length: int, num_tokens: int,
     model.eval()
     with torch.no_grad():
         for b in range(0, count, per_batch):
-            x, y = _windows(stream, starts[b:b + per_batch], length)
+            x, y = _windows(stream, starts[b : b + per_batch], length)
             logits = model(x)
-            total += F.cross_entropy(logits.reshape(-1, 256), y.reshape(-1),
-                                     reduction="sum").item()
+            total += F.cross_entropy(logits.reshape(-1, 256), y.reshape(-1), reduction="sum").item()
             n += y.numel()
     model.train(was_training)
     return total / n
 
 
 def _metrics(loss: float) -> dict:
-    return {"loss_nats": loss, "bits_per_byte": loss / math.log(2.0),
-            "perplexity": math.exp(loss)}
+    return {"loss_nats": loss, "bits_per_byte": loss / math.log(2.0), "perplexity": math.exp(loss)}
 
 
 def batch_order(corpus, args, seed: int) -> np.ndarray:
     """Start offsets ``(steps, batch_size)`` of the training windows for ``seed``."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
-    return rng.integers(0, corpus.train.size - args.seq_len - 1,
-                        size=(args.steps, args.batch_size))
+    return rng.integers(0, corpus.train.size - args.seq_len - 1, size=(args.steps, args.batch_size))
 
 
-def train_variant(variant: str, seed: int, corpus, args, batch_starts: np.ndarray, factors,
-                  block_sizes) -> dict:
+def train_variant(
+    variant: str, seed: int, corpus, args, batch_starts: np.ndarray, factors, block_sizes
+) -> dict:
     """Train one variant from the init of ``seed`` on ``batch_starts``; evaluate it."""
     import torch
     from torch.nn import functional as F
@@ -220,20 +274,36 @@ def train_variant(variant: str, seed: int, corpus, args, batch_starts: np.ndarra
     from .model import ByteLM, parse_variant
 
     torch.manual_seed(seed)
-    model = ByteLM(variant, d_model=args.d_model, num_layers=args.layers,
-                   num_heads=args.heads, seed=seed, backend=args.backend,
-                   resample=args.resample,
-                   block_sizes=block_sizes)
+    model = ByteLM(
+        variant,
+        d_model=args.d_model,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        seed=seed,
+        backend=args.backend,
+        resample=args.resample,
+        block_sizes=block_sizes,
+    )
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
-                             {"params": rest, "weight_decay": 0.0}],
-                            lr=args.lr, betas=(0.9, 0.95))
+    opt = torch.optim.AdamW(
+        [
+            {"params": decay, "weight_decay": args.weight_decay},
+            {"params": rest, "weight_decay": 0.0},
+        ],
+        lr=args.lr,
+        betas=(0.9, 0.95),
+    )
     losses = []
     t0 = time.perf_counter()
     model.train()
-    bar = tqdm(range(args.steps), desc=f"{variant:>8} seed {seed}", disable=not args.progress,
-               dynamic_ncols=True, file=sys.stderr)
+    bar = tqdm(
+        range(args.steps),
+        desc=f"{variant:>8} seed {seed}",
+        disable=not args.progress,
+        dynamic_ncols=True,
+        file=sys.stderr,
+    )
     for step in bar:
         for group in opt.param_groups:
             group["lr"] = _lr_at(step, args.steps, args.lr)
@@ -248,18 +318,25 @@ def train_variant(variant: str, seed: int, corpus, args, batch_starts: np.ndarra
             bar.set_postfix(bpb=f"{losses[-1] / math.log(2):.3f}")
     bar.close()
     train_s = time.perf_counter() - t0
-    result = {"variant": variant, "seed": seed, "train_loss": losses,
-              "train_seconds": train_s, "eval": {}}
+    result = {
+        "variant": variant,
+        "seed": seed,
+        "train_loss": losses,
+        "train_seconds": train_s,
+        "eval": {},
+    }
     for f in factors:
         result["eval"][str(f)] = _metrics(
-            evaluate(model, corpus.val, f * args.seq_len, args.eval_tokens))
+            evaluate(model, corpus.val, f * args.seq_len, args.eval_tokens)
+        )
     if parse_variant(variant)[0] == "plsh" and args.eval_exact:
         cores = model.attention_cores()
         for core in cores:
             core.exact = True
         result["eval_exact_alibi"] = {
             str(f): _metrics(evaluate(model, corpus.val, f * args.seq_len, args.eval_tokens))
-            for f in factors}
+            for f in factors
+        }
         for core in cores:
             core.exact = False
     result["eval_seconds"] = time.perf_counter() - t0 - train_s
@@ -325,8 +402,9 @@ def markdown_table(rows: list[dict], factors, seq_len: int) -> str:
         cells = [row["lengths"][str(f)] for f in factors]
         line = [row["name"]] + [_pm(c["bits_per_byte"], c["bits_per_byte_sd"]) for c in cells]
         if has_delta:
-            line += [_pm(c["delta_bpb_vs_alibi"], c["delta_bpb_vs_alibi_sd"], sign=True)
-                     for c in cells]
+            line += [
+                _pm(c["delta_bpb_vs_alibi"], c["delta_bpb_vs_alibi_sd"], sign=True) for c in cells
+            ]
         line += [f"{c['perplexity']:.3f}" for c in cells]
         lines.append("| " + " | ".join(line) + " |")
     return "\n".join(lines)
@@ -356,16 +434,29 @@ def _plot(results: list[dict], rows: list[dict], factors, seq_len: int, path: st
     lengths = [f * seq_len for f in factors]
     for row in rows:
         base = row["name"].split(" ")[0]
-        style = dict(color=colors[base], marker="o", capsize=3, label=row["name"],
-                     linestyle="--" if "exact ALiBi" in row["name"] else "-")
+        style = dict(
+            color=colors[base],
+            marker="o",
+            capsize=3,
+            label=row["name"],
+            linestyle="--" if "exact ALiBi" in row["name"] else "-",
+        )
         cells = [row["lengths"][str(f)] for f in factors]
         err = [c["bits_per_byte_sd"] for c in cells]
-        axes[1].errorbar(lengths, [c["bits_per_byte"] for c in cells],
-                         yerr=None if any(map(math.isnan, err)) else err, **style)
+        axes[1].errorbar(
+            lengths,
+            [c["bits_per_byte"] for c in cells],
+            yerr=None if any(map(math.isnan, err)) else err,
+            **style,
+        )
         if has_delta:
             err = [c["delta_bpb_vs_alibi_sd"] for c in cells]
-            axes[2].errorbar(lengths, [c["delta_bpb_vs_alibi"] for c in cells],
-                             yerr=None if any(map(math.isnan, err)) else err, **style)
+            axes[2].errorbar(
+                lengths,
+                [c["delta_bpb_vs_alibi"] for c in cells],
+                yerr=None if any(map(math.isnan, err)) else err,
+                **style,
+            )
     axes[1].set_ylabel("validation bits per byte (mean ± sd over seeds)")
     axes[1].set_title("length extrapolation")
     if has_delta:
@@ -398,13 +489,16 @@ def run(args) -> int:
 
     variants, factors, seeds = _check_args(args)
     torch.set_num_threads(args.threads)
-    corpus = load_corpus(args.corpus or None, val_fraction=args.val_fraction,
-                         max_bytes=args.max_bytes or None)
+    corpus = load_corpus(
+        args.corpus or None, val_fraction=args.val_fraction, max_bytes=args.max_bytes or None
+    )
     if corpus.train.size <= args.seq_len + 1:
-        raise ValueError(f"corpus: training split has {corpus.train.size} bytes, fewer than "
-                         f"seq_len + 2")
-    block_sizes = ([args.block_size] * args.heads if args.block_size > 0
-                   else default_block_sizes(args.heads))
+        raise ValueError(
+            f"corpus: training split has {corpus.train.size} bytes, fewer than seq_len + 2"
+        )
+    block_sizes = (
+        [args.block_size] * args.heads if args.block_size > 0 else default_block_sizes(args.heads)
+    )
     out = args.out or time.strftime("train_lm_%Y%m%d-%H%M%S", time.gmtime())
     os.makedirs(out, exist_ok=True)
     cmd = command_line(args)
@@ -413,16 +507,24 @@ def run(args) -> int:
     results = []
     for seed in seeds:
         starts = batch_order(corpus, args, seed)
-        results += [train_variant(v, seed, corpus, args, starts, factors, block_sizes)
-                    for v in variants]
+        results += [
+            train_variant(v, seed, corpus, args, starts, factors, block_sizes) for v in variants
+        ]
     wall = time.perf_counter() - t0
     rows = summarize(results, factors)
-    meta = {"command": cmd, "wall_seconds": wall, "corpus": corpus.summary(),
-            "block_sizes": block_sizes, "eval_lengths": [f * args.seq_len for f in factors],
-            "torch": torch.__version__, "python": platform.python_version(),
-            "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-            "threads": args.threads, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-            "params": {k: getattr(args, k) for _, k, _, _, _ in _OPTIONS}}
+    meta = {
+        "command": cmd,
+        "wall_seconds": wall,
+        "corpus": corpus.summary(),
+        "block_sizes": block_sizes,
+        "eval_lengths": [f * args.seq_len for f in factors],
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "threads": args.threads,
+        "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "params": {k: getattr(args, k) for _, k, _, _, _ in _OPTIONS},
+    }
     table = markdown_table(rows, factors, args.seq_len)
     with open(os.path.join(out, "results.json"), "w") as fh:
         json.dump({"meta": meta, "table": rows, "results": results}, fh, indent=1)
@@ -430,18 +532,19 @@ def run(args) -> int:
     for r in results:
         times[r["variant"]] = times.get(r["variant"], 0.0) + r["train_seconds"] / len(seeds)
     times_text = ", ".join(f"{v} {t:.0f} s" for v, t in times.items())
-    spread = (f"mean ± sample sd over seeds {seeds}" if len(seeds) > 1
-              else f"one seed ({seeds[0]})")
+    spread = f"mean ± sample sd over seeds {seeds}" if len(seeds) > 1 else f"one seed ({seeds[0]})"
     with open(os.path.join(out, "results.md"), "w") as fh:
-        fh.write(f"# plsh train-lm\n\nCommand: `{cmd}`\n\n"
-                 f"Validation bits per byte (lower is better; {spread}) and perplexity per "
-                 f"byte (of the mean loss), trained at L = {args.seq_len}. PLSH rows use "
-                 f"each layer's fixed eval partition unless marked exact ALiBi.\n\n"
-                 f"{table}\n\n"
-                 f"Corpus: {corpus.summary()}. Fixed block sizes per head: {block_sizes}. "
-                 f"Mean training time per run: {times_text}; total wall time {wall:.0f} s "
-                 f"({args.threads} threads, torch {torch.__version__}, "
-                 f"{meta['date_utc']} UTC).\n")
+        fh.write(
+            f"# plsh train-lm\n\nCommand: `{cmd}`\n\n"
+            f"Validation bits per byte (lower is better; {spread}) and perplexity per "
+            f"byte (of the mean loss), trained at L = {args.seq_len}. PLSH rows use "
+            f"each layer's fixed eval partition unless marked exact ALiBi.\n\n"
+            f"{table}\n\n"
+            f"Corpus: {corpus.summary()}. Fixed block sizes per head: {block_sizes}. "
+            f"Mean training time per run: {times_text}; total wall time {wall:.0f} s "
+            f"({args.threads} threads, torch {torch.__version__}, "
+            f"{meta['date_utc']} UTC).\n"
+        )
     _plot(results, rows, factors, args.seq_len, os.path.join(out, "results.png"))
     print(table)
     print(f"total wall time {wall:.0f} s; results written to {os.path.abspath(out)}")

@@ -125,16 +125,20 @@ def _read_entries(path: Path) -> dict:
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as exc:
         raise ValueError(f"path: cannot read {path} as an .npz archive ({exc})") from exc
     if not isinstance(archive, np.lib.npyio.NpzFile):
-        raise ValueError(f"path: {path} is a single .npy array, not an .npz archive with "
-                         f"'query', 'key' and 'value' (save with np.savez)")
+        raise ValueError(
+            f"path: {path} is a single .npy array, not an .npz archive with "
+            f"'query', 'key' and 'value' (save with np.savez)"
+        )
     entries = {}
     with archive:
         for name in archive.files:
             try:
                 entries[name] = archive[name]
             except ValueError as exc:  # object arrays need pickle, which is refused
-                raise ValueError(f"{name}: entry of {path} cannot be loaded without pickle "
-                                 f"({exc}); store plain numeric or string arrays") from exc
+                raise ValueError(
+                    f"{name}: entry of {path} cannot be loaded without pickle "
+                    f"({exc}); store plain numeric or string arrays"
+                ) from exc
             except (OSError, zipfile.BadZipFile, EOFError) as exc:
                 raise ValueError(f"{name}: entry of {path} is corrupt ({exc})") from exc
     return entries
@@ -154,8 +158,10 @@ def _load(path: Path, layer: int | None) -> dict:
     entries = _read_entries(path)
     missing = [k for k in _REQUIRED if k not in entries]
     if missing:
-        raise ValueError(f"{missing[0]}: missing from {path}; a Q/K/V file needs arrays "
-                         f"'query', 'key' and 'value' (found: {sorted(entries)})")
+        raise ValueError(
+            f"{missing[0]}: missing from {path}; a Q/K/V file needs arrays "
+            f"'query', 'key' and 'value' (found: {sorted(entries)})"
+        )
     query = _as_bhnd("query", entries.pop("query"))
     key = _as_bhnd("key", entries.pop("key"))
     value = _as_bhnd("value", entries.pop("value"))
@@ -163,16 +169,20 @@ def _load(path: Path, layer: int | None) -> dict:
     batch, num_heads, _, head_dim = query.shape
     for name, arr in (("key", key), ("value", value)):
         if arr.shape[0] != batch:
-            raise ValueError(f"{name}: batch size {arr.shape[0]} differs from the query's "
-                             f"{batch} (shapes query {query.shape}, {name} {arr.shape})")
+            raise ValueError(
+                f"{name}: batch size {arr.shape[0]} differs from the query's "
+                f"{batch} (shapes query {query.shape}, {name} {arr.shape})"
+            )
     if value.shape[1] != key.shape[1]:
         raise ValueError(f"value: has {value.shape[1]} heads but key has {key.shape[1]}")
     if num_heads % key.shape[1] != 0:
-        raise ValueError(f"key: {key.shape[1]} key/value heads do not divide the "
-                         f"{num_heads} query heads")
+        raise ValueError(
+            f"key: {key.shape[1]} key/value heads do not divide the {num_heads} query heads"
+        )
     if value.shape[2] != key.shape[2]:
-        raise ValueError(f"value: sequence length {value.shape[2]} differs from the key's "
-                         f"{key.shape[2]}")
+        raise ValueError(
+            f"value: sequence length {value.shape[2]} differs from the key's {key.shape[2]}"
+        )
     if key.shape[3] != head_dim:
         raise ValueError(f"key: head_dim {key.shape[3]} differs from the query's {head_dim}")
 
@@ -181,8 +191,9 @@ def _load(path: Path, layer: int | None) -> dict:
         if raw.dtype == np.bool_ or not np.issubdtype(raw.dtype, np.integer):
             raise TypeError(f"layers: must hold integers, got dtype {raw.dtype}")
         if raw.shape != (batch,):
-            raise ValueError(f"layers: must have shape ({batch},) (one per batch entry), "
-                             f"got {raw.shape}")
+            raise ValueError(
+                f"layers: must have shape ({batch},) (one per batch entry), got {raw.shape}"
+            )
         layers = raw.astype(np.int64)
         if np.unique(layers).size != batch:
             raise ValueError(f"layers: must be distinct, got {layers.tolist()}")
@@ -192,8 +203,7 @@ def _load(path: Path, layer: int | None) -> dict:
     if layer is not None:
         hits = np.flatnonzero(layers == layer)
         if hits.size == 0:
-            raise ValueError(f"layer: {layer} is not among the stored layers "
-                             f"{layers.tolist()}")
+            raise ValueError(f"layer: {layer} is not among the stored layers {layers.tolist()}")
         sel = slice(int(hits[0]), int(hits[0]) + 1)
         query, key, value, layers = query[sel], key[sel], value[sel], layers[sel]
 

@@ -11,8 +11,13 @@ from __future__ import annotations
 import argparse
 
 from .._validation import check_int, check_positive_float, check_probability
-from ..bounds import (block_size_bound, max_norm_error_bound, required_samples,
-                      spectral_error_bound, spectral_required_samples)
+from ..bounds import (
+    block_size_bound,
+    max_norm_error_bound,
+    required_samples,
+    spectral_error_bound,
+    spectral_required_samples,
+)
 from ..expectation import block_size_mean, expected_window_width, variance_proxy_limit
 
 HELP = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
@@ -21,19 +26,31 @@ HELP = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh bounds``."""
     parser.add_argument("--n", type=int, default=4096, help="sequence length (default 4096)")
-    parser.add_argument("--sigma", type=float, nargs="+", default=[4.0, 16.0, 64.0, 256.0],
-                        help="length scales (default: the 4-head ALiBi slopes 4 16 64 256)")
+    parser.add_argument(
+        "--sigma",
+        type=float,
+        nargs="+",
+        default=[4.0, 16.0, 64.0, 256.0],
+        help="length scales (default: the 4-head ALiBi slopes 4 16 64 256)",
+    )
     parser.add_argument("--num-samples", type=int, default=16, help="samples s (default 16)")
-    parser.add_argument("--eps", type=float, default=0.1,
-                        help="target max-norm error in (0, 1) (default 0.1)")
-    parser.add_argument("--spectral-eps", type=float, default=None,
-                        help="target spectral error (default: eps * coth(1/(2 sigma)))")
-    parser.add_argument("--delta", type=float, default=0.01,
-                        help="failure probability in (0, 1) (default 0.01)")
+    parser.add_argument(
+        "--eps", type=float, default=0.1, help="target max-norm error in (0, 1) (default 0.1)"
+    )
+    parser.add_argument(
+        "--spectral-eps",
+        type=float,
+        default=None,
+        help="target spectral error (default: eps * coth(1/(2 sigma)))",
+    )
+    parser.add_argument(
+        "--delta", type=float, default=0.01, help="failure probability in (0, 1) (default 0.01)"
+    )
 
 
-def rows(n: int, sigmas, num_samples: int, eps: float, delta: float,
-         spectral_eps: float | None = None) -> list[dict]:
+def rows(
+    n: int, sigmas, num_samples: int, eps: float, delta: float, spectral_eps: float | None = None
+) -> list[dict]:
     """One dict per sigma with every reported number (used by :func:`run` and tests).
 
     Raises
@@ -49,43 +66,56 @@ def rows(n: int, sigmas, num_samples: int, eps: float, delta: float,
     for sigma in sigmas:
         sigma = check_positive_float("sigma", sigma)
         sb = spectral_error_bound(n, sigma, s, delta)
-        target = (eps * block_size_mean(sigma) if spectral_eps is None
-                  else check_positive_float("spectral_eps", spectral_eps))
-        out.append({
-            "sigma": sigma,
-            "max_norm_eps": max_norm_error_bound(n, s, delta),
-            "spectral_eps": sb.eps,
-            "spectral_rel": sb.eps / block_size_mean(sigma),
-            "variance_proxy": sb.variance_proxy,
-            "v_limit": variance_proxy_limit(sigma),
-            "truncation": sb.truncation,
-            "block_bound": block_size_bound(sigma, s, delta),
-            "window": expected_window_width(sigma, s),
-            "s_max_norm": required_samples(n, eps, delta),
-            "spectral_target": target,
-            "s_spectral": spectral_required_samples(n, sigma, target, delta),
-        })
+        target = (
+            eps * block_size_mean(sigma)
+            if spectral_eps is None
+            else check_positive_float("spectral_eps", spectral_eps)
+        )
+        out.append(
+            {
+                "sigma": sigma,
+                "max_norm_eps": max_norm_error_bound(n, s, delta),
+                "spectral_eps": sb.eps,
+                "spectral_rel": sb.eps / block_size_mean(sigma),
+                "variance_proxy": sb.variance_proxy,
+                "v_limit": variance_proxy_limit(sigma),
+                "truncation": sb.truncation,
+                "block_bound": block_size_bound(sigma, s, delta),
+                "window": expected_window_width(sigma, s),
+                "s_max_norm": required_samples(n, eps, delta),
+                "spectral_target": target,
+                "s_spectral": spectral_required_samples(n, sigma, target, delta),
+            }
+        )
     return out
 
 
 def run(args: argparse.Namespace) -> int:
     """Print the table; returns 0."""
     table = rows(args.n, args.sigma, args.num_samples, args.eps, args.delta, args.spectral_eps)
-    print(f"Bounds holding with probability >= 1 - delta = {1 - args.delta:g}, "
-          f"n = {args.n}, s = {args.num_samples} independent samples per head")
-    head = (f"{'sigma':>8} {'max|M~-L*|':>11} {'||M~-L*||':>10} {'rel.':>6} {'v':>10} "
-            f"{'v_limit':>10} {'trunc k':>8} {'b_max':>6} {'E window':>9} "
-            f"{'s(max)':>8} {'s(spec)':>9}")
+    print(
+        f"Bounds holding with probability >= 1 - delta = {1 - args.delta:g}, "
+        f"n = {args.n}, s = {args.num_samples} independent samples per head"
+    )
+    head = (
+        f"{'sigma':>8} {'max|M~-L*|':>11} {'||M~-L*||':>10} {'rel.':>6} {'v':>10} "
+        f"{'v_limit':>10} {'trunc k':>8} {'b_max':>6} {'E window':>9} "
+        f"{'s(max)':>8} {'s(spec)':>9}"
+    )
     print(head)
     for r in table:
-        print(f"{r['sigma']:>8g} {r['max_norm_eps']:>11.4g} {r['spectral_eps']:>10.4g} "
-              f"{r['spectral_rel']:>6.3f} {r['variance_proxy']:>10.4g} {r['v_limit']:>10.4g} "
-              f"{r['truncation']:>8d} {r['block_bound']:>6d} {r['window']:>9.1f} "
-              f"{r['s_max_norm']:>8d} {r['s_spectral']:>9d}")
-    print("columns: max-norm bound (DKW); spectral bound (truncated matrix Bernstein) and "
-          "relative to ||L*||_inf = coth(1/(2 sigma)); variance proxy v (exact for "
-          "n <= 1024, else its limit) and its limit; "
-          "pitch truncation level; block-size bound; expected fused window (keys/query); "
-          f"samples for max-norm error {args.eps:g}; samples for spectral error "
-          f"{'eps * coth(1/(2 sigma))' if args.spectral_eps is None else args.spectral_eps}.")
+        print(
+            f"{r['sigma']:>8g} {r['max_norm_eps']:>11.4g} {r['spectral_eps']:>10.4g} "
+            f"{r['spectral_rel']:>6.3f} {r['variance_proxy']:>10.4g} {r['v_limit']:>10.4g} "
+            f"{r['truncation']:>8d} {r['block_bound']:>6d} {r['window']:>9.1f} "
+            f"{r['s_max_norm']:>8d} {r['s_spectral']:>9d}"
+        )
+    print(
+        "columns: max-norm bound (DKW); spectral bound (truncated matrix Bernstein) and "
+        "relative to ||L*||_inf = coth(1/(2 sigma)); variance proxy v (exact for "
+        "n <= 1024, else its limit) and its limit; "
+        "pitch truncation level; block-size bound; expected fused window (keys/query); "
+        f"samples for max-norm error {args.eps:g}; samples for spectral error "
+        f"{'eps * coth(1/(2 sigma))' if args.spectral_eps is None else args.spectral_eps}."
+    )
     return 0

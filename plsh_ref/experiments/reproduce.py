@@ -33,15 +33,22 @@ import scipy.linalg
 
 from .._validation import check_int
 from ..alibi import alibi_slopes, kernel_matrix, sigma_from_slopes
-from ..attention import (alibi_attention, biased_attention, fixed_block_attention,
-                         no_bias_attention)
+from ..attention import alibi_attention, biased_attention, fixed_block_attention, no_bias_attention
 from ..partition import counts, draw_partition
 
-__all__ = ["HELP", "add_arguments", "fit_loglog_slope", "matrix_error_experiment",
-           "output_error_experiment", "run"]
+__all__ = [
+    "HELP",
+    "add_arguments",
+    "fit_loglog_slope",
+    "matrix_error_experiment",
+    "output_error_experiment",
+    "run",
+]
 
-HELP = ("The paper's convergence experiment: ||M~ - L*|| and the attention output error on "
-        "real activations vs the number of samples s.")
+HELP = (
+    "The paper's convergence experiment: ||M~ - L*|| and the attention output error on "
+    "real activations vs the number of samples s."
+)
 
 NORMS = ("spectral", "max", "frobenius")
 
@@ -50,7 +57,9 @@ def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from exc
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from exc
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
     return sorted(set(values))
@@ -68,32 +77,74 @@ def _float_list(text: str) -> list[float]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh reproduce`` on ``parser``."""
-    parser.add_argument("--n", type=int, default=1024,
-                        help="sequence length of the kernel-matrix part (default 1024)")
-    parser.add_argument("--sigmas", type=_float_list, default=[4.0, 16.0, 64.0],
-                        help="comma-separated length scales for the kernel-matrix part "
-                             "(default 4,16,64)")
-    parser.add_argument("--samples", "--num-samples", dest="samples", type=_int_list,
-                        default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
-                        help="comma-separated numbers of samples s (default 1,2,4,...,256)")
-    parser.add_argument("--reps", type=int, default=5,
-                        help="independent repetitions of the kernel-matrix part (default 5)")
-    parser.add_argument("--output-reps", type=int, default=3,
-                        help="independent repetitions of the attention-output part (default 3)")
-    parser.add_argument("--fit-min-samples", type=int, default=4,
-                        help="fit the log-log slope on s >= this value (default 4)")
-    parser.add_argument("--qkv", type=Path, default=None,
-                        help="an .npz with arrays query, key, value of shape "
-                             "(batch, num_heads, seq_len, head_dim) (see docs); default: the "
-                             "shipped all-MiniLM-L6-v2 activations")
-    parser.add_argument("--max-tokens", type=int, default=None,
-                        help="use only the first N tokens of the activations")
-    parser.add_argument("--fixed-block-size", type=int, default=None,
-                        help="block size of the fixed-block baseline (default: per head, "
-                             "the mean block size 2*sigma_h of one PLSH mask, rounded)")
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=1024,
+        help="sequence length of the kernel-matrix part (default 1024)",
+    )
+    parser.add_argument(
+        "--sigmas",
+        type=_float_list,
+        default=[4.0, 16.0, 64.0],
+        help="comma-separated length scales for the kernel-matrix part (default 4,16,64)",
+    )
+    parser.add_argument(
+        "--samples",
+        "--num-samples",
+        dest="samples",
+        type=_int_list,
+        default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+        help="comma-separated numbers of samples s (default 1,2,4,...,256)",
+    )
+    parser.add_argument(
+        "--reps",
+        type=int,
+        default=5,
+        help="independent repetitions of the kernel-matrix part (default 5)",
+    )
+    parser.add_argument(
+        "--output-reps",
+        type=int,
+        default=3,
+        help="independent repetitions of the attention-output part (default 3)",
+    )
+    parser.add_argument(
+        "--fit-min-samples",
+        type=int,
+        default=4,
+        help="fit the log-log slope on s >= this value (default 4)",
+    )
+    parser.add_argument(
+        "--qkv",
+        type=Path,
+        default=None,
+        help="an .npz with arrays query, key, value of shape "
+        "(batch, num_heads, seq_len, head_dim) (see docs); default: the "
+        "shipped all-MiniLM-L6-v2 activations",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="use only the first N tokens of the activations",
+    )
+    parser.add_argument(
+        "--fixed-block-size",
+        type=int,
+        default=None,
+        help="block size of the fixed-block baseline (default: per head, "
+        "the mean block size 2*sigma_h of one PLSH mask, rounded)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the partition draws")
-    parser.add_argument("--out", "--output", dest="out", type=Path, default=None,
-                        help="output folder (default plsh_out/reproduce-<UTC time>)")
+    parser.add_argument(
+        "--out",
+        "--output",
+        dest="out",
+        type=Path,
+        default=None,
+        help="output folder (default plsh_out/reproduce-<UTC time>)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -119,8 +170,10 @@ def fit_loglog_slope(samples, errors) -> float:
     x = np.asarray(samples, dtype=np.float64)
     y = np.asarray(errors, dtype=np.float64)
     if x.shape != y.shape or x.ndim != 1 or x.size < 2:
-        raise ValueError(f"samples: need two or more (s, error) pairs of equal length, got "
-                         f"{x.shape} and {y.shape}")
+        raise ValueError(
+            f"samples: need two or more (s, error) pairs of equal length, got "
+            f"{x.shape} and {y.shape}"
+        )
     if np.any(x <= 0) or np.any(y <= 0) or not np.all(np.isfinite(y)):
         raise ValueError("errors: all values must be finite and > 0 for a log-log fit")
     return float(np.polyfit(np.log(x), np.log(y), 1)[0])
@@ -207,8 +260,9 @@ def _output_errors(out, ref):
     return max_abs, rel_fro
 
 
-def output_error_experiment(query, key, value, samples, reps: int, seed: int,
-                            fixed_block_size=None, progress=None):
+def output_error_experiment(
+    query, key, value, samples, reps: int, seed: int, fixed_block_size=None, progress=None
+):
     """Attention output error of PLSH against exact ALiBi (causal, standard slopes) vs ``s``.
 
     Parameters
@@ -249,9 +303,11 @@ def output_error_experiment(query, key, value, samples, reps: int, seed: int,
     n_q, n_k = query.shape[2], key.shape[2]
     qpos, kpos = np.arange(n_k - n_q, n_k), np.arange(n_k)
     ref, _ = alibi_attention(query, key, value, slopes=slopes, causal=True)
-    result = {"slopes": slopes.tolist(),
-              "plsh_max_abs": np.empty((len(samples), reps)),
-              "plsh_rel_fro": np.empty((len(samples), reps))}
+    result = {
+        "slopes": slopes.tolist(),
+        "plsh_max_abs": np.empty((len(samples), reps)),
+        "plsh_rel_fro": np.empty((len(samples), reps)),
+    }
     for r in range(reps):
         partition = draw_partition(sigma, max(samples), seed=seed + 1000 * r + 1)
         for k, (s, cnt) in enumerate(_running_counts(partition, samples, qpos, kpos, True)):
@@ -267,15 +323,16 @@ def output_error_experiment(query, key, value, samples, reps: int, seed: int,
         fixed_block_size = [max(1, int(round(2 * s_h))) for s_h in sigma]
     out, _ = fixed_block_attention(query, key, value, fixed_block_size, causal=True)
     result["fixed_blocks"] = dict(zip(("max_abs", "rel_fro"), _output_errors(out, ref)))
-    result["fixed_block_size"] = (np.atleast_1d(fixed_block_size).astype(int).tolist())
+    result["fixed_block_size"] = np.atleast_1d(fixed_block_size).astype(int).tolist()
     return result
 
 
 def _table(title, header, rows) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     line = lambda cells: "  ".join(str(c).rjust(w) for c, w in zip(cells, widths))  # noqa: E731
-    return "\n".join([title, line(header), line(["-" * w for w in widths])]
-                     + [line(r) for r in rows])
+    return "\n".join(
+        [title, line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    )
 
 
 def _spread(a: np.ndarray) -> str:
@@ -284,6 +341,7 @@ def _spread(a: np.ndarray) -> str:
 
 def _plot(out_dir: Path, samples, sigmas, matrix, output) -> list[Path]:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -293,11 +351,23 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output) -> list[Path]:
     for ax, norm in zip(axes, NORMS):
         for h, sig in enumerate(sigmas):
             err = matrix[norm][h]
-            ax.errorbar(s, err.mean(axis=1), yerr=err.std(axis=1), marker="o", ms=3,
-                        capsize=2, label=f"sigma={sig:g}")
-        ref = matrix[norm][:, 0].mean() * s ** -0.5
+            ax.errorbar(
+                s,
+                err.mean(axis=1),
+                yerr=err.std(axis=1),
+                marker="o",
+                ms=3,
+                capsize=2,
+                label=f"sigma={sig:g}",
+            )
+        ref = matrix[norm][:, 0].mean() * s**-0.5
         ax.plot(s, ref, "k--", lw=0.8, label="s^-1/2")
-        ax.set(xscale="log", yscale="log", xlabel="samples s", title=f"{norm} norm of M~ - L*, n={matrix['n']}")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="samples s",
+            title=f"{norm} norm of M~ - L*, n={matrix['n']}",
+        )
         ax.legend(fontsize=7)
     path = out_dir / "matrix_error.png"
     fig.savefig(path, dpi=120)
@@ -305,16 +375,28 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output) -> list[Path]:
     paths.append(path)
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for ax, key, label in zip(axes, ("max_abs", "rel_fro"),
-                              ("max-abs error", "relative Frobenius error")):
+    for ax, key, label in zip(
+        axes, ("max_abs", "rel_fro"), ("max-abs error", "relative Frobenius error")
+    ):
         err = output[f"plsh_{key}"]
-        ax.errorbar(s, err.mean(axis=1), yerr=err.std(axis=1), marker="o", ms=3, capsize=2,
-                    label="positional LSH")
+        ax.errorbar(
+            s,
+            err.mean(axis=1),
+            yerr=err.std(axis=1),
+            marker="o",
+            ms=3,
+            capsize=2,
+            label="positional LSH",
+        )
         ax.axhline(output["no_bias"][key], color="C3", ls=":", label="no positional bias")
         ax.axhline(output["fixed_blocks"][key], color="C2", ls="-.", label="fixed blocks")
-        ax.plot(s, err[0].mean() * s ** -0.5, "k--", lw=0.8, label="s^-1/2")
-        ax.set(xscale="log", yscale="log", xlabel="samples s",
-               title=f"attention output: {label}\nagainst exact ALiBi")
+        ax.plot(s, err[0].mean() * s**-0.5, "k--", lw=0.8, label="s^-1/2")
+        ax.set(
+            xscale="log",
+            yscale="log",
+            xlabel="samples s",
+            title=f"attention output: {label}\nagainst exact ALiBi",
+        )
         ax.legend(fontsize=7)
     path = out_dir / "output_error.png"
     fig.savefig(path, dpi=120)
@@ -349,12 +431,15 @@ def run(args: argparse.Namespace) -> int:
             check_int("--fixed-block-size", args.fixed_block_size, minimum=1)
         samples = list(args.samples)
         if len(samples) < 2:
-            raise ValueError(f"--samples: need at least two values of s to fit a slope, "
-                             f"got {samples}")
+            raise ValueError(
+                f"--samples: need at least two values of s to fit a slope, got {samples}"
+            )
         fit_samples = [s for s in samples if s >= args.fit_min_samples]
         if len(fit_samples) < 2:
-            raise ValueError(f"--fit-min-samples: only {fit_samples} of --samples {samples} "
-                             f"are >= {args.fit_min_samples}; a slope needs two")
+            raise ValueError(
+                f"--fit-min-samples: only {fit_samples} of --samples {samples} "
+                f"are >= {args.fit_min_samples}; a slope needs two"
+            )
         q, k, v, source = _load_activations(args.qkv, args.max_tokens)
     except (ValueError, TypeError, OSError) as exc:
         print(f"plsh reproduce: error: {exc}", file=sys.stderr)
@@ -365,12 +450,22 @@ def run(args: argparse.Namespace) -> int:
 
     steps = args.reps * len(samples) + args.output_reps * len(samples)
     t0 = time.perf_counter()
-    with tqdm(total=steps, desc="plsh reproduce", unit="step", disable=args.quiet,
-              file=sys.stderr) as bar:
-        matrix = matrix_error_experiment(n, args.sigmas, samples, args.reps, args.seed,
-                                         progress=lambda: bar.update(1))
-        output = output_error_experiment(q, k, v, samples, args.output_reps, args.seed,
-                                         args.fixed_block_size, progress=lambda: bar.update(1))
+    with tqdm(
+        total=steps, desc="plsh reproduce", unit="step", disable=args.quiet, file=sys.stderr
+    ) as bar:
+        matrix = matrix_error_experiment(
+            n, args.sigmas, samples, args.reps, args.seed, progress=lambda: bar.update(1)
+        )
+        output = output_error_experiment(
+            q,
+            k,
+            v,
+            samples,
+            args.output_reps,
+            args.seed,
+            args.fixed_block_size,
+            progress=lambda: bar.update(1),
+        )
     elapsed = time.perf_counter() - t0
 
     idx = [samples.index(s) for s in fit_samples]
@@ -380,48 +475,82 @@ def run(args: argparse.Namespace) -> int:
         # no logarithm: report no slope rather than fail.
         return fit_loglog_slope(fit_samples, errors) if np.all(errors > 0) else None
 
-    slopes_fit = {norm: {f"{sig:g}": slope(matrix[norm][h, idx].mean(1))
-                         for h, sig in enumerate(args.sigmas)} for norm in NORMS}
-    out_slopes = {key: slope(output[f"plsh_{key}"][idx].mean(1))
-                  for key in ("max_abs", "rel_fro")}
+    slopes_fit = {
+        norm: {f"{sig:g}": slope(matrix[norm][h, idx].mean(1)) for h, sig in enumerate(args.sigmas)}
+        for norm in NORMS
+    }
+    out_slopes = {key: slope(output[f"plsh_{key}"][idx].mean(1)) for key in ("max_abs", "rel_fro")}
     fmt = lambda x: "n/a" if x is None else f"{x:+.3f}"  # noqa: E731
 
     print()
     for norm in NORMS:
-        rows = [[s] + [_spread(matrix[norm][h, j]) for h in range(len(args.sigmas))]
-                for j, s in enumerate(samples)]
+        rows = [
+            [s] + [_spread(matrix[norm][h, j]) for h in range(len(args.sigmas))]
+            for j, s in enumerate(samples)
+        ]
         rows.append(["slope"] + [fmt(slopes_fit[norm][f"{sig:g}"]) for sig in args.sigmas])
-        print(_table(f"||M~ - L*|| ({norm} norm), n={n}, mean ± sd over {args.reps} reps",
-                     ["s"] + [f"sigma={sig:g}" for sig in args.sigmas], rows))
+        print(
+            _table(
+                f"||M~ - L*|| ({norm} norm), n={n}, mean ± sd over {args.reps} reps",
+                ["s"] + [f"sigma={sig:g}" for sig in args.sigmas],
+                rows,
+            )
+        )
         print()
-    rows = [[s, _spread(output["plsh_max_abs"][j]), _spread(output["plsh_rel_fro"][j])]
-            for j, s in enumerate(samples)]
+    rows = [
+        [s, _spread(output["plsh_max_abs"][j]), _spread(output["plsh_rel_fro"][j])]
+        for j, s in enumerate(samples)
+    ]
     rows.append(["slope", fmt(out_slopes["max_abs"]), fmt(out_slopes["rel_fro"])])
-    rows.append(["no bias", f"{output['no_bias']['max_abs']:.4g}",
-                 f"{output['no_bias']['rel_fro']:.4g}"])
-    rows.append(["fixed blocks", f"{output['fixed_blocks']['max_abs']:.4g}",
-                 f"{output['fixed_blocks']['rel_fro']:.4g}"])
-    print(_table(f"Attention output error vs exact ALiBi (causal, {q.shape[1]} heads, standard "
-                 f"slopes, n={q.shape[2]}, batch={q.shape[0]}; {source})",
-                 ["s", "max-abs", "rel. Frobenius"], rows))
+    rows.append(
+        ["no bias", f"{output['no_bias']['max_abs']:.4g}", f"{output['no_bias']['rel_fro']:.4g}"]
+    )
+    rows.append(
+        [
+            "fixed blocks",
+            f"{output['fixed_blocks']['max_abs']:.4g}",
+            f"{output['fixed_blocks']['rel_fro']:.4g}",
+        ]
+    )
+    print(
+        _table(
+            f"Attention output error vs exact ALiBi (causal, {q.shape[1]} heads, standard "
+            f"slopes, n={q.shape[2]}, batch={q.shape[0]}; {source})",
+            ["s", "max-abs", "rel. Frobenius"],
+            rows,
+        )
+    )
     print(f"\nfitted on s in {fit_samples}; expected slope about -0.5 (Theorem 2.1)")
 
     record = {
-        "command": "plsh reproduce " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["reproduce"]
+        "command": "plsh reproduce " + " ".join(sys.argv[2:])
+        if sys.argv[1:2] == ["reproduce"]
         else " ".join(sys.argv),
         "date_utc": stamp.isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "python": platform.python_version(),
-                    "numpy": np.__version__, "cpu_count": os.cpu_count()},
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "numpy": np.__version__,
+            "cpu_count": os.cpu_count(),
+        },
         "seconds": round(elapsed, 2),
-        "config": {"n": n, "sigmas": list(args.sigmas), "samples": samples, "reps": args.reps,
-                   "output_reps": args.output_reps, "seed": args.seed,
-                   "fit_samples": fit_samples, "qkv": source,
-                   "qkv_shape": {"query": list(q.shape), "key": list(k.shape),
-                                 "value": list(v.shape)}},
+        "config": {
+            "n": n,
+            "sigmas": list(args.sigmas),
+            "samples": samples,
+            "reps": args.reps,
+            "output_reps": args.output_reps,
+            "seed": args.seed,
+            "fit_samples": fit_samples,
+            "qkv": source,
+            "qkv_shape": {"query": list(q.shape), "key": list(k.shape), "value": list(v.shape)},
+        },
         "matrix_error": {norm: matrix[norm].tolist() for norm in (*NORMS, "relative_frobenius")},
         "matrix_error_slopes": slopes_fit,
-        "output_error": {key: (val.tolist() if isinstance(val, np.ndarray) else val)
-                         for key, val in output.items()},
+        "output_error": {
+            key: (val.tolist() if isinstance(val, np.ndarray) else val)
+            for key, val in output.items()
+        },
         "output_error_slopes": out_slopes,
     }
     (out_dir / "results.json").write_text(json.dumps(record, indent=1))

@@ -16,8 +16,14 @@ import numpy as np
 from .._validation import check_int, check_positive_float
 from ..alibi import kernel_matrix
 from ..partition import draw_partition, empirical_mean
-from ..toeplitz import (kms_angles, kms_log_determinant, kms_spectral_norm_limit, kms_symbol,
-                        kms_symbol_bounds, mask_spectrum)
+from ..toeplitz import (
+    kms_angles,
+    kms_log_determinant,
+    kms_spectral_norm_limit,
+    kms_symbol,
+    kms_symbol_bounds,
+    mask_spectrum,
+)
 
 HELP = "KMS spectrum of L*, symbol bounds, spectra of M~ and M~ - L* (plots + table)"
 
@@ -25,13 +31,24 @@ HELP = "KMS spectrum of L*, symbol bounds, spectra of M~ and M~ - L* (plots + ta
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh spectrum``."""
     parser.add_argument("--n", type=int, default=256, help="sequence length (default 256)")
-    parser.add_argument("--sigma", type=float, default=16.0,
-                        help="length scale sigma = 1/slope in tokens (default 16)")
-    parser.add_argument("--num-samples", type=int, default=16,
-                        help="number of samples s in M~ (default 16)")
+    parser.add_argument(
+        "--sigma",
+        type=float,
+        default=16.0,
+        help="length scale sigma = 1/slope in tokens (default 16)",
+    )
+    parser.add_argument(
+        "--num-samples", type=int, default=16, help="number of samples s in M~ (default 16)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="partition seed (default 0)")
-    parser.add_argument("--output", "--out", dest="output", type=pathlib.Path, default=pathlib.Path("plsh_spectrum"),
-                        help="folder for the plots (default ./plsh_spectrum)")
+    parser.add_argument(
+        "--output",
+        "--out",
+        dest="output",
+        type=pathlib.Path,
+        default=pathlib.Path("plsh_spectrum"),
+        help="folder for the plots (default ./plsh_spectrum)",
+    )
 
 
 def compute(n: int, sigma: float, num_samples: int, seed: int) -> dict:
@@ -53,8 +70,11 @@ def compute(n: int, sigma: float, num_samples: int, seed: int) -> dict:
     part = draw_partition([sigma], s, seed)
     mt = empirical_mean(part, pos, pos)[0]
     return {
-        "theta": theta, "kms": lam, "dense": np.sort(np.linalg.eigvalsh(lstar))[::-1],
-        "bounds": kms_symbol_bounds(sigma), "limit": kms_spectral_norm_limit(sigma),
+        "theta": theta,
+        "kms": lam,
+        "dense": np.sort(np.linalg.eigvalsh(lstar))[::-1],
+        "bounds": kms_symbol_bounds(sigma),
+        "limit": kms_spectral_norm_limit(sigma),
         "logdet": kms_log_determinant(n, sigma),
         "m_tilde": np.sort(np.linalg.eigvalsh(mt))[::-1],
         "error": np.sort(np.linalg.eigvalsh(mt - lstar))[::-1],
@@ -64,6 +84,7 @@ def compute(n: int, sigma: float, num_samples: int, seed: int) -> dict:
 
 def _plot(res: dict, n: int, sigma: float, s: int, out: pathlib.Path) -> list[pathlib.Path]:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -108,8 +129,10 @@ def run(args: argparse.Namespace) -> int:
     res = compute(args.n, args.sigma, args.num_samples, args.seed)
     lo, hi = res["bounds"]
     lam = res["kms"]
-    print(f"KMS matrix L*_ij = exp(-|i-j|/sigma), n={args.n}, sigma={args.sigma:g}, "
-          f"rho={math.exp(-1 / args.sigma):.6g}")
+    print(
+        f"KMS matrix L*_ij = exp(-|i-j|/sigma), n={args.n}, sigma={args.sigma:g}, "
+        f"rho={math.exp(-1 / args.sigma):.6g}"
+    )
     print(f"{'quantity':<36}{'value':>16}")
     rows = [
         ("lambda_max (secular equation)", lam[0]),

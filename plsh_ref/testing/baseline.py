@@ -47,6 +47,7 @@ def plain_attention_numpy(query, key, value, bias, *, scale, dtype: str):
     ValueError
         If ``dtype`` is unknown.
     """
+
     def r(x):
         return round_to_dtype(x, dtype).astype(np.float64)
 
@@ -102,13 +103,21 @@ def plain_attention_torch(query, key, value, bias, *, scale, dtype: str, device:
     v = t(_expand_kv(np.asarray(value, dtype=np.float64), q.shape[1]))
     c = (1.0 / np.sqrt(q.shape[3]) if q.shape[3] else 1.0) if scale is None else float(scale)
     logits = (q @ k.transpose(-1, -2)) * c + t(bias)[None]
-    empty = torch.isneginf(logits).all(dim=-1) if logits.shape[-1] else torch.ones(
-        logits.shape[:-1], dtype=torch.bool, device=device)
+    empty = (
+        torch.isneginf(logits).all(dim=-1)
+        if logits.shape[-1]
+        else torch.ones(logits.shape[:-1], dtype=torch.bool, device=device)
+    )
     weights = torch.softmax(logits, dim=-1) if logits.shape[-1] else logits
     out = torch.nan_to_num(weights @ v, nan=0.0)
-    lse = torch.logsumexp(logits, dim=-1) if logits.shape[-1] else torch.full(
-        logits.shape[:-1], -float("inf"), dtype=tdtype, device=device)
+    lse = (
+        torch.logsumexp(logits, dim=-1)
+        if logits.shape[-1]
+        else torch.full(logits.shape[:-1], -float("inf"), dtype=tdtype, device=device)
+    )
     out = torch.where(empty[..., None], torch.zeros_like(out), out)
     lse = torch.where(empty, torch.full_like(lse, -float("inf")), lse)
-    return (out.detach().to("cpu", torch.float64).numpy(),
-            lse.detach().to("cpu", torch.float64).numpy())
+    return (
+        out.detach().to("cpu", torch.float64).numpy(),
+        lse.detach().to("cpu", torch.float64).numpy(),
+    )

@@ -99,18 +99,23 @@ def sdpa_alibi(query, key, value, *, slopes, causal, scale, query_positions, key
     distance = (query_positions[:, None] - key_positions[None, :]).abs().to(torch.float64)
     bias = -slopes.to(device)[:, None, None] * distance
     if causal:
-        bias = bias.masked_fill(key_positions[None, None, :] > query_positions[None, :, None],
-                                float("-inf"))
+        bias = bias.masked_fill(
+            key_positions[None, None, :] > query_positions[None, :, None], float("-inf")
+        )
     if n_k == 0:  # SDPA needs at least one key; no key means output 0
         return query.new_zeros(*query.shape[:3], value.shape[3])
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias.to(query.dtype),
-                                         scale=scale,
-                                         enable_gqa=key.shape[1] != query.shape[1])
+    out = F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=bias.to(query.dtype),
+        scale=scale,
+        enable_gqa=key.shape[1] != query.shape[1],
+    )
     return torch.nan_to_num(out, nan=0.0)
 
 
-def sign_flipped_alibi(query, key, value, *, slopes, causal, scale, query_positions,
-                       key_positions):
+def sign_flipped_alibi(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
     """Broken: ALiBi with the bias sign flipped (``+m |i - j|``), computed in float64.
 
     Same contract as :func:`numpy_alibi`; returns the output only, in the input dtype.
@@ -123,8 +128,7 @@ def sign_flipped_alibi(query, key, value, *, slopes, causal, scale, query_positi
     return out.astype(query.dtype)
 
 
-def averaged_plsh(query, key, value, *, partition, causal, scale, query_positions,
-                  key_positions):
+def averaged_plsh(query, key, value, *, partition, causal, scale, query_positions, key_positions):
     """Broken: the mean over samples of per-sample block softmax outputs (float64).
 
     Each sample ``t`` gives ``softmax(scale q k^T + log M(h_t)) v``; averaging these
@@ -152,8 +156,7 @@ def averaged_plsh(query, key, value, *, partition, causal, scale, query_position
     return np.mean(outs, axis=0).astype(query.dtype)
 
 
-def mask_only_plsh(query, key, value, *, partition, causal, scale, query_positions,
-                   key_positions):
+def mask_only_plsh(query, key, value, *, partition, causal, scale, query_positions, key_positions):
     """Broken: attends to every key sharing a bin in some sample, ignoring the counts.
 
     Same contract as :func:`averaged_plsh`; returns ``(output, lse)`` in float64 inputs'
@@ -166,8 +169,9 @@ def mask_only_plsh(query, key, value, *, partition, causal, scale, query_positio
     return out.astype(query.dtype), lse
 
 
-def plsh_fast_kernel(query, key, value, *, partition, causal, scale, query_positions,
-                     key_positions):
+def plsh_fast_kernel(
+    query, key, value, *, partition, causal, scale, query_positions, key_positions
+):
     """Adapter from the ``plsh`` contract to ``plsh_fast.plsh_attention`` (torch).
 
     Run it with ``plsh verify plsh_ref.testing.examples:plsh_fast_kernel --kind plsh
@@ -186,6 +190,14 @@ def plsh_fast_kernel(query, key, value, *, partition, causal, scale, query_posit
     """
     import plsh_fast
 
-    return plsh_fast.plsh_attention(query, key, value, partition=partition, causal=causal,
-                                    scale=scale, query_positions=query_positions,
-                                    key_positions=key_positions, return_lse=True)
+    return plsh_fast.plsh_attention(
+        query,
+        key,
+        value,
+        partition=partition,
+        causal=causal,
+        scale=scale,
+        query_positions=query_positions,
+        key_positions=key_positions,
+        return_lse=True,
+    )

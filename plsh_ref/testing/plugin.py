@@ -32,16 +32,29 @@ __all__ = ["plsh_check", "plsh_kernel", "plsh_reference", "pytest_addoption"]
 def pytest_addoption(parser):
     """Register the ``plsh`` option group (all defaults are inert)."""
     group = parser.getgroup("plsh", "positional-lsh kernel validation")
-    group.addoption("--plsh-kernel", default=None, metavar="MODULE:FUNCTION",
-                    help="kernel returned by the plsh_kernel fixture")
-    group.addoption("--plsh-kind", default="alibi", choices=("alibi", "plsh"),
-                    help="contract of --plsh-kernel (default: alibi)")
-    group.addoption("--plsh-framework", default="numpy", choices=("numpy", "torch"),
-                    help="arrays the kernel takes and returns, for plsh_check "
-                         "(default: numpy)")
-    group.addoption("--plsh-device", default="cpu",
-                    help="torch device for --plsh-framework torch, for plsh_check "
-                         "(default: cpu)")
+    group.addoption(
+        "--plsh-kernel",
+        default=None,
+        metavar="MODULE:FUNCTION",
+        help="kernel returned by the plsh_kernel fixture",
+    )
+    group.addoption(
+        "--plsh-kind",
+        default="alibi",
+        choices=("alibi", "plsh"),
+        help="contract of --plsh-kernel (default: alibi)",
+    )
+    group.addoption(
+        "--plsh-framework",
+        default="numpy",
+        choices=("numpy", "torch"),
+        help="arrays the kernel takes and returns, for plsh_check (default: numpy)",
+    )
+    group.addoption(
+        "--plsh-device",
+        default="cpu",
+        help="torch device for --plsh-framework torch, for plsh_check (default: cpu)",
+    )
 
 
 class _References:

@@ -139,14 +139,14 @@ class ProblemSpec:
     def __post_init__(self):
         if self.kind not in KINDS:
             raise ValueError(f"kind: must be one of {KINDS}, got {self.kind!r}")
-        for name in ("batch", "num_heads", "num_heads_kv", "head_dim", "head_dim_v",
-                     "num_samples"):
+        for name in ("batch", "num_heads", "num_heads_kv", "head_dim", "head_dim_v", "num_samples"):
             check_int(name, getattr(self, name), minimum=1)
         for name in ("n_q", "n_k", "pad", "data_seed"):
             check_int(name, getattr(self, name), minimum=0)
         if self.num_heads % self.num_heads_kv:
-            raise ValueError(f"num_heads_kv: must divide num_heads={self.num_heads}, "
-                             f"got {self.num_heads_kv}")
+            raise ValueError(
+                f"num_heads_kv: must divide num_heads={self.num_heads}, got {self.num_heads_kv}"
+            )
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype: must be one of {DTYPES}, got {self.dtype!r}")
         if self.positions not in POSITION_MODES:
@@ -158,26 +158,29 @@ class ProblemSpec:
         if not (np.isfinite(self.amplitude) and self.amplitude > 0):
             raise ValueError(f"amplitude: must be finite and > 0, got {self.amplitude!r}")
 
-    def replace(self, **changes) -> "ProblemSpec":
+    def replace(self, **changes) -> ProblemSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
     def summary(self) -> str:
         """One line naming the fields that matter, e.g. for a failure report."""
         gqa = f"/{self.num_heads_kv}kv" if self.num_heads_kv != self.num_heads else ""
-        text = (f"{self.kind} {self.dtype} B={self.batch} H={self.num_heads}{gqa} "
-                f"n_q={self.n_q} n_k={self.n_k} d={self.head_dim}/{self.head_dim_v} "
-                f"{'causal' if self.causal else 'bidirectional'} positions={self.positions}")
+        text = (
+            f"{self.kind} {self.dtype} B={self.batch} H={self.num_heads}{gqa} "
+            f"n_q={self.n_q} n_k={self.n_k} d={self.head_dim}/{self.head_dim_v} "
+            f"{'causal' if self.causal else 'bidirectional'} positions={self.positions}"
+        )
         if self.positions != "default":
             text += f"(pad={self.pad})"
         if self.kind == "plsh":
             text += f" s={self.num_samples}"
         if self.scale is not None:
             text += f" scale={self.scale:.6g}"
-        return (text + f" slopes={self.slopes} amplitude={self.amplitude:g}"
-                f" data_seed={self.data_seed}")
+        return (
+            text + f" slopes={self.slopes} amplitude={self.amplitude:g} data_seed={self.data_seed}"
+        )
 
-    def build(self) -> "AttentionProblem":
+    def build(self) -> AttentionProblem:
         """The arrays of this problem, drawn from ``numpy.random.default_rng(data_seed)``.
 
         Returns
@@ -199,9 +202,16 @@ class ProblemSpec:
         partition = None
         if self.kind == "plsh":
             partition = draw_partition(1.0 / slopes, self.num_samples, seed=self.data_seed)
-        return AttentionProblem(spec=self, query=query, key=key, value=value, slopes=slopes,
-                                partition=partition, query_positions=qpos,
-                                key_positions=kpos)
+        return AttentionProblem(
+            spec=self,
+            query=query,
+            key=key,
+            value=value,
+            slopes=slopes,
+            partition=partition,
+            query_positions=qpos,
+            key_positions=kpos,
+        )
 
     def _positions(self, rng):
         if self.positions == "default":
@@ -264,8 +274,12 @@ class AttentionProblem:
         ``plsh``: ``partition, causal, scale, query_positions, key_positions``
         (numpy values; :mod:`plsh_ref.testing.suite` converts them for torch kernels).
         """
-        kwargs = {"causal": self.spec.causal, "scale": self.spec.scale,
-                  "query_positions": self.query_positions, "key_positions": self.key_positions}
+        kwargs = {
+            "causal": self.spec.causal,
+            "scale": self.spec.scale,
+            "query_positions": self.query_positions,
+            "key_positions": self.key_positions,
+        }
         if self.kind == "alibi":
             return {"slopes": self.slopes, **kwargs}
         return {"partition": self.partition, **kwargs}
@@ -289,8 +303,9 @@ class AttentionProblem:
         from ..alibi import alibi_bias, resolve_positions
         from ..partition import empirical_mean
 
-        qpos, kpos = resolve_positions(self.spec.n_q, self.spec.n_k, self.query_positions,
-                                       self.key_positions)
+        qpos, kpos = resolve_positions(
+            self.spec.n_q, self.spec.n_k, self.query_positions, self.key_positions
+        )
         if self.kind == "alibi":
             return alibi_bias(self.slopes, qpos, kpos, causal=self.spec.causal)
         with np.errstate(divide="ignore"):

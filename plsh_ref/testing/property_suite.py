@@ -24,8 +24,15 @@ from .suite import FRAMEWORKS, check_case, check_signature, load_kernel
 __all__ = ["make_property_suite"]
 
 
-def make_property_suite(kernel, *, kind: str = "alibi", framework: str = "numpy",
-                        device: str = "cpu", max_examples: int | None = None, **bounds):
+def make_property_suite(
+    kernel,
+    *,
+    kind: str = "alibi",
+    framework: str = "numpy",
+    device: str = "cpu",
+    max_examples: int | None = None,
+    **bounds,
+):
     """Build a pytest test function that runs the property suite against ``kernel``.
 
     Parameters
@@ -67,8 +74,9 @@ def make_property_suite(kernel, *, kind: str = "alibi", framework: str = "numpy"
     if framework not in FRAMEWORKS:
         raise ValueError(f"framework: must be one of {FRAMEWORKS}, got {framework!r}")
     if not (callable(kernel) or isinstance(kernel, str)):
-        raise TypeError(f"kernel: must be callable or 'MODULE:FUNCTION', got "
-                        f"{type(kernel).__name__}")
+        raise TypeError(
+            f"kernel: must be callable or 'MODULE:FUNCTION', got {type(kernel).__name__}"
+        )
     strategy = problem_specs(kind, **bounds)
 
     def run_one(spec):

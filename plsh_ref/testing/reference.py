@@ -22,8 +22,17 @@ __all__ = ["KINDS", "alibi_reference", "plsh_reference", "reference_for"]
 KINDS = ("alibi", "plsh")
 
 
-def alibi_reference(query, key, value, *, slopes=None, causal=True, scale=None,
-                    query_positions=None, key_positions=None):
+def alibi_reference(
+    query,
+    key,
+    value,
+    *,
+    slopes=None,
+    causal=True,
+    scale=None,
+    query_positions=None,
+    key_positions=None,
+):
     """Exact ALiBi attention in float64 with the ``alibi`` kernel contract.
 
     Parameters
@@ -58,12 +67,29 @@ def alibi_reference(query, key, value, *, slopes=None, causal=True, scale=None,
     >>> out[0, 0, 0].tolist()  # the first query sees only the first key
     [0.0, 1.0, 2.0, 3.0]
     """
-    return alibi_attention(query, key, value, slopes=slopes, causal=causal, scale=scale,
-                           query_positions=query_positions, key_positions=key_positions)
+    return alibi_attention(
+        query,
+        key,
+        value,
+        slopes=slopes,
+        causal=causal,
+        scale=scale,
+        query_positions=query_positions,
+        key_positions=key_positions,
+    )
 
 
-def plsh_reference(query, key, value, *, partition, causal=True, scale=None,
-                   query_positions=None, key_positions=None):
+def plsh_reference(
+    query,
+    key,
+    value,
+    *,
+    partition,
+    causal=True,
+    scale=None,
+    query_positions=None,
+    key_positions=None,
+):
     """PLSH attention in float64 (count-weighted form) with the ``plsh`` kernel contract.
 
     Parameters
@@ -89,8 +115,16 @@ def plsh_reference(query, key, value, *, partition, causal=True, scale=None,
     ----------
     Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
     """
-    return plsh_attention(query, key, value, partition, causal=causal, scale=scale,
-                          query_positions=query_positions, key_positions=key_positions)
+    return plsh_attention(
+        query,
+        key,
+        value,
+        partition,
+        causal=causal,
+        scale=scale,
+        query_positions=query_positions,
+        key_positions=key_positions,
+    )
 
 
 def reference_for(kind: str):

@@ -85,12 +85,19 @@ class CaseResult:
         """``error / allowed`` (``inf`` for a failure without a finite error)."""
         if not np.isfinite(self.error):
             return float("inf")
-        ratios = [self.error / self.allowed if self.allowed > 0 else
-                  (0.0 if self.error == 0 else float("inf"))]
+        ratios = [
+            self.error / self.allowed
+            if self.allowed > 0
+            else (0.0 if self.error == 0 else float("inf"))
+        ]
         if self.lse_error is not None:
-            ratios.append(float("inf") if not np.isfinite(self.lse_error) else
-                          self.lse_error / self.lse_allowed if self.lse_allowed > 0 else
-                          (0.0 if self.lse_error == 0 else float("inf")))
+            ratios.append(
+                float("inf")
+                if not np.isfinite(self.lse_error)
+                else self.lse_error / self.lse_allowed
+                if self.lse_allowed > 0
+                else (0.0 if self.lse_error == 0 else float("inf"))
+            )
         return max(ratios)
 
 
@@ -118,8 +125,9 @@ def load_kernel(target: str):
         obj = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - any import-time failure is the user's to fix
         first = str(exc).splitlines()[0] if str(exc) else ""
-        raise KernelContractError(f"kernel: cannot import module {module_name!r}: "
-                                  f"{type(exc).__name__}: {first}") from None
+        raise KernelContractError(
+            f"kernel: cannot import module {module_name!r}: {type(exc).__name__}: {first}"
+        ) from None
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise KernelContractError(f"kernel: module {module_name!r} has no attribute {attr!r}")
@@ -159,16 +167,18 @@ def check_signature(kernel, kind: str) -> None:
         sig.bind(None, None, None, **{name: None for name in _KWARGS[kind]})
     except TypeError as exc:
         name = getattr(kernel, "__qualname__", repr(kernel))
-        raise KernelContractError(f"kernel: {name}{sig} does not match the {kind} contract "
-                                  f"{_contract(kind)} ({exc})") from None
+        raise KernelContractError(
+            f"kernel: {name}{sig} does not match the {kind} contract {_contract(kind)} ({exc})"
+        ) from None
 
 
 def _to_framework(problem: AttentionProblem, framework: str, device: str):
     kwargs = problem.kernel_kwargs()
     if framework == "numpy":
         if problem.dtype == "bfloat16":
-            raise KernelContractError("dtypes: bfloat16 needs --framework torch "
-                                      "(numpy has no bfloat16)")
+            raise KernelContractError(
+                "dtypes: bfloat16 needs --framework torch (numpy has no bfloat16)"
+            )
         return problem.query, problem.key, problem.value, kwargs
     import torch
 
@@ -200,8 +210,10 @@ def _as_float64(x, framework: str) -> np.ndarray:
 def _split_result(result, framework: str):
     if isinstance(result, (tuple, list)):
         if len(result) != 2:
-            raise KernelContractError(f"kernel: returned a {type(result).__name__} of length "
-                                      f"{len(result)}; expected output or (output, lse)")
+            raise KernelContractError(
+                f"kernel: returned a {type(result).__name__} of length "
+                f"{len(result)}; expected output or (output, lse)"
+            )
         out, lse = result
     else:
         out, lse = result, None
@@ -209,16 +221,21 @@ def _split_result(result, framework: str):
     for name, x in (("output", out), ("lse", lse)):
         if x is None:
             continue
-        ok = (type(x).__module__.startswith("torch") and hasattr(x, "detach")) \
-            if framework == "torch" else isinstance(x, np.ndarray)
+        ok = (
+            (type(x).__module__.startswith("torch") and hasattr(x, "detach"))
+            if framework == "torch"
+            else isinstance(x, np.ndarray)
+        )
         if not ok:
-            raise KernelContractError(f"kernel: returned {name} of type {type(x).__name__}; "
-                                      f"expected {array_type}")
+            raise KernelContractError(
+                f"kernel: returned {name} of type {type(x).__name__}; expected {array_type}"
+            )
     return out, lse
 
 
-def check_case(kernel, problem: AttentionProblem, *, framework: str = "numpy",
-               device: str = "cpu") -> CaseResult:
+def check_case(
+    kernel, problem: AttentionProblem, *, framework: str = "numpy", device: str = "cpu"
+) -> CaseResult:
     """Run ``kernel`` on ``problem`` and compare with the float64 reference.
 
     Parameters
@@ -261,31 +278,46 @@ def check_case(kernel, problem: AttentionProblem, *, framework: str = "numpy",
     want_out = (spec.batch, spec.num_heads, spec.n_q, spec.head_dim_v)
     want_lse = want_out[:3]
     if tuple(out.shape) != want_out:
-        raise KernelContractError(f"kernel: output has shape {tuple(out.shape)}, expected "
-                                  f"{want_out} (batch, num_heads, n_q, head_dim_v)")
+        raise KernelContractError(
+            f"kernel: output has shape {tuple(out.shape)}, expected "
+            f"{want_out} (batch, num_heads, n_q, head_dim_v)"
+        )
     if _dtype_name(out) != _dtype_name(q):
-        raise KernelContractError(f"kernel: output has dtype {_dtype_name(out)}, expected the "
-                                  f"input dtype {_dtype_name(q)}")
+        raise KernelContractError(
+            f"kernel: output has dtype {_dtype_name(out)}, expected the "
+            f"input dtype {_dtype_name(q)}"
+        )
     if framework == "torch" and out.device != q.device:
         raise KernelContractError(f"kernel: output is on {out.device}, inputs on {q.device}")
     if lse is not None:
         if tuple(lse.shape) != want_lse:
-            raise KernelContractError(f"kernel: lse has shape {tuple(lse.shape)}, expected "
-                                      f"{want_lse} (batch, num_heads, n_q)")
-        if not np.issubdtype(np.dtype(_dtype_name(lse).replace("bfloat16", "float32")),
-                             np.floating):
-            raise KernelContractError(f"kernel: lse has dtype {_dtype_name(lse)}, "
-                                      "expected floating")
+            raise KernelContractError(
+                f"kernel: lse has shape {tuple(lse.shape)}, expected "
+                f"{want_lse} (batch, num_heads, n_q)"
+            )
+        if not np.issubdtype(
+            np.dtype(_dtype_name(lse).replace("bfloat16", "float32")), np.floating
+        ):
+            raise KernelContractError(
+                f"kernel: lse has dtype {_dtype_name(lse)}, expected floating"
+            )
 
     ref_out, ref_lse = problem.reference()
     bias = problem.log_weight()
     if framework == "torch":
-        plain_out, plain_lse = plain_attention_torch(problem.query, problem.key, problem.value,
-                                                     bias, scale=spec.scale, dtype=spec.dtype,
-                                                     device=device)
+        plain_out, plain_lse = plain_attention_torch(
+            problem.query,
+            problem.key,
+            problem.value,
+            bias,
+            scale=spec.scale,
+            dtype=spec.dtype,
+            device=device,
+        )
     else:
-        plain_out, plain_lse = plain_attention_numpy(problem.query, problem.key, problem.value,
-                                                     bias, scale=spec.scale, dtype=spec.dtype)
+        plain_out, plain_lse = plain_attention_numpy(
+            problem.query, problem.key, problem.value, bias, scale=spec.scale, dtype=spec.dtype
+        )
     out64 = _as_float64(out, framework)
     error, worst = max_error(out64, ref_out)
     allowed = allowed_error(ref_out, plain_out, spec.dtype)
@@ -300,12 +332,15 @@ def check_case(kernel, problem: AttentionProblem, *, framework: str = "numpy",
         empty = np.isneginf(ref_lse)
         if np.any(np.isneginf(lse64) != empty):
             bad = tuple(int(i) for i in np.argwhere(np.isneginf(lse64) != empty)[0])
-            messages.append(f"lse must be -inf exactly on rows without admissible keys "
-                            f"(first mismatch at {bad}: got {lse64[bad]}, expected {ref_lse[bad]})")
+            messages.append(
+                f"lse must be -inf exactly on rows without admissible keys "
+                f"(first mismatch at {bad}: got {lse64[bad]}, expected {ref_lse[bad]})"
+            )
         ref_finite = np.where(empty, 0.0, ref_lse)
         lse_error, _ = max_error(np.where(empty, 0.0, lse64), ref_finite)
         lse_allowed = allowed_error(ref_finite, np.where(empty, 0.0, plain_lse), spec.dtype)
         if lse_error > lse_allowed:
             messages.append(f"lse error {lse_error:.3g} > allowed {lse_allowed:.3g}")
-    return CaseResult(not messages, error, allowed, worst, lse_error, lse_allowed,
-                      "; ".join(messages))
+    return CaseResult(
+        not messages, error, allowed, worst, lse_error, lse_allowed, "; ".join(messages)
+    )

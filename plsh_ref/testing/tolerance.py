@@ -100,8 +100,15 @@ def max_error(out, ref) -> tuple[float, tuple | None]:
     return float(diff.flat[flat]), tuple(int(i) for i in np.unravel_index(flat, o.shape))
 
 
-def allowed_error(ref, baseline, dtype, *, factor: float = 2.0, floor_ulps: float = 4.0,
-                  floor_scale: float | None = None) -> float:
+def allowed_error(
+    ref,
+    baseline,
+    dtype,
+    *,
+    factor: float = 2.0,
+    floor_ulps: float = 4.0,
+    floor_scale: float | None = None,
+) -> float:
     """The SPEC section 6 bound ``factor max|baseline - ref| + floor_ulps eps(dtype) max|ref|``.
 
     Parameters
@@ -133,9 +140,17 @@ def allowed_error(ref, baseline, dtype, *, factor: float = 2.0, floor_ulps: floa
     return factor * base_err + floor_ulps * dtype_eps(dtype) * scale
 
 
-def assert_close_to_reference(out, ref, baseline, dtype, *, name: str = "output",
-                              factor: float = 2.0, floor_ulps: float = 4.0,
-                              floor_scale: float | None = None) -> float:
+def assert_close_to_reference(
+    out,
+    ref,
+    baseline,
+    dtype,
+    *,
+    name: str = "output",
+    factor: float = 2.0,
+    floor_ulps: float = 4.0,
+    floor_scale: float | None = None,
+) -> float:
     """Assert the tolerance rule of SPEC section 6; the message names the worst element.
 
     Parameters
@@ -164,8 +179,9 @@ def assert_close_to_reference(out, ref, baseline, dtype, *, name: str = "output"
         If ``max|out - ref| > allowed``, with the worst index and values.
     """
     err, idx = max_error(out, ref)
-    allowed = allowed_error(ref, baseline, dtype, factor=factor, floor_ulps=floor_ulps,
-                            floor_scale=floor_scale)
+    allowed = allowed_error(
+        ref, baseline, dtype, factor=factor, floor_ulps=floor_ulps, floor_scale=floor_scale
+    )
     if not err <= allowed:
         o = _as_float64("out", out)
         r = _as_float64("ref", ref)
@@ -174,7 +190,8 @@ def assert_close_to_reference(out, ref, baseline, dtype, *, name: str = "output"
             f"{name}: max|out - ref| = {err:.3e} > allowed {allowed:.3e} "
             f"({factor:g} x baseline error {max_error(baseline, ref)[0]:.3e} + "
             f"{floor_ulps:g} ulps of {dtype}); worst at {idx}: out={o[idx]!r}, "
-            f"ref={r[idx]!r}, baseline={b[idx]!r}")
+            f"ref={r[idx]!r}, baseline={b[idx]!r}"
+        )
     if allowed > 0:
         return err / allowed
     return 0.0
