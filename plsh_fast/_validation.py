@@ -2,7 +2,7 @@
 
 Every check raises :class:`ValueError` or :class:`TypeError` whose message starts with the
 name of the offending argument, before any kernel is launched. Scalar and host-array checks
-reuse :mod:`plsh_ref._validation`.
+reuse :mod:`plsh_ref.validation`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import os
 import numpy as np
 import torch
 
-from plsh_ref._validation import as_positions, check_int, check_positive_float, check_sigma
 from plsh_ref.alibi import alibi_slopes
 from plsh_ref.partition import PartitionSample
+from plsh_ref.validation import as_positions, check_int, check_positive_float, check_sigma
 
 __all__ = [
     "BACKENDS",
@@ -161,7 +161,7 @@ def check_positions(name: str, positions, length: int, device) -> torch.Tensor |
     """Explicit positions as an int64 tensor on ``device``, or ``None`` if not given.
 
     Integers (or integral floats) of magnitude ``< 2**53``, one-dimensional, of length
-    ``length`` (validated on the host by :func:`plsh_ref._validation.as_positions`).
+    ``length`` (validated on the host by :func:`plsh_ref.validation.as_positions`).
     """
     if positions is None:
         return None

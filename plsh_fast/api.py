@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from plsh_ref._validation import check_bool
+from plsh_ref.validation import check_bool
 
 from . import _validation as V
 from .autograd import PLSHAttentionFunction

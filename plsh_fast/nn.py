@@ -30,9 +30,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from plsh_ref._validation import check_bool, check_int, check_positive_float
 from plsh_ref.alibi import alibi_bias, resolve_positions
 from plsh_ref.partition import PartitionSample, counts, draw_partition
+from plsh_ref.validation import check_bool, check_int, check_positive_float
 
 from . import _validation as V
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import as_positions, check_bool, check_int, check_sigma
+from .validation import as_positions, check_bool, check_int, check_sigma
 
 __all__ = [
     "alibi_bias",

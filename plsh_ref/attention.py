@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._validation import as_float_array, check_bool, check_int, check_positive_float, check_sigma
 from .alibi import alibi_bias, alibi_slopes, resolve_positions
 from .partition import PartitionSample, bins, counts
+from .validation import as_float_array, check_bool, check_int, check_positive_float, check_sigma
 
 __all__ = [
     "alibi_attention",

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import check_int, check_positive_float, check_probability
 from .alibi import kernel_matrix, resolve_positions
 from .attention import _check_partition_heads, _expand_kv, _resolve_slopes, _scale, validate_qkv
 from .expectation import (
@@ -36,6 +35,7 @@ from .expectation import (
 )
 from .partition import counts
 from .toeplitz import kms_spectral_norm_limit
+from .validation import check_int, check_positive_float, check_probability
 
 __all__ = [
     "SpectralBound",

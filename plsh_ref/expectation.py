@@ -27,14 +27,14 @@ import mpmath
 import numpy as np
 from scipy.special import lambertw
 
-from ._validation import (
+from .alibi import kernel_matrix
+from .validation import (
     as_float_array,
     as_positions,
     check_int,
     check_positive_float,
     check_probability,
 )
-from .alibi import kernel_matrix
 
 __all__ = [
     "block_extent_sf",

@@ -15,10 +15,10 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from ._validation import check_bool, check_int
 from .alibi import resolve_positions
 from .attention import _check_partition_heads, _resolve_slopes, _scale, validate_qkv
 from .partition import counts
+from .validation import check_bool, check_int
 
 __all__ = ["alibi_attention_mp", "plsh_attention_mp", "weighted_attention_mp"]
 

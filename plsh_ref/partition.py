@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._validation import as_float_array, as_positions, check_bool, check_int, check_sigma
+from .validation import as_float_array, as_positions, check_bool, check_int, check_sigma
 
 __all__ = [
     "PartitionSample",

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from plsh_ref._validation import check_int, check_probability
+from plsh_ref.validation import check_int, check_probability
 
 __all__ = ["EXCLUDED_DIRS", "Corpus", "default_root", "is_validation", "list_files", "load_corpus"]
 

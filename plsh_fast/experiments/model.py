@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from plsh_ref._validation import check_int
 from plsh_ref.alibi import alibi_slopes, resolve_positions
+from plsh_ref.validation import check_int
 
 from ..nn import PLSHAttention, PLSHSelfAttention, biased_sdpa, check_attention_inputs
 

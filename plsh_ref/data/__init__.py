@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .._validation import as_float_array, check_int
+from ..validation import as_float_array, check_int
 
 __all__ = ["SHIPPED_FILE", "load_qkv"]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 
-from .._validation import check_int, check_positive_float, check_probability
 from ..bounds import (
     block_size_bound,
     max_norm_error_bound,
@@ -19,6 +18,7 @@ from ..bounds import (
     spectral_required_samples,
 )
 from ..expectation import block_size_mean, expected_window_width, variance_proxy_limit
+from ..validation import check_int, check_positive_float, check_probability
 
 HELP = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
 

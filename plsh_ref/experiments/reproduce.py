@@ -31,10 +31,10 @@ from pathlib import Path
 import numpy as np
 import scipy.linalg
 
-from .._validation import check_int
 from ..alibi import alibi_slopes, kernel_matrix, sigma_from_slopes
 from ..attention import alibi_attention, biased_attention, fixed_block_attention, no_bias_attention
 from ..partition import counts, draw_partition
+from ..validation import check_int
 
 __all__ = [
     "HELP",

@@ -13,7 +13,6 @@ import pathlib
 
 import numpy as np
 
-from .._validation import check_int, check_positive_float
 from ..alibi import kernel_matrix
 from ..partition import draw_partition, empirical_mean
 from ..toeplitz import (
@@ -24,6 +23,7 @@ from ..toeplitz import (
     kms_symbol_bounds,
     mask_spectrum,
 )
+from ..validation import check_int, check_positive_float
 
 HELP = "KMS spectrum of L*, symbol bounds, spectra of M~ and M~ - L* (plots + table)"
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._validation import check_int
 from ..alibi import alibi_slopes
 from ..partition import PartitionSample, draw_partition
+from ..validation import check_int
 from .reference import KINDS, reference_for
 
 __all__ = [

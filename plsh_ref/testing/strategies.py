@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
-from .._validation import check_bool, check_int
 from ..alibi import alibi_slopes
 from ..partition import PartitionSample, draw_partition
+from ..validation import check_bool, check_int
 from .problems import DTYPES, POSITION_MODES, SLOPE_MODES, AttentionProblem, ProblemSpec
 from .reference import KINDS
 
