@@ -17,13 +17,21 @@ from __future__ import annotations
 
 import numpy as np
 
-from .alibi import alibi_bias, alibi_slopes, resolve_positions
+from .alibi import alibi_bias, resolve_positions
 from .partition import PartitionSample, bins, counts
-from .validation import as_float_array, check_bool, check_int, check_positive_float, check_sigma
+from .validation import (
+    as_float_array,
+    check_bool,
+    check_int,
+    check_partition,
+    check_scale,
+    check_slopes,
+)
 
 __all__ = [
     "alibi_attention",
     "biased_attention",
+    "expand_kv",
     "fixed_block_attention",
     "no_bias_attention",
     "plsh_attention",
@@ -72,22 +80,30 @@ def validate_qkv(query, key, value):
     return q, k, v
 
 
-def _scale(scale, head_dim: int) -> float:
-    if scale is None:
-        return 1.0 / np.sqrt(head_dim) if head_dim > 0 else 1.0
-    return check_positive_float("scale", scale)
+def expand_kv(x: np.ndarray, num_heads: int) -> np.ndarray:
+    """Repeat the kv heads of ``x`` so that query head ``h`` sees kv head ``h // group``.
 
+    Parameters
+    ----------
+    x : numpy.ndarray, ``(batch, num_heads_kv, n, dim)``
+        Keys or values; ``num_heads % num_heads_kv == 0`` (checked by :func:`validate_qkv`).
+    num_heads : int
+        Number of query heads.
 
-def _expand_kv(x: np.ndarray, num_heads: int) -> np.ndarray:
-    """Repeat kv heads so that query head h sees kv head h // group."""
+    Returns
+    -------
+    numpy.ndarray
+        ``(batch, num_heads, n, dim)``, same dtype (``group = num_heads // num_heads_kv``
+        consecutive copies of each kv head: grouped-query attention, CONTRIBUTING.md).
+    """
     return np.repeat(x, num_heads // x.shape[1], axis=1)
 
 
 def _softmax_with_log_weight(q, k, v, log_weight, scale):
     """Stable ``softmax(scale q k^T + log_weight) v`` and its LSE; empty rows -> (0, -inf)."""
     num_heads = q.shape[1]
-    k = _expand_kv(k, num_heads)
-    v = _expand_kv(v, num_heads)
+    k = expand_kv(k, num_heads)
+    v = expand_kv(v, num_heads)
     with np.errstate(over="ignore", invalid="ignore"):
         scores = scale * np.einsum("bhid,bhjd->bhij", q, k)
     if not np.all(np.isfinite(scores)):
@@ -150,16 +166,7 @@ def biased_attention(query, key, value, bias, *, scale=None):
         raise ValueError(f"bias: shape {b.shape} does not match (num_heads, n_q, n_k) = {want}")
     if b.ndim == 3:
         b = b[None]
-    return _softmax_with_log_weight(q, k, v, b, _scale(scale, q.shape[3]))
-
-
-def _resolve_slopes(slopes, num_heads: int) -> np.ndarray:
-    if slopes is None:
-        return alibi_slopes(num_heads)
-    m = check_sigma("slopes", slopes)
-    if m.shape != (num_heads,):
-        raise ValueError(f"slopes: must have shape ({num_heads},), got {m.shape}")
-    return m
+    return _softmax_with_log_weight(q, k, v, b, check_scale(scale, q.shape[3]))
 
 
 def alibi_attention(
@@ -209,10 +216,10 @@ def alibi_attention(
     Press et al. (2022); SPEC section 1.
     """
     q, k, v = validate_qkv(query, key, value)
-    m = _resolve_slopes(slopes, q.shape[1])
+    m = check_slopes(slopes, q.shape[1])
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
     bias = alibi_bias(m, qpos, kpos, causal=causal)
-    return _softmax_with_log_weight(q, k, v, bias[None], _scale(scale, q.shape[3]))
+    return _softmax_with_log_weight(q, k, v, bias[None], check_scale(scale, q.shape[3]))
 
 
 def no_bias_attention(
@@ -228,7 +235,7 @@ def no_bias_attention(
     log_w = np.zeros((1, 1, q.shape[2], k.shape[2]))
     if causal:
         log_w = np.where(kpos[None, :] <= qpos[:, None], 0.0, -np.inf)[None, None]
-    return _softmax_with_log_weight(q, k, v, log_w, _scale(scale, q.shape[3]))
+    return _softmax_with_log_weight(q, k, v, log_w, check_scale(scale, q.shape[3]))
 
 
 def fixed_block_attention(
@@ -270,15 +277,7 @@ def fixed_block_attention(
     if causal:
         same &= kpos[None, None, :] <= qpos[None, :, None]
     log_w = np.where(same, 0.0, -np.inf)[None]
-    return _softmax_with_log_weight(q, k, v, log_w, _scale(scale, q.shape[3]))
-
-
-def _check_partition_heads(partition, num_heads: int) -> PartitionSample:
-    if not isinstance(partition, PartitionSample):
-        raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
-    if partition.num_heads != num_heads:
-        raise ValueError(f"partition: has {partition.num_heads} heads, query has {num_heads}")
-    return partition
+    return _softmax_with_log_weight(q, k, v, log_w, check_scale(scale, q.shape[3]))
 
 
 def plsh_attention(
@@ -327,9 +326,9 @@ def plsh_attention(
     """
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
-    partition = _check_partition_heads(partition, q.shape[1])
+    partition = check_partition(partition, q.shape[1])
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
-    c = _scale(scale, q.shape[3])
+    c = check_scale(scale, q.shape[3])
     if method == "counts":
         w = counts(partition, qpos, kpos, causal=causal) / partition.num_samples
         return _softmax_with_log_weight(q, k, v, _log(w)[None], c)

@@ -94,6 +94,43 @@ def test_angles_interlace_and_solve_secular(n, sigma):
     assert np.max(np.abs(theta - np.array([float(t) for t in th]))) < 1e-13
 
 
+@pytest.mark.parametrize("n, sigma", [(1, 2.0), (2, 0.3), (7, 3.0), (40, 0.05), (64, 500.0)])
+def test_kms_secular_vanishes_at_the_angles_and_changes_sign_between_them(n, sigma):
+    theta = tp.kms_angles(n, sigma)
+    g = tp.kms_secular(theta, n, sigma)
+    assert isinstance(g, np.ndarray) and g.shape == (n,)
+    # |g'| <= (n + 1) + 2n + (n - 1) = 4n and theta carries a few ulps of pi; the three
+    # sines are evaluated at arguments <= (n + 1) pi, each good to a few ulps of that.
+    np.testing.assert_allclose(g, 0.0, rtol=0, atol=64 * n * EPS)
+    # g = sin(theta) D_n(cos theta), D_n a polynomial of degree n with D_n(1) > 0: exactly
+    # n roots in (0, pi), so g alternates in sign at the midpoints between the angles.
+    mids = np.concatenate([[theta[0] / 2], (theta[1:] + theta[:-1]) / 2, [(theta[-1] + np.pi) / 2]])
+    signs = np.sign(tp.kms_secular(mids, n, sigma))
+    np.testing.assert_array_equal(signs, (-1.0) ** np.arange(n + 1))
+    assert isinstance(tp.kms_secular(float(theta[0]), n, sigma), float)
+
+
+@pytest.mark.parametrize("n, sigma", [(1, 1.5), (3, 0.4), (8, 2.0), (12, 30.0)])
+def test_kms_secular_is_the_characteristic_determinant(n, sigma):
+    # Independent of the formula for g: with lambda = f(theta) (the symbol) and the
+    # tridiagonal inverse, det(L* - lambda I) = det L* (-lambda)^n (rho / (1 - rho^2))^n
+    # U_n-type determinant = det L* (-lambda)^n (rho / (1 - rho^2))^n g(theta) / sin(theta)
+    # (proofs_notes/kms_spectrum.md). The left side is mpmath's determinant at 50 digits.
+    theta = np.linspace(0.05, np.pi - 0.05, 23)
+    mine = tp.kms_secular(theta, n, sigma)
+    with mpmath.workdps(50):
+        lstar = _kms_mp(n, sigma)
+        rho = mpmath.exp(-1 / mpmath.mpf(sigma))
+        ref = []
+        for t in theta:
+            t = mpmath.mpf(float(t))
+            lam = (1 - rho**2) / (1 - 2 * rho * mpmath.cos(t) + rho**2)
+            det = mpmath.det(lstar - lam * mpmath.eye(n))
+            scale = mpmath.det(lstar) * (-lam) ** n * (rho / (1 - rho**2)) ** n
+            ref.append(float(mpmath.sin(t) * det / scale))
+    np.testing.assert_allclose(mine, ref, rtol=0, atol=64 * n * EPS)
+
+
 @pytest.mark.parametrize("n, sigma", [(1, 3.0), (9, 0.4), (50, 8.0)])
 def test_eigenvectors(n, sigma):
     lam, vec = tp.kms_eigenvectors(n, sigma)
@@ -169,6 +206,9 @@ def test_mask_spectrum_is_block_sizes(sigma, seed, pos):
         (lambda: tp.kms_eigenvalues_mp(0, 1.0), "n"),
         (lambda: tp.kms_inverse(0, 1.0), "n"),
         (lambda: tp.kms_symbol(0.1, -1.0), "sigma"),
+        (lambda: tp.kms_secular(0.1, 0, 1.0), "n"),
+        (lambda: tp.kms_secular(0.1, 3, 0.0), "sigma"),
+        (lambda: tp.kms_secular(float("nan"), 3, 1.0), "theta"),
         (lambda: tp.kms_log_determinant(3, float("inf")), "sigma"),
         (lambda: tp.mask_spectrum(PartitionSample([[2.0]], [[0.5]]), [0, 1], 1, 0), "head"),
         (lambda: tp.mask_spectrum(PartitionSample([[2.0]], [[0.5]]), [0, 1], 0, 1), "sample"),
