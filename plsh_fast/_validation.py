@@ -7,15 +7,13 @@ reuse :mod:`plsh_ref.validation`.
 
 from __future__ import annotations
 
-import math
 import os
 
 import numpy as np
 import torch
 
-from plsh_ref.alibi import alibi_slopes
-from plsh_ref.partition import PartitionSample
-from plsh_ref.validation import as_positions, check_int, check_positive_float, check_sigma
+from plsh_ref import validation as ref_validation
+from plsh_ref.validation import as_positions, check_int
 
 __all__ = [
     "BACKENDS",
@@ -27,7 +25,6 @@ __all__ = [
     "check_bins_in_range",
     "check_positions",
     "check_qkv",
-    "check_scale",
     "check_slopes",
 ]
 
@@ -110,6 +107,9 @@ def check_finite(query, key, value) -> None:
 def check_slopes(slopes, num_heads: int) -> np.ndarray:
     """Slopes as a float64 host array ``(num_heads,)``; default ALiBi slopes when ``None``.
 
+    :func:`plsh_ref.validation.check_slopes`, and the partition's ``sigma = 1 / slope``
+    must be finite.
+
     Raises
     ------
     ValueError
@@ -117,11 +117,7 @@ def check_slopes(slopes, num_heads: int) -> np.ndarray:
     TypeError
         Non-numeric slopes.
     """
-    if slopes is None:
-        return alibi_slopes(num_heads)
-    m = check_sigma("slopes", slopes)
-    if m.shape != (num_heads,):
-        raise ValueError(f"slopes: must have shape ({num_heads},), got {m.shape}")
+    m = ref_validation.check_slopes(slopes, num_heads)
     with np.errstate(divide="ignore", over="ignore"):
         if not np.all(np.isfinite(1.0 / m.astype(np.float64))):
             raise ValueError("slopes: too small, sigma = 1 / slope overflows float64")
@@ -140,13 +136,7 @@ def check_partition(partition, num_heads: int, num_samples, seed) -> None:
         Its head count differs from the query's; ``num_samples`` disagrees with it; a
         ``seed`` is passed as well (the two are exclusive).
     """
-    if not isinstance(partition, PartitionSample):
-        raise TypeError(
-            f"partition: must be a plsh_ref.partition.PartitionSample, "
-            f"got {type(partition).__name__}"
-        )
-    if partition.num_heads != num_heads:
-        raise ValueError(f"partition: has {partition.num_heads} heads, query has {num_heads}")
+    ref_validation.check_partition(partition, num_heads)
     if num_samples is not None:
         num_samples = check_num_samples(num_samples)
     if num_samples is not None and num_samples != partition.num_samples:
@@ -167,13 +157,6 @@ def check_positions(name: str, positions, length: int, device) -> torch.Tensor |
         return None
     arr = as_positions(name, positions, length=length)
     return torch.from_numpy(np.ascontiguousarray(arr)).to(device)
-
-
-def check_scale(scale, head_dim: int) -> float:
-    """Logit scale: ``1 / sqrt(head_dim)`` by default, else a finite float > 0."""
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    return check_positive_float("scale", scale)
 
 
 def check_backend(backend: str, device: torch.device, head_dim: int, head_dim_v: int) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from plsh_ref.validation import check_bool
+from plsh_ref.validation import check_bool, check_scale
 
 from . import _validation as V
 from .autograd import PLSHAttentionFunction
@@ -160,7 +160,7 @@ def plsh_attention(
         num_samples = V.check_num_samples(
             DEFAULT_NUM_SAMPLES if num_samples is None else num_samples
         )
-    c = V.check_scale(scale, head_dim)
+    c = check_scale(scale, head_dim)
     qpos = V.check_positions("query_positions", query_positions, n_q, device)
     kpos = V.check_positions("key_positions", key_positions, n_k, device)
     default_q, default_k = _default_positions(n_q, n_k, device)

@@ -32,7 +32,7 @@ from torch.nn import functional as F
 
 from plsh_ref.alibi import alibi_bias, resolve_positions
 from plsh_ref.partition import PartitionSample, counts, draw_partition
-from plsh_ref.validation import check_bool, check_int, check_positive_float
+from plsh_ref.validation import check_bool, check_int, check_positive_float, check_scale
 
 from . import _validation as V
 
@@ -111,7 +111,7 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
         key = key.repeat_interleave(group, dim=1)
         value = value.repeat_interleave(group, dim=1)
     if scale is None:
-        scale = V.check_scale(scale, query.shape[3])
+        scale = check_scale(scale, query.shape[3])
     if n_k == 0 or n_q == 0:
         return query.new_zeros(query.shape[:3] + (value.shape[3],))
     empty = ~torch.isfinite(bias).any(dim=-1, keepdim=True)  # (H, n_q, 1): no admissible key

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .alibi import kernel_matrix, resolve_positions
-from .attention import _check_partition_heads, _expand_kv, _resolve_slopes, _scale, validate_qkv
+from .attention import expand_kv, validate_qkv
 from .expectation import (
     largest_pitch_quantile,
     largest_pitch_sf,
@@ -35,7 +35,14 @@ from .expectation import (
 )
 from .partition import counts
 from .toeplitz import kms_spectral_norm_limit
-from .validation import check_int, check_positive_float, check_probability
+from .validation import (
+    check_int,
+    check_partition,
+    check_positive_float,
+    check_probability,
+    check_scale,
+    check_slopes,
+)
 
 __all__ = [
     "SpectralBound",
@@ -479,11 +486,11 @@ def spectral_required_samples(
 def _scores_and_weights(query, key, value, slopes, causal, scale, query_positions, key_positions):
     """Shifted attention weights A (0 where inadmissible), L*, V expanded, positions."""
     q, k, v = validate_qkv(query, key, value)
-    m = _resolve_slopes(slopes, q.shape[1])
+    m = check_slopes(slopes, q.shape[1])
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
-    c = _scale(scale, q.shape[3])
-    k = _expand_kv(k, q.shape[1])
-    v = _expand_kv(v, q.shape[1])
+    c = check_scale(scale, q.shape[3])
+    k = expand_kv(k, q.shape[1])
+    v = expand_kv(v, q.shape[1])
     logits = c * np.einsum("bhid,bhjd->bhij", q, k)
     admissible = np.ones((qpos.size, kpos.size), dtype=bool)
     if causal:
@@ -561,7 +568,7 @@ def output_error_certificate(
     a, lstar, v, admissible, qpos, kpos = _scores_and_weights(
         query, key, value, slopes, causal, scale, query_positions, key_positions
     )
-    partition = _check_partition_heads(partition, a.shape[1])
+    partition = check_partition(partition, a.shape[1])
     mt = counts(partition, qpos, kpos, causal=causal) / partition.num_samples
     z_star = np.sum(a * lstar[None], axis=-1)
     z_tilde = np.sum(a * mt[None], axis=-1)

@@ -31,6 +31,7 @@ from .alibi import kernel_matrix
 from .validation import (
     as_float_array,
     as_positions,
+    check_dps,
     check_int,
     check_positive_float,
     check_probability,
@@ -41,7 +42,6 @@ __all__ = [
     "block_size_mean",
     "block_size_pmf",
     "block_size_sf",
-    "check_dps",
     "collision_probability",
     "collision_probability_mp",
     "expected_error_square",
@@ -58,19 +58,6 @@ __all__ = [
     "variance_proxy",
     "variance_proxy_limit",
 ]
-
-
-def check_dps(dps) -> int:
-    """Return the mpmath working precision ``dps`` (decimal digits) or raise.
-
-    Raises
-    ------
-    TypeError
-        If ``dps`` is not an integer.
-    ValueError
-        If ``dps < 15`` (below binary64 there is nothing to check).
-    """
-    return check_int("dps", dps, minimum=15)
 
 
 def _rho(sigma: float) -> float:

@@ -16,15 +16,11 @@ import mpmath
 import numpy as np
 
 from .alibi import resolve_positions
-from .attention import _check_partition_heads, _resolve_slopes, _scale, validate_qkv
+from .attention import validate_qkv
 from .partition import counts
-from .validation import check_bool, check_int
+from .validation import check_bool, check_dps, check_partition, check_scale, check_slopes
 
 __all__ = ["alibi_attention_mp", "plsh_attention_mp", "weighted_attention_mp"]
-
-
-def _check_dps(dps) -> int:
-    return check_int("dps", dps, minimum=15)
 
 
 def weighted_attention_mp(query, key, value, weight, *, scale=None, dps: int = 30):
@@ -56,12 +52,12 @@ def weighted_attention_mp(query, key, value, weight, *, scale=None, dps: int = 3
         As :func:`plsh_ref.attention.validate_qkv`; ``dps < 15``; a weight array of the
         wrong shape or with negative entries.
     """
-    dps = _check_dps(dps)
+    dps = check_dps(dps)
     q, k, v = validate_qkv(query, key, value)
     batch, num_heads, n_q, head_dim = q.shape
     n_k, dv = k.shape[2], v.shape[3]
     group = num_heads // k.shape[1]
-    c = _scale(scale, head_dim)
+    c = check_scale(scale, head_dim)
     if not callable(weight):
         w_arr = np.asarray(weight, dtype=np.float64)
         if w_arr.shape != (num_heads, n_q, n_k):
@@ -124,7 +120,7 @@ def alibi_attention_mp(
     """
     causal = check_bool("causal", causal)
     q, k, _ = validate_qkv(query, key, value)
-    m = _resolve_slopes(slopes, q.shape[1])
+    m = check_slopes(slopes, q.shape[1])
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
 
     def weight(h, i, j):
@@ -157,7 +153,7 @@ def plsh_attention_mp(
         As :func:`plsh_ref.attention.plsh_attention`, and on ``dps < 15``.
     """
     q, k, _ = validate_qkv(query, key, value)
-    partition = _check_partition_heads(partition, q.shape[1])
+    partition = check_partition(partition, q.shape[1])
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
     cnt = counts(partition, qpos, kpos, causal=causal)
     s = partition.num_samples

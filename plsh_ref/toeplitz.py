@@ -25,9 +25,8 @@ import math
 import mpmath
 import numpy as np
 
-from .expectation import check_dps
 from .partition import PartitionSample, block_sizes
-from .validation import as_float_array, check_int, check_positive_float
+from .validation import as_float_array, check_dps, check_int, check_positive_float
 
 __all__ = [
     "kms_angles",

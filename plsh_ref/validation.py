@@ -1,23 +1,34 @@
-"""Argument checks shared by :mod:`plsh_ref`.
+"""Argument checks shared by :mod:`plsh_ref` and :mod:`plsh_fast` (public).
 
 Every check raises :class:`ValueError` or :class:`TypeError` whose message starts with
 the name of the offending argument, so that bad input never reaches the mathematics.
+Users writing their own kernels against :mod:`plsh_ref.testing` may call them to refuse
+bad input the same way. Each check is defined here only (``plsh_fast._validation`` adds
+the torch-side checks and reuses these for scalars and host arrays).
+
+Source: CONTRIBUTING.md (conventions: argument names in messages); SPEC section 2 for the
+position range.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 
 import numpy as np
 
 __all__ = [
     "as_float_array",
-    "check_bool",
     "as_positions",
+    "check_bool",
+    "check_dps",
     "check_int",
+    "check_partition",
     "check_positive_float",
     "check_probability",
+    "check_scale",
     "check_sigma",
+    "check_slopes",
 ]
 
 
@@ -166,3 +177,90 @@ def as_positions(name: str, value, *, length: int | None = None) -> np.ndarray:
     if arr.size and np.max(np.abs(arr.astype(np.float64))) >= 2.0**53:
         raise ValueError(f"{name}: |position| must be < 2**53 so that float64 is exact")
     return arr.astype(np.int64)
+
+
+def check_dps(dps) -> int:
+    """Return the mpmath working precision ``dps`` (decimal digits) or raise.
+
+    Raises
+    ------
+    TypeError
+        If ``dps`` is not an integer.
+    ValueError
+        If ``dps < 15`` (below binary64 there is nothing to check).
+    """
+    return check_int("dps", dps, minimum=15)
+
+
+def check_scale(scale, head_dim: int) -> float:
+    """The logit scale: ``1 / sqrt(head_dim)`` for ``None``, else ``scale`` checked.
+
+    The single definition of the default scale (that of
+    ``torch.nn.functional.scaled_dot_product_attention``), used by the reference, the fast
+    path, the ``nn`` modules and :mod:`plsh_fast.peers`. ``head_dim = 0`` gives 1.0 (a
+    reference problem without features; the fast path refuses ``head_dim < 1`` first).
+
+    Returns
+    -------
+    float
+        Binary64 ``1.0 / sqrt(head_dim)`` (correctly rounded square root, then one
+        division), or ``float(scale)``.
+
+    Raises
+    ------
+    TypeError
+        If ``scale`` is not a real number.
+    ValueError
+        If ``scale`` is not finite and > 0.
+    """
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
+    return check_positive_float("scale", scale)
+
+
+def check_slopes(slopes, num_heads: int) -> np.ndarray:
+    """ALiBi slopes as a float64 array ``(num_heads,)``; the default slopes for ``None``.
+
+    Parameters
+    ----------
+    slopes : array_like or None
+        Positive finite slopes (inverse tokens), one per head; ``None`` means
+        :func:`plsh_ref.alibi.alibi_slopes` ``(num_heads)`` (Press et al. 2022).
+    num_heads : int
+        Number of query heads.
+
+    Raises
+    ------
+    TypeError
+        Non-numeric slopes.
+    ValueError
+        Wrong shape, a slope that is not finite and > 0.
+    """
+    if slopes is None:
+        from .alibi import alibi_slopes  # noqa: PLC0415 (plsh_ref.alibi imports this module)
+
+        return alibi_slopes(num_heads)
+    m = check_sigma("slopes", slopes)
+    if m.shape != (num_heads,):
+        raise ValueError(f"slopes: must have shape ({num_heads},), got {m.shape}")
+    return m
+
+
+def check_partition(partition, num_heads: int | None = None):
+    """Return ``partition`` if it is a :class:`~plsh_ref.partition.PartitionSample` (with
+    ``num_heads`` heads when given), else raise.
+
+    Raises
+    ------
+    TypeError
+        If ``partition`` is not a ``PartitionSample``.
+    ValueError
+        If its head count differs from ``num_heads`` (the query's).
+    """
+    from .partition import PartitionSample  # noqa: PLC0415 (plsh_ref.partition imports this)
+
+    if not isinstance(partition, PartitionSample):
+        raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
+    if num_heads is not None and partition.num_heads != num_heads:
+        raise ValueError(f"partition: has {partition.num_heads} heads, query has {num_heads}")
+    return partition
