@@ -1,0 +1,449 @@
+"""Causal decoding with a provably bounded KV cache (exact PLSH attention, not an approximation).
+
+A query at position ``p`` attends key ``j`` with weight proportional to the count
+``C_pj = #{t : bin_t(j) == bin_t(p)}`` (SPEC section 3). Bins are monotone in the position,
+so once every sample's bin of the newest query has moved past a key's bin, no later query
+can reach that key again: its count stays 0 for ever. The keys still reachable form a
+suffix of the cached positions, at most ``max_t ceil(pitch_t) + 1`` tokens long, a bound
+known when the partition is drawn (``proofs_notes/decoding_cache.md``). Evicting the rest
+changes nothing: decoding with :class:`PLSHDecodingCache` computes exactly the
+full-sequence :func:`plsh_fast.plsh_attention` on the same partition, at a memory cost that
+does not grow with the context.
+
+The cache holds one layer's keys and values for every sequence of a batch; sequences may
+have different lengths and positions. Each call of :meth:`PLSHDecodingCache.update`
+appends new tokens, attends the new queries to the cached keys plus the new ones, and then
+evicts the keys no later query can reach.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from plsh_ref.partition import PartitionSample
+
+from .api import plsh_attention
+from .partition import bins, partition_tensors
+
+__all__ = ["PLSHDecodingCache", "cache_bound"]
+
+#: above this many (new query, cached key) pairs per sequence and head, a call goes
+#: through :func:`plsh_fast.plsh_attention` instead of the dense counts form
+_DENSE_PAIRS = 1 << 16
+
+
+def cache_bound(partition: PartitionSample) -> int:
+    """Most keys the decoding cache can ever hold for ``partition``: ``max ceil(pitch) + 1``.
+
+    Parameters
+    ----------
+    partition : plsh_ref.partition.PartitionSample
+        ``pitch`` of shape ``(num_heads, num_samples)``, float64, in tokens.
+
+    Returns
+    -------
+    int
+        ``max_{h,t} ceil(pitch_{h,t}) + 1`` tokens: a bin ``[u + b delta, u + (b+1) delta)``
+        holds at most ``ceil(delta)`` integers, and binary64 rounding of the bin index can
+        move a boundary by at most one integer (``proofs_notes/decoding_cache.md``). The
+        cache holds the reachable keys of the newest query, all in one bin with it in some
+        sample.
+
+    Raises
+    ------
+    TypeError
+        If ``partition`` is not a :class:`~plsh_ref.partition.PartitionSample`.
+
+    References
+    ----------
+    ``proofs_notes/decoding_cache.md`` (derivation and the law of the bound, which is the
+    largest-pitch law of ``proofs_notes/largest_pitch.md``).
+    """
+    if not isinstance(partition, PartitionSample):
+        raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
+    return int(math.ceil(float(np.max(partition.pitch)))) + 1
+
+
+class PLSHDecodingCache:
+    """Bounded key/value cache for causal PLSH decoding of one attention layer.
+
+    Parameters
+    ----------
+    partition : plsh_ref.partition.PartitionSample
+        The layer's partition sample, ``(num_heads, num_samples)``: the same one the
+        full-sequence attention would use.
+    scale : float, optional
+        Logit scale; default ``1 / sqrt(head_dim)`` of the first call.
+
+    Attributes
+    ----------
+    bound : int
+        :func:`cache_bound` of the partition: no sequence ever holds more keys than this
+        after a call (checked on every call; a violation is a ``RuntimeError``).
+
+    Notes
+    -----
+    Positions must increase strictly along each sequence, across calls: the eviction rule
+    relies on later queries having larger positions (``proofs_notes/decoding_cache.md``).
+    Each call reads the positions on the host (one device synchronisation) to check this
+    and to evict. Memory: ``num_heads_kv * bound * (head_dim + head_dim_v)`` elements per
+    sequence plus the int64 bins of the cached keys (``num_heads * num_samples * bound``).
+
+    References
+    ----------
+    SPEC section 3 (PLSH attention as count-weighted softmax);
+    ``proofs_notes/decoding_cache.md``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from plsh_ref import alibi_slopes, draw_partition
+    >>> from plsh_fast.decoding import PLSHDecodingCache
+    >>> part = draw_partition(1 / alibi_slopes(4), num_samples=16, seed=0)
+    >>> cache = PLSHDecodingCache(part)
+    >>> q = k = v = torch.randn(1, 4, 64, 32)
+    >>> out = cache.update(q, k, v)                     # prefill 64 tokens
+    >>> out = cache.update(q[:, :, :1], k[:, :, :1], v[:, :, :1])  # one decode step
+    >>> bool((cache.cached_tokens() <= cache.bound).all())
+    True
+    """
+
+    def __init__(self, partition: PartitionSample, *, scale=None):
+        self.bound = cache_bound(partition)
+        self.partition = partition
+        self.scale = None if scale is None else float(scale)
+        if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"scale: must be a finite float > 0, got {scale!r}")
+        self._pitch: torch.Tensor | None = None
+        self._offset: torch.Tensor | None = None
+        self._key: list[torch.Tensor] = []  # per sequence (num_heads_kv, L_b, head_dim)
+        self._value: list[torch.Tensor] = []
+        self._positions: list[torch.Tensor] = []  # per sequence int64 (L_b,)
+        self._bins: list[torch.Tensor] = []  # per sequence int64 (num_heads, s, L_b)
+        self._last: list[int | None] = []  # newest query position per sequence
+        self._shape: tuple | None = (
+            None  # (num_heads, num_heads_kv, head_dim, head_dim_v, dtype, device)
+        )
+
+    # ------------------------------------------------------------------ state
+    @property
+    def batch_size(self) -> int:
+        """Number of sequences seen so far (0 before the first call)."""
+        return len(self._key)
+
+    def cached_tokens(self) -> torch.Tensor:
+        """Keys held per sequence, int64 ``(batch,)``; each ``<= bound``."""
+        return torch.tensor([p.numel() for p in self._positions], dtype=torch.int64)
+
+    def live_tokens(self) -> torch.Tensor:
+        """Keys each query head can still reach, int64 ``(batch, num_heads)``.
+
+        Key ``j`` is live for head ``h`` iff ``bin_t(j) == bin_t(p)`` in some sample ``t``
+        of head ``h``, with ``p`` the newest query position of the sequence. The cache
+        keeps the union over heads (a suffix of the positions); this is the per-head view.
+        """
+        rows = []
+        for b, kb in enumerate(self._bins):
+            last = self._last[b]
+            if last is None or kb.shape[-1] == 0:
+                rows.append(torch.zeros(self.partition.num_heads, dtype=torch.int64))
+                continue
+            qb = self._query_bins(torch.tensor([last], dtype=torch.int64, device=kb.device))
+            rows.append((kb == qb).any(dim=1).sum(dim=-1).cpu())
+        if not rows:
+            return torch.zeros((0, self.partition.num_heads), dtype=torch.int64)
+        return torch.stack(rows)
+
+    def cached_positions(self, sequence: int) -> torch.Tensor:
+        """int64 ``(L,)`` positions of the keys held for ``sequence``, increasing."""
+        return self._positions[self._sequence(sequence)]
+
+    def key_bins(self, sequence: int) -> torch.Tensor:
+        """int64 ``(num_heads, num_samples, L)`` bins of the held keys of ``sequence``.
+
+        Equal bit for bit to :func:`plsh_ref.partition.bins` of :meth:`cached_positions`.
+        """
+        return self._bins[self._sequence(sequence)]
+
+    def _sequence(self, sequence) -> int:
+        if isinstance(sequence, bool) or not isinstance(sequence, (int, np.integer)):
+            raise TypeError(f"sequence: must be an int, got {type(sequence).__name__}")
+        if not 0 <= int(sequence) < self.batch_size:
+            raise ValueError(f"sequence: must be in [0, {self.batch_size}), got {sequence}")
+        return int(sequence)
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the cached keys, values, positions and bins, all sequences."""
+        tensors = self._key + self._value + self._positions + self._bins
+        return int(sum(t.numel() * t.element_size() for t in tensors))
+
+    def reset(self) -> None:
+        """Forget every sequence (the partition and scale are kept)."""
+        self._key, self._value, self._positions, self._bins, self._last = [], [], [], [], []
+        self._shape = None
+
+    # ------------------------------------------------------------------ helpers
+    def _query_bins(self, positions: torch.Tensor) -> torch.Tensor:
+        return bins(self._pitch, self._offset, positions)
+
+    def _check_call(self, query, key, value, positions, attention_mask, partition):
+        for name, t in (("query", query), ("key", key), ("value", value)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
+            if t.dim() != 4:
+                raise ValueError(
+                    f"{name}: must be 4-D (batch, heads, n, dim), got {tuple(t.shape)}"
+                )
+        if partition is not None and partition != self.partition:
+            raise ValueError(
+                "partition: differs from the partition this cache was built with "
+                "(a cache serves one layer's partition only)"
+            )
+        batch, num_heads, m, head_dim = query.shape
+        if num_heads != self.partition.num_heads:
+            raise ValueError(
+                f"query: {num_heads} heads, the partition has {self.partition.num_heads}"
+            )
+        if key.shape[0] != batch or value.shape[0] != batch:
+            raise ValueError("key: batch size differs from the query's")
+        if key.shape[2] != m or value.shape[2] != m:
+            raise ValueError(
+                f"key: holds {key.shape[2]} new tokens, query {m} (one key per new token)"
+            )
+        num_heads_kv = key.shape[1]
+        if value.shape[1] != num_heads_kv or num_heads % max(num_heads_kv, 1) or not num_heads_kv:
+            raise ValueError(
+                f"key: {num_heads_kv} kv heads must divide the {num_heads} query heads "
+                f"and match value's {value.shape[1]}"
+            )
+        if key.shape[3] != head_dim:
+            raise ValueError(f"key: head_dim {key.shape[3]} differs from the query's {head_dim}")
+        if (
+            query.dtype != key.dtype
+            or key.dtype != value.dtype
+            or not query.dtype.is_floating_point
+        ):
+            raise TypeError("query: query, key and value must share one floating dtype")
+        shape = (num_heads, num_heads_kv, head_dim, value.shape[3], query.dtype, query.device)
+        if self._shape is not None:
+            if shape != self._shape:
+                raise ValueError(
+                    f"query: shapes/dtype/device {shape} differ from the cache's {self._shape}"
+                )
+            if batch != self.batch_size:
+                raise ValueError(
+                    f"query: batch {batch}, the cache holds {self.batch_size} sequences"
+                )
+        mask = None
+        if attention_mask is not None:
+            if not isinstance(attention_mask, torch.Tensor):
+                raise TypeError("attention_mask: must be a torch.Tensor (batch, n_new)")
+            if tuple(attention_mask.shape) != (batch, m):
+                raise ValueError(
+                    f"attention_mask: shape {tuple(attention_mask.shape)}, expected {(batch, m)}"
+                )
+            if attention_mask.dtype == torch.bool:
+                mask = attention_mask.cpu()
+            elif not attention_mask.dtype.is_floating_point and not attention_mask.is_complex():
+                mask = attention_mask.cpu()
+                if bool(((mask != 0) & (mask != 1)).any()):
+                    raise ValueError("attention_mask: integer masks must hold only 0 and 1")
+                mask = mask.bool()
+            else:
+                raise TypeError(
+                    f"attention_mask: must be bool or integer 0/1, got {attention_mask.dtype}"
+                )
+        if positions is not None:
+            if not isinstance(positions, torch.Tensor):
+                positions = torch.as_tensor(np.asarray(positions))
+            if positions.dtype.is_floating_point or positions.dtype == torch.bool:
+                raise TypeError(f"positions: must be integers, got {positions.dtype}")
+            positions = positions.to("cpu", torch.int64)
+            if positions.dim() == 1:
+                positions = positions.expand(batch, m)
+            if tuple(positions.shape) != (batch, m):
+                raise ValueError(
+                    f"positions: shape {tuple(positions.shape)}, expected {(m,)} or {(batch, m)}"
+                )
+            if bool((positions.abs() >= 2**53).any()):
+                raise ValueError("positions: must satisfy |p| < 2**53")
+        return batch, m, shape, mask, positions
+
+    # ------------------------------------------------------------------ the call
+    def update(
+        self,
+        query,
+        key,
+        value,
+        positions=None,
+        *,
+        attention_mask=None,
+        partition=None,
+        return_lse: bool = False,
+    ):
+        """Append ``m`` new tokens, attend their queries causally, evict unreachable keys.
+
+        Parameters
+        ----------
+        query : torch.Tensor
+            ``(batch, num_heads, m, head_dim)``, float16/bfloat16/float32/float64: the new
+            tokens' queries (``m >= 1``; a long prompt on the first call is the prefill).
+        key, value : torch.Tensor
+            ``(batch, num_heads_kv, m, head_dim)`` and ``(batch, num_heads_kv, m, head_dim_v)``.
+        positions : torch.Tensor or array_like of int, optional
+            ``(m,)`` or ``(batch, m)`` absolute positions of the new tokens; strictly
+            increasing along each sequence, across calls. Default: continue each sequence
+            from its newest position + 1 (``0..m-1`` on the first call; with an
+            ``attention_mask``, real tokens are numbered ``0, 1, ...`` as HF's
+            ``position_ids`` for left padding).
+        attention_mask : torch.Tensor, optional
+            ``(batch, m)`` bool or 0/1 integers, 1 = real token, 0 = pad (HF convention):
+            pad tokens are neither cached nor attended, their output rows are 0 (LSE
+            ``-inf``).
+        partition : PartitionSample, optional
+            If given, must equal the cache's (guards against mixing layers).
+        return_lse : bool
+            Also return the LSE ``(batch, num_heads, m)`` (float32, float64 for float64).
+
+        Returns
+        -------
+        out : torch.Tensor
+            ``(batch, num_heads, m, head_dim_v)``, dtype of ``query``: equal to the rows of
+            the full-sequence :func:`plsh_fast.plsh_attention` (``causal=True``, same
+            partition) at these positions.
+        lse : torch.Tensor
+            Only if ``return_lse``.
+
+        Raises
+        ------
+        TypeError
+            Non-tensor inputs, mixed or non-floating dtypes, a non-integer mask or positions,
+            a non-bool ``return_lse``.
+        ValueError
+            Wrong ranks or shapes, head counts that do not divide, a batch size, head count,
+            head_dim, dtype or device other than the cache's, a ``partition`` other than the
+            cache's, positions that do not increase strictly along a sequence (a decode step
+            out of order), ``|p| >= 2**53``.
+
+        References
+        ----------
+        ``proofs_notes/decoding_cache.md``; SPEC section 3.
+        """
+        if not isinstance(return_lse, bool):
+            raise TypeError(f"return_lse: must be a bool, got {type(return_lse).__name__}")
+        batch, m, shape, mask, positions = self._check_call(
+            query, key, value, positions, attention_mask, partition
+        )
+        device = query.device
+        if self._shape is None:
+            self._shape = shape
+            self._pitch, self._offset = partition_tensors(self.partition, device)
+            self._key = [key.new_zeros((shape[1], 0, shape[2])) for _ in range(batch)]
+            self._value = [value.new_zeros((shape[1], 0, shape[3])) for _ in range(batch)]
+            self._positions = [
+                torch.zeros(0, dtype=torch.int64, device=device) for _ in range(batch)
+            ]
+            self._bins = [
+                torch.zeros(
+                    (shape[0], self.partition.num_samples, 0), dtype=torch.int64, device=device
+                )
+                for _ in range(batch)
+            ]
+            self._last = [None] * batch
+        scale = (
+            self.scale if self.scale is not None else 1.0 / math.sqrt(shape[2]) if shape[2] else 1.0
+        )
+        # positions of the new tokens, per sequence, on the host; then order checks
+        new_pos = []
+        for b in range(batch):
+            keep = torch.ones(m, dtype=torch.bool) if mask is None else mask[b]
+            if positions is not None:
+                pos = positions[b][keep]
+            else:
+                start = 0 if self._last[b] is None else self._last[b] + 1
+                pos = start + torch.arange(int(keep.sum()), dtype=torch.int64)
+            if pos.numel() > 1 and bool((pos[1:] <= pos[:-1]).any()):
+                raise ValueError(f"positions: must increase strictly along sequence {b}")
+            if pos.numel() and self._last[b] is not None and int(pos[0]) <= self._last[b]:
+                raise ValueError(
+                    f"positions: decode step out of order for sequence {b}: position "
+                    f"{int(pos[0])} after {self._last[b]}"
+                )
+            new_pos.append((keep, pos))
+        out = query.new_zeros((batch, shape[0], m, shape[3]))
+        lse_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+        lse = torch.full((batch, shape[0], m), -math.inf, dtype=lse_dtype, device=device)
+        for b, (keep, pos) in enumerate(new_pos):
+            if pos.numel() == 0:
+                continue
+            idx = keep.nonzero().flatten().to(device)
+            q_b = query[b].index_select(1, idx)
+            k_new = key[b].index_select(1, idx)
+            v_new = value[b].index_select(1, idx)
+            pos_d = pos.to(device)
+            k_all = torch.cat([self._key[b], k_new], dim=1)
+            v_all = torch.cat([self._value[b], v_new], dim=1)
+            p_all = torch.cat([self._positions[b], pos_d])
+            new_bins = self._query_bins(pos_d)
+            b_all = torch.cat([self._bins[b], new_bins], dim=-1)
+            o_b, l_b = self._attend(q_b, k_all, v_all, pos_d, p_all, new_bins, b_all, scale)
+            out[b].index_copy_(1, idx, o_b.to(out.dtype))
+            lse[b].index_copy_(1, idx, l_b.to(lse_dtype))
+            # evict: keys sharing no bin with the newest query in any sample of any head
+            live = (b_all == new_bins[..., -1:]).any(dim=1).any(dim=0)
+            first = int(live.numel() - int(live.sum()))
+            if not bool(live[first:].all()):  # bins are monotone: the live keys are a suffix
+                raise RuntimeError(
+                    "decoding cache: live keys are not a suffix (positions out of order?)"
+                )
+            self._key[b] = k_all[:, first:]
+            self._value[b] = v_all[:, first:]
+            self._positions[b] = p_all[first:]
+            self._bins[b] = b_all[..., first:]
+            self._last[b] = int(pos[-1])
+            if self._positions[b].numel() > self.bound:
+                raise RuntimeError(
+                    f"decoding cache: {self._positions[b].numel()} keys exceed the bound "
+                    f"{self.bound} (proofs_notes/decoding_cache.md); please report this"
+                )
+        return (out, lse) if return_lse else out
+
+    def _attend(self, q, k, v, qpos, kpos, qbins, kbins, scale):
+        """One sequence: new queries ``(H, m, d)`` against keys ``(H_kv, L, d)``."""
+        num_heads, m = q.shape[0], q.shape[1]
+        length = k.shape[1]
+        if m * length > _DENSE_PAIRS:
+            o, l_ = plsh_attention(
+                q[None],
+                k[None],
+                v[None],
+                partition=self.partition,
+                causal=True,
+                scale=scale,
+                query_positions=qpos,
+                key_positions=kpos,
+                return_lse=True,
+                check_finite=False,
+            )
+            return o[0], l_[0]
+        group = num_heads // k.shape[0]
+        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        kx = k.repeat_interleave(group, dim=0).to(work)
+        vx = v.repeat_interleave(group, dim=0).to(work)
+        counts = (qbins[..., :, None] == kbins[..., None, :]).sum(dim=1)  # (H, m, L)
+        counts = counts * (kpos[None, None, :] <= qpos[None, :, None])
+        s = self.partition.num_samples
+        log_w = torch.where(
+            counts > 0,
+            torch.log(counts.to(work) / s),
+            torch.tensor(-math.inf, dtype=work, device=q.device),
+        )
+        logits = scale * (q.to(work) @ kx.transpose(-1, -2)) + log_w
+        lse = torch.logsumexp(logits, dim=-1)
+        empty = torch.isneginf(lse)
+        w = torch.exp(logits - torch.where(empty, 0.0, lse)[..., None])
+        out = torch.where(empty[..., None], 0.0, w @ vx)
+        return out, lse

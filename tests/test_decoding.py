@@ -1,0 +1,200 @@
+"""Decoding with the bounded PLSH KV cache (plsh_fast.decoding, proofs_notes/decoding_cache.md)."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from plsh_fast.decoding import PLSHDecodingCache, cache_bound  # noqa: E402
+from plsh_ref import alibi_slopes, draw_partition  # noqa: E402
+from plsh_ref.attention import plsh_attention as ref_plsh_attention  # noqa: E402
+from plsh_ref.expectation import largest_pitch_cdf  # noqa: E402
+from plsh_ref.partition import bins as ref_bins  # noqa: E402
+from plsh_ref.partition import counts as ref_counts  # noqa: E402
+from plsh_ref.testing.baseline import plain_attention_torch  # noqa: E402
+from plsh_ref.testing.tolerance import assert_close_to_reference  # noqa: E402
+
+
+def _inputs(batch, num_heads, num_heads_kv, n, d, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, num_heads, n, d, generator=g, dtype=torch.float64)
+    k = torch.randn(batch, num_heads_kv, n, d, generator=g, dtype=torch.float64)
+    v = torch.randn(batch, num_heads_kv, n, d + 3, generator=g, dtype=torch.float64)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _decode(cache, q, k, v, prefill, positions=None, mask=None):
+    """Prefill ``prefill`` tokens, then decode one token per call; returns all rows."""
+    n = q.shape[2]
+    pieces, sizes = [], []
+    cuts = [0, prefill, *range(prefill + 1, n + 1)]
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        pos = None if positions is None else positions[..., a:b]
+        am = None if mask is None else mask[:, a:b]
+        pieces.append(
+            cache.update(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], pos, attention_mask=am)
+        )
+        sizes.append(int(cache.cached_tokens().max()))
+    return torch.cat(pieces, dim=2), sizes
+
+
+def _reference_rows(q, k, v, part, pos):
+    """float64 reference output and the same-dtype baseline for one sequence's real tokens."""
+    qn, kn, vn = (t.double().numpy() for t in (q, k, v))
+    ref, _ = ref_plsh_attention(
+        qn, kn, vn, part, causal=True, query_positions=pos, key_positions=pos
+    )
+    with np.errstate(divide="ignore"):
+        bias = np.log(ref_counts(part, pos, pos, causal=True) / part.num_samples)
+    base, _ = plain_attention_torch(qn, kn, vn, bias, scale=None, dtype=str(q.dtype).split(".")[1])
+    return ref, base
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_decode_equals_full_sequence_reference(dtype):
+    part = draw_partition(0.25 / alibi_slopes(4), num_samples=8, seed=3)
+    q, k, v = _inputs(1, 4, 2, 160, 16, dtype)
+    cache = PLSHDecodingCache(part)
+    out, sizes = _decode(cache, q, k, v, prefill=40)
+    ref, base = _reference_rows(q, k, v, part, np.arange(160))
+    assert_close_to_reference(out.double().numpy(), ref, base, str(dtype).split(".")[1])
+    assert max(sizes) <= cache.bound
+    assert min(sizes[1:]) < 160 // 2  # keys really were evicted (negative check on eviction)
+
+
+def test_bins_bit_for_bit_and_live_counts_brute_force():
+    part = draw_partition(0.5 / alibi_slopes(4), num_samples=6, seed=11)
+    q, k, v = _inputs(1, 4, 4, 120, 8, torch.float32, seed=1)
+    cache = PLSHDecodingCache(part)
+    _decode(cache, q, k, v, prefill=10)
+    pos = cache.cached_positions(0).numpy()
+    np.testing.assert_array_equal(cache.key_bins(0).numpy(), ref_bins(part, pos))
+    # live keys per head: keys j <= p sharing a bin with the newest query p in some sample
+    last = 119
+    c = ref_counts(part, [last], np.arange(120), causal=True)[:, 0, :]
+    np.testing.assert_array_equal(cache.live_tokens()[0].numpy(), (c > 0).sum(axis=1))
+    # every evicted key has count 0 for the newest query (and, by monotonicity, later ones)
+    assert (c[:, : pos[0]] == 0).all()
+    assert (c[:, pos[0]] > 0).any()  # the oldest kept key is still reachable by some head
+
+
+def test_batch_with_left_padding_and_own_positions():
+    part = draw_partition(0.25 / alibi_slopes(4), num_samples=8, seed=5)
+    n, pad = 90, 17
+    q, k, v = _inputs(2, 4, 1, n, 8, torch.float32, seed=2)
+    mask = torch.ones(2, n, dtype=torch.int64)
+    mask[1, :pad] = 0  # sequence 1 is left-padded in the prefill
+    prefill = 30
+    cache = PLSHDecodingCache(part)
+    out, _ = _decode(cache, q, k, v, prefill=prefill, mask=mask)
+    assert (out[1, :, :pad] == 0).all()
+    for b, first in ((0, 0), (1, pad)):
+        real = slice(first, n)
+        ref, base = _reference_rows(
+            q[b : b + 1, :, real],
+            k[b : b + 1, :, real],
+            v[b : b + 1, :, real],
+            part,
+            np.arange(n - first),
+        )
+        assert_close_to_reference(out[b : b + 1, :, real].numpy(), ref, base, "float32")
+    # positions continue per sequence: sequence 1 numbers its real tokens from 0
+    assert int(cache.cached_positions(1)[-1]) == n - pad - 1
+    assert int(cache.cached_positions(0)[-1]) == n - 1
+
+
+def test_explicit_positions_with_gaps_and_long_prefill_path():
+    # a prefill of 400 tokens goes through plsh_fast.plsh_attention (> dense threshold)
+    part = draw_partition(0.5 / alibi_slopes(2), num_samples=4, seed=9)
+    n = 430
+    pos = np.cumsum(np.random.default_rng(0).integers(1, 4, size=n)) + 1000
+    q, k, v = _inputs(1, 2, 2, n, 8, torch.float32, seed=4)
+    cache = PLSHDecodingCache(part)
+    out, sizes = _decode(cache, q, k, v, prefill=400, positions=torch.from_numpy(pos))
+    ref, base = _reference_rows(q, k, v, part, pos)
+    assert_close_to_reference(out.numpy(), ref, base, "float32")
+    assert max(sizes) <= cache.bound
+
+
+def test_memory_stays_at_the_bound_over_a_long_decode():
+    part = draw_partition([2.0, 6.0], num_samples=16, seed=0)
+    cache = PLSHDecodingCache(part)
+    q, k, v = _inputs(1, 2, 2, 1, 4, torch.float32)
+    per_token = None
+    peak = 0
+    for _ in range(3000):
+        cache.update(q, k, v)
+        per_token = per_token or cache.memory_bytes()  # one token's worth, after the first call
+        peak = max(peak, cache.memory_bytes())
+        assert int(cache.cached_tokens()[0]) <= cache.bound
+    assert peak <= cache.bound * per_token
+    assert int(cache.cached_positions(0)[-1]) == 2999
+
+
+def test_cache_bound_law_is_the_largest_pitch_law():
+    # cache_bound - 1 = max_t ceil(pitch_t) <= b  iff  max_t pitch_t <= b (b integer), so its
+    # CDF is largest_pitch_cdf. DKW: P(sup |F_n - F| > 0.05) <= 2 exp(-2 * 2000 * 0.05^2)
+    # = 1.4e-4 (false-failure probability); the negative control uses s = 8 for s = 4.
+    sigma, s, draws = 3.0, 4, 2000
+    vals = np.array([cache_bound(draw_partition([sigma], s, seed=i)) - 1 for i in range(draws)])
+    grid = np.arange(1, 60)
+    emp = (vals[:, None] <= grid[None, :]).mean(axis=0)
+    assert np.abs(emp - largest_pitch_cdf(grid, sigma, s)).max() <= 0.05
+    assert np.abs(emp - largest_pitch_cdf(grid, sigma, 2 * s)).max() > 0.05
+
+
+def test_live_size_law_after_prefill():
+    # After the newest query p, the cache holds 1 + max_{h,t} L_{h,t} keys, L the number of
+    # earlier positions in p's bin: P(L >= b) = exp(-b / sigma) (collision probability), the
+    # samples independent, so P(size <= 1 + b) = prod_t (1 - exp(-(b + 1) / sigma)).
+    # DKW with 400 draws: P(sup |F_n - F| > 0.1) <= 2 exp(-8) = 6.7e-4; negative control:
+    # the law for 2 sigma is rejected.
+    sigma, s, n = 2.5, 4, 80
+    q, k, v = _inputs(1, 1, 1, n, 4, torch.float32)
+    sizes = []
+    for i in range(400):
+        cache = PLSHDecodingCache(draw_partition([sigma], s, seed=10_000 + i))
+        cache.update(q, k, v)
+        sizes.append(int(cache.cached_tokens()[0]))
+    sizes = np.array(sizes)
+    b = np.arange(0, 40)
+
+    def law(sig):
+        return (1.0 - np.exp(-(b + 1) / sig)) ** s
+
+    emp = (sizes[:, None] <= 1 + b[None, :]).mean(axis=0)
+    assert np.abs(emp - law(sigma)).max() <= 0.1
+    assert np.abs(emp - law(2 * sigma)).max() > 0.1
+
+
+def test_bad_input():
+    part = draw_partition([4.0, 8.0], num_samples=4, seed=0)
+    other = draw_partition([4.0, 8.0], num_samples=4, seed=1)
+    cache = PLSHDecodingCache(part)
+    q, k, v = _inputs(1, 2, 2, 4, 4, torch.float32)
+    cache.update(q, k, v)
+    with pytest.raises(ValueError, match="^partition"):
+        cache.update(q[:, :, :1], k[:, :, :1], v[:, :, :1], partition=other)
+    with pytest.raises(ValueError, match="^positions: decode step out of order"):
+        cache.update(q[:, :, :1], k[:, :, :1], v[:, :, :1], positions=[2])
+    with pytest.raises(ValueError, match="^positions: must increase"):
+        cache.update(q[:, :, :2], k[:, :, :2], v[:, :, :2], positions=[9, 9])
+    with pytest.raises(ValueError, match="^query: batch"):
+        cache.update(*(torch.cat([t, t]) for t in (q, k, v)))
+    with pytest.raises(ValueError, match="^query"):
+        cache.update(q.double(), k.double(), v.double())
+    with pytest.raises(TypeError, match="^query"):
+        cache.update(q.numpy(), k, v)
+    with pytest.raises(TypeError, match="^attention_mask"):
+        cache.update(q, k, v, attention_mask=torch.ones(1, 4))
+    with pytest.raises(ValueError, match="^attention_mask"):
+        cache.update(q, k, v, attention_mask=torch.full((1, 4), 2))
+    with pytest.raises(TypeError, match="^partition"):
+        PLSHDecodingCache("not a partition")
+    with pytest.raises(ValueError, match="^scale"):
+        PLSHDecodingCache(part, scale=-1.0)
+    # nothing was changed by the refused calls
+    assert int(cache.cached_positions(0)[-1]) == 3
+    assert math.isfinite(cache.bound)
