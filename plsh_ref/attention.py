@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from .alibi import alibi_bias, resolve_positions
-from .partition import PartitionSample, bins, counts
+from .partition import PartitionSample, bins, count_bias, counts
 from .validation import (
     as_float_array,
     check_bool,
@@ -124,11 +124,6 @@ def _softmax_with_log_weight(q, k, v, log_weight, scale):
     with np.errstate(divide="ignore"):
         lse = np.where(empty, -np.inf, shift + np.log(np.where(empty, 1.0, z)))[..., 0]
     return out, lse
-
-
-def _log(w: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore"):
-        return np.log(w)
 
 
 def biased_attention(query, key, value, bias, *, scale=None):
@@ -330,8 +325,8 @@ def plsh_attention(
     qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
     c = check_scale(scale, q.shape[3])
     if method == "counts":
-        w = counts(partition, qpos, kpos, causal=causal) / partition.num_samples
-        return _softmax_with_log_weight(q, k, v, _log(w)[None], c)
+        w = count_bias(counts(partition, qpos, kpos, causal=causal), partition.num_samples)
+        return _softmax_with_log_weight(q, k, v, w[None], c)
     if method == "reduction":
         return _reduction(q, k, v, partition, qpos, kpos, causal, c)
     raise ValueError(f"method: must be 'counts' or 'reduction', got {method!r}")

@@ -33,7 +33,7 @@ import scipy.linalg
 
 from ..alibi import alibi_slopes, kernel_matrix, sigma_from_slopes
 from ..attention import alibi_attention, biased_attention, fixed_block_attention, no_bias_attention
-from ..partition import counts, draw_partition
+from ..partition import count_bias, counts, draw_partition
 from ..validation import check_int
 
 __all__ = [
@@ -311,8 +311,7 @@ def output_error_experiment(
     for r in range(reps):
         partition = draw_partition(sigma, max(samples), seed=seed + 1000 * r + 1)
         for k, (s, cnt) in enumerate(_running_counts(partition, samples, qpos, kpos, True)):
-            with np.errstate(divide="ignore"):
-                bias = np.log(cnt / s)
+            bias = count_bias(cnt, s)
             out, _ = biased_attention(query, key, value, bias)
             result["plsh_max_abs"][k, r], result["plsh_rel_fro"][k, r] = _output_errors(out, ref)
             if progress is not None:
