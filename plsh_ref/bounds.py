@@ -186,9 +186,15 @@ def required_samples(n: int, eps, delta) -> int:
 def block_size_tail_bound(b: int, sigma, num_samples: int) -> float:
     """``P(some block of some of the s masks has more than b tokens) <= P(max_t delta_t > b)``.
 
-    A bin is a half-open interval of length ``delta``, so it holds at most
-    ``ceil(delta)`` integers; a block of ``b + 1`` tokens needs ``delta > b``. The right
+    A bin is a half-open interval of length ``delta``, so in exact arithmetic it holds at
+    most ``ceil(delta)`` integers; a block of ``b + 1`` tokens needs ``delta > b``. The right
     side is :func:`plsh_ref.expectation.largest_pitch_sf`, exact for independent samples.
+    The binary64 bins of :func:`plsh_ref.partition.bins` at positions ``|p| <= P`` hold at
+    most ``ceil((1 + 2B) delta)`` tokens, ``B = (P/delta + 1)(2^-52 + 2^-106) + 2^-1075``
+    (more than ``ceil(delta)`` is possible near ``2^53``); for them the right side is
+    ``largest_pitch_sf(b', sigma, s)`` with ``b' = (b - 2cP) / (1 + 2c + 2^-1074)``,
+    ``c = 2^-52 + 2^-106``, a threshold about ``2^-51 (P + b)`` lower
+    (``proofs_notes/largest_pitch.md``, section 3).
 
     Parameters
     ----------
