@@ -65,7 +65,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
 
+import numpy as np
 import torch
+
+from plsh_ref.partition import count_bias
 
 from .ordering import position_order
 from .partition import bins
@@ -343,9 +346,8 @@ class _Plan:
         LSE afterwards would cancel catastrophically when the LSE is far below ``log s``.
         """
         s = self.pitch.shape[1]
-        table = torch.log(torch.arange(s + 1, dtype=torch.float64) / s)
-        table[0] = -math.inf  # log 0: no shared bin, weight exactly 0
-        return table.to(self.dtype)
+        table = count_bias(np.arange(s + 1), s)  # table[0] = log 0 = -inf: weight exactly 0
+        return torch.from_numpy(table).to(self.dtype)
 
 
 def _clip(start: torch.Tensor, end: torch.Tensor, cut) -> torch.Tensor:

@@ -31,7 +31,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from plsh_ref.alibi import alibi_bias, resolve_positions
-from plsh_ref.partition import PartitionSample, counts, draw_partition
+from plsh_ref.partition import PartitionSample, count_bias, counts, draw_partition
 from plsh_ref.validation import check_bool, check_int, check_positive_float, check_scale
 
 from . import _validation as V
@@ -396,9 +396,8 @@ class PLSHAttention(nn.Module):
             return biased_sdpa(query, key, value, torch.from_numpy(bias), scale=self.scale)
         part = self._forward_partition()
         if self.backend == "dense":
-            with np.errstate(divide="ignore"):
-                log_c = np.log(counts(part, qpos, kpos, causal=self.causal).astype(np.float64))
-            return biased_sdpa(query, key, value, torch.from_numpy(log_c), scale=self.scale)
+            bias = count_bias(counts(part, qpos, kpos, causal=self.causal), part.num_samples)
+            return biased_sdpa(query, key, value, torch.from_numpy(bias), scale=self.scale)
         from .api import plsh_attention  # noqa: PLC0415 (plsh_fast.api imports torch/triton)
 
         return plsh_attention(

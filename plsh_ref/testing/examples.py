@@ -22,7 +22,7 @@ import numpy as np
 
 from ..alibi import alibi_bias, resolve_positions
 from ..attention import biased_attention
-from ..partition import counts
+from ..partition import count_bias, counts
 from .baseline import plain_attention_numpy
 
 __all__ = [
@@ -150,8 +150,7 @@ def averaged_plsh(query, key, value, *, partition, causal, scale, query_position
     outs = []
     for t in range(partition.num_samples):
         one = partition.samples(t, t + 1)
-        with np.errstate(divide="ignore"):
-            log_w = np.log(counts(one, qpos, kpos, causal=causal).astype(np.float64))
+        log_w = count_bias(counts(one, qpos, kpos, causal=causal), 1)
         outs.append(biased_attention(query, key, value, log_w, scale=scale)[0])
     return np.mean(outs, axis=0).astype(query.dtype)
 
