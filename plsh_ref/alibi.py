@@ -18,6 +18,7 @@ __all__ = [
     "causal_mask",
     "default_positions",
     "kernel_matrix",
+    "resolve_batch_positions",
     "resolve_positions",
     "sigma_from_slopes",
 ]
@@ -125,6 +126,109 @@ def resolve_positions(
         else as_positions("key_positions", key_positions, length=n_k)
     )
     return qpos, kpos
+
+
+def _keep_mask(attention_mask, batch: int, n_k: int) -> np.ndarray:
+    """``attention_mask`` as bool ``(batch, n_k)``: True = keep, False = pad."""
+    if hasattr(attention_mask, "detach") and hasattr(attention_mask, "cpu"):
+        attention_mask = attention_mask.detach().cpu().numpy()
+    arr = np.asarray(attention_mask)
+    if arr.shape != (batch, n_k):
+        raise ValueError(
+            f"attention_mask: must have shape (batch, n_k) = {(batch, n_k)}, got {arr.shape}"
+        )
+    if arr.dtype == np.bool_:
+        return arr.copy()
+    if not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"attention_mask: must hold bool or integer 0/1, got dtype {arr.dtype}")
+    if np.any((arr != 0) & (arr != 1)):
+        raise ValueError("attention_mask: integer entries must be 0 (pad) or 1 (keep)")
+    return arr == 1
+
+
+def _batch_positions(name: str, value, batch: int, length: int, keep) -> np.ndarray:
+    """``(n,)`` or ``(batch, n)`` positions as int64 ``(batch, n)``; pad slots set to 0."""
+    if hasattr(value, "detach") and hasattr(value, "cpu"):
+        value = value.detach().cpu().numpy()
+    arr = np.asarray(value)
+    if arr.ndim == 1:
+        arr = np.broadcast_to(arr, (batch, arr.shape[0]))
+    elif arr.ndim != 2 or arr.shape[0] != batch:
+        raise ValueError(
+            f"{name}: must have shape ({length},) or (batch, {length}) = {(batch, length)}, "
+            f"got {arr.shape}"
+        )
+    if keep is not None and np.issubdtype(arr.dtype, np.integer):
+        arr = np.where(keep, arr, 0)  # positions at pad slots are ignored (any int64 value)
+    rows = [as_positions(name, row, length=length) for row in arr]
+    return np.stack(rows) if rows else np.zeros((0, length), dtype=np.int64)
+
+
+def resolve_batch_positions(
+    batch: int,
+    n_q: int,
+    n_k: int,
+    query_positions=None,
+    key_positions=None,
+    attention_mask=None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-sequence positions and keep masks of a padded batch (SPEC section 5).
+
+    Positions may be shared by the batch, ``(n,)``, or given per sequence, ``(batch, n)``
+    (HF ``position_ids``); ``None`` means the defaults of :func:`default_positions`. The
+    key-padding mask ``attention_mask`` follows the HF 2-D convention: shape
+    ``(batch, n_k)``, bool or integer 0/1, 1/True = keep, 0 = pad. Query slot ``i`` is a
+    pad slot when ``n_q <= n_k`` and its end-aligned key slot ``n_k - n_q + i`` is padded
+    (the query is that token). Positions at pad slots are ignored: they may hold any
+    integer value and are returned as 0.
+
+    Parameters
+    ----------
+    batch, n_q, n_k : int
+        Batch size and sequence lengths, ``>= 0``.
+    query_positions, key_positions : array_like of int, optional
+        ``(n_q,)`` / ``(batch, n_q)`` and ``(n_k,)`` / ``(batch, n_k)``.
+    attention_mask : array_like of bool or int, optional
+        ``(batch, n_k)``; ``None`` keeps every key.
+
+    Returns
+    -------
+    (query_positions, key_positions, query_keep, key_keep) : tuple of numpy.ndarray
+        int64 ``(batch, n_q)`` and ``(batch, n_k)``; bool ``(batch, n_q)`` (False on pad
+        query slots) and ``(batch, n_k)`` (False on pad keys).
+
+    Raises
+    ------
+    TypeError
+        If positions are not integers or the mask is neither bool nor integer.
+    ValueError
+        On wrong shapes, ``|p| >= 2**53`` at a real slot, or mask entries other than 0/1.
+
+    References
+    ----------
+    SPEC section 5 (padded batches); HF ``attention_mask`` / ``position_ids`` conventions.
+    """
+    batch = check_int("batch", batch, minimum=0)
+    n_q = check_int("n_q", n_q, minimum=0)
+    n_k = check_int("n_k", n_k, minimum=0)
+    key_keep = np.ones((batch, n_k), dtype=bool)
+    query_keep = np.ones((batch, n_q), dtype=bool)
+    if attention_mask is not None:
+        key_keep = _keep_mask(attention_mask, batch, n_k)
+        if n_q <= n_k:
+            query_keep = key_keep[:, n_k - n_q :].copy()
+    default_q, default_k = default_positions(n_q, n_k)
+    qpos = _batch_positions(
+        "query_positions",
+        default_q if query_positions is None else query_positions,
+        batch,
+        n_q,
+        query_keep,
+    )
+    kpos = _batch_positions(
+        "key_positions", default_k if key_positions is None else key_positions, batch, n_k, key_keep
+    )
+    return np.where(query_keep, qpos, 0), np.where(key_keep, kpos, 0), query_keep, key_keep
 
 
 def causal_mask(query_positions, key_positions) -> np.ndarray:

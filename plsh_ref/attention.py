@@ -15,9 +15,11 @@ Softmax with an additive bias ``B`` equals ``D^-1 (A o exp(B)) V`` with
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
-from .alibi import alibi_bias, resolve_positions
+from .alibi import alibi_bias, resolve_batch_positions, resolve_positions
 from .partition import PartitionSample, bins, count_bias, counts
 from .validation import (
     as_float_array,
@@ -126,6 +128,40 @@ def _softmax_with_log_weight(q, k, v, log_weight, scale):
     return out, lse
 
 
+def _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask):
+    """Run ``attend(q, k, v, qpos, kpos) -> (output, lse)`` on a padded batch (SPEC section 5).
+
+    ``attend`` takes 1-D positions shared by its batch. Shared positions without a mask
+    are one call. Per-sequence positions or a mask call ``attend`` once per sequence on
+    its real tokens only (pad keys and pad query slots dropped), so a left-padded
+    sequence gives bit for bit its unpadded result; pad query rows are output 0 and
+    ``lse = -inf``.
+    """
+    batch, num_heads, n_q, n_k = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    shared = attention_mask is None and all(
+        p is None or np.ndim(p) == 1 for p in (query_positions, key_positions)
+    )
+    if shared:
+        qpos, kpos = resolve_positions(n_q, n_k, query_positions, key_positions)
+        return attend(q, k, v, qpos, kpos)
+    qpos, kpos, q_keep, k_keep = resolve_batch_positions(
+        batch, n_q, n_k, query_positions, key_positions, attention_mask
+    )
+    out = np.zeros((batch, num_heads, n_q, v.shape[3]))
+    lse = np.full((batch, num_heads, n_q), -np.inf)
+    for b in range(batch):
+        iq, ik = np.flatnonzero(q_keep[b]), np.flatnonzero(k_keep[b])
+        o, l = attend(
+            q[b : b + 1][:, :, iq],
+            k[b : b + 1][:, :, ik],
+            v[b : b + 1][:, :, ik],
+            qpos[b, iq],
+            kpos[b, ik],
+        )
+        out[b][:, iq], lse[b][:, iq] = o[0], l[0]
+    return out, lse
+
+
 def biased_attention(query, key, value, bias, *, scale=None):
     """Softmax attention with an additive bias: ``softmax(scale q k^T + bias) v``.
 
@@ -174,6 +210,7 @@ def alibi_attention(
     scale=None,
     query_positions=None,
     key_positions=None,
+    attention_mask=None,
 ):
     """Exact ALiBi attention in float64: ``softmax(scale q k^T - m_h |p_i - p_j|) v``.
 
@@ -192,8 +229,15 @@ def alibi_attention(
     scale : float, optional
         Logit scale, default ``1 / sqrt(head_dim)``.
     query_positions, key_positions : array_like of int, optional
-        Absolute positions ``(n_q,)``, ``(n_k,)``; default keys ``0..n_k-1`` and queries
-        aligned to the end.
+        Absolute positions ``(n_q,)``, ``(n_k,)`` shared by the batch, or ``(batch, n_q)``,
+        ``(batch, n_k)`` per sequence (HF ``position_ids``); default keys ``0..n_k-1`` and
+        queries aligned to the end.
+    attention_mask : array_like of bool or int, optional
+        Key-padding mask ``(batch, n_k)``, 1/True = keep, 0 = pad (HF 2-D convention).
+        Pad keys get weight 0; a query slot whose end-aligned key slot is padded is a pad
+        query and returns output 0, ``lse = -inf``; positions at pad slots are ignored
+        (:func:`plsh_ref.alibi.resolve_batch_positions`). A left-padded sequence gives
+        exactly its unpadded result on its real tokens.
 
     Returns
     -------
@@ -204,33 +248,53 @@ def alibi_attention(
     ------
     TypeError, ValueError
         Bad shapes, NaN/inf, non-dividing head counts, non-positive slopes or scale,
-        non-integer positions, logits ``scale q.k`` that overflow float64 (``query``).
+        non-integer positions, logits ``scale q.k`` that overflow float64 (``query``), a
+        mask of the wrong shape or with entries other than 0/1 (``attention_mask``).
 
     References
     ----------
-    Press et al. (2022); SPEC section 1.
-    """
-    q, k, v = validate_qkv(query, key, value)
-    m = check_slopes(slopes, q.shape[1])
-    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
-    bias = alibi_bias(m, qpos, kpos, causal=causal)
-    return _softmax_with_log_weight(q, k, v, bias[None], check_scale(scale, q.shape[3]))
-
-
-def no_bias_attention(
-    query, key, value, *, causal: bool = True, scale=None, query_positions=None, key_positions=None
-):
-    """Baseline without positional bias: ``softmax(scale q k^T) v`` (causal mask optional).
-
-    Shapes, returns and errors as :func:`alibi_attention`. The paper's "no bias" baseline.
+    Press et al. (2022); SPEC sections 1 and 5.
     """
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
-    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
-    log_w = np.zeros((1, 1, q.shape[2], k.shape[2]))
-    if causal:
-        log_w = np.where(kpos[None, :] <= qpos[:, None], 0.0, -np.inf)[None, None]
-    return _softmax_with_log_weight(q, k, v, log_w, check_scale(scale, q.shape[3]))
+    m = check_slopes(slopes, q.shape[1])
+    c = check_scale(scale, q.shape[3])
+
+    def attend(q, k, v, qpos, kpos):
+        bias = alibi_bias(m, qpos, kpos, causal=causal)
+        return _softmax_with_log_weight(q, k, v, bias[None], c)
+
+    return _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
+
+
+def no_bias_attention(
+    query,
+    key,
+    value,
+    *,
+    causal: bool = True,
+    scale=None,
+    query_positions=None,
+    key_positions=None,
+    attention_mask=None,
+):
+    """Baseline without positional bias: ``softmax(scale q k^T) v`` (causal mask optional).
+
+    Shapes, padding (``attention_mask``, per-sequence positions), returns and errors as
+    :func:`alibi_attention`. The paper's "no bias" baseline.
+    """
+    causal = check_bool("causal", causal)
+    q, k, v = validate_qkv(query, key, value)
+
+    c = check_scale(scale, q.shape[3])
+
+    def attend(q, k, v, qpos, kpos):
+        log_w = np.zeros((1, 1, qpos.shape[0], kpos.shape[0]))
+        if causal:
+            log_w = np.where(kpos[None, :] <= qpos[:, None], 0.0, -np.inf)[None, None]
+        return _softmax_with_log_weight(q, k, v, log_w, c)
+
+    return _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
 
 
 def fixed_block_attention(
@@ -243,6 +307,7 @@ def fixed_block_attention(
     scale=None,
     query_positions=None,
     key_positions=None,
+    attention_mask=None,
 ):
     """Baseline with fixed blocks: attend only within ``floor(p / block_size)`` bins.
 
@@ -254,7 +319,7 @@ def fixed_block_attention(
         Block length in tokens, ``>= 1``: one for all heads, or one per head
         (length ``num_heads``).
 
-    Other parameters, returns and errors as :func:`alibi_attention`.
+    Other parameters (padding included), returns and errors as :func:`alibi_attention`.
     """
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
@@ -266,13 +331,17 @@ def fixed_block_attention(
             raise ValueError(
                 f"block_size: needs {q.shape[1]} entries (one per head), got {len(sizes)}"
             )
-    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
     size = np.asarray(sizes, dtype=np.int64)[:, None, None]
-    same = (qpos[None, :, None] // size) == (kpos[None, None, :] // size)
-    if causal:
-        same &= kpos[None, None, :] <= qpos[None, :, None]
-    log_w = np.where(same, 0.0, -np.inf)[None]
-    return _softmax_with_log_weight(q, k, v, log_w, check_scale(scale, q.shape[3]))
+
+    c = check_scale(scale, q.shape[3])
+
+    def attend(q, k, v, qpos, kpos):
+        same = (qpos[None, :, None] // size) == (kpos[None, None, :] // size)
+        if causal:
+            same &= kpos[None, None, :] <= qpos[None, :, None]
+        return _softmax_with_log_weight(q, k, v, np.where(same, 0.0, -np.inf)[None], c)
+
+    return _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
 
 
 def plsh_attention(
@@ -285,7 +354,9 @@ def plsh_attention(
     scale=None,
     query_positions=None,
     key_positions=None,
-    method: str = "counts",
+    attention_mask=None,
+    backend: str = "counts",
+    method: str | None = None,
 ):
     """PLSH attention ``T~_i = sum_j A_ij M~_ij v_j / sum_j A_ij M~_ij`` in float64.
 
@@ -295,13 +366,16 @@ def plsh_attention(
         As :func:`alibi_attention`.
     partition : PartitionSample
         ``num_heads`` must equal the query's; from :func:`plsh_ref.partition.draw_partition`.
-    causal, scale, query_positions, key_positions
-        As :func:`alibi_attention`.
-    method : {"counts", "reduction"}
+    causal, scale, query_positions, key_positions, attention_mask
+        As :func:`alibi_attention`; bins use each sequence's own positions, so a
+        left-padded sequence gives its unpadded result (bins bit for bit).
+    backend : {"counts", "reduction"}
         ``"counts"``: softmax with bias ``log C_ij`` (one fused pass; SPEC section 3b).
         ``"reduction"``: the paper's algorithm: for every sample, unbiased attention inside
         each block, then the ``s`` partial results are merged by their numerators and
         denominators (an LSE merge). Both compute the same function (to rounding).
+    method : str, optional
+        Deprecated spelling of ``backend`` (one release; DeprecationWarning).
 
     Returns
     -------
@@ -313,23 +387,35 @@ def plsh_attention(
     ------
     TypeError, ValueError
         As :func:`alibi_attention`; a partition with a different number of heads; an
-        unknown ``method``.
+        unknown ``backend``.
 
     References
     ----------
     Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
     """
+    if method is not None:
+        warnings.warn(
+            "plsh_attention(method=...) is deprecated; use backend=...",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        if method not in ("counts", "reduction"):
+            raise ValueError(f"method: must be 'counts' or 'reduction', got {method!r}")
+        backend = method
+    if backend not in ("counts", "reduction"):
+        raise ValueError(f"backend: must be 'counts' or 'reduction', got {backend!r}")
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
     partition = check_partition(partition, q.shape[1])
-    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
     c = check_scale(scale, q.shape[3])
-    if method == "counts":
-        w = count_bias(counts(partition, qpos, kpos, causal=causal), partition.num_samples)
-        return _softmax_with_log_weight(q, k, v, w[None], c)
-    if method == "reduction":
+
+    def attend(q, k, v, qpos, kpos):
+        if backend == "counts":
+            w = count_bias(counts(partition, qpos, kpos, causal=causal), partition.num_samples)
+            return _softmax_with_log_weight(q, k, v, w[None], c)
         return _reduction(q, k, v, partition, qpos, kpos, causal, c)
-    raise ValueError(f"method: must be 'counts' or 'reduction', got {method!r}")
+
+    return _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
 
 
 def _reduction(q, k, v, partition, qpos, kpos, causal, c):

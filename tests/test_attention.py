@@ -87,10 +87,10 @@ def test_plsh_attention_equals_dense_formula(prob, method):
 def test_reduction_equals_counts(prob):
     """The paper's reduction (per-sample block attention, LSE merge) = count-weighted form."""
     a = plsh_attention(
-        prob.query, prob.key, prob.value, prob.partition, method="counts", **prob.kwargs
+        prob.query, prob.key, prob.value, prob.partition, backend="counts", **prob.kwargs
     )
     b = plsh_attention(
-        prob.query, prob.key, prob.value, prob.partition, method="reduction", **prob.kwargs
+        prob.query, prob.key, prob.value, prob.partition, backend="reduction", **prob.kwargs
     )
     _close(a, b)
 
@@ -147,7 +147,7 @@ def _all_methods(part):
         "alibi": lambda q, k, v, **kw: alibi_attention(q, k, v, **kw),
         "plsh_counts": lambda q, k, v, **kw: plsh_attention(q, k, v, part, **kw),
         "plsh_reduction": lambda q, k, v, **kw: plsh_attention(
-            q, k, v, part, method="reduction", **kw
+            q, k, v, part, backend="reduction", **kw
         ),
         "no_bias": lambda q, k, v, **kw: no_bias_attention(q, k, v, **kw),
         "fixed_block": lambda q, k, v, **kw: fixed_block_attention(q, k, v, 3, **kw),
@@ -262,7 +262,7 @@ def test_left_padding_with_explicit_positions(pad):
     for fn in (
         lambda *a, **kw: alibi_attention(*a, **kw),
         lambda *a, **kw: plsh_attention(*a, part, **kw),
-        lambda *a, **kw: plsh_attention(*a, part, method="reduction", **kw),
+        lambda *a, **kw: plsh_attention(*a, part, backend="reduction", **kw),
     ):
         out, lse = fn(q, k, v, causal=True, query_positions=real, key_positions=real)
         out_p, lse_p = fn(
@@ -416,7 +416,7 @@ def test_one_hot_values_plsh_weights_are_normalised_counts(method):
     part = draw_partition([2.5], 5, seed=3)
     q, k, _ = random_qkv(13, 1, 1, 1, n, n, 4, 1)
     v = np.eye(n)[None, None]
-    w, _ = plsh_attention(q, k, v, part, causal=True, method=method)
+    w, _ = plsh_attention(q, k, v, part, causal=True, backend=method)
     a = (
         np.exp((q[0, 0] @ k[0, 0].T) / 2.0)
         * counts(part, np.arange(n), np.arange(n), causal=True)[0]

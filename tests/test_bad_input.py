@@ -182,7 +182,7 @@ def _entry_points():
         "alibi": lambda q, k, v, **kw: alibi_attention(q, k, v, **kw),
         "plsh_counts": lambda q, k, v, **kw: plsh_attention(q, k, v, PART, **kw),
         "plsh_reduction": lambda q, k, v, **kw: plsh_attention(
-            q, k, v, PART, method="reduction", **kw
+            q, k, v, PART, backend="reduction", **kw
         ),
         "no_bias": lambda q, k, v, **kw: no_bias_attention(q, k, v, **kw),
         "fixed_block": lambda q, k, v, **kw: fixed_block_attention(q, k, v, 2, **kw),
@@ -222,7 +222,9 @@ def test_attention_refuses_bad_qkv(entry, case):
 
 BAD_KWARGS = [
     (TypeError, "query_positions", dict(query_positions=[0.5, 1.0, 2.0])),
-    (ValueError, "query_positions", dict(query_positions=[[0, 1, 2]])),
+    # (batch, n) positions are per-sequence (SPEC section 5); batch 2 != 1 is refused
+    (ValueError, "query_positions", dict(query_positions=[[0, 1, 2], [0, 1, 2]])),
+    (ValueError, "query_positions", dict(query_positions=[[[0, 1, 2]]])),
     (ValueError, "key_positions", dict(key_positions=[0, 1])),  # wrong length
     (ValueError, "key_positions", dict(key_positions=[0, 1, np.nan])),
     (ValueError, "scale", dict(scale=0.0)),
@@ -252,9 +254,11 @@ def test_plsh_attention_refuses_bad_partition(fn):
     _expect(TypeError, "partition", fn, Q, K, V, (PART.pitch, PART.offset))
 
 
-def test_plsh_attention_refuses_bad_method():
-    _expect(ValueError, "method", plsh_attention, Q, K, V, PART, method="fast")
-    _expect(ValueError, "method", plsh_attention, Q, K, V, PART, method=None)
+def test_plsh_attention_refuses_bad_backend():
+    _expect(ValueError, "backend", plsh_attention, Q, K, V, PART, backend="fast")
+    _expect(ValueError, "backend", plsh_attention, Q, K, V, PART, backend=None)
+    with pytest.warns(DeprecationWarning, match="method"):
+        _expect(ValueError, "method", plsh_attention, Q, K, V, PART, method="fast")
 
 
 def test_fixed_block_refuses_bad_block_size():
