@@ -36,7 +36,13 @@ from plsh_ref.validation import check_bool, check_int, check_positive_float, che
 
 from . import _validation as V
 
-__all__ = ["PLSHAttention", "PLSHSelfAttention", "biased_sdpa", "check_attention_inputs"]
+__all__ = [
+    "PLSHAttention",
+    "PLSHSelfAttention",
+    "biased_sdpa",
+    "check_attention_inputs",
+    "derived_seed",
+]
 
 _RESAMPLE = ("every_forward", "fixed")
 _BACKENDS = ("fast", "dense")
@@ -83,7 +89,9 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
         ``(batch, num_heads_kv, n_k, head_dim_v)``; key/value heads are repeated for
         grouped-query attention (query head ``h`` uses kv head ``h // group``).
     bias : torch.Tensor or numpy.ndarray, ``(num_heads, n_q, n_k)``
-        Additive bias (``-inf`` masks a pair); cast to the query's dtype and device.
+        Additive bias (``-inf`` masks a pair); cast to the query's dtype and device. NaN
+        and ``+inf`` (also after the cast) are refused: a NaN row would otherwise come out
+        as an empty row (output 0) without a word.
     scale : float, optional
         Logit scale, default ``1 / sqrt(head_dim)``.
 
@@ -96,7 +104,8 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
     Raises
     ------
     TypeError, ValueError
-        See :func:`check_attention_inputs`; a bias of the wrong shape.
+        See :func:`check_attention_inputs`; a bias of the wrong shape or holding NaN or
+        ``+inf`` (argument name ``bias``).
     """
     check_attention_inputs(query, key, value)
     num_heads, n_q, n_k = query.shape[1], query.shape[2], key.shape[2]
@@ -106,6 +115,8 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
             f"bias: shape {tuple(bias.shape)} does not match (num_heads, n_q, "
             f"n_k) = {(num_heads, n_q, n_k)}"
         )
+    if bias.numel() and bool((torch.isnan(bias) | (bias == float("inf"))).any()):
+        raise ValueError(f"bias: contains NaN or +inf in {query.dtype} (use -inf for masked pairs)")
     group = num_heads // key.shape[1]
     if group > 1:
         key = key.repeat_interleave(group, dim=1)
@@ -132,9 +143,35 @@ def _in_backward_pass() -> bool:
     return task_id is not None and task_id() != -1
 
 
-def _derived_seed(seed: int, draw: int) -> int:
-    """Seed of the ``draw``-th training partition: ``SeedSequence([seed, draw])`` (63 bits)."""
-    state = np.random.SeedSequence([seed, draw]).generate_state(1, np.uint64)[0]
+def derived_seed(seed: int, *keys: int) -> int:
+    """A child seed ``SeedSequence([seed, *keys])`` as a 63-bit ``int`` (one definition).
+
+    Used for the ``draw``-th training partition of a module (``derived_seed(seed, draw)``)
+    and for the partition seed of layer ``l`` of a model (``derived_seed(seed, l)``,
+    :mod:`plsh_fast.experiments.model`). Children of distinct key tuples are independent
+    streams (numpy ``SeedSequence`` entropy mixing); the top bit is dropped so that the
+    result is a valid non-negative ``seed``.
+
+    Parameters
+    ----------
+    seed : int
+        Parent seed ``>= 0``.
+    *keys : int
+        Non-negative integers naming the child (draw index, layer index, ...).
+
+    Returns
+    -------
+    int
+        In ``[0, 2**63)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``seed`` or a key is not an integer ``>= 0``.
+    """
+    seed = check_int("seed", seed, minimum=0)
+    keys = [check_int("keys", k, minimum=0) for k in keys]
+    state = np.random.SeedSequence([seed, *keys]).generate_state(1, np.uint64)[0]
     return int(state >> np.uint64(1))
 
 
@@ -283,7 +320,7 @@ class PLSHAttention(nn.Module):
     def training_partition(self, draw: int) -> PartitionSample:
         """The ``draw``-th partition of the training stream (reproducible from ``seed``)."""
         draw = check_int("draw", draw, minimum=0)
-        return draw_partition(self.sigma, self.num_samples, _derived_seed(self.seed, draw))
+        return draw_partition(self.sigma, self.num_samples, derived_seed(self.seed, draw))
 
     def get_extra_state(self):
         return {"seed": self.seed, "num_draws": self.num_draws}

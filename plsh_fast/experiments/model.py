@@ -26,14 +26,19 @@ from torch import nn
 from plsh_ref.alibi import alibi_slopes, resolve_positions
 from plsh_ref.validation import check_int
 
-from ..nn import PLSHAttention, PLSHSelfAttention, biased_sdpa, check_attention_inputs
+from ..nn import (
+    PLSHAttention,
+    PLSHSelfAttention,
+    biased_sdpa,
+    check_attention_inputs,
+    derived_seed,
+)
 
 __all__ = [
     "ByteLM",
     "FixedBlockAttention",
     "NoBiasAttention",
     "default_block_sizes",
-    "layer_seed",
     "make_attention",
     "parse_variant",
 ]
@@ -62,12 +67,6 @@ def parse_variant(name: str) -> tuple[str, int | None]:
 def default_block_sizes(num_heads: int) -> list[int]:
     """Per-head fixed block size ``round(2 sigma_h)`` (mean PLSH pitch), at least 1."""
     return [max(1, int(round(2.0 / m))) for m in alibi_slopes(num_heads)]
-
-
-def layer_seed(seed: int, layer: int) -> int:
-    """Partition seed of layer ``layer``: ``SeedSequence([seed, layer])`` (63 bits)."""
-    state = np.random.SeedSequence([seed, layer]).generate_state(1, np.uint64)[0]
-    return int(state >> np.uint64(1))
 
 
 class _MaskAttention(nn.Module):
@@ -175,7 +174,7 @@ class ByteLM(nn.Module):
     mlp_ratio : int
         MLP hidden width / ``d_model``.
     seed : int
-        Partition seed; layer ``l`` uses :func:`layer_seed` ``(seed, l)``.
+        Partition seed; layer ``l`` uses :func:`plsh_fast.nn.derived_seed` ``(seed, l)``.
     backend : {"fast", "dense"}
         PLSH backend (see :class:`plsh_fast.nn.PLSHAttention`).
     block_sizes : sequence of int, optional
@@ -213,7 +212,7 @@ class ByteLM(nn.Module):
                 make_attention(
                     variant,
                     num_heads,
-                    seed=layer_seed(seed, layer),
+                    seed=derived_seed(seed, layer),
                     backend=backend,
                     block_sizes=block_sizes,
                     resample=resample,
