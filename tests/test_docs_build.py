@@ -87,3 +87,149 @@ def test_conf_lists_public_modules_only():
         "plsh_ref.testing.strategies",
     } <= set(modules)
     assert not [m for m in modules if any(p.startswith("_") for p in m.split("."))]
+
+
+# ---------------------------------------------------------------- headings: no raw LaTeX
+#: every Markdown source that becomes a page (titles, toc entries, prev/next links)
+PAGES = sorted(
+    [p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts]
+    + NOTES
+    + list((ROOT / "benchmarks" / "results").glob("*.md"))
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_headings_have_no_raw_latex(page):
+    # A heading's text becomes the HTML <title>, the toctree entry and the prev/next link,
+    # where MathJax does not run: "$L^*$" would show as "\(L^*\)". Use Unicode instead.
+    text = re.sub(r"^(```|~~~).*?^\1\s*$", "", page.read_text(), flags=re.S | re.M)
+    bad = [h for h in re.findall(r"^#{1,6} .*$", text, flags=re.M) if re.search(r"[$\\]", h)]
+    assert not bad, f"{page.name}: headings with LaTeX {bad}"
+
+
+def test_heading_check_sees_latex():
+    # negative control for the pattern above
+    assert re.search(r"[$\\]", "# The spectrum of $L^*$")
+    assert not re.search(r"[$\\]", "# The spectrum of L* and the 1/√s scale")
+
+
+# ---------------------------------------------------------------- math without network
+MATH_PAGE = r"""# Math page
+
+Inline $a^2 + b^2 = c^2$ and a display:
+
+$$
+\sum_{k=1}^{n} k = \frac{n (n + 1)}{2}
+$$
+
+\begin{align}
+f(\theta) &= \frac{1 - \rho^2}{1 - 2 \rho \cos\theta + \rho^2}
+\end{align}
+"""
+
+
+@pytest.fixture(scope="module")
+def math_site(tmp_path_factory):
+    """A one-page site built with docs/conf.py's math configuration (extensions, MyST
+    options, theme, mathjax_path if set): what the real build does to formulas."""
+    import subprocess
+    import sys
+
+    conf = _load_conf()
+    src = tmp_path_factory.mktemp("math_src")
+    out = tmp_path_factory.mktemp("math_html")
+    settings = {
+        "extensions": [e for e in conf.extensions if e == "myst_parser" or "math" in e],
+        "myst_enable_extensions": conf.myst_enable_extensions,
+        "myst_dmath_double_inline": conf.myst_dmath_double_inline,
+        "html_theme": conf.html_theme,
+    }
+    for name in ("mathjax_path", "mathjax3_config", "mathjax4_config", "mathjax_options"):
+        if hasattr(conf, name):
+            settings[name] = getattr(conf, name)
+    (src / "conf.py").write_text("".join(f"{k} = {v!r}\n" for k, v in settings.items()))
+    (src / "index.md").write_text(MATH_PAGE)
+    subprocess.run(
+        [sys.executable, "-m", "sphinx", "-q", "-W", "-b", "html", str(src), str(out)],
+        check=True,
+        timeout=300,
+    )
+    return out
+
+
+def _mathjax_sources(html: str) -> list[str]:
+    return [s for s in re.findall(r'<script[^>]*\ssrc="([^"]+)"', html) if "mathjax" in s.lower()]
+
+
+def test_mathjax_is_a_bundled_local_file(math_site):
+    html = (math_site / "index.html").read_text()
+    sources = _mathjax_sources(html)
+    assert sources, "no MathJax script on a page with math"
+    for source in sources:
+        assert not re.match(r"^(https?:)?//", source), f"MathJax loaded from the network: {source}"
+        assert (math_site / source).is_file(), f"MathJax script {source} not in the build"
+    assert len(re.findall(r'class="(amsmath )?math notranslate nohighlight"', html)) == 3
+
+
+def _chromium():
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _rendered_formulas(site: Path, page: str, tmp_path: Path) -> int:
+    """Number of MathJax-typeset formulas on ``page`` served from ``site`` on localhost,
+    in headless Chromium that cannot resolve any other host."""
+    import functools
+    import http.server
+    import subprocess
+    import threading
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(site))
+    handler.log_message = lambda *args: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        dom = subprocess.run(
+            [
+                _chromium(),
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost",
+                f"--user-data-dir={tmp_path / 'chromium-profile'}",
+                "--virtual-time-budget=15000",
+                "--dump-dom",
+                f"http://localhost:{server.server_address[1]}/{page}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert "Math page" in dom, "the page did not load"
+    return dom.count("<mjx-container")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="needs chromium (not installed in CI)")
+def test_math_renders_in_a_browser_without_network(math_site, tmp_path):
+    assert _rendered_formulas(math_site, "index.html", tmp_path) == 3
+    # Negative control: the same page loading MathJax from its CDN typesets nothing, so the
+    # browser really had no network and the count above came from the bundled copy.
+    html = (math_site / "index.html").read_text()
+    (math_site / "cdn.html").write_text(
+        html.replace(
+            _mathjax_sources(html)[0], "https://cdn.jsdelivr.net/npm/mathjax@3/es5/tex-chtml.js"
+        )
+    )
+    assert _rendered_formulas(math_site, "cdn.html", tmp_path) == 0
