@@ -3,7 +3,14 @@
 The paper states its guarantees with unspecified constants; every constant below is
 ours, derived in ``proofs_notes/`` (each function names its note). All probabilities are
 over the partition sample and assume its ``s`` samples are **independent** (as drawn by
-:func:`plsh_ref.partition.draw_partition`); correlated samplers need their own analysis.
+:func:`plsh_ref.partition.draw_partition` with ``sampler="iid"``) unless a function takes
+``sampler=``. For the correlated samplers (``"stratified"``, ``"shared"``;
+``proofs_notes/samplers.md``): the max-norm bounds take ``sampler=`` and use Hoeffding
+over the ``m`` independent pitch groups (DKW needs iid hashes); the block-size bounds take
+``sampler=`` and use that sampler's largest-pitch law; the a-posteriori
+:func:`output_error_certificate` holds for any sample; the spectral bounds and
+:func:`required_samples` hold for ``"iid"`` only (matrix Bernstein with the one-mask
+variance proxy assumes independent masks) and must not be applied to a correlated sample.
 
 * Max norm (``proofs_notes/max_norm_bound.md``): each half-row of ``M~`` is an empirical
   survival function, so Dvoretzky-Kiefer-Wolfowitz with Massart's constant gives
@@ -34,6 +41,7 @@ from .expectation import (
     variance_proxy_limit,
 )
 from .partition import counts
+from .samplers import largest_pitch_quantile_of, largest_pitch_sf_of, resolve_group_size
 from .toeplitz import kms_spectral_norm_limit
 from .validation import (
     check_int,
@@ -67,20 +75,29 @@ EXACT_VARIANCE_MAX_N = 1024
 # --------------------------------------------------------------------------------------
 
 
-def max_norm_tail_bound(n: int, num_samples: int, eps) -> float:
+def max_norm_tail_bound(
+    n: int, num_samples: int, eps, *, sampler: str = "iid", group_size=None
+) -> float:
     """``min(1, 2 (n - 1) exp(-2 s eps^2)) >= P(max_ij |M~_ij - L*_ij| > eps)``.
 
     Valid for any ``n`` distinct integer positions, bidirectional or causal, and any query
-    and key subsets of them.
+    and key subsets of them. For ``sampler="stratified"`` or ``"shared"`` (``m = s / s'``
+    independent groups, each group mean in ``[0, 1]``): Hoeffding per entry and a union
+    bound over the ``n (n - 1) / 2`` pairs, ``min(1, n (n - 1) exp(-2 m eps^2))``
+    (``proofs_notes/samplers.md``).
 
     Parameters
     ----------
     n : int
         Number of distinct positions, ``>= 1`` (``n = 1``: ``M~ = L* = 1``, bound 0).
     num_samples : int
-        ``s >= 1`` independent samples.
+        ``s >= 1`` samples.
     eps : float
         Error level in ``(0, 1)``.
+    sampler : {"iid", "stratified", "shared"}
+        How the sample is drawn (:func:`plsh_ref.partition.draw_partition`).
+    group_size : int, optional
+        ``s'`` of a correlated sampler (default :func:`plsh_ref.samplers.resolve_group_size`).
 
     Returns
     -------
@@ -90,7 +107,8 @@ def max_norm_tail_bound(n: int, num_samples: int, eps) -> float:
     Raises
     ------
     ValueError, TypeError
-        ``n < 1``, ``num_samples < 1``, ``eps`` outside ``(0, 1)``.
+        ``n < 1``, ``num_samples < 1``, ``eps`` outside ``(0, 1)``, bad ``sampler`` or
+        ``group_size``.
 
     References
     ----------
@@ -100,13 +118,26 @@ def max_norm_tail_bound(n: int, num_samples: int, eps) -> float:
     n = check_int("n", n, minimum=1)
     s = check_int("num_samples", num_samples, minimum=1)
     eps = check_probability("eps", eps)
+    groups = _independent_groups(sampler, s, group_size)
     if n == 1:
         return 0.0
+    if sampler != "iid":
+        return min(1.0, n * (n - 1.0) * math.exp(-2.0 * groups * eps * eps))
     return min(1.0, 2.0 * (n - 1) * math.exp(-2.0 * s * eps * eps))
 
 
-def max_norm_error_bound(n: int, num_samples: int, delta) -> float:
+def _independent_groups(sampler, num_samples: int, group_size) -> int:
+    """Number ``m`` of independent pitch groups (``s`` for ``"iid"``); validates."""
+    return num_samples // resolve_group_size(sampler, num_samples, group_size)
+
+
+def max_norm_error_bound(
+    n: int, num_samples: int, delta, *, sampler: str = "iid", group_size=None
+) -> float:
     """``eps = sqrt(log(2 (n - 1) / delta) / (2 s))``: ``P(max |M~ - L*| > eps) <= delta``.
+
+    For a correlated ``sampler``: ``eps = sqrt(log(n (n - 1) / delta) / (2 m))``, the
+    inverse of :func:`max_norm_tail_bound` (Hoeffding over the ``m`` groups).
 
     Parameters
     ----------
@@ -116,6 +147,8 @@ def max_norm_error_bound(n: int, num_samples: int, delta) -> float:
         ``s >= 1``.
     delta : float
         Failure probability in ``(0, 1)``.
+    sampler, group_size
+        As :func:`max_norm_tail_bound`.
 
     Returns
     -------
@@ -125,17 +158,20 @@ def max_norm_error_bound(n: int, num_samples: int, delta) -> float:
     Raises
     ------
     ValueError, TypeError
-        ``n < 1``, ``num_samples < 1``, ``delta`` outside ``(0, 1)``.
+        ``n < 1``, ``num_samples < 1``, ``delta`` outside ``(0, 1)``, bad ``sampler``.
 
     References
     ----------
-    ``proofs_notes/max_norm_bound.md``.
+    ``proofs_notes/max_norm_bound.md``; ``proofs_notes/samplers.md``.
     """
     n = check_int("n", n, minimum=1)
     s = check_int("num_samples", num_samples, minimum=1)
     delta = check_probability("delta", delta)
+    groups = _independent_groups(sampler, s, group_size)
     if n == 1:
         return 0.0
+    if sampler != "iid":
+        return math.sqrt(max(0.0, math.log(n * (n - 1.0) / delta)) / (2.0 * groups))
     return math.sqrt(max(0.0, math.log(2.0 * (n - 1) / delta)) / (2.0 * s))
 
 
@@ -159,7 +195,8 @@ def required_samples(n: int, eps, delta) -> int:
     Raises
     ------
     ValueError, TypeError
-        ``n < 1``, ``eps`` or ``delta`` outside ``(0, 1)``.
+        ``n < 1``, ``eps`` or ``delta`` outside ``(0, 1)``, or ``eps`` so small that the
+        answer exceeds ``2**53`` (message starts with ``eps``).
 
     References
     ----------
@@ -170,7 +207,16 @@ def required_samples(n: int, eps, delta) -> int:
     delta = check_probability("delta", delta)
     if n == 1:
         return 1
-    s = max(1, math.ceil(math.log(2.0 * (n - 1) / delta) / (2.0 * eps * eps)))
+    log_term = math.log(2.0 * (n - 1) / delta)
+    # s ~ log_term / (2 eps^2), estimated in log space: eps^2 underflows for eps < 1e-154
+    log_s = math.log(log_term) - math.log(2.0) - 2.0 * math.log(eps)
+    if log_s > math.log(2.0**53):
+        about = f"1e{log_s / math.log(10.0):.0f}"
+        raise ValueError(
+            f"eps: {eps:g} needs about {about} samples, beyond 2**53 where a sample count "
+            "is exact in floating point; use a larger eps"
+        )
+    s = max(1, math.ceil(log_term / (2.0 * eps * eps)))
     while s > 1 and 2.0 * (n - 1) * math.exp(-2.0 * (s - 1) * eps * eps) <= delta:
         s -= 1  # guard against rounding up one too many
     while 2.0 * (n - 1) * math.exp(-2.0 * s * eps * eps) > delta:
@@ -183,7 +229,9 @@ def required_samples(n: int, eps, delta) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def block_size_tail_bound(b: int, sigma, num_samples: int) -> float:
+def block_size_tail_bound(
+    b: int, sigma, num_samples: int, *, sampler: str = "iid", group_size=None
+) -> float:
     """``P(some block of some of the s masks has more than b tokens) <= P(max_t delta_t > b)``.
 
     A bin is a half-open interval of length ``delta``, so in exact arithmetic it holds at
@@ -194,7 +242,9 @@ def block_size_tail_bound(b: int, sigma, num_samples: int) -> float:
     (more than ``ceil(delta)`` is possible near ``2^53``); for them the right side is
     ``largest_pitch_sf(b', sigma, s)`` with ``b' = (b - 2cP) / (1 + 2c + 2^-1074)``,
     ``c = 2^-52 + 2^-106``, a threshold about ``2^-51 (P + b)`` lower
-    (``proofs_notes/largest_pitch.md``, section 3).
+    (``proofs_notes/largest_pitch.md``, section 3). A correlated ``sampler`` uses its own
+    largest-pitch law (:func:`plsh_ref.samplers.largest_pitch_sf_of`; for
+    ``"stratified"`` ``min(1, m P(delta > b))``): the argument needs no independence.
 
     Parameters
     ----------
@@ -204,6 +254,8 @@ def block_size_tail_bound(b: int, sigma, num_samples: int) -> float:
         Length scale, > 0.
     num_samples : int
         ``s >= 1``.
+    sampler, group_size
+        As :func:`max_norm_tail_bound`.
 
     Returns
     -------
@@ -212,39 +264,46 @@ def block_size_tail_bound(b: int, sigma, num_samples: int) -> float:
     Raises
     ------
     ValueError, TypeError
-        ``b < 0``, bad ``sigma``, ``num_samples < 1``.
+        ``b < 0``, bad ``sigma``, ``num_samples < 1``, bad ``sampler`` or ``group_size``.
 
     References
     ----------
-    ``proofs_notes/largest_pitch.md``.
+    ``proofs_notes/largest_pitch.md``; ``proofs_notes/samplers.md``.
     """
     b = check_int("b", b, minimum=0)
-    return float(largest_pitch_sf(float(b), sigma, num_samples))
+    return float(
+        largest_pitch_sf_of(float(b), sigma, num_samples, sampler=sampler, group_size=group_size)
+    )
 
 
-def block_size_bound(sigma, num_samples: int, delta) -> int:
+def block_size_bound(
+    sigma, num_samples: int, delta, *, sampler: str = "iid", group_size=None
+) -> int:
     """Smallest integer ``b`` with :func:`block_size_tail_bound` ``<= delta``.
 
     With probability ``>= 1 - delta`` every block of the ``s`` masks of one head has at most
     ``b`` tokens (any sequence length). ``b = ceil(q)`` with ``q`` the ``1 - delta``
     quantile of the largest pitch (Lambert W); ``b ~ sigma (ln(s/delta) + ln ln(s/delta))``.
+    ``sampler``/``group_size`` as :func:`block_size_tail_bound`.
 
     Raises
     ------
     ValueError, TypeError
-        Bad ``sigma``, ``num_samples < 1``, ``delta`` outside ``(0, 1)``.
+        Bad ``sigma``, ``num_samples < 1``, ``delta`` outside ``(0, 1)``, bad ``sampler``.
 
     References
     ----------
-    ``proofs_notes/largest_pitch.md``.
+    ``proofs_notes/largest_pitch.md``; ``proofs_notes/samplers.md``.
     """
     sigma = check_positive_float("sigma", sigma)
     s = check_int("num_samples", num_samples, minimum=1)
     delta = check_probability("delta", delta)
-    b = max(0, math.ceil(largest_pitch_quantile(1.0 - delta, sigma, s)))
-    while b > 0 and largest_pitch_sf(float(b - 1), sigma, s) <= delta:
+    kw = {"sampler": sampler, "group_size": group_size}
+
+    b = max(0, math.ceil(largest_pitch_quantile_of(1.0 - delta, sigma, s, **kw)))
+    while b > 0 and largest_pitch_sf_of(float(b - 1), sigma, s, **kw) <= delta:
         b -= 1
-    while largest_pitch_sf(float(b), sigma, s) > delta:
+    while largest_pitch_sf_of(float(b), sigma, s, **kw) > delta:
         b += 1
     return b
 
@@ -338,7 +397,9 @@ def spectral_error_bound(n: int, sigma, num_samples: int, delta, *, variance=Non
     ``mu = E[X 1[delta > k]]`` and ``R = max(min(n, k), ||L*||) + ||mu||``,
     ``P(||M~ - L*|| > tau + ||mu||) <= p_k + 2 n exp(-s tau^2 / (2 (v + R tau / 3)))``.
     ``k`` is chosen among a few quantiles of the largest pitch (and ``k = n``, no
-    truncation); the best resulting ``eps`` is returned.
+    truncation); the best resulting ``eps`` is returned. Independent (``"iid"``) samples
+    only: do not apply it to a ``"stratified"`` or ``"shared"`` sample
+    (``proofs_notes/samplers.md``).
 
     Parameters
     ----------
@@ -533,6 +594,8 @@ def output_error_certificate(
 ):
     """A-posteriori bound on ``|T~_ik - T*_ik|`` for a given partition sample and Q/K/V.
 
+    Deterministic in the sample, so it holds for every sampler (``partition.sampler``).
+
     From the exact identity ``T~_i - T*_i = sum_j E_ij (v_j - T~_i) / Z*_i`` with
     ``E = A o (M~ - L*)`` and ``Z*_i = sum_j A_ij L*_ij``::
 
@@ -598,6 +661,8 @@ def output_error_bound(
     scale=None,
     query_positions=None,
     key_positions=None,
+    sampler: str = "iid",
+    group_size=None,
 ):
     """A-priori bound: with probability ``>= 1 - delta`` over the partition sample,
     simultaneously for every head, row and column,
@@ -619,6 +684,9 @@ def output_error_bound(
         Failure probability in ``(0, 1)``.
     slopes, causal, scale, query_positions, key_positions
         As :func:`output_error_certificate`.
+    sampler, group_size
+        How the partition is drawn; passed to :func:`max_norm_error_bound` (Hoeffding over
+        pitch groups for a correlated sampler).
 
     Returns
     -------
@@ -640,7 +708,7 @@ def output_error_bound(
         query, key, value, slopes, causal, scale, query_positions, key_positions
     )
     n = np.unique(np.concatenate([qpos, kpos])).size
-    eps = max_norm_error_bound(n, s, delta / a.shape[1])
+    eps = max_norm_error_bound(n, s, delta / a.shape[1], sampler=sampler, group_size=group_size)
     z_star = np.sum(a * lstar[None], axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(z_star > 0, eps * np.sum(a, axis=-1) / z_star, 0.0)
