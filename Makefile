@@ -26,7 +26,7 @@ lint:
 	$(BIN)/ruff format --check .
 
 tests:
-	$(BIN)/python -m pytest -n 2 --dist loadgroup tests
+	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=20 tests
 
 docs:
 	$(BIN)/python -m sphinx -W --keep-going -n -b html docs docs/_build/html

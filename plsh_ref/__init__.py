@@ -2,9 +2,18 @@
 
 Wolfson & Wagner, *Positional LSH: Binary Block Matrix Approximation for Attention with
 Linear Biases* (arXiv 2605.09472, 2026). Depends on numpy, scipy and mpmath only.
+
+``import plsh_ref`` loads the numpy-only modules (:mod:`.alibi`, :mod:`.attention`,
+:mod:`.partition`); the modules that need scipy or mpmath (:mod:`.bounds`,
+:mod:`.expectation`, :mod:`.toeplitz`, :mod:`.mp_attention`) and every other submodule load
+on first access (``plsh_ref.bounds``), PEP 562.
 """
 
-from . import alibi, attention, bounds, expectation, partition, toeplitz
+from __future__ import annotations
+
+import importlib
+
+from . import alibi, attention, partition
 from .alibi import alibi_bias, alibi_slopes, default_positions, kernel_matrix, sigma_from_slopes
 from .attention import (
     alibi_attention,
@@ -14,8 +23,26 @@ from .attention import (
     plsh_attention,
 )
 from .partition import PartitionSample, bins, counts, draw_partition, empirical_mean, masks
+from .provenance import package_version as _package_version
 
-__version__ = "0.1.0"
+#: the installed distribution's version (written once, in pyproject.toml)
+__version__ = _package_version()
+
+#: submodules loaded on first attribute access (scipy/mpmath and the rest)
+_LAZY_SUBMODULES = frozenset(
+    {
+        "bounds",
+        "cli",
+        "data",
+        "expectation",
+        "experiments",
+        "mp_attention",
+        "provenance",
+        "testing",
+        "toeplitz",
+        "validation",
+    }
+)
 
 __all__ = [
     "PartitionSample",
@@ -41,3 +68,15 @@ __all__ = [
     "plsh_attention",
     "sigma_from_slopes",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        module = importlib.import_module(f".{name}", __name__)
+        globals()[name] = module
+        return module
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _LAZY_SUBMODULES)

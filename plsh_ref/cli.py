@@ -1,48 +1,93 @@
-"""The ``plsh`` command line: a dispatcher over subcommands.
+"""The ``plsh`` command line: a dispatcher over subcommands registered as entry points.
 
-Each subcommand lives in its own module exposing ``HELP`` (one line),
-``add_arguments(parser)`` and ``run(args) -> int``. Only the chosen module is imported,
-so ``plsh reproduce`` runs without torch. With no subcommand, ``plsh`` runs the main job
-``plsh reproduce`` with its defaults. A ``ValueError``, ``TypeError``, ``OverflowError`` or
-``OSError`` escaping a subcommand is reported in one line with exit status 2 (set
-``PLSH_DEBUG=1`` for the traceback).
+Subcommands are the entry points of the group ``plsh.commands`` (:data:`GROUP`): each
+names a module exposing ``HELP`` (its description), ``add_arguments(parser)`` and
+``run(args) -> int``, and optionally ``SUMMARY`` (one line for ``plsh --help``) and
+``REQUIRES`` (importable modules the command needs, e.g. ``("torch",)``). Any installed
+package adds a command by declaring one in its metadata; this package declares
+``reproduce``, ``spectrum``, ``bounds``, ``verify`` (plsh_ref) and ``train-lm``
+(plsh_fast) in ``pyproject.toml``. Only the chosen module is imported, so the plsh_ref
+commands run without torch.
+
+With no subcommand, ``plsh`` runs the main job ``plsh reproduce`` with its defaults. A
+command whose module or ``REQUIRES`` cannot be imported ends in one line naming what is
+missing, exit status 2. A ``ValueError``, ``TypeError``, ``OverflowError``,
+``MemoryError`` or ``OSError`` escaping a subcommand is reported in one line with exit
+status 2 (set ``PLSH_DEBUG=1`` for the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import os
 import sys
 
-__all__ = ["COMMANDS", "main"]
+__all__ = ["DEFAULT_COMMAND", "GROUP", "commands", "load_command", "main"]
 
-#: subcommand name -> module implementing it
-COMMANDS = {
-    "reproduce": "plsh_ref.experiments.reproduce",
-    "spectrum": "plsh_ref.experiments.spectrum",
-    "bounds": "plsh_ref.experiments.bounds_report",
-    "verify": "plsh_ref.testing.verify",
-    "train-lm": "plsh_fast.experiments.train_lm",
-}
+#: entry-point group of the subcommands
+GROUP = "plsh.commands"
 
-_SUMMARIES = {
-    "reproduce": "the paper's convergence experiment (default command)",
-    "spectrum": "KMS spectrum of L*, symbol bounds, spectra of M~ and M~ - L*",
-    "bounds": "Theorem 2.1/2.2 bounds and the samples needed for a target error",
-    "verify": "check a user's attention kernel against the reference",
-    "train-lm": "train small byte-level LMs: ALiBi vs PLSH vs baselines (needs torch)",
-}
+#: the command run by a bare ``plsh``
+DEFAULT_COMMAND = "reproduce"
+
+
+def commands() -> dict[str, importlib.metadata.EntryPoint]:
+    """The installed subcommands: name -> entry point (its value is the module's name)."""
+    found = {ep.name: ep for ep in importlib.metadata.entry_points(group=GROUP)}
+    # the default command first, the rest in the order their packages declare them
+    return dict(sorted(found.items(), key=lambda item: item[0] != DEFAULT_COMMAND))
+
+
+def _missing_requirement(module) -> str | None:
+    """The first module in ``module.REQUIRES`` that cannot be imported, else ``None``."""
+    for name in getattr(module, "REQUIRES", ()):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return name
+    return None
+
+
+def _needs_message(command: str, what: str) -> str:
+    return (
+        f"plsh {command}: needs {what}, which cannot be imported; install it, e.g. "
+        "`pip install positional-lsh[fast]`"
+    )
+
+
+def load_command(name: str):
+    """Import the module of subcommand ``name``.
+
+    Raises
+    ------
+    KeyError
+        ``name`` is not an installed subcommand.
+    ImportError
+        The module (or a package it imports) cannot be imported.
+    """
+    return importlib.import_module(commands()[name].value)
+
+
+def _summary(ep) -> str:
+    try:
+        module = importlib.import_module(ep.value)
+    except ImportError as exc:
+        return f"(unavailable: {exc})"
+    text = getattr(module, "SUMMARY", None) or module.HELP.split(". ")[0].rstrip(".")
+    missing = _missing_requirement(module)
+    return text + (f" (needs {missing}: not installed)" if missing else "")
 
 
 def _usage() -> str:
     lines = [
         "usage: plsh [COMMAND] [OPTIONS]",
         "",
-        "With no COMMAND, runs `plsh reproduce`. Commands:",
+        f"With no COMMAND, runs `plsh {DEFAULT_COMMAND}`. Commands:",
     ]
-    lines += [f"  {name:<10} {_SUMMARIES[name]}" for name in COMMANDS]
-    lines += ["", "`plsh COMMAND --help` describes a command's options."]
+    lines += [f"  {name:<10} {_summary(ep)}" for name, ep in commands().items()]
+    lines += ["", "`plsh COMMAND --help` describes a command's options; `plsh --version`."]
     return "\n".join(lines)
 
 
@@ -53,38 +98,49 @@ def main(argv: list[str] | None = None) -> int:
         print(_usage())
         return 0
     if argv and argv[0] in ("-V", "--version"):
-        from . import __version__
+        from .provenance import package_version
 
-        print(f"positional-lsh {__version__}")
+        print(f"positional-lsh {package_version()}")
         return 0
     if not argv or argv[0].startswith("-"):
-        command = "reproduce"
+        command = DEFAULT_COMMAND
     else:
         command = argv.pop(0)
-    if command not in COMMANDS:
-        print(f"plsh: unknown command {command!r}\n\n{_usage()}", file=sys.stderr)
-        return 2
-    try:
-        module = importlib.import_module(COMMANDS[command])
-    except ImportError as exc:
+    available = commands()
+    if command not in available:
         print(
-            f"plsh {command}: cannot import {COMMANDS[command]} ({exc}); "
-            "install the extras it needs, e.g. `pip install positional-lsh[fast]`",
+            f"plsh: unknown command {command!r} (one of: {', '.join(available)}; see plsh --help)",
             file=sys.stderr,
         )
+        return 2
+    try:
+        module = importlib.import_module(available[command].value)
+    except ImportError as exc:
+        if isinstance(exc, ModuleNotFoundError) and exc.name:
+            # a dependency that is not installed (e.g. torch for train-lm)
+            print(_needs_message(command, exc.name.split(".")[0]), file=sys.stderr)
+        else:
+            print(
+                f"plsh {command}: cannot import {available[command].value}: {exc}", file=sys.stderr
+            )
         return 2
     parser = argparse.ArgumentParser(prog=f"plsh {command}", description=module.HELP)
     module.add_arguments(parser)
     args = parser.parse_args(argv)
+    missing = _missing_requirement(module)
+    if missing is not None:
+        print(_needs_message(command, missing), file=sys.stderr)
+        return 2
     try:
         return int(module.run(args) or 0)
-    except (ValueError, TypeError, OverflowError, OSError) as exc:
+    except (ValueError, TypeError, OverflowError, MemoryError, OSError) as exc:
         # Bad input (an option out of range, an unreadable file, an argument the library
         # refuses): one line and exit status 2, as for argparse errors. PLSH_DEBUG=1 shows
         # the traceback.
         if os.environ.get("PLSH_DEBUG"):
             raise
-        print(f"plsh {command}: error: {exc}", file=sys.stderr)
+        text = str(exc).replace("\n", " ") or type(exc).__name__
+        print(f"plsh {command}: error: {text}", file=sys.stderr)
         return 2
 
 

@@ -19,8 +19,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .samplers import check_sampler, resolve_group_size, stratified_pitch
-from .validation import as_float_array, as_positions, check_bool, check_int, check_sigma
+from .validation import (
+    as_float_array,
+    as_positions,
+    check_bool,
+    check_int,
+    check_num_samples,
+    check_sigma,
+)
 
 __all__ = [
     "PartitionSample",
@@ -70,6 +76,9 @@ class PartitionSample:
     sampler: str = "iid"
 
     def __post_init__(self):
+        # lazy: samplers needs scipy/mpmath, and `import plsh_ref` loads this module
+        from .samplers import check_sampler
+
         check_sampler(self.sampler)
         pitch = as_float_array("pitch", self.pitch, ndim=2)
         offset = as_float_array("offset", self.offset, ndim=2)
@@ -222,8 +231,9 @@ def draw_partition(
     Raises
     ------
     ValueError
-        If ``sigma <= 0`` or non-finite, ``num_samples < 1``, ``seed < 0``, ``head_start < 0``,
-        an unknown ``sampler``, or ``group_size`` not a divisor of ``num_samples`` (not 1 for
+        If ``sigma <= 0`` or non-finite, ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``
+        (500 000, :data:`plsh_ref.validation.MAX_NUM_SAMPLES`), ``seed < 0``,
+        ``head_start < 0``, an unknown ``sampler``, or ``group_size`` not a divisor of ``num_samples`` (not 1 for
         ``"iid"``).
     TypeError
         If ``num_samples``, ``seed``, ``head_start`` or ``group_size`` are not integers, or
@@ -237,11 +247,14 @@ def draw_partition(
     sig = check_sigma("sigma", sigma)
     if sig.ndim != 1:
         raise ValueError(f"sigma: must be one-dimensional (num_heads,), got shape {sig.shape}")
-    s = check_int("num_samples", num_samples, minimum=1)
+    s = check_num_samples(num_samples)
     head_start = check_int("head_start", head_start, minimum=0)
     if seed is None:
         seed = int(np.random.SeedSequence().generate_state(2, np.uint64)[0])
     seed = check_int("seed", seed, minimum=0)
+    # lazy: samplers needs scipy/mpmath, and `import plsh_ref` loads this module
+    from .samplers import resolve_group_size, stratified_pitch
+
     group = resolve_group_size(sampler, s, group_size)
     m = s // group
     pitch = np.empty((sig.shape[0], s))

@@ -21,7 +21,10 @@ __all__ = [
     "as_float_array",
     "as_positions",
     "check_bool",
+    "MAX_DPS",
+    "MAX_NUM_SAMPLES",
     "check_dps",
+    "check_num_samples",
     "check_int",
     "check_partition",
     "check_positive_float",
@@ -32,7 +35,7 @@ __all__ = [
 ]
 
 
-def check_int(name: str, value, *, minimum: int | None = None) -> int:
+def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
     """Return ``value`` as a Python ``int`` or raise.
 
     Raises
@@ -40,13 +43,15 @@ def check_int(name: str, value, *, minimum: int | None = None) -> int:
     TypeError
         If ``value`` is not an integer (``bool`` and floats are refused).
     ValueError
-        If ``value < minimum``.
+        If ``value < minimum`` or ``value > maximum``.
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: must be an integer, got {type(value).__name__} {value!r}")
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}: must be <= {maximum}, got {value}")
     return value
 
 
@@ -179,6 +184,29 @@ def as_positions(name: str, value, *, length: int | None = None) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+#: largest mpmath working precision accepted (decimal digits); mpmath's cost grows faster
+#: than linearly in ``dps`` and 10^4 digits is far beyond any use in this package
+MAX_DPS = 10_000
+
+#: largest number of partition samples ``s`` :func:`plsh_ref.partition.draw_partition`
+#: draws; the attention paths hold ``(num_heads, s, n)`` bins, so larger ``s`` exhausts
+#: memory long before it helps (the paper uses s = 10, 20)
+MAX_NUM_SAMPLES = 500_000
+
+
+def check_num_samples(num_samples, name: str = "num_samples") -> int:
+    """Return the number of partition samples as an ``int`` in ``[1, MAX_NUM_SAMPLES]``.
+
+    Raises
+    ------
+    TypeError
+        If it is not an integer.
+    ValueError
+        If it is ``< 1`` or ``> MAX_NUM_SAMPLES`` (500 000).
+    """
+    return check_int(name, num_samples, minimum=1, maximum=MAX_NUM_SAMPLES)
+
+
 def check_dps(dps) -> int:
     """Return the mpmath working precision ``dps`` (decimal digits) or raise.
 
@@ -187,9 +215,10 @@ def check_dps(dps) -> int:
     TypeError
         If ``dps`` is not an integer.
     ValueError
-        If ``dps < 15`` (below binary64 there is nothing to check).
+        If ``dps < 15`` (below binary64 there is nothing to check) or
+        ``dps > MAX_DPS`` (10 000).
     """
-    return check_int("dps", dps, minimum=15)
+    return check_int("dps", dps, minimum=15, maximum=MAX_DPS)
 
 
 def check_scale(scale, head_dim: int) -> float:

@@ -54,9 +54,9 @@ def test_cli_small_run_writes_outputs(tmp_path, capsys):
             "reproduce",
             "--n",
             "64",
-            "--sigmas",
+            "--sigma",
             "2,8",
-            "--samples",
+            "--num-samples",
             "1,4,16",
             "--reps",
             "2",
@@ -93,9 +93,9 @@ def test_cli_user_qkv_and_bad_file(tmp_path, capsys):
             "reproduce",
             "--n",
             "32",
-            "--sigmas",
+            "--sigma",
             "4",
-            "--samples",
+            "--num-samples",
             "1,8",
             "--fit-min-samples",
             "1",
@@ -133,7 +133,7 @@ def test_plsh_ref_runs_without_torch(tmp_path):
         for mod in pkgutil.walk_packages(plsh_ref.__path__, 'plsh_ref.'):
             importlib.import_module(mod.name)
         from plsh_ref.cli import main
-        assert main(['reproduce', '--n', '32', '--sigmas', '4', '--samples', '1,2', '--fit-min-samples', '1',
+        assert main(['reproduce', '--n', '32', '--sigma', '4', '--num-samples', '1,2', '--fit-min-samples', '1',
                      '--reps', '1', '--output-reps', '1', '--max-tokens', '32',
                      '--no-plots', '--quiet', '--out', {str(tmp_path / "x")!r}]) == 0
         assert 'torch' not in sys.modules
@@ -147,18 +147,14 @@ def test_plsh_ref_runs_without_torch(tmp_path):
     [
         ["spectrum", "--n", "0"],
         ["bounds", "--eps", "0"],
-        ["reproduce", "--samples", "1", "--quiet"],
-        ["reproduce", "--samples", "1,2", "--fit-min-samples", "100", "--quiet"],
-        ["reproduce", "--fixed-block-size", "0", "--n", "16", "--samples", "1,2", "--quiet"],
+        ["reproduce", "--num-samples", "1", "--quiet"],
+        ["reproduce", "--num-samples", "1,2", "--fit-min-samples", "100", "--quiet"],
+        ["reproduce", "--fixed-block-size", "0", "--n", "16", "--num-samples", "1,2", "--quiet"],
     ],
 )
 def test_cli_bad_options_one_line_exit_2(argv, capsys, tmp_path):
     """Bad options used to end in a traceback (exit 1); now one line and exit status 2."""
-    code = main(
-        argv + ["--out" if argv[0] == "reproduce" else "--output", str(tmp_path / "o")]
-        if argv[0] != "bounds"
-        else argv
-    )
+    code = main(argv + ["--out", str(tmp_path / "o")] if argv[0] != "bounds" else argv)
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith(f"plsh {argv[0]}: ") and "Traceback" not in err

@@ -240,7 +240,7 @@ def test_plsh_spectrum_command(tmp_path, capsys):
                 "3",
                 "--num-samples",
                 "4",
-                "--output",
+                "--out",
                 str(tmp_path / "out"),
             ]
         )

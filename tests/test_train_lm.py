@@ -134,15 +134,16 @@ def test_tiny_run_writes_outputs_and_learns(tmp_path, capsys):
         "1",
         "--lr",
         "1e-2",
-        "--seeds",
-        "0,1",
+        "--seed",
+        "0",
+        "1",
         "--val-fraction",
         "0.25",
         "--corpus",
         str(root),
         "--out",
         str(out),
-        "--no-progress",
+        "--quiet",
     ]
     assert main(argv) == 0
     printed = capsys.readouterr().out

@@ -21,7 +21,7 @@ ARGS = [
     "3",
     "--output-reps",
     "2",
-    "--samples",
+    "--num-samples",
     "1,2,4,8,16,32,64",
     "--max-tokens",
     "256",

@@ -23,13 +23,14 @@ This command checks it at a scale that runs on two CPU cores.
   ``plsh-S (eval: exact ALiBi)``), which separates the trained weights from the
   approximation at evaluation time.
 
-Outputs in ``--out`` (default ``train_lm_<UTC time>``): ``results.json`` (every training
+Outputs in ``--out`` (default ``plsh_out/train-lm-<UTC time>``): ``results.json`` (every training
 curve and evaluation), ``results.md`` (table and the exact command), ``results.png``
 (training curves and validation bits per byte against evaluation length).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -38,6 +39,15 @@ import sys
 import time
 
 import numpy as np
+
+from plsh_ref.experiments.options import JoinedValues, StoreConst, StoreValue, default_out_dir
+from plsh_ref.provenance import run_metadata
+
+#: what the command needs beyond plsh_ref (checked by the ``plsh`` dispatcher)
+REQUIRES = ("torch",)
+
+#: one line for ``plsh --help``
+SUMMARY = "train small byte-level LMs: ALiBi vs PLSH vs baselines (needs torch)"
 
 HELP = (
     "Train small causal byte-level transformers on the Python standard library with "
@@ -96,11 +106,11 @@ _OPTIONS = [
         "or fast (plsh_fast.plsh_attention); the same function",
     ),
     (
-        "--seeds",
+        "--seed",
         "seeds",
         str,
         "0,1",
-        "comma-separated seeds; each seed fixes the initial weights, the batch order and the "
+        "one or several seeds (space- or comma-separated); each seed fixes the initial weights, the batch order and the "
         "partitions, shared by all variants; the table reports mean +- sd over seeds",
     ),
     ("--val-fraction", "val_fraction", float, 0.05, "fraction of files held out"),
@@ -114,26 +124,47 @@ _OPTIONS = [
     ),
     ("--corpus", "corpus", str, "", "directory of .py files (default: the stdlib)"),
     ("--threads", "threads", int, 2, "torch CPU threads"),
-    ("--out", "out", str, "", "output folder (default train_lm_<UTC time>)"),
+    ("--out", "out", str, "", "output folder (default: plsh_out/train-lm-<UTC time>)"),
 ]
+
+#: old option spellings, accepted until 0.2 with a deprecation line: old -> new
+DEPRECATED = {"--seeds": "--seed", "--output": "--out", "--no-progress": "--quiet"}
 
 
 def add_arguments(parser) -> None:
-    """Register the options of ``plsh train-lm`` on an ``argparse`` parser."""
+    """Register the options of ``plsh train-lm`` on an ``argparse`` parser.
+
+    Shared spellings (``--out``, ``--seed``, ``--quiet``) follow
+    :mod:`plsh_ref.experiments.options`; the old ones in :data:`DEPRECATED` still work.
+    """
     for flag, dest, typ, default, text in _OPTIONS:
-        flags = (flag, "--output") if flag == "--out" else (flag,)  # as in the other commands
+        if dest == "seeds":
+            kw = dict(action=JoinedValues, element=int, minimum=0)
+        elif dest == "out":
+            kw = dict(action=StoreValue, type=typ)
+            text = text.split(" (default")[0]
+        else:
+            kw = dict(type=typ)
+        shown = "plsh_out/train-lm-<UTC time>" if dest == "out" else repr(default)
         parser.add_argument(
-            *flags, dest=dest, type=typ, default=default, help=f"{text} (default: {default!r})"
+            flag, dest=dest, default=default, help=f"{text} (default: {shown})", **kw
         )
+        old = [o for o, new in DEPRECATED.items() if new == flag]
+        if old:
+            parser.add_argument(*old, dest=dest, replacement=flag, help=argparse.SUPPRESS, **kw)
     parser.add_argument(
         "--no-eval-exact",
         dest="eval_exact",
         action="store_false",
         help="skip evaluating PLSH-trained models with exact ALiBi",
     )
+    quiet = dict(dest="progress", action=StoreConst, const=False, default=True)
     parser.add_argument(
-        "--no-progress", dest="progress", action="store_false", help="hide the progress bars"
+        "--quiet",
+        help="no progress bars and no commentary: results and the output path only",
+        **quiet,
     )
+    parser.add_argument("--no-progress", replacement="--quiet", help=argparse.SUPPRESS, **quiet)
 
 
 def command_line(args) -> str:
@@ -499,10 +530,11 @@ def run(args) -> int:
     block_sizes = (
         [args.block_size] * args.heads if args.block_size > 0 else default_block_sizes(args.heads)
     )
-    out = args.out or time.strftime("train_lm_%Y%m%d-%H%M%S", time.gmtime())
+    out = str(args.out or default_out_dir("train-lm"))
     os.makedirs(out, exist_ok=True)
     cmd = command_line(args)
-    print(f"plsh train-lm: {corpus.summary()}", file=sys.stderr)
+    if args.progress:
+        print(f"plsh train-lm: {corpus.summary()}", file=sys.stderr)
     t0 = time.perf_counter()
     results = []
     for seed in seeds:
@@ -514,6 +546,7 @@ def run(args) -> int:
     rows = summarize(results, factors)
     meta = {
         "command": cmd,
+        "provenance": run_metadata(),
         "wall_seconds": wall,
         "corpus": corpus.summary(),
         "block_sizes": block_sizes,

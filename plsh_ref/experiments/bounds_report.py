@@ -9,6 +9,7 @@ number of samples needed for a target error ``eps``. Theory: ``proofs_notes/max_
 from __future__ import annotations
 
 import argparse
+import json
 
 from ..bounds import (
     block_size_bound,
@@ -18,7 +19,12 @@ from ..bounds import (
     spectral_required_samples,
 )
 from ..expectation import block_size_mean, expected_window_width, variance_proxy_limit
+from ..provenance import run_metadata
 from ..validation import check_int, check_positive_float, check_probability
+from .options import Values, add_out_option, add_quiet_option
+
+#: one line for ``plsh --help``
+SUMMARY = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
 
 HELP = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
 
@@ -28,14 +34,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n", type=int, default=4096, help="sequence length (default 4096)")
     parser.add_argument(
         "--sigma",
-        type=float,
-        nargs="+",
+        action=Values,
+        positive=True,
         default=[4.0, 16.0, 64.0, 256.0],
-        help="length scales (default: the 4-head ALiBi slopes 4 16 64 256)",
+        metavar="SIGMA",
+        help="length scales, space- or comma-separated (default: those of the 4-head ALiBi "
+        "slopes, 4 16 64 256)",
     )
-    parser.add_argument("--num-samples", type=int, default=16, help="samples s (default 16)")
+    parser.add_argument("--num-samples", type=int, default=16, help="samples s (default: 16)")
     parser.add_argument(
-        "--eps", type=float, default=0.1, help="target max-norm error in (0, 1) (default 0.1)"
+        "--eps", type=float, default=0.1, help="target max-norm error in (0, 1) (default: 0.1)"
     )
     parser.add_argument(
         "--spectral-eps",
@@ -44,8 +52,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="target spectral error (default: eps * coth(1/(2 sigma)))",
     )
     parser.add_argument(
-        "--delta", type=float, default=0.01, help="failure probability in (0, 1) (default 0.01)"
+        "--delta", type=float, default=0.01, help="failure probability in (0, 1) (default: 0.01)"
     )
+    add_out_option(parser, "bounds", optional=True)
+    add_quiet_option(parser)
 
 
 def rows(
@@ -91,12 +101,20 @@ def rows(
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the table; returns 0."""
+    """Print the table (and with ``--out`` write it to ``results.json``); returns 0.
+
+    Raises
+    ------
+    ValueError, TypeError
+        As :func:`rows`.
+    """
     table = rows(args.n, args.sigma, args.num_samples, args.eps, args.delta, args.spectral_eps)
-    print(
-        f"Bounds holding with probability >= 1 - delta = {1 - args.delta:g}, "
-        f"n = {args.n}, s = {args.num_samples} independent samples per head"
-    )
+    quiet = getattr(args, "quiet", False)
+    if not quiet:
+        print(
+            f"Bounds holding with probability >= 1 - delta = {1 - args.delta:g}, "
+            f"n = {args.n}, s = {args.num_samples} independent samples per head"
+        )
     head = (
         f"{'sigma':>8} {'max|M~-L*|':>11} {'||M~-L*||':>10} {'rel.':>6} {'v':>10} "
         f"{'v_limit':>10} {'trunc k':>8} {'b_max':>6} {'E window':>9} "
@@ -110,6 +128,8 @@ def run(args: argparse.Namespace) -> int:
             f"{r['truncation']:>8d} {r['block_bound']:>6d} {r['window']:>9.1f} "
             f"{r['s_max_norm']:>8d} {r['s_spectral']:>9d}"
         )
+    if quiet:
+        return _write(args, table)
     print(
         "columns: max-norm bound (DKW); spectral bound (truncated matrix Bernstein) and "
         "relative to ||L*||_inf = coth(1/(2 sigma)); variance proxy v (exact for "
@@ -118,4 +138,18 @@ def run(args: argparse.Namespace) -> int:
         f"samples for max-norm error {args.eps:g}; samples for spectral error "
         f"{'eps * coth(1/(2 sigma))' if args.spectral_eps is None else args.spectral_eps}."
     )
+    return _write(args, table)
+
+
+def _write(args: argparse.Namespace, table: list[dict]) -> int:
+    out = getattr(args, "out", None)
+    if out is None:
+        return 0
+    out.mkdir(parents=True, exist_ok=True)
+    config = {k: getattr(args, k) for k in ("n", "sigma", "num_samples", "eps", "delta")}
+    config["spectral_eps"] = args.spectral_eps
+    record = {"command": "plsh bounds", "provenance": run_metadata(), "config": config}
+    record["table"] = table
+    (out / "results.json").write_text(json.dumps(record, indent=1))
+    print(f"output folder: {out}")
     return 0

@@ -34,16 +34,30 @@ import scipy.linalg
 from ..alibi import alibi_slopes, kernel_matrix, sigma_from_slopes
 from ..attention import alibi_attention, biased_attention, fixed_block_attention, no_bias_attention
 from ..partition import count_bias, counts, draw_partition
+from ..provenance import run_metadata
 from ..validation import check_int
+from .options import (
+    Values,
+    add_max_memory_option,
+    add_out_option,
+    add_quiet_option,
+    check_memory,
+    default_out_dir,
+)
 
 __all__ = [
     "HELP",
+    "SUMMARY",
     "add_arguments",
     "fit_loglog_slope",
     "matrix_error_experiment",
+    "memory_estimate",
     "output_error_experiment",
     "run",
 ]
+
+#: one line for ``plsh --help``
+SUMMARY = "the paper's convergence experiment (default command)"
 
 HELP = (
     "The paper's convergence experiment: ||M~ - L*|| and the attention output error on "
@@ -53,67 +67,50 @@ HELP = (
 NORMS = ("spectral", "max", "frobenius")
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated integers, got {text!r}"
-        ) from exc
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected integers >= 1, got {text!r}")
-    return sorted(set(values))
-
-
-def _float_list(text: str) -> list[float]:
-    try:
-        values = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from exc
-    if not values or min(values) <= 0 or not all(np.isfinite(values)):
-        raise argparse.ArgumentTypeError(f"expected finite numbers > 0, got {text!r}")
-    return values
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the options of ``plsh reproduce`` on ``parser``."""
+    """Register the options of ``plsh reproduce`` on ``parser`` (vocabulary: :mod:`.options`)."""
     parser.add_argument(
         "--n",
         type=int,
         default=1024,
-        help="sequence length of the kernel-matrix part (default 1024)",
+        help="sequence length of the kernel-matrix part (default: 1024)",
     )
+    sigma = dict(dest="sigmas", action=Values, positive=True)
     parser.add_argument(
-        "--sigmas",
-        type=_float_list,
+        "--sigma",
         default=[4.0, 16.0, 64.0],
-        help="comma-separated length scales for the kernel-matrix part (default 4,16,64)",
+        metavar="SIGMA",
+        help="length scales of the kernel-matrix part, space- or comma-separated "
+        "(default: 4 16 64)",
+        **sigma,
     )
+    parser.add_argument("--sigmas", replacement="--sigma", help=argparse.SUPPRESS, **sigma)
+    samples = dict(dest="samples", action=Values, element=int, minimum=1, unique_sorted=True)
     parser.add_argument(
-        "--samples",
         "--num-samples",
-        dest="samples",
-        type=_int_list,
         default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
-        help="comma-separated numbers of samples s (default 1,2,4,...,256)",
+        metavar="S",
+        help="numbers of samples s, space- or comma-separated (default: 1 2 4 ... 256)",
+        **samples,
     )
+    parser.add_argument("--samples", replacement="--num-samples", help=argparse.SUPPRESS, **samples)
     parser.add_argument(
         "--reps",
         type=int,
         default=5,
-        help="independent repetitions of the kernel-matrix part (default 5)",
+        help="independent repetitions of the kernel-matrix part (default: 5)",
     )
     parser.add_argument(
         "--output-reps",
         type=int,
         default=3,
-        help="independent repetitions of the attention-output part (default 3)",
+        help="independent repetitions of the attention-output part (default: 3)",
     )
     parser.add_argument(
         "--fit-min-samples",
         type=int,
         default=4,
-        help="fit the log-log slope on s >= this value (default 4)",
+        help="fit the log-log slope on s >= this value (default: 4)",
     )
     parser.add_argument(
         "--qkv",
@@ -136,17 +133,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="block size of the fixed-block baseline (default: per head, "
         "the mean block size 2*sigma_h of one PLSH mask, rounded)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="seed of the partition draws")
     parser.add_argument(
-        "--out",
-        "--output",
-        dest="out",
-        type=Path,
-        default=None,
-        help="output folder (default plsh_out/reproduce-<UTC time>)",
+        "--seed", type=int, default=0, help="seed of the partition draws (default: 0)"
     )
+    add_out_option(parser, "reproduce")
+    add_max_memory_option(parser)
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_quiet_option(parser)
+
+
+def memory_estimate(
+    n: int,
+    num_sigmas: int,
+    max_samples: int,
+    batch: int = 0,
+    num_heads: int = 0,
+    n_q: int = 0,
+    n_k: int = 0,
+) -> dict:
+    """Bytes the two parts of ``plsh reproduce`` hold at their peaks (upper estimates).
+
+    The kernel-matrix part holds, per sigma, ``L*``, the old and new running counts, the
+    counts of one step and ``M~ - L*`` (float64/int64 ``(n, n)``), two ``(n, n)``
+    temporaries of the norms, and the bins of up to all samples (int64
+    ``(sigmas, s, n)``, queries and keys). The output part holds the same count arrays at
+    ``(num_heads, n_q, n_k)`` and four float64 score arrays ``(batch, num_heads, n_q, n_k)``.
+    The parts run one after the other.
+
+    Parameters
+    ----------
+    n, num_sigmas, max_samples : int
+        ``--n``, the number of ``--sigma`` values and ``max(--num-samples)``.
+    batch, num_heads, n_q, n_k : int, optional
+        Shape of the activations of the output part (0: not counted).
+
+    Returns
+    -------
+    dict
+        ``"matrix_square"`` (the ``n^2`` arrays), ``"matrix_bins"`` (the ``s * n`` bins)
+        and ``"output"``, in bytes.
+    """
+    return {
+        "matrix_square": 8 * (5 * num_sigmas + 2) * n * n,
+        "matrix_bins": 16 * num_sigmas * max_samples * n,
+        "output": 8 * (5 * num_heads + 4 * batch * num_heads) * n_q * n_k
+        + 16 * num_heads * max_samples * (n_q + n_k),
+    }
 
 
 def fit_loglog_slope(samples, errors) -> float:
@@ -431,20 +463,31 @@ def run(args: argparse.Namespace) -> int:
         samples = list(args.samples)
         if len(samples) < 2:
             raise ValueError(
-                f"--samples: need at least two values of s to fit a slope, got {samples}"
+                f"--num-samples: need at least two values of s to fit a slope, got {samples}"
             )
         fit_samples = [s for s in samples if s >= args.fit_min_samples]
         if len(fit_samples) < 2:
             raise ValueError(
-                f"--fit-min-samples: only {fit_samples} of --samples {samples} "
+                f"--fit-min-samples: only {fit_samples} of --num-samples {samples} "
                 f"are >= {args.fit_min_samples}; a slope needs two"
             )
+        # sizes before allocating: the kernel part first (it needs nothing loaded)
+        need = memory_estimate(n, len(args.sigmas), max(samples))
+        check_memory("--n", n, need["matrix_square"], args.max_memory)
+        check_memory("--num-samples", max(samples), sum(need.values()), args.max_memory)
         q, k, v, source = _load_activations(args.qkv, args.max_tokens)
+        need = memory_estimate(0, 0, max(samples), q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+        check_memory(
+            "--max-tokens",
+            args.max_tokens or f"(all {k.shape[2]} tokens)",
+            need["output"],
+            args.max_memory,
+        )
     except (ValueError, TypeError, OSError) as exc:
         print(f"plsh reproduce: error: {exc}", file=sys.stderr)
         return 2
     stamp = _dt.datetime.now(_dt.timezone.utc)
-    out_dir = args.out or Path("plsh_out") / f"reproduce-{stamp:%Y%m%d-%H%M%S}"
+    out_dir = args.out or default_out_dir("reproduce", stamp)
     out_dir.mkdir(parents=True, exist_ok=True)
 
     steps = args.reps * len(samples) + args.output_reps * len(samples)
@@ -526,6 +569,7 @@ def run(args: argparse.Namespace) -> int:
         if sys.argv[1:2] == ["reproduce"]
         else " ".join(sys.argv),
         "date_utc": stamp.isoformat(timespec="seconds"),
+        "provenance": run_metadata(),
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),

@@ -1,13 +1,16 @@
 """``plsh spectrum``: the KMS spectrum of ``L*``, its symbol bounds, and the spectra of
 ``M~`` and ``M~ - L*`` for one head.
 
-Prints a table to stdout and writes two plots (matplotlib, Agg backend) into the output
-folder named on the last line. Theory: ``proofs_notes/kms_spectrum.md``.
+Prints a table to stdout and writes ``results.json`` (the table and
+:func:`plsh_ref.provenance.run_metadata`) and two plots (matplotlib, Agg backend) per sigma
+into the output folder named on the last line (default ``plsh_out/spectrum-<UTC time>``).
+Theory: ``proofs_notes/kms_spectrum.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import pathlib
 
@@ -15,6 +18,7 @@ import numpy as np
 
 from ..alibi import kernel_matrix
 from ..partition import draw_partition, empirical_mean
+from ..provenance import run_metadata
 from ..toeplitz import (
     kms_angles,
     kms_log_determinant,
@@ -24,31 +28,50 @@ from ..toeplitz import (
     mask_spectrum,
 )
 from ..validation import check_int, check_positive_float
+from .options import (
+    Values,
+    add_max_memory_option,
+    add_out_option,
+    add_quiet_option,
+    check_memory,
+    default_out_dir,
+)
+
+#: one line for ``plsh --help``
+SUMMARY = "KMS spectrum of L*, symbol bounds, spectra of M~ and M~ - L*"
 
 HELP = "KMS spectrum of L*, symbol bounds, spectra of M~ and M~ - L* (plots + table)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the options of ``plsh spectrum``."""
-    parser.add_argument("--n", type=int, default=256, help="sequence length (default 256)")
+    """Register the options of ``plsh spectrum`` (vocabulary: :mod:`.options`)."""
+    parser.add_argument("--n", type=int, default=256, help="sequence length (default: 256)")
     parser.add_argument(
         "--sigma",
-        type=float,
-        default=16.0,
-        help="length scale sigma = 1/slope in tokens (default 16)",
+        action=Values,
+        positive=True,
+        default=[16.0],
+        metavar="SIGMA",
+        help="length scale(s) sigma = 1/slope in tokens, space- or comma-separated; one "
+        "table column and one pair of plots per value (default: 16)",
     )
     parser.add_argument(
-        "--num-samples", type=int, default=16, help="number of samples s in M~ (default 16)"
+        "--num-samples", type=int, default=16, help="number of samples s in M~ (default: 16)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="partition seed (default 0)")
-    parser.add_argument(
-        "--output",
-        "--out",
-        dest="output",
-        type=pathlib.Path,
-        default=pathlib.Path("plsh_spectrum"),
-        help="folder for the plots (default ./plsh_spectrum)",
-    )
+    parser.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
+    add_out_option(parser, "spectrum")
+    add_max_memory_option(parser)
+    add_quiet_option(parser)
+
+
+def memory_estimate(n: int, num_samples: int) -> int:
+    """Bytes :func:`compute` holds at its peak for one sigma (an upper estimate).
+
+    ``L*``, the counts, ``M~``, ``M~ - L*`` and the eigenvalue solver's copy and workspace:
+    seven float64/int64 ``(n, n)`` arrays, one boolean ``(n, n)`` temporary, and the bins
+    of the ``s`` samples (int64 ``(s, n)``, queries and keys).
+    """
+    return 57 * n * n + 16 * num_samples * n
 
 
 def compute(n: int, sigma: float, num_samples: int, seed: int) -> dict:
@@ -124,17 +147,10 @@ def _plot(res: dict, n: int, sigma: float, s: int, out: pathlib.Path) -> list[pa
     return [p1, p2]
 
 
-def run(args: argparse.Namespace) -> int:
-    """Print the table, write the plots, name the output folder last. Returns 0."""
-    res = compute(args.n, args.sigma, args.num_samples, args.seed)
-    lo, hi = res["bounds"]
+def _table_rows(res: dict, num_samples: int) -> list[tuple[str, float]]:
     lam = res["kms"]
-    print(
-        f"KMS matrix L*_ij = exp(-|i-j|/sigma), n={args.n}, sigma={args.sigma:g}, "
-        f"rho={math.exp(-1 / args.sigma):.6g}"
-    )
-    print(f"{'quantity':<36}{'value':>16}")
-    rows = [
+    lo, hi = res["bounds"]
+    return [
         ("lambda_max (secular equation)", lam[0]),
         ("lambda_max (numpy eigvalsh)", res["dense"][0]),
         ("lambda_min (secular equation)", lam[-1]),
@@ -144,15 +160,58 @@ def run(args: argparse.Namespace) -> int:
         ("symbol upper bound coth(1/(2 sigma))", hi),
         ("limit of ||L*|| as n -> inf", res["limit"]),
         ("log det L* = (n-1) log(1-rho^2)", res["logdet"]),
-        (f"||M~||_2 (s={args.num_samples})", res["m_tilde"][0]),
+        (f"||M~||_2 (s={num_samples})", res["m_tilde"][0]),
         ("||M~ - L*||_2", float(np.max(np.abs(res["error"])))),
         ("largest block of one mask", res["one_mask"][0]),
         ("rank of one mask (number of blocks)", float(np.count_nonzero(res["one_mask"]))),
     ]
-    for name, value in rows:
-        print(f"{name:<36}{value:>16.8g}")
-    paths = _plot(res, args.n, args.sigma, args.num_samples, args.output)
-    for p in paths:
-        print(f"plot: {p}")
-    print(f"output folder: {args.output}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the table, write ``results.json`` and the plots, name the output folder last.
+
+    With several ``--sigma`` values the table has one column per sigma and each sigma's
+    plots go to ``<out>/sigma-<sigma>/``; with one, into ``<out>/``. Returns 0.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Bad options (as :func:`compute`), or ``--n`` / ``--num-samples`` whose
+        :func:`memory_estimate` exceeds ``--max-memory`` (checked before allocating).
+    """
+    n = check_int("--n", args.n, minimum=1)
+    s = check_int("--num-samples", args.num_samples, minimum=1)
+    check_int("--seed", args.seed, minimum=0)
+    check_memory("--n", n, memory_estimate(n, 0), args.max_memory)
+    check_memory("--num-samples", s, memory_estimate(n, s), args.max_memory)
+    sigmas = list(args.sigma)
+    results = [compute(n, sigma, s, args.seed) for sigma in sigmas]
+    tables = [_table_rows(res, s) for res in results]
+    if not args.quiet:
+        rhos = ", ".join(f"{math.exp(-1 / sg):.6g}" for sg in sigmas)
+        print(
+            f"KMS matrix L*_ij = exp(-|i-j|/sigma), n={n}, "
+            f"sigma={' '.join(f'{sg:g}' for sg in sigmas)}, rho={rhos}"
+        )
+    print(f"{'quantity':<36}" + "".join(f"{f'sigma={sg:g}':>16}" for sg in sigmas))
+    for i, (name, _) in enumerate(tables[0]):
+        print(f"{name:<36}" + "".join(f"{table[i][1]:>16.8g}" for table in tables))
+    out = args.out or default_out_dir("spectrum")
+    out.mkdir(parents=True, exist_ok=True)
+    record = {
+        "command": "plsh spectrum",
+        "provenance": run_metadata(),
+        "config": {"n": n, "sigma": sigmas, "num_samples": s, "seed": args.seed},
+        "table": {
+            f"{sg:g}": {name: float(value) for name, value in table}
+            for sg, table in zip(sigmas, tables)
+        },
+    }
+    (out / "results.json").write_text(json.dumps(record, indent=1))
+    for sigma, res in zip(sigmas, results):
+        folder = out if len(sigmas) == 1 else out / f"sigma-{sigma:g}"
+        for p in _plot(res, n, sigma, s, folder):
+            if not args.quiet:
+                print(f"plot: {p}")
+    print(f"output folder: {out}")
     return 0

@@ -1,0 +1,115 @@
+"""Provenance of a results file: which code, on which machine, at what time.
+
+Every results JSON written by the ``plsh`` commands and the benchmarks carries
+:func:`run_metadata` under the key ``"provenance"``, so a number can be traced to the
+package version and git commit that produced it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+__all__ = ["DISTRIBUTION", "git_commit", "package_version", "run_metadata"]
+
+#: name of the installed distribution that holds ``plsh_ref`` and ``plsh_fast``
+DISTRIBUTION = "positional-lsh"
+
+
+def package_version() -> str:
+    """Version of the installed ``positional-lsh`` distribution (written once, in pyproject).
+
+    Returns
+    -------
+    str
+        e.g. ``"0.1.0"``; ``"0+unknown"`` when the package runs from a source tree that
+        was never installed (no distribution metadata).
+    """
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+def git_commit(path: str | os.PathLike | None = None) -> str | None:
+    """The git commit of the checkout holding ``path`` (default: this package), or ``None``.
+
+    Never raises: no git executable, not a checkout (an installed wheel), a timeout or any
+    other failure gives ``None``. A checkout with uncommitted changes to tracked files
+    gives the commit with ``"+dirty"`` appended.
+
+    Parameters
+    ----------
+    path : path-like, optional
+        A file or folder inside the checkout; default the folder of this module.
+
+    Returns
+    -------
+    str or None
+        40 hexadecimal digits (optionally ``+dirty``), or ``None``.
+    """
+    try:
+        folder = Path(path) if path is not None else Path(__file__).resolve().parent
+        if folder.is_file():
+            folder = folder.parent
+        run = lambda *cmd: subprocess.run(  # noqa: E731
+            ["git", "-C", str(folder), *cmd],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+        head = run("rev-parse", "HEAD")
+        commit = head.stdout.strip()
+        if head.returncode != 0 or len(commit) != 40:
+            return None
+        status = run("status", "--porcelain", "--untracked-files=no")
+        if status.returncode == 0 and status.stdout.strip():
+            commit += "+dirty"
+        return commit
+    except Exception:  # noqa: BLE001 - provenance must never fail a run
+        return None
+
+
+def run_metadata() -> dict:
+    """Provenance record for a results JSON (package, code version, machine, time).
+
+    Returns
+    -------
+    dict
+        JSON-serialisable: ``package`` (distribution name), ``version``
+        (:func:`package_version`), ``git_commit`` (:func:`git_commit`, ``None`` outside a
+        git checkout), ``python``, ``numpy`` (versions), ``date_utc`` (ISO 8601, seconds),
+        ``machine`` (``platform``, ``arch``, ``cpu_count``), ``argv`` (the command
+        line of this process).
+
+    Notes
+    -----
+    Never raises; a field that cannot be determined is ``None``. Imports nothing beyond
+    numpy and the standard library.
+    """
+    try:
+        import numpy
+
+        numpy_version = numpy.__version__
+    except Exception:  # noqa: BLE001
+        numpy_version = None
+    return {
+        "package": DISTRIBUTION,
+        "version": package_version(),
+        "git_commit": git_commit(),
+        "python": platform.python_version(),
+        "numpy": numpy_version,
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "platform": platform.platform(),
+            "arch": platform.machine() or None,
+            "cpu_count": os.cpu_count(),
+        },
+        "argv": list(sys.argv),
+    }
