@@ -474,3 +474,24 @@ def test_num_samples_and_dps_have_documented_upper_limits():
         collision_probability_mp(1, 2.0, dps=MAX_DPS + 1)
     with pytest.raises(ValueError, match=rf"^dps: must be <= {MAX_DPS}"):
         collision_probability_mp(1, 2.0, dps=10**6)
+
+
+def test_citation_file_prefers_the_paper():
+    yaml = pytest.importorskip("yaml")
+    import tomllib
+
+    with open(os.path.join(REPO, "CITATION.cff")) as fh:
+        cff = yaml.safe_load(fh)
+    assert cff["cff-version"] == "1.2.0" and cff["type"] == "software"
+    assert "version" not in cff  # the version is written once, in pyproject.toml
+    paper = cff["preferred-citation"]
+    assert [a["family-names"] for a in paper["authors"]] == ["Wolfson", "Wagner"]
+    assert paper["year"] == 2026
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as fh:
+        project = tomllib.load(fh)["project"]
+    assert paper["url"] == project["urls"]["Paper"] == "https://arxiv.org/abs/2605.09472"
+    assert cff["license"] == project["license"]
+    with open(os.path.join(REPO, "docs", "references.bib")) as fh:
+        bib = fh.read()
+    entry = bib[bib.index("@misc{wolfson2026plsh") :].split("\n}", 1)[0]
+    assert "Wolfson, Daniel and Wagner, Tal" in entry and "2605.09472" in entry
