@@ -531,6 +531,9 @@ def main(argv=None):
     result = run(args)
     result["argv"] = argv
     result["total_seconds"] = time.perf_counter() - t0
+    from plsh_ref.provenance import run_metadata
+
+    result["provenance"] = run_metadata()  # package version, git commit, machine, time
     args.out.mkdir(parents=True, exist_ok=True)
     sizes = "-".join(str(n) for n in args.n)
     stem = f"cpu_{_dt.date.today().isoformat()}_{socket.gethostname()}_n{sizes}_t{args.threads}"
