@@ -465,3 +465,48 @@ def test_block_size_bound_for_stratified_samples():
     largest = runs.max(1)  # largest block over the s masks of each replica
     assert np.mean(largest > b) <= delta + Z * math.sqrt(delta * (1 - delta) / reps)
     assert bounds.block_size_tail_bound(b, sigma, s, sampler="stratified") <= delta
+
+
+# --------------------------------------------------------------------------------------
+# plsh reproduce compares the samplers
+# --------------------------------------------------------------------------------------
+
+
+def test_reproduce_matrix_part_per_sampler():
+    from plsh_ref.experiments.reproduce import matrix_error_experiment
+
+    iid = matrix_error_experiment(96, [8.0], [4, 16], reps=2, seed=1)
+    strat = matrix_error_experiment(96, [8.0], [4, 16], reps=2, seed=1, sampler="stratified")
+    assert strat["group_sizes"] == [1, 2] and iid["group_sizes"] == [1, 1]
+    for res, sampler in ((iid, "iid"), (strat, "stratified")):
+        exact = [S.frobenius_error_square(8.0, 96, s, sampler=sampler) for s in (4, 16)]
+        np.testing.assert_allclose(res["frobenius_square_exact"][0], exact)
+        assert np.all(res["window"] >= 1) and np.all(res["window"] <= 96)
+    # the same seed, a different sampler: different draws, the iid part unchanged
+    assert not np.array_equal(iid["frobenius"], strat["frobenius"])
+    again = matrix_error_experiment(96, [8.0], [4, 16], reps=2, seed=1, sampler="iid")
+    np.testing.assert_array_equal(again["frobenius"], iid["frobenius"])
+
+
+def test_reproduce_cli_compares_samplers(tmp_path, capsys):
+    import json
+
+    from plsh_ref.cli import main
+
+    common = ["--n", "48", "--num-samples", "4,8", "--reps", "2", "--output-reps", "1"]
+    common += ["--max-tokens", "24", "--no-plots", "--quiet", "--sigma", "4"]
+    assert main(["reproduce", *common, "--out", str(tmp_path / "a")]) == 0
+    text = capsys.readouterr().out
+    assert "stratified / iid" in text and "rel. Fro. stratified" in text
+    record = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert set(record["samplers"]) == {"iid", "stratified"}
+    assert record["config"]["sampler"] == ["iid", "stratified"]
+    assert main(["reproduce", *common, "--sampler", "iid", "--out", str(tmp_path / "b")]) == 0
+    only = json.loads((tmp_path / "b" / "results.json").read_text())
+    assert only["matrix_error"] == record["matrix_error"]  # iid numbers unchanged
+    assert set(only["samplers"]) == {"iid"}
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:  # argparse usage error: one line, exit 2
+        main(["reproduce", *common, "--sampler", "lhs", "--out", str(tmp_path / "c")])
+    assert exc.value.code == 2
+    assert main(["reproduce", *common, "--group-size", "0", "--out", str(tmp_path / "d")]) == 2

@@ -15,6 +15,12 @@ Two parts, as in Wolfson & Wagner (2026), section 4 ("convergence"):
 Within one repetition the ``s`` values are nested prefixes of one draw of
 ``max(samples)`` hashes (a running average, as when a user increases ``s``);
 repetitions are independent draws. Every number is computed by this run.
+
+Both parts run once per ``--sampler`` (default ``iid stratified``; ``proofs_notes/samplers.md``).
+A prefix of a correlated draw is not a draw of that sampler, so for ``"stratified"`` and
+``"shared"`` each ``s`` is a fresh draw (seeds as for iid). The kernel part also reports
+the measured fused window (keys with ``C_ij > 0`` per query, mean over queries) and the
+exact ``E||M~ - L*||_F^2`` of :func:`plsh_ref.samplers.frobenius_error_square`.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from ..alibi import alibi_slopes, kernel_matrix, sigma_from_slopes
 from ..attention import alibi_attention, biased_attention, fixed_block_attention, no_bias_attention
 from ..partition import count_bias, counts, draw_partition
 from ..provenance import run_metadata
+from ..samplers import SAMPLERS, default_group_size, frobenius_error_square
 from ..validation import check_int
 from .options import (
     Values,
@@ -136,6 +143,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--seed", type=int, default=0, help="seed of the partition draws (default: 0)"
     )
+    parser.add_argument(
+        "--sampler",
+        nargs="+",
+        choices=SAMPLERS,
+        default=["iid", "stratified"],
+        metavar="SAMPLER",
+        help="partition samplers to compare, one or several of "
+        f"{', '.join(SAMPLERS)} (default: iid stratified)",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=None,
+        help="group size s' of the correlated samplers for the s it divides (default: "
+        "the rule of plsh_ref.samplers.default_group_size)",
+    )
     add_out_option(parser, "reproduce")
     add_max_memory_option(parser)
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -217,6 +240,25 @@ def _spectral_norm_symmetric(e: np.ndarray) -> float:
     return float(max(abs(lo), abs(hi)))
 
 
+def _group_size_for(s: int, group_size) -> int:
+    """``group_size`` where it divides ``s``, else the default rule for ``s``."""
+    if group_size is not None and s % group_size == 0:
+        return group_size
+    return default_group_size(s)
+
+
+def _sampler_counts(sigma, checkpoints, seed, qpos, kpos, causal, sampler, group_size):
+    """Yield ``(s, counts)``: running prefixes for iid, one fresh draw per ``s`` otherwise."""
+    if sampler == "iid":
+        partition = draw_partition(sigma, max(checkpoints), seed=seed)
+        yield from _running_counts(partition, checkpoints, qpos, kpos, causal)
+        return
+    for s in checkpoints:
+        g = _group_size_for(s, group_size)
+        partition = draw_partition(sigma, s, seed=seed, sampler=sampler, group_size=g)
+        yield s, counts(partition, qpos, kpos, causal=causal)
+
+
 def _running_counts(partition, checkpoints, qpos, kpos, causal):
     """Yield ``(s, counts of the first s hashes)`` for increasing ``s`` in ``checkpoints``."""
     total = None
@@ -228,7 +270,17 @@ def _running_counts(partition, checkpoints, qpos, kpos, causal):
         yield s, total
 
 
-def matrix_error_experiment(n: int, sigmas, samples, reps: int, seed: int, progress=None):
+def matrix_error_experiment(
+    n: int,
+    sigmas,
+    samples,
+    reps: int,
+    seed: int,
+    progress=None,
+    *,
+    sampler: str = "iid",
+    group_size=None,
+):
     """Errors ``||M~ - L*||`` (bidirectional, positions ``0..n-1``) vs ``s``.
 
     Parameters
@@ -245,13 +297,22 @@ def matrix_error_experiment(n: int, sigmas, samples, reps: int, seed: int, progr
         Base seed (``>= 0``).
     progress : callable, optional
         Called with no argument after each (repetition, s) step.
+    sampler : {"iid", "stratified", "shared"}
+        Partition sampler (:func:`plsh_ref.partition.draw_partition`); non-iid samplers
+        draw afresh for each ``s``.
+    group_size : int, optional
+        ``s'`` for the ``s`` it divides; other ``s`` use
+        :func:`plsh_ref.samplers.default_group_size`.
 
     Returns
     -------
     dict
         ``errors[norm]``: float64 array ``(len(sigmas), len(samples), reps)`` for each of
         ``"spectral"``, ``"max"``, ``"frobenius"``; also ``"relative_frobenius"``
-        (divided by ``||L*||_F``) and ``"n"``.
+        (divided by ``||L*||_F``), ``"window"`` (measured keys with ``C_ij > 0`` per query,
+        mean over queries, same shape), ``"frobenius_square_exact"`` (exact
+        ``E||M~ - L*||_F^2``, ``(len(sigmas), len(samples))``), ``"group_sizes"`` and
+        ``"n"``.
 
     Raises
     ------
@@ -271,9 +332,11 @@ def matrix_error_experiment(n: int, sigmas, samples, reps: int, seed: int, progr
     kernel_fro = np.linalg.norm(kernel, axis=(1, 2))
     shape = (sig.size, len(samples), reps)
     errors = {name: np.empty(shape) for name in NORMS}
+    errors["window"] = np.empty(shape)
     for r in range(reps):
-        partition = draw_partition(sig, max(samples), seed=seed + 1000 * r)
-        for k, (s, cnt) in enumerate(_running_counts(partition, samples, pos, pos, False)):
+        draws = _sampler_counts(sig, samples, seed + 1000 * r, pos, pos, False, sampler, group_size)
+        for k, (s, cnt) in enumerate(draws):
+            errors["window"][:, k, r] = (cnt > 0).sum(axis=2).mean(axis=1)
             diff = cnt / s - kernel
             for h in range(sig.size):
                 errors["spectral"][h, k, r] = _spectral_norm_symmetric(diff[h])
@@ -282,6 +345,17 @@ def matrix_error_experiment(n: int, sigmas, samples, reps: int, seed: int, progr
             if progress is not None:
                 progress()
     errors["relative_frobenius"] = errors["frobenius"] / kernel_fro[:, None, None]
+    sizes = [1 if sampler == "iid" else _group_size_for(s, group_size) for s in samples]
+    errors["group_sizes"] = sizes
+    errors["frobenius_square_exact"] = np.array(
+        [
+            [
+                frobenius_error_square(sg, n, s, sampler=sampler, group_size=g)
+                for s, g in zip(samples, sizes)
+            ]
+            for sg in sig
+        ]
+    )
     errors["n"] = n
     return errors
 
@@ -293,7 +367,17 @@ def _output_errors(out, ref):
 
 
 def output_error_experiment(
-    query, key, value, samples, reps: int, seed: int, fixed_block_size=None, progress=None
+    query,
+    key,
+    value,
+    samples,
+    reps: int,
+    seed: int,
+    fixed_block_size=None,
+    progress=None,
+    *,
+    sampler: str = "iid",
+    group_size=None,
 ):
     """Attention output error of PLSH against exact ALiBi (causal, standard slopes) vs ``s``.
 
@@ -311,6 +395,8 @@ def output_error_experiment(
         Block size of the fixed-block baseline; default per head ``round(2 sigma_h)``.
     progress : callable, optional
         Called after each (repetition, s) step.
+    sampler, group_size
+        As :func:`matrix_error_experiment`.
 
     Returns
     -------
@@ -341,8 +427,10 @@ def output_error_experiment(
         "plsh_rel_fro": np.empty((len(samples), reps)),
     }
     for r in range(reps):
-        partition = draw_partition(sigma, max(samples), seed=seed + 1000 * r + 1)
-        for k, (s, cnt) in enumerate(_running_counts(partition, samples, qpos, kpos, True)):
+        draws = _sampler_counts(
+            sigma, samples, seed + 1000 * r + 1, qpos, kpos, True, sampler, group_size
+        )
+        for k, (s, cnt) in enumerate(draws):
             bias = count_bias(cnt, s)
             out, _ = biased_attention(query, key, value, bias)
             result["plsh_max_abs"][k, r], result["plsh_rel_fro"][k, r] = _output_errors(out, ref)
@@ -370,7 +458,69 @@ def _spread(a: np.ndarray) -> str:
     return f"{a.mean():.4g} ± {a.std(ddof=1) if a.size > 1 else 0.0:.2g}"
 
 
-def _plot(out_dir: Path, samples, sigmas, matrix, output) -> list[Path]:
+def _sampler_record(matrix, output) -> dict:
+    """The JSON record of one sampler's two parts."""
+    keys = (*NORMS, "relative_frobenius", "window", "frobenius_square_exact")
+    return {
+        "group_sizes": matrix["group_sizes"],
+        "matrix_error": {key: np.asarray(matrix[key]).tolist() for key in keys},
+        "output_error": {key: output[key].tolist() for key in ("plsh_max_abs", "plsh_rel_fro")},
+    }
+
+
+def _sampler_comparison(runs, samples, sigmas, n, reps, qkv_shape) -> str:
+    """Tables comparing each sampler with iid (empty if there is nothing to compare)."""
+    if "iid" not in runs or len(runs) < 2:
+        return ""
+    iid_m, iid_o = runs["iid"]
+    parts = []
+    for name, (mat, out) in runs.items():
+        if name == "iid":
+            continue
+        rows = []
+        for j, s in enumerate(samples):
+            row = [s, mat["group_sizes"][j]]
+            for h in range(len(sigmas)):
+                a = mat["frobenius"][h, j] ** 2
+                b = iid_m["frobenius"][h, j] ** 2
+                ratio = a.mean() / b.mean()
+                se = (
+                    ratio
+                    * np.hypot(
+                        a.std(ddof=1) / a.mean() if reps > 1 else 0.0,
+                        b.std(ddof=1) / b.mean() if reps > 1 else 0.0,
+                    )
+                    / np.sqrt(reps)
+                )
+                exact = mat["frobenius_square_exact"][h, j] / iid_m["frobenius_square_exact"][h, j]
+                width = mat["window"][h, j].mean() / iid_m["window"][h, j].mean()
+                row.append(f"{ratio:.3f} ± {se:.3f} ({exact:.3f}); {width:.3f}")
+            rows.append(row)
+        parts.append(
+            _table(
+                f"{name} / iid, n={n}, {reps} reps: ||M~ - L*||_F^2 ratio measured ± se "
+                "(exact); fused-window ratio measured",
+                ["s", "s'"] + [f"sigma={sig:g}" for sig in sigmas],
+                rows,
+            )
+        )
+        rows = [
+            [s, _spread(iid_o["plsh_rel_fro"][j]), _spread(out["plsh_rel_fro"][j]),
+             _spread(iid_o["plsh_max_abs"][j]), _spread(out["plsh_max_abs"][j])]
+            for j, s in enumerate(samples)
+        ]  # fmt: skip
+        parts.append(
+            _table(
+                f"Attention output error vs exact ALiBi, iid and {name} (causal, "
+                f"{qkv_shape[1]} heads, n={qkv_shape[2]})",
+                ["s", "rel. Fro. iid", f"rel. Fro. {name}", "max-abs iid", f"max-abs {name}"],
+                rows,
+            )
+        )
+    return "\n\n".join(parts)
+
+
+def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -391,6 +541,16 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output) -> list[Path]:
                 capsize=2,
                 label=f"sigma={sig:g}",
             )
+            for i, (name, (other, _)) in enumerate((others or {}).items()):
+                ax.plot(
+                    s,
+                    other[norm][h].mean(axis=1),
+                    color=f"C{h}",
+                    ls=("--", ":", "-.")[i % 3],
+                    marker="x",
+                    ms=3,
+                    label=f"sigma={sig:g}, {name}",
+                )
         ref = matrix[norm][:, 0].mean() * s**-0.5
         ax.plot(s, ref, "k--", lw=0.8, label="s^-1/2")
         ax.set(
@@ -419,6 +579,16 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output) -> list[Path]:
             capsize=2,
             label="positional LSH",
         )
+        for i, (name, (_, other)) in enumerate((others or {}).items()):
+            ax.plot(
+                s,
+                other[f"plsh_{key}"].mean(axis=1),
+                color=f"C{4 + i}",
+                ls="--",
+                marker="x",
+                ms=3,
+                label=f"positional LSH, {name}",
+            )
         ax.axhline(output["no_bias"][key], color="C3", ls=":", label="no positional bias")
         ax.axhline(output["fixed_blocks"][key], color="C2", ls="-.", label="fixed blocks")
         ax.plot(s, err[0].mean() * s**-0.5, "k--", lw=0.8, label="s^-1/2")
@@ -460,6 +630,9 @@ def run(args: argparse.Namespace) -> int:
             check_int("--max-tokens", args.max_tokens, minimum=2)
         if args.fixed_block_size is not None:
             check_int("--fixed-block-size", args.fixed_block_size, minimum=1)
+        if args.group_size is not None:
+            check_int("--group-size", args.group_size, minimum=1)
+        samplers = list(dict.fromkeys(args.sampler))
         samples = list(args.samples)
         if len(samples) < 2:
             raise ValueError(
@@ -490,25 +663,31 @@ def run(args: argparse.Namespace) -> int:
     out_dir = args.out or default_out_dir("reproduce", stamp)
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    steps = args.reps * len(samples) + args.output_reps * len(samples)
+    steps = len(samplers) * (args.reps * len(samples) + args.output_reps * len(samples))
     t0 = time.perf_counter()
+    runs = {}
     with tqdm(
         total=steps, desc="plsh reproduce", unit="step", disable=args.quiet, file=sys.stderr
     ) as bar:
-        matrix = matrix_error_experiment(
-            n, args.sigmas, samples, args.reps, args.seed, progress=lambda: bar.update(1)
-        )
-        output = output_error_experiment(
-            q,
-            k,
-            v,
-            samples,
-            args.output_reps,
-            args.seed,
-            args.fixed_block_size,
-            progress=lambda: bar.update(1),
-        )
+        for name in samplers:
+            kw = {"sampler": name, "group_size": args.group_size}
+            matrix = matrix_error_experiment(
+                n, args.sigmas, samples, args.reps, args.seed, lambda: bar.update(1), **kw
+            )
+            output = output_error_experiment(
+                q,
+                k,
+                v,
+                samples,
+                args.output_reps,
+                args.seed,
+                args.fixed_block_size,
+                lambda: bar.update(1),
+                **kw,
+            )
+            runs[name] = (matrix, output)
     elapsed = time.perf_counter() - t0
+    matrix, output = runs[samplers[0]]
 
     idx = [samples.index(s) for s in fit_samples]
 
@@ -533,7 +712,8 @@ def run(args: argparse.Namespace) -> int:
         rows.append(["slope"] + [fmt(slopes_fit[norm][f"{sig:g}"]) for sig in args.sigmas])
         print(
             _table(
-                f"||M~ - L*|| ({norm} norm), n={n}, mean ± sd over {args.reps} reps",
+                f"||M~ - L*|| ({norm} norm), n={n}, sampler={samplers[0]}, "
+                f"mean ± sd over {args.reps} reps",
                 ["s"] + [f"sigma={sig:g}" for sig in args.sigmas],
                 rows,
             )
@@ -557,12 +737,15 @@ def run(args: argparse.Namespace) -> int:
     print(
         _table(
             f"Attention output error vs exact ALiBi (causal, {q.shape[1]} heads, standard "
-            f"slopes, n={q.shape[2]}, batch={q.shape[0]}; {source})",
+            f"slopes, n={q.shape[2]}, batch={q.shape[0]}, sampler={samplers[0]}; {source})",
             ["s", "max-abs", "rel. Frobenius"],
             rows,
         )
     )
     print(f"\nfitted on s in {fit_samples}; expected slope about -0.5 (Theorem 2.1)")
+    comparison = _sampler_comparison(runs, samples, args.sigmas, n, args.reps, q.shape)
+    if comparison:
+        print("\n" + comparison)
 
     record = {
         "command": "plsh reproduce " + " ".join(sys.argv[2:])
@@ -595,10 +778,14 @@ def run(args: argparse.Namespace) -> int:
             for key, val in output.items()
         },
         "output_error_slopes": out_slopes,
+        "samplers": {name: _sampler_record(*runs[name]) for name in samplers},
     }
+    record["config"]["sampler"] = samplers
+    record["config"]["group_size"] = args.group_size
     (out_dir / "results.json").write_text(json.dumps(record, indent=1))
     written = [out_dir / "results.json"]
     if not args.no_plots:
-        written += _plot(out_dir, samples, args.sigmas, matrix, output)
+        others = {name: runs[name] for name in samplers[1:]}
+        written += _plot(out_dir, samples, args.sigmas, matrix, output, others=others)
     print(f"\n{elapsed:.2f} s. Wrote {', '.join(p.name for p in written)} to {out_dir}/")
     return 0
