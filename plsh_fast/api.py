@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch
 
+from plsh_ref.partition import PartitionSample
 from plsh_ref.validation import check_bool, check_scale
 
 from . import _validation as V
+from . import padding as P
 from .autograd import PLSHAttentionFunction
 from .partition import partition_tensors, resolve_partition
 
@@ -36,6 +38,7 @@ def plsh_attention(
     seed=None,
     query_positions=None,
     key_positions=None,
+    attention_mask=None,
     return_lse: bool = False,
     backend: str = "auto",
     check_finite: bool = True,
@@ -153,25 +156,87 @@ def plsh_attention(
     n_k, head_dim_v = key.shape[2], value.shape[3]
     device = query.device
     backend = V.check_backend(backend, device, head_dim, head_dim_v)
-    m = V.check_slopes(slopes, num_heads)
-    if partition is not None:
-        V.check_partition(partition, num_heads, num_samples, seed)
-    else:
-        num_samples = V.check_num_samples(
-            DEFAULT_NUM_SAMPLES if num_samples is None else num_samples
-        )
     c = check_scale(scale, head_dim)
-    qpos = V.check_positions("query_positions", query_positions, n_q, device)
-    kpos = V.check_positions("key_positions", key_positions, n_k, device)
+    eager = not torch.compiler.is_compiling()
+    qpos = P.check_positions("query_positions", query_positions, batch, n_q, device)
+    kpos = P.check_positions("key_positions", key_positions, batch, n_k, device)
+    mask = P.check_attention_mask(attention_mask, batch, n_k, device)
     default_q, default_k = _default_positions(n_q, n_k, device)
     qpos = default_q if qpos is None else qpos
     kpos = default_k if kpos is None else kpos
-    if check_finite:
+    if isinstance(partition, (tuple, list)):
+        pitch, offset = _check_partition_tensors(partition, num_heads, num_samples, seed, device)
+        sample = None
+    else:
+        if partition is not None:
+            V.check_partition(partition, num_heads, num_samples, seed)
+            sample = partition
+        else:
+            m = V.check_slopes(slopes, num_heads)
+            num_samples = V.check_num_samples(
+                DEFAULT_NUM_SAMPLES if num_samples is None else num_samples
+            )
+            sample = resolve_partition(None, m, num_samples, seed)
+        pitch, offset = partition_tensors(sample, device)
+    if slopes is not None and partition is not None and eager:
+        V.check_slopes(slopes, num_heads)
+    if eager and check_finite:
         V.check_finite(query, key, value)
-    sample = resolve_partition(partition, m, num_samples, seed)
-    V.check_bins_in_range(sample, qpos, kpos)
-    pitch, offset = partition_tensors(sample, device)
-    out, lse = PLSHAttentionFunction.apply(
-        query, key, value, pitch, offset, qpos, kpos, c, causal, backend
-    )
+        if sample is None:
+            try:
+                sample = PartitionSample(pitch.cpu().numpy(), offset.cpu().numpy())
+            except ValueError as error:
+                raise ValueError(f"partition: {error}") from None
+        real_q, real_k = P.real_positions(qpos, kpos, mask, batch)
+        P.check_position_range("query_positions", real_q)
+        P.check_position_range("key_positions", real_k)
+        V.check_bins_in_range(sample, real_q, real_k)
+    args = (query, key, value, pitch, offset, qpos, kpos, mask, c, causal, backend)
+    if eager:
+        out, lse = PLSHAttentionFunction.apply(*args)
+    else:
+        from .ops import attention  # noqa: PLC0415 (registers the operator on first use)
+
+        out, lse = attention(*args)
     return (out, lse) if return_lse else out
+
+
+def _check_partition_tensors(partition, num_heads: int, num_samples, seed, device):
+    """``(pitch, offset)`` float64 tensors ``(num_heads, s)`` of a tensor partition, on ``device``.
+
+    Shapes and dtypes only; values (``pitch > 0`` finite, finite offsets, bin range) are
+    checked by the caller in eager mode with ``check_finite``.
+
+    Raises
+    ------
+    TypeError
+        Not a pair of tensors, or not float64.
+    ValueError
+        Wrong shapes, ``num_samples`` that disagrees, a ``seed`` as well.
+    """
+    if len(partition) != 2 or not all(isinstance(t, torch.Tensor) for t in partition):
+        raise TypeError(
+            "partition: must be a plsh_ref.partition.PartitionSample or a pair of float64 "
+            f"tensors (pitch, offset), got {type(partition).__name__} of "
+            f"{[type(t).__name__ for t in partition]}"
+        )
+    pitch, offset = partition
+    if pitch.dtype != torch.float64 or offset.dtype != torch.float64:
+        raise TypeError(
+            f"partition: pitch and offset must be float64 (bins are binary64, SPEC section 2), "
+            f"got {pitch.dtype}, {offset.dtype}"
+        )
+    if pitch.dim() != 2 or pitch.shape != offset.shape or pitch.shape[1] < 1:
+        raise ValueError(
+            "partition: pitch and offset must have one shape (num_heads, num_samples >= 1), "
+            f"got {tuple(pitch.shape)}, {tuple(offset.shape)}"
+        )
+    if pitch.shape[0] != num_heads:
+        raise ValueError(f"partition: has {pitch.shape[0]} heads, query has {num_heads}")
+    if num_samples is not None and V.check_num_samples(num_samples) != pitch.shape[1]:
+        raise ValueError(
+            f"num_samples: {num_samples} differs from the partition's {pitch.shape[1]}"
+        )
+    if seed is not None:
+        raise ValueError("seed: pass either a partition or a seed, not both")
+    return pitch.to(device), offset.to(device)

@@ -1,47 +1,211 @@
-"""The ``torch.autograd.Function`` behind :func:`plsh_fast.plsh_attention`.
+"""Backend dispatch over the groups of a (padded) batch, and the eager autograd Function.
 
-Forward and backward dispatch to the CPU path (:mod:`plsh_fast.cpu`) or to the Triton
-kernels (:mod:`plsh_fast.triton_forward`, :mod:`plsh_fast.triton_backward`); all four
-functions share one signature. The backward uses the saved output and LSE
-(``proofs_notes/backward.md``).
+:func:`attention_forward` and :func:`attention_backward` run one backend's kernels
+(:mod:`plsh_fast.cpu`, or :mod:`plsh_fast.triton_forward` / :mod:`plsh_fast.triton_backward`;
+all share one signature) on every group of :func:`plsh_fast.padding.group_batch` and
+scatter the results back. :class:`PLSHAttentionFunction` wraps them for eager autograd:
+the forward's groups and the CPU path's key-range plan (sorted positions, tiles, block
+ranges, tile groups) are kept on the autograd context and reused by the backward instead
+of being recomputed. Under ``torch.compile`` the same two functions run inside the
+``plsh::attention`` custom operator (:mod:`plsh_fast.ops`); custom operators pass only
+tensors between forward and backward, so there the backward plans again (host work of
+``O(s n)``, no extra pass over query/key/value).
 
 A gradient flowing into the returned LSE is supported on both backends without a second
 kernel: ``d lse_i / d S_ij = P_ij``, and the backends compute ``dS = P o (dO V^T - delta)``
 with ``delta_i = sum_k dO_ik O_ik``. Appending a column of ones to ``V``, a column of zeros
 to ``O`` and the LSE gradient ``g`` as a column of ``dO`` turns this into
 ``dS = P o (dO V^T - delta + g 1^T)``, exactly the sum of both contributions; the extra
-column of the value gradient is dropped.
+column of the value gradient is dropped. The column is appended whenever an LSE gradient
+is passed (no host check of whether it is zero, which would synchronise the device).
+
+References
+----------
+``proofs_notes/backward.md`` (gradients from the saved output and LSE); SPEC section 5
+(padded batches).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.autograd.function import once_differentiable
 
-__all__ = ["PLSHAttentionFunction", "kernels"]
+from .padding import group_batch
+
+__all__ = ["PLSHAttentionFunction", "attention_backward", "attention_forward", "kernels"]
 
 
 def kernels(backend: str):
-    """``(forward, backward)`` functions of ``backend`` ("cpu" or "triton"), imported lazily."""
-    if backend == "cpu":
-        from .cpu import plsh_backward_cpu, plsh_forward_cpu
+    """``(forward, backward, planner)`` of ``backend`` ("cpu" or "triton"), imported lazily.
 
-        return plsh_forward_cpu, plsh_backward_cpu
+    ``planner`` builds the plan that ``forward``/``backward`` accept as ``plan=`` (the CPU
+    path's :func:`plsh_fast.cpu.plan_cpu`), or is ``None`` (the Triton kernels plan
+    per call on the device: the forward and the backward need different ranges).
+    """
+    if backend == "cpu":
+        from .cpu import plan_cpu, plsh_backward_cpu, plsh_forward_cpu
+
+        return plsh_forward_cpu, plsh_backward_cpu, plan_cpu
     if backend == "triton":
         from .triton_backward import plsh_backward_triton
         from .triton_forward import plsh_forward_triton
 
-        return plsh_forward_triton, plsh_backward_triton
+        return plsh_forward_triton, plsh_backward_triton, None
     raise ValueError(f"backend: must be 'cpu' or 'triton', got {backend!r}")
 
 
-class PLSHAttentionFunction(torch.autograd.Function):
-    """``(out, lse) = PLSH attention(query, key, value)`` with gradients for q, k, v.
+def lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of the LSE for inputs of ``dtype``: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
-    ``apply(query, key, value, pitch, offset, query_positions, key_positions, scale,
-    causal, backend)``; arguments as :func:`plsh_fast.cpu.plsh_forward_cpu`, already
-    validated. No gradient flows to the partition or the positions. Not twice
-    differentiable.
+
+def attention_forward(
+    query,
+    key,
+    value,
+    pitch,
+    offset,
+    query_positions,
+    key_positions,
+    attention_mask,
+    scale: float,
+    causal: bool,
+    backend: str,
+):
+    """``(out, lse, groups)``: PLSH attention of a (padded) batch.
+
+    Arguments as :func:`plsh_fast.cpu.plsh_forward_cpu`, validated, except that positions
+    may be ``(batch, n)`` and ``attention_mask`` ``(batch, n_k)`` or ``None``
+    (:mod:`plsh_fast.padding`). ``groups`` carry the plans for :func:`attention_backward`.
+    """
+    forward, _, planner = kernels(backend)
+    batch, num_heads, n_q, _ = query.shape
+    groups = group_batch(query_positions, key_positions, attention_mask, batch)
+
+    def run(group, q, k, v):
+        kwargs = {}
+        if planner is not None:
+            group.plan = planner(
+                pitch, offset, group.query_positions, group.key_positions, causal, q.dtype
+            )
+            kwargs["plan"] = group.plan
+        return forward(
+            q,
+            k,
+            v,
+            pitch,
+            offset,
+            group.query_positions,
+            group.key_positions,
+            scale,
+            causal,
+            **kwargs,
+        )
+
+    if len(groups) == 1 and groups[0].whole:
+        out, lse = run(groups[0], query, key, value)
+        return out, lse, groups
+    out = query.new_zeros(batch, num_heads, n_q, value.shape[3])
+    lse = torch.full(
+        (batch, num_heads, n_q), -math.inf, dtype=lse_dtype(query.dtype), device=query.device
+    )
+    for group in groups:
+        if group.query_positions.numel() == 0 or group.key_positions.numel() == 0:
+            continue  # nothing admissible: output 0, LSE -inf as initialised
+        o, l = run(
+            group,
+            group.take(query, group.queries),
+            group.take(key, group.keys),
+            group.take(value, group.keys),
+        )
+        group.put(out, o, group.queries)
+        group.put(lse, l, group.queries)
+    return out, lse, groups
+
+
+def attention_backward(
+    query,
+    key,
+    value,
+    out,
+    lse,
+    grad_out,
+    grad_lse,
+    pitch,
+    offset,
+    query_positions,
+    key_positions,
+    attention_mask,
+    scale: float,
+    causal: bool,
+    backend: str,
+    groups=None,
+):
+    """``(grad_query, grad_key, grad_value)`` of :func:`attention_forward`.
+
+    ``grad_out`` or ``grad_lse`` may be ``None`` (no gradient flows into that output).
+    ``groups``: the forward's (with their plans); recomputed when ``None``. Pad query
+    rows, pad keys and keys no query reaches get exactly zero gradient.
+    """
+    _, backward, _ = kernels(backend)
+    if groups is None:
+        groups = group_batch(query_positions, key_positions, attention_mask, query.shape[0])
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    grad_out = grad_out.to(out.dtype)
+    augmented = grad_lse is not None
+    if augmented:
+        g = torch.where(torch.isfinite(lse), grad_lse, 0).to(out.dtype)
+        value = torch.cat([value, value.new_ones(*value.shape[:3], 1)], dim=-1)
+        out = torch.cat([out, out.new_zeros(*out.shape[:3], 1)], dim=-1)
+        grad_out = torch.cat([grad_out, g[..., None]], dim=-1)
+
+    def run(group, *tensors):
+        kwargs = {} if group.plan is None else {"plan": group.plan}
+        return backward(
+            *tensors,
+            pitch,
+            offset,
+            group.query_positions,
+            group.key_positions,
+            scale,
+            causal,
+            **kwargs,
+        )
+
+    if len(groups) == 1 and groups[0].whole:
+        grad_query, grad_key, grad_value = run(groups[0], query, key, value, out, lse, grad_out)
+    else:
+        grad_query, grad_key, grad_value = (torch.zeros_like(t) for t in (query, key, value))
+        for group in groups:
+            if group.query_positions.numel() == 0 or group.key_positions.numel() == 0:
+                continue
+            gq, gk, gv = run(
+                group,
+                group.take(query, group.queries),
+                group.take(key, group.keys),
+                group.take(value, group.keys),
+                group.take(out, group.queries),
+                group.take(lse, group.queries),
+                group.take(grad_out, group.queries),
+            )
+            group.put(grad_query, gq, group.queries)
+            group.put(grad_key, gk, group.keys)
+            group.put(grad_value, gv, group.keys)
+    if augmented:
+        grad_value = grad_value[..., :-1]
+    return grad_query, grad_key, grad_value
+
+
+class PLSHAttentionFunction(torch.autograd.Function):
+    """``(out, lse) = PLSH attention(query, key, value)`` with gradients for q, k, v (eager).
+
+    ``apply(query, key, value, pitch, offset, query_positions, key_positions,
+    attention_mask, scale, causal, backend)``; arguments as :func:`attention_forward`,
+    already validated. No gradient flows to the partition, the positions or the mask.
+    Not twice differentiable.
     """
 
     @staticmethod
@@ -54,49 +218,51 @@ class PLSHAttentionFunction(torch.autograd.Function):
         offset,
         query_positions,
         key_positions,
+        attention_mask,
         scale,
         causal,
         backend,
     ):
-        forward, _ = kernels(backend)
-        out, lse = forward(
-            query, key, value, pitch, offset, query_positions, key_positions, scale, causal
+        out, lse, groups = attention_forward(
+            query,
+            key,
+            value,
+            pitch,
+            offset,
+            query_positions,
+            key_positions,
+            attention_mask,
+            scale,
+            causal,
+            backend,
         )
-        ctx.save_for_backward(
-            query, key, value, out, lse, pitch, offset, query_positions, key_positions
-        )
+        ctx.save_for_backward(query, key, value, out, lse, pitch, offset)
+        ctx.groups = groups
         ctx.scale, ctx.causal, ctx.backend = scale, causal, backend
+        ctx.set_materialize_grads(False)
         return out, lse
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, grad_lse):
-        query, key, value, out, lse, pitch, offset, qpos, kpos = ctx.saved_tensors
-        _, backward = kernels(ctx.backend)
-        if grad_out is None:
-            grad_out = torch.zeros_like(out)
-        grad_out = grad_out.to(out.dtype)
-        augmented = grad_lse is not None and bool((grad_lse != 0).any())
-        if augmented:
-            g = torch.where(torch.isfinite(lse), grad_lse, 0).to(out.dtype)
-            value = torch.cat([value, value.new_ones(*value.shape[:3], 1)], dim=-1)
-            out = torch.cat([out, out.new_zeros(*out.shape[:3], 1)], dim=-1)
-            grad_out = torch.cat([grad_out, g[..., None]], dim=-1)
-        grad_query, grad_key, grad_value = backward(
-            query, key, value, out, lse, grad_out, pitch, offset, qpos, kpos, ctx.scale, ctx.causal
+        query, key, value, out, lse, pitch, offset = ctx.saved_tensors
+        grads = attention_backward(
+            query,
+            key,
+            value,
+            out,
+            lse,
+            grad_out,
+            grad_lse,
+            pitch,
+            offset,
+            None,
+            None,
+            None,
+            ctx.scale,
+            ctx.causal,
+            ctx.backend,
+            groups=ctx.groups,
         )
-        if augmented:
-            grad_value = grad_value[..., :-1]
         needs = ctx.needs_input_grad
-        return (
-            grad_query if needs[0] else None,
-            grad_key if needs[1] else None,
-            grad_value if needs[2] else None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        return (*(g if need else None for g, need in zip(grads, needs)),) + (None,) * 8

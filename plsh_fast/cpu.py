@@ -47,9 +47,21 @@ matrix:
 Memory is ``O(batch * CHUNK_ELEMENTS)`` per tile group in flight plus ``O(s n)`` int64
 for the block boundaries of one head. Parallelism: with ``torch.get_num_threads() = N > 1``
 the tile groups (and the per-head planning) are dealt round-robin to ``N`` Python worker
-threads while torch's intra-op threads are set to 1 for the duration of the call
-(:func:`_run_parallel`): the work is many independent operators of moderate size, and
-OpenMP barriers inside each of them stall whenever another process holds a core.
+threads of one module-level pool (created on first use, reused by every call, grown when
+a call wants more workers; :func:`executor`). Each worker thread limits *its own* OpenMP
+and MKL thread counts to 1 when it starts (``omp_set_num_threads`` and
+``mkl_set_num_threads_local`` act on the calling thread only): the work is many
+independent operators of moderate size, and OpenMP barriers inside each of them stall
+whenever another process holds a core. The calling thread and the process-wide setting
+(``torch.get_num_threads()``) are never changed, so a call has no side effect on global
+state, even when it fails, and concurrent calls from several Python threads cannot leave
+a wrong thread count behind. Where those per-thread limits are unavailable (an OpenMP
+runtime other than the one found in the process), the work runs serially in the calling
+thread with torch's usual intra-op threads (:func:`per_thread_limits_available`).
+
+The plan (sorted positions, tiles, block ranges and the tile groups) is built by
+:func:`plan_cpu`; the forward and the backward accept it as ``plan=`` so that
+:mod:`plsh_fast.autograd` computes it once per forward and reuses it in the backward.
 
 The two public functions have the signature of the Triton path
 (:func:`plsh_fast.triton_forward.plsh_forward_triton`,
@@ -60,7 +72,9 @@ happens in :func:`plsh_fast.plsh_attention`.
 
 from __future__ import annotations
 
+import ctypes
 import math
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -77,6 +91,9 @@ __all__ = [
     "CHUNK_ELEMENTS",
     "PATTERN_ROWS_FRACTION",
     "USE_FUSED_TILES",
+    "executor",
+    "per_thread_limits_available",
+    "plan_cpu",
     "plsh_backward_cpu",
     "plsh_forward_cpu",
     "tile_size",
@@ -172,6 +189,7 @@ class _Plan:
     causal: bool
     tiles: list[int]  # tile height per head
     dtype: torch.dtype
+    specs: list | None = None  # work items of every head (:func:`_chunk_specs`), cached
 
     @property
     def n_q(self) -> int:
@@ -440,18 +458,96 @@ def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) ->
     )
 
 
-def _run_parallel(tasks: list, fn, workers: int) -> None:
-    """``fn(task, worker)`` for every task, on ``workers`` Python threads.
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+_LIMITS: tuple | None = None  # (omp_set_num_threads, mkl_set_num_threads_local or None)
+_LIMITS_FOUND = False
 
-    torch's intra-op threads are set to 1 meanwhile (and restored): every operator then
-    runs without an OpenMP barrier, and the parallelism comes from independent tiles
-    running concurrently (torch operators release the GIL). Barriers at each of the
-    hundreds of small operators per call made a two-thread run many times slower than a
-    one-thread run whenever another process occupied a core. Tasks are dealt round-robin
-    in the given order, so the assignment (and every floating-point sum) is
-    deterministic for a given thread count.
+
+def _thread_limit_functions():
+    """The per-thread ``omp_set_num_threads`` of the process's OpenMP runtime (the one torch
+    loaded) and MKL's ``mkl_set_num_threads_local`` when present, or ``None``."""
+    global _LIMITS, _LIMITS_FOUND
+    if _LIMITS_FOUND:
+        return _LIMITS
+    _LIMITS_FOUND = True
+    omp = mkl = None
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "/" in line}
+    except OSError:
+        paths = set()
+    for path in sorted(paths):
+        name = path.rsplit("/", 1)[-1]
+        if omp is None and name.startswith(("libgomp", "libiomp5", "libomp")):
+            try:
+                omp = ctypes.CDLL(path).omp_set_num_threads
+            except (OSError, AttributeError):
+                omp = None
+        if mkl is None and name.startswith(("libtorch_cpu", "libmkl_rt")):
+            try:
+                # The Fortran entry point (trailing underscore) takes its argument by
+                # reference in every MKL build.
+                mkl = ctypes.CDLL(path).mkl_set_num_threads_local_
+            except (OSError, AttributeError):
+                mkl = None
+    if omp is not None:
+        omp.argtypes = [ctypes.c_int]
+        if mkl is not None:
+            mkl.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        _LIMITS = (omp, mkl)
+    return _LIMITS
+
+
+def _limit_this_thread() -> None:
+    """Pool initializer: one OpenMP/MKL thread for this worker thread only."""
+    limits = _thread_limit_functions()
+    if limits is None:
+        return
+    torch.get_num_threads()  # torch's lazy per-thread init first (it would reset the limit)
+    omp, mkl = limits
+    omp(1)
+    if mkl is not None:
+        mkl(ctypes.byref(ctypes.c_int(1)))
+
+
+def per_thread_limits_available() -> bool:
+    """Whether worker threads can limit their own OpenMP threads (else: serial calls)."""
+    return _thread_limit_functions() is not None
+
+
+def executor(workers: int) -> ThreadPoolExecutor | None:
+    """The module's worker pool with at least ``workers`` threads, or ``None``.
+
+    Created lazily on first use and reused by every call; replaced by a larger pool when a
+    call wants more workers (the old one finishes its queued work and exits). ``None``
+    when per-thread thread limits are unavailable (:func:`per_thread_limits_available`).
     """
-    if workers <= 1 or len(tasks) <= 1:
+    global _POOL
+    if not per_thread_limits_available():
+        return None
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < workers:
+            old = _POOL
+            _POOL = ThreadPoolExecutor(
+                workers, thread_name_prefix="plsh-cpu", initializer=_limit_this_thread
+            )
+            if old is not None:
+                old.shutdown(wait=False)
+        return _POOL
+
+
+def _run_parallel(tasks: list, fn, workers: int) -> None:
+    """``fn(task, worker)`` for every task, on ``workers`` threads of the module's pool.
+
+    Each worker thread runs torch operators with one OpenMP thread (module docstring), so
+    the parallelism comes from independent tiles running concurrently (torch operators
+    release the GIL). Tasks are dealt round-robin in the given order, so the assignment
+    (and every floating-point sum) is deterministic for a given thread count. Returns
+    after every worker has finished, then raises the first error if any.
+    """
+    pool = executor(workers) if workers > 1 and len(tasks) > 1 else None
+    if pool is None:
         with torch.no_grad():
             for task in tasks:
                 fn(task, 0)
@@ -466,19 +562,20 @@ def _run_parallel(tasks: list, fn, workers: int) -> None:
             for task in tasks[w::workers]:
                 fn(task, w)
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(workers) as pool:
-            jobs = [pool.submit(deal, w) for w in range(workers)]
-            for job in jobs:
-                job.result()
-    finally:
-        torch.set_num_threads(previous)
+    jobs = [pool.submit(deal, w) for w in range(workers)]
+    errors = [job.exception() for job in jobs]  # waits for every worker
+    for error in errors:
+        if error is not None:
+            raise error
 
 
 def _chunk_specs(plan: _Plan, workers: int) -> list[tuple]:
-    """All work items of all heads, largest first (planning itself runs in parallel)."""
+    """All work items of all heads, largest first (planning itself runs in parallel).
+
+    Cached on the plan: a plan shared by a forward and its backward plans once.
+    """
+    if plan.specs is not None:
+        return plan.specs
     per_head: list = [None] * len(plan.tiles)
 
     def plan_head(h, _worker):
@@ -487,6 +584,7 @@ def _chunk_specs(plan: _Plan, workers: int) -> list[tuple]:
     _run_parallel(list(range(len(plan.tiles))), plan_head, workers)
     specs = [spec for head in per_head for spec in head]
     specs.sort(key=lambda spec: -spec[3].numel() * spec[1] * spec[2])
+    plan.specs = specs
     return specs
 
 
@@ -572,10 +670,21 @@ def _tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
     return grad_q, grad_k, grad_v
 
 
-def _prepare(query, key, value, pitch, offset, query_positions, key_positions, causal):
+def plan_cpu(pitch, offset, query_positions, key_positions, causal: bool, dtype) -> _Plan:
+    """The plan of a CPU call: sorted positions, tile heights, block ranges, tile groups.
+
+    Arguments as :func:`plsh_forward_cpu` (``dtype``: the query's). The returned object is
+    passed to :func:`plsh_forward_cpu` and :func:`plsh_backward_cpu` as ``plan=`` so that
+    a forward and its backward plan once; its tile groups are computed on first use.
+    """
+    return _plan(pitch, offset, query_positions, key_positions, causal, _compute_dtype(dtype))
+
+
+def _prepare(query, key, value, pitch, offset, query_positions, key_positions, causal, plan):
     """The plan and the per-head sorted (and, for queries, padded) compute-dtype inputs."""
     dtype = _compute_dtype(query.dtype)
-    plan = _plan(pitch, offset, query_positions, key_positions, causal, dtype)
+    if plan is None:
+        plan = _plan(pitch, offset, query_positions, key_positions, causal, dtype)
     q = _per_head(_sorted_rows(query, plan.query_order, plan.padded_rows, dtype))
     k = _per_head(_sorted_rows(key, plan.key_order, 0, dtype))
     v = _per_head(_sorted_rows(value, plan.key_order, 0, dtype))
@@ -590,7 +699,17 @@ def _empty_result(query, value, n_q):
 
 
 def plsh_forward_cpu(
-    query, key, value, pitch, offset, query_positions, key_positions, scale: float, causal: bool
+    query,
+    key,
+    value,
+    pitch,
+    offset,
+    query_positions,
+    key_positions,
+    scale: float,
+    causal: bool,
+    *,
+    plan=None,
 ):
     """PLSH attention forward on CPU: ``softmax(scale q k^T + log C) v`` and its LSE.
 
@@ -610,6 +729,9 @@ def plsh_forward_cpu(
         Logit scale.
     causal : bool
         Key ``j`` admissible for query ``i`` iff ``p_j <= p_i``.
+    plan : object, optional
+        :func:`plan_cpu` of the same pitch, offset, positions and causal flag (built here
+        when omitted).
 
     Returns
     -------
@@ -627,7 +749,7 @@ def plsh_forward_cpu(
     if n_q == 0 or key.shape[2] == 0 or batch == 0:
         return _empty_result(query, value, n_q)
     plan, q, k, v = _prepare(
-        query, key, value, pitch, offset, query_positions, key_positions, causal
+        query, key, value, pitch, offset, query_positions, key_positions, causal, plan
     )
     dtype, rows, group = plan.dtype, plan.padded_rows, num_heads // key.shape[1]
     out = torch.zeros(batch, num_heads, rows, value.shape[-1], dtype=dtype)
@@ -669,6 +791,8 @@ def plsh_backward_cpu(
     key_positions,
     scale: float,
     causal: bool,
+    *,
+    plan=None,
 ):
     """Gradients of PLSH attention on CPU from the saved output and LSE.
 
@@ -680,8 +804,8 @@ def plsh_backward_cpu(
 
     Parameters
     ----------
-    query, key, value, pitch, offset, query_positions, key_positions, scale, causal
-        As :func:`plsh_forward_cpu`.
+    query, key, value, pitch, offset, query_positions, key_positions, scale, causal, plan
+        As :func:`plsh_forward_cpu` (pass the forward's ``plan`` to skip planning again).
     out, lse : torch.Tensor
         The forward's results.
     grad_out : torch.Tensor
@@ -697,7 +821,7 @@ def plsh_backward_cpu(
     if n_q == 0 or key.shape[2] == 0 or batch == 0:
         return torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
     plan, q, k, v = _prepare(
-        query, key, value, pitch, offset, query_positions, key_positions, causal
+        query, key, value, pitch, offset, query_positions, key_positions, causal, plan
     )
     dtype, rows, group = plan.dtype, plan.padded_rows, num_heads // key.shape[1]
     d_out = _per_head(_sorted_rows(grad_out, plan.query_order, rows, dtype))

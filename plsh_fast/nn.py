@@ -25,16 +25,20 @@ a resampled partition estimates).
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from plsh_ref.alibi import alibi_bias, resolve_positions
-from plsh_ref.partition import PartitionSample, count_bias, counts, draw_partition
+from plsh_ref.partition import PartitionSample, draw_partition
 from plsh_ref.validation import check_bool, check_int, check_positive_float, check_scale
 
 from . import _validation as V
+from . import padding as P
+from .partition import bins as torch_bins
 
 __all__ = [
     "PLSHAttention",
@@ -42,10 +46,11 @@ __all__ = [
     "biased_sdpa",
     "check_attention_inputs",
     "derived_seed",
+    "seed_layers",
 ]
 
 _RESAMPLE = ("every_forward", "fixed")
-_BACKENDS = ("fast", "dense")
+_BACKENDS = ("auto", "cpu", "triton", "dense")
 
 
 def check_attention_inputs(query, key, value, num_heads: int | None = None) -> None:
@@ -88,10 +93,12 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
         ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
         ``(batch, num_heads_kv, n_k, head_dim_v)``; key/value heads are repeated for
         grouped-query attention (query head ``h`` uses kv head ``h // group``).
-    bias : torch.Tensor or numpy.ndarray, ``(num_heads, n_q, n_k)``
-        Additive bias (``-inf`` masks a pair); cast to the query's dtype and device. NaN
-        and ``+inf`` (also after the cast) are refused: a NaN row would otherwise come out
-        as an empty row (output 0) without a word.
+    bias : torch.Tensor or numpy.ndarray
+        ``(num_heads, n_q, n_k)`` or ``(batch or 1, num_heads, n_q, n_k)``. Additive bias
+        (``-inf`` masks a pair); cast to the query's dtype and device. NaN and ``+inf``
+        (also after the cast) are refused in eager mode (the check reads the values; it
+        is skipped under ``torch.compile``): a NaN row would otherwise come out as an
+        empty row (output 0) without a word.
     scale : float, optional
         Logit scale, default ``1 / sqrt(head_dim)``.
 
@@ -110,12 +117,19 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
     check_attention_inputs(query, key, value)
     num_heads, n_q, n_k = query.shape[1], query.shape[2], key.shape[2]
     bias = torch.as_tensor(bias).to(device=query.device, dtype=query.dtype)
-    if tuple(bias.shape) != (num_heads, n_q, n_k):
+    if bias.dim() == 3:
+        bias = bias[None]
+    if (
+        bias.dim() != 4
+        or tuple(bias.shape[1:]) != (num_heads, n_q, n_k)
+        or (bias.shape[0] not in (1, query.shape[0]))
+    ):
         raise ValueError(
-            f"bias: shape {tuple(bias.shape)} does not match (num_heads, n_q, "
-            f"n_k) = {(num_heads, n_q, n_k)}"
+            f"bias: shape {tuple(bias.shape)} does not match (num_heads, n_q, n_k) = "
+            f"{(num_heads, n_q, n_k)} (optionally with a leading batch dimension)"
         )
-    if bias.numel() and bool((torch.isnan(bias) | (bias == float("inf"))).any()):
+    eager = not torch.compiler.is_compiling()
+    if eager and bias.numel() and bool((torch.isnan(bias) | (bias == float("inf"))).any()):
         raise ValueError(f"bias: contains NaN or +inf in {query.dtype} (use -inf for masked pairs)")
     group = num_heads // key.shape[1]
     if group > 1:
@@ -125,16 +139,12 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
         scale = check_scale(scale, query.shape[3])
     if n_k == 0 or n_q == 0:
         return query.new_zeros(query.shape[:3] + (value.shape[3],))
-    empty = ~torch.isfinite(bias).any(dim=-1, keepdim=True)  # (H, n_q, 1): no admissible key
-    has_empty = bool(empty.any())
-    if has_empty:
-        bias = bias.masked_fill(empty, 0.0)
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=bias[None], scale=float(scale)
-    )
-    if has_empty:
-        out = out.masked_fill(empty[None], 0.0)
-    return out
+    # Rows with no admissible key: softmax of all -inf is NaN; give them bias 0 and reset
+    # their output to 0 (always, without a host check: no synchronisation, no graph break).
+    empty = ~torch.isfinite(bias).any(dim=-1, keepdim=True)  # (B, H, n_q, 1)
+    bias = bias.masked_fill(empty, 0.0)
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias, scale=float(scale))
+    return out.masked_fill(empty, 0.0)
 
 
 def _in_backward_pass() -> bool:
@@ -175,6 +185,47 @@ def derived_seed(seed: int, *keys: int) -> int:
     return int(state >> np.uint64(1))
 
 
+def seed_layers(model: nn.Module, seed: int) -> list[int]:
+    """Reseed every :class:`PLSHAttention` of ``model`` from one model-level ``seed``.
+
+    The ``l``-th :class:`PLSHAttention` in ``model.modules()`` order (registration order:
+    layer ``l`` of a stack of blocks) gets the seed ``derived_seed(seed, l)``
+    (:func:`derived_seed`): its eval partition is redrawn and its training stream restarts
+    (:meth:`PLSHAttention.reseed`). Layers thus draw distinct partitions, and the same
+    ``seed`` reproduces every one of them, whatever the torch RNG state was when the model
+    was built. This is also the layer seeding of ``plsh train-lm``
+    (:mod:`plsh_fast.experiments.model`).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        Any module (a single :class:`PLSHAttention` counts as layer 0).
+    seed : int
+        Model-level seed ``>= 0``.
+
+    Returns
+    -------
+    list of int
+        The seeds given, in layer order.
+
+    Raises
+    ------
+    TypeError
+        If ``model`` is not a ``torch.nn.Module``; if ``seed`` is not an integer.
+    ValueError
+        If ``seed < 0``.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model: must be a torch.nn.Module, got {type(model).__name__}")
+    seed = check_int("seed", seed, minimum=0)
+    seeds = []
+    for module in model.modules():
+        if isinstance(module, PLSHAttention):
+            seeds.append(derived_seed(seed, len(seeds)))
+            module.reseed(seeds[-1])
+    return seeds
+
+
 class PLSHAttention(nn.Module):
     """Positional-LSH attention on ``(batch, num_heads, seq_len, head_dim)`` tensors.
 
@@ -199,7 +250,11 @@ class PLSHAttention(nn.Module):
     seed : int, optional
         Seed of the eval partition (``draw_partition(sigma, num_samples, seed)``) and of
         the stream of training partitions (draw ``k`` uses ``SeedSequence([seed, k])``).
-        ``None`` picks a random seed once, at construction; it is kept in the state dict.
+        ``None`` (default) draws the seed at construction from torch's default generator
+        (one ``torch.randint``), so that the layers of a model get distinct partitions and
+        ``torch.manual_seed(s)`` before building the model reproduces all of them, as it
+        does the weights; :func:`seed_layers` reseeds every layer of a built model from
+        one model-level seed instead. The seed is kept in the state dict.
     resample : {"every_forward", "fixed"}
         In training mode, draw a fresh partition every forward (the draw counter is saved
         in the state dict, so a resumed run continues the same stream), or use the
@@ -209,10 +264,16 @@ class PLSHAttention(nn.Module):
         ``"fixed"`` (and :meth:`set_partition` between steps) in checkpointed regions.
     exact : bool
         Compute exact ALiBi attention (dense bias through SDPA) instead of PLSH.
-    backend : {"fast", "dense"}
-        ``"fast"``: :func:`plsh_fast.plsh_attention` (fused; Triton on CUDA, vectorised
-        torch on CPU). ``"dense"``: SDPA with a dense ``log C`` bias (the same function,
-        ``O(n_q n_k)`` memory; for short sequences and comparisons).
+    backend : {"auto", "cpu", "triton", "dense"}
+        ``"auto"``/``"cpu"``/``"triton"``: :func:`plsh_fast.plsh_attention` with that
+        backend (fused; Triton on CUDA, vectorised torch on CPU). ``"dense"``: SDPA with a
+        dense ``log(C / s)`` bias (the same function, ``O(n_q n_k)`` memory; for short
+        sequences and comparisons). ``"fast"`` is the old name of ``"auto"`` (accepted
+        with a ``DeprecationWarning`` for one release).
+    check_finite : bool
+        Passed to :func:`plsh_fast.plsh_attention`: eager-mode checks that read tensor
+        values (NaN/inf inputs, position and bin range). ``False`` removes the device
+        synchronisations they cost on CUDA.
 
     Attributes
     ----------
@@ -232,6 +293,13 @@ class PLSHAttention(nn.Module):
     surrogate objective (the loss averaged over partitions), not of the exact ALiBi loss;
     the two differ by ``O(1/s)``, see ``proofs_notes/gradient_expectation.md``.
 
+    Works under ``torch.compile(fullgraph=True)`` with every backend (and ``exact``),
+    dynamic sequence lengths included: the attention is the custom operator
+    ``plsh::attention`` (:mod:`plsh_fast.ops`), the training draws are the operator
+    ``plsh::training_partition``, and the exact and dense biases are built with torch
+    operations from the float64 buffers. The buffers are passed to the kernels as they
+    are (no host round trip).
+
     Raises
     ------
     TypeError, ValueError
@@ -248,10 +316,11 @@ class PLSHAttention(nn.Module):
         slopes=None,
         causal: bool = True,
         scale=None,
-        seed: int | None = 0,
+        seed: int | None = None,
         resample: str = "every_forward",
         exact: bool = False,
-        backend: str = "fast",
+        backend: str = "auto",
+        check_finite: bool = True,
     ):
         super().__init__()
         num_heads = check_int("num_heads", num_heads, minimum=1)
@@ -261,10 +330,17 @@ class PLSHAttention(nn.Module):
             scale = check_positive_float("scale", scale)
         if resample not in _RESAMPLE:
             raise ValueError(f"resample: must be one of {_RESAMPLE}, got {resample!r}")
+        if backend == "fast":
+            warnings.warn(
+                "backend: 'fast' is deprecated, use 'auto' (the same)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            backend = "auto"
         if backend not in _BACKENDS:
             raise ValueError(f"backend: must be one of {_BACKENDS}, got {backend!r}")
         if seed is None:
-            seed = int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> np.uint64(1))
+            seed = int(torch.randint(0, 2**63 - 1, ()).item())
         self.seed = check_int("seed", seed, minimum=0)
         self.num_heads = num_heads
         self.causal = check_bool("causal", causal)
@@ -272,13 +348,39 @@ class PLSHAttention(nn.Module):
         self.resample = resample
         self.exact = check_bool("exact", exact)
         self.backend = backend
-        self.num_draws = 0
+        self.check_finite = check_bool("check_finite", check_finite)
+        # Training-draw counter: an int64 CPU tensor (stays on the CPU whatever the
+        # module's device), advanced in place by plsh::training_partition.
+        self.register_buffer("draw_counter", torch.zeros((), dtype=torch.int64), persistent=False)
         self.register_buffer("slopes", torch.from_numpy(m.copy()))
         part = draw_partition(1.0 / m, num_samples, self.seed)
         self.register_buffer("pitch", torch.from_numpy(part.pitch.copy()))
         self.register_buffer("offset", torch.from_numpy(part.offset.copy()))
 
     # ------------------------------------------------------------------ state
+    @property
+    def num_draws(self) -> int:
+        """Training partitions drawn so far (the next draw has this index)."""
+        return int(self.draw_counter)
+
+    @num_draws.setter
+    def num_draws(self, value: int) -> None:
+        self.draw_counter.fill_(check_int("num_draws", value, minimum=0))
+
+    def reseed(self, seed: int) -> None:
+        """Adopt ``seed``: redraw the eval partition from it and restart the training stream.
+
+        Keeps ``num_samples`` and the device. Used by :func:`seed_layers`.
+
+        Raises
+        ------
+        TypeError, ValueError
+            If ``seed`` is not an integer ``>= 0``.
+        """
+        self.seed = check_int("seed", seed, minimum=0)
+        self.set_partition(draw_partition(self.sigma, self.num_samples, self.seed))
+        self.num_draws = 0
+
     @property
     def num_samples(self) -> int:
         """Hashes per head ``s`` of the module's partition."""
@@ -373,6 +475,7 @@ class PLSHAttention(nn.Module):
         for name, old in saved.items():
             new = self._buffers[name]
             self._buffers[name] = old.to(device=new.device, dtype=torch.float64)
+        self._buffers["draw_counter"] = self._buffers["draw_counter"].cpu()
         return self
 
     def extra_repr(self) -> str:
@@ -383,9 +486,10 @@ class PLSHAttention(nn.Module):
         )
 
     # ---------------------------------------------------------------- forward
-    def _forward_partition(self) -> PartitionSample:
+    def _forward_partition(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(pitch, offset)`` float64 tensors of this forward (the buffers, or a draw)."""
         if self.training and self.resample == "every_forward":
-            if _in_backward_pass():
+            if not torch.compiler.is_compiling() and _in_backward_pass():
                 # Activation checkpointing recomputes the forward inside the backward; the
                 # recomputation would draw the next partition, not the one the loss used,
                 # and the gradients would silently belong to another function.
@@ -396,12 +500,14 @@ class PLSHAttention(nn.Module):
                     "partition than the forward did. Use resample='fixed' (and "
                     "set_partition between steps) inside checkpointed regions."
                 )
-            part = self.training_partition(self.num_draws)
-            self.num_draws += 1
-            return part
-        return self.partition
+            from .ops import training_partition  # noqa: PLC0415 (registers the operator)
 
-    def forward(self, query, key, value, query_positions=None, key_positions=None):
+            return training_partition(self.slopes, self.draw_counter, self.seed, self.pitch)
+        return self.pitch, self.offset
+
+    def forward(
+        self, query, key, value, query_positions=None, key_positions=None, attention_mask=None
+    ):
         """Attention output.
 
         Parameters
@@ -410,10 +516,15 @@ class PLSHAttention(nn.Module):
         key : torch.Tensor, ``(batch, num_heads_kv, n_k, head_dim)``
         value : torch.Tensor, ``(batch, num_heads_kv, n_k, head_dim_v)``
             One floating dtype, one device; ``num_heads % num_heads_kv == 0``.
-        query_positions, key_positions : array_like or torch.Tensor of int, optional
-            Absolute positions ``(n_q,)``, ``(n_k,)``, shared by the batch; default keys
-            ``0..n_k-1`` and queries aligned to the end. Any length works: the partition
-            is a function of positions.
+        query_positions, key_positions : torch.Tensor or array_like of int, optional
+            Absolute positions ``(n_q,)``, ``(n_k,)`` shared by the batch, or
+            ``(batch, n_q)``, ``(batch, n_k)`` per sequence (HF ``position_ids``); default
+            keys ``0..n_k-1`` and queries aligned to the end. Any length works: the
+            partition is a function of positions.
+        attention_mask : torch.Tensor, optional
+            Key-padding mask ``(batch, n_k)``, bool or integer 0/1, 1 = keep, 0 = pad
+            (HF 2-D convention); pad query slots (end-aligned) give output 0. See
+            :mod:`plsh_fast.padding` for the exact semantics and synchronisation.
 
         Returns
         -------
@@ -423,32 +534,116 @@ class PLSHAttention(nn.Module):
         Raises
         ------
         TypeError, ValueError
-            See :func:`check_attention_inputs`; non-integer positions.
+            See :func:`check_attention_inputs` and :func:`plsh_fast.plsh_attention`
+            (positions, mask).
         """
         check_attention_inputs(query, key, value, self.num_heads)
-        qpos, kpos = resolve_positions(query.shape[2], key.shape[2], query_positions, key_positions)
-        slopes = self.slopes.detach().cpu().numpy()
-        if self.exact:
-            bias = alibi_bias(slopes, qpos, kpos, causal=self.causal)
-            return biased_sdpa(query, key, value, torch.from_numpy(bias), scale=self.scale)
-        part = self._forward_partition()
-        if self.backend == "dense":
-            bias = count_bias(counts(part, qpos, kpos, causal=self.causal), part.num_samples)
-            return biased_sdpa(query, key, value, torch.from_numpy(bias), scale=self.scale)
+        if self.exact or self.backend == "dense":
+            batch, _, n_q, _ = query.shape
+            n_k, device = key.shape[2], query.device
+            qpos = P.check_positions("query_positions", query_positions, batch, n_q, device)
+            kpos = P.check_positions("key_positions", key_positions, batch, n_k, device)
+            mask = P.check_attention_mask(attention_mask, batch, n_k, device)
+            if qpos is None:
+                qpos = torch.arange(n_k - n_q, n_k, device=device)
+            if kpos is None:
+                kpos = torch.arange(n_k, device=device)
+            if not torch.compiler.is_compiling():
+                mask = _eager_mask_values(mask)
+                real_q, real_k = P.real_positions(qpos, kpos, mask, batch)
+                P.check_position_range("query_positions", real_q)
+                P.check_position_range("key_positions", real_k)
+            if self.exact:
+                bias = _alibi_bias(self.slopes, qpos, kpos, self.causal)
+            else:
+                bias = _log_count_bias(*self._forward_partition(), qpos, kpos, self.causal)
+            bias = _mask_bias(bias, mask, n_q, n_k)
+            return biased_sdpa(query, key, value, bias, scale=self.scale)
         from .api import plsh_attention  # noqa: PLC0415 (plsh_fast.api imports torch/triton)
 
         return plsh_attention(
             query,
             key,
             value,
-            slopes=slopes,
-            num_samples=part.num_samples,
             causal=self.causal,
             scale=self.scale,
-            partition=part,
-            query_positions=torch.from_numpy(qpos),
-            key_positions=torch.from_numpy(kpos),
+            partition=self._forward_partition(),
+            query_positions=query_positions,
+            key_positions=key_positions,
+            attention_mask=attention_mask,
+            backend=self.backend,
+            check_finite=self.check_finite,
         )
+
+
+def _eager_mask_values(mask):
+    """A bool mask; integer entries other than 0/1 raise (reads the mask; eager only)."""
+    if mask is None or mask.dtype == torch.bool:
+        return mask
+    if bool(((mask != 0) & (mask != 1)).any()):
+        raise ValueError("attention_mask: integer entries must be 0 (pad) or 1 (keep)")
+    return mask != 0
+
+
+def _pairwise(qpos: torch.Tensor, kpos: torch.Tensor):
+    """``(p_i, p_j)`` broadcast to ``(B or 1, 1, n_q, n_k)`` from 1-D or 2-D positions."""
+    qpos = qpos if qpos.dim() == 2 else qpos[None]
+    kpos = kpos if kpos.dim() == 2 else kpos[None]
+    return qpos[:, None, :, None], kpos[:, None, None, :]
+
+
+def _alibi_bias(slopes, qpos, kpos, causal: bool) -> torch.Tensor:
+    """Exact ALiBi bias ``-m_h |p_i - p_j|`` (``-inf`` causally), float64 ``(B|1, H, n_q, n_k)``.
+
+    The torch form of :func:`plsh_ref.alibi.alibi_bias` (float64, same operations).
+    """
+    pi, pj = _pairwise(qpos, kpos)
+    distance = (pi - pj).abs().to(torch.float64)
+    bias = -slopes.to(torch.float64)[None, :, None, None] * distance
+    if causal:
+        bias = bias.masked_fill(pj > pi, -math.inf)
+    return bias
+
+
+def _log_count_bias(pitch, offset, qpos, kpos, causal: bool) -> torch.Tensor:
+    """``log(C / s)`` (``-inf`` where ``C = 0``), float64 ``(B|1, H, n_q, n_k)``.
+
+    ``C[h, i, j] = #{t : bin_t(p_i) = bin_t(p_j)}`` times the causal mask, with the bins
+    of :func:`plsh_fast.partition.bins` (binary64, equal to the reference's); summed one
+    sample at a time, so memory is ``O(B H n_q n_k)``.
+    """
+    num_samples = pitch.shape[1]
+    q2 = qpos if qpos.dim() == 2 else qpos[None]
+    k2 = kpos if kpos.dim() == 2 else kpos[None]
+    bq = torch_bins(pitch, offset, q2.reshape(-1)).view(*pitch.shape, *q2.shape)
+    bk = torch_bins(pitch, offset, k2.reshape(-1)).view(*pitch.shape, *k2.shape)
+    # (H, s, B, n) -> (B, H, s, n)
+    bq, bk = bq.permute(2, 0, 1, 3), bk.permute(2, 0, 1, 3)
+    count = torch.zeros(
+        max(bq.shape[0], bk.shape[0]),
+        pitch.shape[0],
+        q2.shape[1],
+        k2.shape[1],
+        dtype=torch.float64,
+        device=pitch.device,
+    )
+    for t in range(num_samples):
+        count += bq[:, :, t, :, None] == bk[:, :, t, None, :]
+    if causal:
+        pi, pj = _pairwise(qpos, kpos)
+        count = count.masked_fill(pj > pi, 0.0)
+    return torch.log(count / num_samples)
+
+
+def _mask_bias(bias, mask, n_q: int, n_k: int):
+    """``bias`` with pad keys and pad query rows (end-aligned) set to ``-inf``."""
+    if mask is None:
+        return bias
+    keep = mask if mask.dtype == torch.bool else mask != 0
+    bias = bias.masked_fill(~keep[:, None, None, :], -math.inf)
+    if n_q <= n_k:
+        bias = bias.masked_fill(~keep[:, None, n_k - n_q :, None], -math.inf)
+    return bias
 
 
 class PLSHSelfAttention(nn.Module):
@@ -466,10 +661,12 @@ class PLSHSelfAttention(nn.Module):
     num_heads_kv : int, optional
         Key/value heads for grouped-query attention (divides ``num_heads``); default
         ``num_heads``.
-    bias : bool
-        Bias terms in the projections.
+    projection_bias : bool
+        Bias terms in the projections (``bias=`` is the old name, accepted with a
+        ``DeprecationWarning`` for one release).
     attention : torch.nn.Module, optional
-        The core, called as ``attention(q, k, v, positions, positions)`` on
+        The core, called as ``attention(q, k, v, positions, positions)`` (and
+        ``attention_mask=`` when one is given) on
         ``(batch, heads, seq, head_dim)`` tensors; default
         ``PLSHAttention(num_heads, **attention_kwargs)``. Baselines (no bias, fixed
         blocks) plug in here.
@@ -488,11 +685,19 @@ class PLSHSelfAttention(nn.Module):
         num_heads: int,
         *,
         num_heads_kv: int | None = None,
-        bias: bool = False,
+        projection_bias: bool = False,
         attention: nn.Module | None = None,
         **attention_kwargs,
     ):
         super().__init__()
+        if "bias" in attention_kwargs:
+            warnings.warn(
+                "bias: deprecated, use projection_bias (the same)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            projection_bias = attention_kwargs.pop("bias")
+        bias = check_bool("projection_bias", projection_bias)
         embed_dim = check_int("embed_dim", embed_dim, minimum=1)
         num_heads = check_int("num_heads", num_heads, minimum=1)
         num_heads_kv = (
@@ -523,14 +728,19 @@ class PLSHSelfAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.attention = attention
 
-    def forward(self, x, positions=None):
+    def forward(self, x, positions=None, attention_mask=None):
         """Self-attention of ``x``.
 
         Parameters
         ----------
         x : torch.Tensor, ``(batch, seq_len, embed_dim)``
-        positions : array_like or torch.Tensor of int, ``(seq_len,)``, optional
-            Absolute positions shared by queries and keys; default ``0..seq_len-1``.
+        positions : torch.Tensor or array_like of int, optional
+            Absolute positions of the tokens, ``(seq_len,)`` shared by the batch or
+            ``(batch, seq_len)`` per sequence (HF ``position_ids``), used for queries and
+            keys; default ``0..seq_len-1``.
+        attention_mask : torch.Tensor, optional
+            Key-padding mask ``(batch, seq_len)``, 1 = keep, 0 = pad (HF convention);
+            pad tokens' rows are 0 before ``out_proj`` (see :class:`PLSHAttention`).
 
         Returns
         -------
@@ -553,5 +763,8 @@ class PLSHSelfAttention(nn.Module):
         q = heads(self.q_proj(x), self.num_heads)
         k = heads(self.k_proj(x), self.num_heads_kv)
         v = heads(self.v_proj(x), self.num_heads_kv)
-        y = self.attention(q, k, v, positions, positions)
+        if attention_mask is None:
+            y = self.attention(q, k, v, positions, positions)
+        else:
+            y = self.attention(q, k, v, positions, positions, attention_mask=attention_mask)
         return self.out_proj(y.transpose(1, 2).reshape(b, n, self.embed_dim))

@@ -223,13 +223,13 @@ def test_fast_backend_equals_dense_backend_forward_and_backward():
     if not hasattr(api, "plsh_attention"):
         pytest.skip("plsh_fast.api.plsh_attention not available")
     grads = {}
-    for backend in ("fast", "dense"):
+    for backend in ("auto", "dense"):
         core = PLSHAttention(4, 10, seed=4, backend=backend, resample="fixed")
         q, k, v = (t.requires_grad_() for t in _qkv(n=37, heads_kv=2, dtype=torch.float64))
         out = core(q, k, v)
         (out * torch.linspace(-1, 1, out.shape[-1], dtype=out.dtype)).sum().backward()
         grads[backend] = [out.detach(), q.grad, k.grad, v.grad]
-    for a, b in zip(grads["fast"], grads["dense"]):
+    for a, b in zip(grads["auto"], grads["dense"]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
 
 

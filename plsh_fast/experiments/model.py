@@ -130,7 +130,7 @@ def make_attention(
     num_heads: int,
     *,
     seed: int,
-    backend: str = "fast",
+    backend: str = "auto",
     block_sizes=None,
     resample: str = "every_forward",
 ) -> nn.Module:
@@ -175,7 +175,7 @@ class ByteLM(nn.Module):
         MLP hidden width / ``d_model``.
     seed : int
         Partition seed; layer ``l`` uses :func:`plsh_fast.nn.derived_seed` ``(seed, l)``.
-    backend : {"fast", "dense"}
+    backend : {"auto", "cpu", "triton", "dense"}
         PLSH backend (see :class:`plsh_fast.nn.PLSHAttention`).
     block_sizes : sequence of int, optional
         Per-head block sizes of the ``blocks`` variant.
@@ -197,7 +197,7 @@ class ByteLM(nn.Module):
         num_heads: int = 4,
         mlp_ratio: int = 4,
         seed: int = 0,
-        backend: str = "fast",
+        backend: str = "auto",
         block_sizes=None,
         resample: str = "every_forward",
     ):

@@ -1,0 +1,199 @@
+"""PLSH attention as ``torch.library`` custom operators, for ``torch.compile``.
+
+``torch.ops.plsh.attention`` and ``torch.ops.plsh.attention_backward`` wrap
+:func:`plsh_fast.autograd.attention_forward` / :func:`plsh_fast.autograd.attention_backward`
+(the same kernels as eager mode). Each has a fake (meta) implementation that only
+computes output shapes, so Dynamo and AOTAutograd trace a model through them without
+running them, with symbolic sequence lengths (one compiled graph serves every length),
+and ``register_autograd`` connects the two. :func:`plsh_fast.plsh_attention` calls the
+operator when :func:`torch.compiler.is_compiling` is true and the eager
+:class:`plsh_fast.autograd.PLSHAttentionFunction` otherwise; the results are the same.
+
+Everything the kernels need is a tensor or a constant: the partition's ``pitch`` and
+``offset`` (float64 tensors on the query's device), the positions (int64 ``(n,)`` or
+``(batch, n)``), the optional key-padding mask; ``scale``, ``causal`` and ``backend`` are
+constants of the graph (changing them compiles again).
+
+Differences from eager mode: the backward plans again instead of reusing the forward's
+plan (operators pass tensors only); the checks that read tensor values in
+:func:`plsh_fast.plsh_attention` (finiteness, position and bin range, partition values)
+are skipped while compiling; the mask's 0/1 values and per-sequence position ranges are
+still checked, at run time, inside the operator (:func:`plsh_fast.padding.group_batch`).
+
+References
+----------
+PyTorch custom operators (``torch.library.custom_op``, ``register_fake``,
+``register_autograd``); SPEC section 5.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .autograd import attention_backward as _backward_impl
+from .autograd import attention_forward as _forward_impl
+from .autograd import lse_dtype
+
+__all__ = ["attention", "attention_backward", "training_partition"]
+
+
+@torch.library.custom_op("plsh::attention", mutates_args=())
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    pitch: torch.Tensor,
+    offset: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scale: float,
+    causal: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(out, lse)``: :func:`plsh_fast.autograd.attention_forward` as an operator.
+
+    Arguments validated by :func:`plsh_fast.plsh_attention` (shapes there). Returns
+    ``out`` ``(batch, num_heads, n_q, head_dim_v)`` in the query dtype and ``lse``
+    ``(batch, num_heads, n_q)`` float32 (float64 for float64 inputs).
+    """
+    out, lse, _ = _forward_impl(
+        query,
+        key,
+        value,
+        pitch,
+        offset,
+        query_positions,
+        key_positions,
+        attention_mask,
+        scale,
+        causal,
+        backend,
+    )
+    return out.contiguous(), lse.to(lse_dtype(query.dtype)).contiguous()
+
+
+@attention.register_fake
+def _attention_fake(
+    query, key, value, pitch, offset, query_positions, key_positions, attention_mask, scale,
+    causal, backend,
+):  # fmt: skip
+    batch, num_heads, n_q, _ = query.shape
+    out = query.new_empty(batch, num_heads, n_q, value.shape[3])
+    lse = query.new_empty(batch, num_heads, n_q, dtype=lse_dtype(query.dtype))
+    return out, lse
+
+
+@torch.library.custom_op("plsh::attention_backward", mutates_args=())
+def attention_backward(
+    grad_out: torch.Tensor,
+    grad_lse: torch.Tensor | None,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    pitch: torch.Tensor,
+    offset: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scale: float,
+    causal: bool,
+    backend: str,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(grad_query, grad_key, grad_value)``: :func:`plsh_fast.autograd.attention_backward`."""
+    grads = _backward_impl(
+        query,
+        key,
+        value,
+        out,
+        lse,
+        grad_out,
+        grad_lse,
+        pitch,
+        offset,
+        query_positions,
+        key_positions,
+        attention_mask,
+        scale,
+        causal,
+        backend,
+    )
+    return tuple(g.contiguous().clone() if _aliases(g, query, key, value) else g for g in grads)
+
+
+def _aliases(t: torch.Tensor, *others: torch.Tensor) -> bool:
+    """Whether ``t`` shares storage with one of ``others`` (operators may not alias inputs)."""
+    ptr = t.untyped_storage().data_ptr()
+    return any(ptr == o.untyped_storage().data_ptr() for o in others if o.numel())
+
+
+@attention_backward.register_fake
+def _attention_backward_fake(grad_out, grad_lse, query, key, value, *_):
+    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+
+
+def _setup_context(ctx, inputs, output):
+    (query, key, value, pitch, offset, qpos, kpos, mask, scale, causal, backend) = inputs
+    out, lse = output
+    ctx.save_for_backward(query, key, value, out, lse, pitch, offset, qpos, kpos, mask)
+    ctx.scale, ctx.causal, ctx.backend = scale, causal, backend
+
+
+def _backward(ctx, grad_out, grad_lse):
+    query, key, value, out, lse, pitch, offset, qpos, kpos, mask = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    gq, gk, gv = attention_backward(
+        grad_out,
+        grad_lse,
+        query,
+        key,
+        value,
+        out,
+        lse,
+        pitch,
+        offset,
+        qpos,
+        kpos,
+        mask,
+        ctx.scale,
+        ctx.causal,
+        ctx.backend,
+    )
+    return gq, gk, gv, None, None, None, None, None, None, None, None
+
+
+attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("plsh::training_partition", mutates_args=("draw_counter",))
+def training_partition(
+    slopes: torch.Tensor, draw_counter: torch.Tensor, seed: int, like: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(pitch, offset)`` of training draw ``k = draw_counter`` of a module; ``k += 1``.
+
+    The draw of :meth:`plsh_fast.nn.PLSHAttention.training_partition`:
+    :func:`plsh_ref.partition.draw_partition` with ``sigma = 1 / slopes``,
+    ``like.shape[1]`` samples and seed :func:`plsh_fast.nn.derived_seed` ``(seed, k)``,
+    drawn on the host (numpy, SPEC section 2) and returned as float64 tensors on
+    ``like``'s device. ``draw_counter`` is an int64 CPU scalar tensor, advanced in place;
+    as an operator the draw runs inside a compiled graph, once per call, and the counter
+    never becomes a constant of the graph.
+    """
+    from plsh_ref.partition import draw_partition
+
+    from .nn import derived_seed
+    from .partition import partition_tensors
+
+    draw = int(draw_counter)
+    draw_counter.add_(1)
+    sigma = 1.0 / slopes.detach().cpu().numpy()
+    sample = draw_partition(sigma, like.shape[1], derived_seed(seed, draw))
+    return partition_tensors(sample, like.device)
+
+
+@training_partition.register_fake
+def _training_partition_fake(slopes, draw_counter, seed, like):
+    return torch.empty_like(like, dtype=torch.float64), torch.empty_like(like, dtype=torch.float64)
