@@ -495,3 +495,22 @@ def test_citation_file_prefers_the_paper():
         bib = fh.read()
     entry = bib[bib.index("@misc{wolfson2026plsh") :].split("\n}", 1)[0]
     assert "Wolfson, Daniel and Wagner, Tal" in entry and "2605.09472" in entry
+
+
+def test_train_lm_refuses_a_size_over_max_memory_and_renames_backend_fast(capsys):
+    pytest.importorskip("torch")
+    argv = ["train-lm", "--seq-len", "100000", "--eval-tokens", "400000"]
+    assert cli.main(argv) == 2
+    err = _one_line_error(capsys, "train-lm")
+    assert "error: --seq-len: 100000 would need about" in err and "--max-memory" in err
+    # the default size is accepted by the same estimate (negative control)
+    from plsh_fast.experiments import train_lm
+
+    args = _parser("train-lm").parse_args([])
+    estimate = train_lm.memory_estimate(args.seq_len, args.batch_size, args.heads, args.layers, 4)
+    assert estimate < args.max_memory * 2**30
+    # --backend fast is the deprecated name of auto (as in plsh_fast.nn)
+    assert cli.main(["train-lm", "--backend", "fast", "--weight-decay", "nan"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("plsh: warning: --backend fast is deprecated")
+    assert lines[1].startswith("plsh train-lm: error: weight_decay")

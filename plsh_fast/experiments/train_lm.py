@@ -40,7 +40,15 @@ import time
 
 import numpy as np
 
-from plsh_ref.experiments.options import JoinedValues, StoreConst, StoreValue, default_out_dir
+from plsh_ref.experiments.options import (
+    DEFAULT_MAX_MEMORY_GIB,
+    JoinedValues,
+    StoreConst,
+    StoreValue,
+    check_memory,
+    default_out_dir,
+    deprecation,
+)
 from plsh_ref.provenance import run_metadata
 
 #: what the command needs beyond plsh_ref (checked by the ``plsh`` dispatcher)
@@ -103,7 +111,8 @@ _OPTIONS = [
         str,
         "dense",
         "PLSH backend: dense (SDPA with a log-count bias; fastest on CPU at these lengths) "
-        "or fast (plsh_fast.plsh_attention); the same function",
+        "or auto, cpu, triton (plsh_fast.plsh_attention; 'fast' is the deprecated name of "
+        "auto); the same function",
     ),
     (
         "--seed",
@@ -125,7 +134,18 @@ _OPTIONS = [
     ("--corpus", "corpus", str, "", "directory of .py files (default: the stdlib)"),
     ("--threads", "threads", int, 2, "torch CPU threads"),
     ("--out", "out", str, "", "output folder (default: plsh_out/train-lm-<UTC time>)"),
+    (
+        "--max-memory",
+        "max_memory",
+        float,
+        DEFAULT_MAX_MEMORY_GIB,
+        "refuse, before allocating, a --seq-len/--batch-size whose estimated attention "
+        "memory exceeds this many GiB",
+    ),
 ]
+
+#: accepted values of --backend (those of plsh_fast.nn.PLSHAttention)
+BACKENDS = ("auto", "cpu", "triton", "dense")
 
 #: old option spellings, accepted until 0.2 with a deprecation line: old -> new
 DEPRECATED = {"--seeds": "--seed", "--output": "--out", "--no-progress": "--quiet"}
@@ -180,6 +200,23 @@ def command_line(args) -> str:
     return " ".join(parts)
 
 
+def memory_estimate(
+    seq_len: int, batch_size: int, heads: int, layers: int, longest_factor: int
+) -> int:
+    """Bytes of the attention arrays of one run at their peak (an upper estimate).
+
+    Training keeps, per layer, about four float32 ``(batch, heads, L, L)`` arrays for the
+    backward pass (bias, scores, probabilities, their gradient) and the log-count bias of
+    PLSH; evaluation at the longest length ``f L`` holds four such arrays for
+    ``max(1, 16384 // (f L))`` windows of one layer at a time. Model weights and
+    activations of width ``d_model`` are small beside them at these sizes.
+    """
+    train = 4 * 4 * layers * batch_size * heads * seq_len**2 + 8 * layers * heads * seq_len**2
+    length = longest_factor * seq_len
+    evaluation = 4 * 4 * max(1, 16384 // length) * heads * length**2
+    return int(max(train, evaluation))
+
+
 def _check_args(args) -> tuple[list[str], list[int], list[int]]:
     from .model import parse_variant
 
@@ -225,8 +262,17 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
         )
     if args.resample not in ("every_forward", "fixed"):
         raise ValueError(f"resample: must be 'every_forward' or 'fixed', got {args.resample!r}")
-    if args.backend not in ("fast", "dense"):
-        raise ValueError(f"backend: must be 'fast' or 'dense', got {args.backend!r}")
+    if args.backend == "fast":  # the old name of "auto" (plsh_fast.nn), until 0.2
+        deprecation("--backend fast", "--backend auto")
+        args.backend = "auto"
+    if args.backend not in BACKENDS:
+        raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {args.backend!r}")
+    check_memory(
+        "--seq-len",
+        args.seq_len,
+        memory_estimate(args.seq_len, args.batch_size, args.heads, args.layers, factors[-1]),
+        args.max_memory,
+    )
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise ValueError(f"lr: must be finite and > 0, got {args.lr}")
     if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
