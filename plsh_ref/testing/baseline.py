@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..attention import expand_kv
+from ..validation import check_scale
 from .problems import round_to_dtype
 
 __all__ = ["plain_attention_numpy", "plain_attention_torch"]
-
-
-def _expand_kv(x, num_heads):
-    return np.repeat(x, num_heads // x.shape[1], axis=1)
 
 
 def plain_attention_numpy(query, key, value, bias, *, scale, dtype: str):
@@ -52,9 +50,9 @@ def plain_attention_numpy(query, key, value, bias, *, scale, dtype: str):
         return round_to_dtype(x, dtype).astype(np.float64)
 
     q = r(query)
-    k = r(_expand_kv(np.asarray(key, dtype=np.float64), q.shape[1]))
-    v = r(_expand_kv(np.asarray(value, dtype=np.float64), q.shape[1]))
-    c = (1.0 / np.sqrt(q.shape[3]) if q.shape[3] else 1.0) if scale is None else float(scale)
+    k = r(expand_kv(np.asarray(key, dtype=np.float64), q.shape[1]))
+    v = r(expand_kv(np.asarray(value, dtype=np.float64), q.shape[1]))
+    c = check_scale(None, q.shape[3]) if scale is None else float(scale)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         logits = r(r(np.einsum("bhid,bhjd->bhij", q, k)) * r(np.float64(c)))
         logits = r(logits + r(bias)[None])
@@ -99,9 +97,9 @@ def plain_attention_torch(query, key, value, bias, *, scale, dtype: str, device:
         return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float64)).to(device, tdtype)
 
     q = t(query)
-    k = t(_expand_kv(np.asarray(key, dtype=np.float64), q.shape[1]))
-    v = t(_expand_kv(np.asarray(value, dtype=np.float64), q.shape[1]))
-    c = (1.0 / np.sqrt(q.shape[3]) if q.shape[3] else 1.0) if scale is None else float(scale)
+    k = t(expand_kv(np.asarray(key, dtype=np.float64), q.shape[1]))
+    v = t(expand_kv(np.asarray(value, dtype=np.float64), q.shape[1]))
+    c = check_scale(None, q.shape[3]) if scale is None else float(scale)
     logits = (q @ k.transpose(-1, -2)) * c + t(bias)[None]
     empty = (
         torch.isneginf(logits).all(dim=-1)
