@@ -51,13 +51,21 @@ def test_problems_are_consistent(problem):
     assert problem.slopes.shape == (spec.num_heads,) and np.all(problem.slopes > 0)
     assert isinstance(problem.partition, PartitionSample)
     assert problem.partition.pitch.shape == (spec.num_heads, spec.num_samples)
-    if spec.positions == "default":
+    if spec.positions == "default" and not spec.offset:
         assert problem.query_positions is None and problem.key_positions is None
     else:
         assert problem.query_positions.dtype == np.int64
-        assert problem.query_positions.shape == (spec.n_q,)
-        assert problem.key_positions.shape == (spec.n_k,)
-        assert np.all(np.diff(problem.key_positions) > 0)
+        per_sequence = spec.positions in ("per_sequence", "padded")
+        lead = (spec.batch,) if per_sequence else ()
+        assert problem.query_positions.shape == (*lead, spec.n_q)
+        assert problem.key_positions.shape == (*lead, spec.n_k)
+        _, kpos, _, k_keep = problem.positions_and_keep()
+        for b in range(spec.batch):  # real positions increase in every sequence
+            assert np.all(np.diff(kpos[b][k_keep[b]]) > 0)
+    if spec.positions == "padded":
+        assert problem.attention_mask.shape == (spec.batch, spec.n_k)
+    else:
+        assert problem.attention_mask is None
     if problem.query.size:
         assert np.any(problem.query != 0)  # fresh random inputs, never zeros
 
@@ -106,7 +114,7 @@ def test_sample_specs_reproducible_and_seed_dependent():
     assert a != sample_specs("alibi", seed=6, num_cases=20)
     # the draws cover the features the suite is meant to exercise
     many = sample_specs("alibi", seed=0, num_cases=60)
-    assert {s.positions for s in many} == {"default", "explicit", "left_padding"}
+    assert {"default", "explicit", "left_padding"} <= {s.positions for s in many}
     assert any(s.num_heads_kv < s.num_heads for s in many)
     assert any(s.n_q != s.n_k for s in many) and {s.causal for s in many} == {True, False}
     assert {s.dtype for s in many} == {"float16", "float32", "float64"}
@@ -445,12 +453,21 @@ def _interleaved_gqa_alibi(
 @pytest.mark.parametrize(
     "kernel, shows",
     [
-        (_misaligned_alibi, lambda s: s.positions == "default" and s.n_q != s.n_k),
+        (
+            _misaligned_alibi,
+            lambda s: s.positions == "default" and s.n_q != s.n_k and not s.offset,
+        ),
         (_interleaved_gqa_alibi, lambda s: 1 < s.num_heads_kv < s.num_heads),
     ],
 )
 def test_suite_finds_classic_bugs_where_they_show(kernel, shows):
-    specs = sample_specs("alibi", seed=0, num_cases=80, dtypes=["float32", "float64"])
+    specs = sample_specs(
+        "alibi",
+        seed=0,
+        num_cases=80,
+        dtypes=["float32", "float64"],
+        positions=["default", "explicit", "left_padding"],
+    )
     failing = [s for s in specs if not check_case(kernel, s.build()).passed]
     assert failing, "the suite missed the bug"
     assert all(shows(s) for s in failing), [s.summary() for s in failing if not shows(s)]

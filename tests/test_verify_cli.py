@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from plsh_ref.cli import main
+from plsh_ref.testing.battery import battery
 
 EX = "plsh_ref.testing.examples"
 
@@ -23,7 +24,9 @@ def verify(capsys, *args):
 def test_correct_kernel_passes(capsys):
     code, out, err = verify(capsys, f"{EX}:numpy_alibi", "--cases", "40")
     assert code == 0, out + err
-    assert "40/40 cases passed" in out and out.rstrip().endswith("PASS")
+    n = len(battery("alibi"))
+    assert f"{n + 40}/{n + 40} cases passed, 0 failed, 0 skipped" in out
+    assert out.rstrip().endswith("PASS")
 
 
 @pytest.mark.parametrize(
@@ -36,11 +39,12 @@ def test_broken_kernel_fails_with_reproducible_cases(capsys, kernel, kind):
     reruns = re.findall(r"rerun: plsh verify (.*)", out)
     assert reruns, out
     # the printed command reruns exactly that case, which fails again with the same error
-    first_error = re.search(r"output error (\S+) > allowed", out).group(1)
+    worst = re.search(r"output error (\S+) > allowed.*\n    rerun: plsh verify", out)
+    first_error = worst.group(1)
     code, again, _ = verify(capsys, *reruns[0].split())
     assert code == 1
     assert f"output error {first_error} > allowed" in again
-    assert "0/1 cases passed" in again
+    assert "0/1 cases passed" in again and "--case" in reruns[0]
     # and the printed ProblemSpec rebuilds it without Hypothesis
     from plsh_ref.testing import ProblemSpec, check_case, examples  # noqa: F401
 
@@ -116,8 +120,14 @@ BAD_KERNELS = """
         (["user_kernels:wrong_dtype", "--dtypes", "float32"], "output has dtype float64"),
         ([f"{EX}:numpy_alibi", "--dtypes", "bfloat16"], "bfloat16 needs --framework torch"),
         ([f"{EX}:numpy_alibi", "--dtypes", "float8"], "unknown dtype 'float8'"),
-        ([f"{EX}:numpy_alibi", "--case", "50", "--cases", "50"], "case: must be in 0..49"),
-        ([f"{EX}:numpy_alibi", "--device", "cuda"], "numpy kernels run on cpu"),
+        ([f"{EX}:numpy_alibi", "--case", "50", "--cases", "50"], "case: no case '50'"),
+        ([f"{EX}:numpy_alibi", "--case", "heads_7"], "battery cases heads_6"),
+        ([f"{EX}:numpy_alibi", "--unsupported", "flash"], "unknown capability 'flash'"),
+        ([f"{EX}:numpy_alibi", "--timeout", "0"], "timeout: must be > 0"),
+        (
+            [f"{EX}:numpy_alibi", "--framework", "numpy", "--device", "cuda"],
+            "numpy kernels run on cpu",
+        ),
         ([f"{EX}:numpy_alibi", "--positions", "middle"], "positions: entries must be in"),
     ],
 )
@@ -133,16 +143,7 @@ def test_unavailable_device_is_bad_input(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is available here")
-    code, _, err = verify(
-        capsys,
-        f"{EX}:plsh_fast_kernel",
-        "--kind",
-        "plsh",
-        "--framework",
-        "torch",
-        "--device",
-        "cuda",
-    )
+    code, _, err = verify(capsys, f"{EX}:sdpa_alibi", "--framework", "torch", "--device", "cuda")
     assert code == 2 and err.startswith("plsh verify: device: 'cuda' is not available")
     assert len(err.strip().splitlines()) == 1
 
@@ -166,8 +167,9 @@ def test_console_script_no_traceback(tmp_path):
 
 def test_torch_framework_with_sdpa(capsys):
     pytest.importorskip("torch")
-    code, out, err = verify(capsys, f"{EX}:sdpa_alibi", "--framework", "torch", "--cases", "30")
-    assert code == 0 and "30/30 cases passed" in out, out + err
+    code, out, err = verify(capsys, f"{EX}:sdpa_alibi", "--cases", "30")
+    assert code == 0 and "0 failed, 0 skipped" in out, out + err
+    assert "framework=torch" in out  # detected: numpy inputs make it raise
 
 
 def test_torch_framework_with_plsh_fast(capsys):
@@ -175,7 +177,7 @@ def test_torch_framework_with_plsh_fast(capsys):
     pytest.importorskip("plsh_fast")
     code, out, err = verify(
         capsys,
-        f"{EX}:plsh_fast_kernel",
+        "_plsh_fast_kernel:plsh_fast_kernel",
         "--kind",
         "plsh",
         "--framework",

@@ -25,7 +25,7 @@ RUNS = {
         "CASE",
     ],
     "plsh_fast": [
-        f"{EX}:plsh_fast_kernel",
+        "_plsh_fast_kernel:plsh_fast_kernel",
         "--kind",
         "plsh",
         "--framework",
@@ -41,11 +41,14 @@ RUNS = {
 
 
 def run(args):
+    # run from tests/: the plsh_fast adapter is the test helper tests/_plsh_fast_kernel.py,
+    # found because verify puts the current folder on the import path
     proc = subprocess.run(
         [sys.executable, "-m", "plsh_ref.cli", "verify", *args],
         capture_output=True,
         text=True,
         timeout=600,
+        cwd=Path(__file__).resolve().parents[2] / "tests",
     )
     text = f"$ plsh verify {' '.join(args)}\n{proc.stdout}{proc.stderr}"
     return text + f"$ echo $?\n{proc.returncode}\n", proc.stdout

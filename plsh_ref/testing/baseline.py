@@ -29,7 +29,8 @@ def plain_attention_numpy(query, key, value, bias, *, scale, dtype: str):
     query, key, value : numpy.ndarray
         Layout ``(batch, num_heads[_kv], seq_len, head_dim)``; grouped-query heads allowed.
     bias : numpy.ndarray
-        float64, ``(num_heads, n_q, n_k)``; ``-inf`` where masked.
+        float64, ``(num_heads, n_q, n_k)`` or ``(batch, num_heads, n_q, n_k)``; ``-inf``
+        where masked.
     scale : float or None
         Logit scale; ``None`` means ``1 / sqrt(head_dim)``.
     dtype : {"float16", "bfloat16", "float32", "float64"}
@@ -55,7 +56,7 @@ def plain_attention_numpy(query, key, value, bias, *, scale, dtype: str):
     c = check_scale(None, q.shape[3]) if scale is None else float(scale)
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         logits = r(r(np.einsum("bhid,bhjd->bhij", q, k)) * r(np.float64(c)))
-        logits = r(logits + r(bias)[None])
+        logits = r(logits + r(bias if np.ndim(bias) == 4 else np.asarray(bias)[None]))
         row_max = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
         empty = ~np.isfinite(row_max)
         shift = np.where(empty, 0.0, row_max)
@@ -100,7 +101,8 @@ def plain_attention_torch(query, key, value, bias, *, scale, dtype: str, device:
     k = t(expand_kv(np.asarray(key, dtype=np.float64), q.shape[1]))
     v = t(expand_kv(np.asarray(value, dtype=np.float64), q.shape[1]))
     c = check_scale(None, q.shape[3]) if scale is None else float(scale)
-    logits = (q @ k.transpose(-1, -2)) * c + t(bias)[None]
+    bias = np.asarray(bias)
+    logits = (q @ k.transpose(-1, -2)) * c + t(bias if bias.ndim == 4 else bias[None])
     empty = (
         torch.isneginf(logits).all(dim=-1)
         if logits.shape[-1]

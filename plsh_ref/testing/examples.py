@@ -1,15 +1,18 @@
-"""Example kernels for ``plsh verify``: two correct ones and three deliberately broken ones.
+"""Example kernels for ``plsh verify``: correct ones and deliberately broken ones.
 
 They follow the kernel contracts of :mod:`plsh_ref.testing.reference` and exist to show
-what the property suite accepts and what it catches (the validation guide runs them):
+what the property suite accepts and what it catches (the validation guide runs them).
+Nothing here imports torch or ``plsh_fast`` at import time.
 
-* :func:`numpy_alibi` (correct): ALiBi attention computed in the input dtype with numpy.
+* :func:`numpy_alibi` (correct): ALiBi attention computed in the input dtype with numpy,
+  padded batches included.
+* :func:`numpy_alibi_standard_slopes` (correct): the same, computing Press et al.'s
+  slopes itself (``--slopes standard``, taken automatically from its signature).
 * :func:`sdpa_alibi` (correct, torch): ALiBi through
   ``torch.nn.functional.scaled_dot_product_attention`` with a dense bias, a template for
   torch kernels.
-* :func:`plsh_fast_kernel` (correct, torch): a thin adapter from the ``plsh`` contract to
-  ``plsh_fast.plsh_attention``.
 * :func:`sign_flipped_alibi` (broken): the bias ``+m |i - j|`` instead of ``-m |i - j|``.
+* :func:`interleaved_gqa_alibi` (broken): query head ``h`` reads kv head ``h % H_kv``.
 * :func:`averaged_plsh` (broken): the mean of the ``s`` per-sample softmax outputs, a
   different estimator from PLSH attention, which sums numerators and denominators first
   (SPEC section 4). It agrees when ``s = 1``, so the suite must find cases with ``s > 1``.
@@ -20,16 +23,18 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..alibi import alibi_bias, resolve_positions
+from ..alibi import alibi_bias, resolve_batch_positions, resolve_positions
 from ..attention import biased_attention
 from ..partition import count_bias, counts
 from .baseline import plain_attention_numpy
 
 __all__ = [
     "averaged_plsh",
+    "interleaved_gqa_alibi",
     "mask_only_plsh",
     "numpy_alibi",
-    "plsh_fast_kernel",
+    "numpy_alibi_standard_slopes",
+    "press_slopes",
     "sdpa_alibi",
     "sign_flipped_alibi",
 ]
@@ -39,7 +44,29 @@ def _positions(query, key, query_positions, key_positions):
     return resolve_positions(query.shape[2], key.shape[2], query_positions, key_positions)
 
 
-def numpy_alibi(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+def _padded_alibi_bias(query, key, slopes, causal, query_positions, key_positions, attention_mask):
+    """``(batch, heads, n_q, n_k)`` ALiBi bias of a padded batch, ``-inf`` where masked."""
+    qpos, kpos, q_keep, k_keep = resolve_batch_positions(
+        query.shape[0], query.shape[2], key.shape[2], query_positions, key_positions, attention_mask
+    )
+    bias = np.stack([alibi_bias(slopes, qp, kp, causal=causal) for qp, kp in zip(qpos, kpos)])
+    bias = bias.reshape(query.shape[0], len(slopes), query.shape[2], key.shape[2])
+    keep = q_keep[:, None, :, None] & k_keep[:, None, None, :]
+    return np.where(keep, bias, -np.inf)
+
+
+def numpy_alibi(
+    query,
+    key,
+    value,
+    *,
+    slopes,
+    causal,
+    scale,
+    query_positions,
+    key_positions,
+    attention_mask=None,
+):
     """Correct ALiBi attention computed in the dtype of ``query`` (numpy contract).
 
     Parameters
@@ -51,25 +78,92 @@ def numpy_alibi(query, key, value, *, slopes, causal, scale, query_positions, ke
     causal : bool
     scale : float or None
     query_positions, key_positions : numpy.ndarray or None
+        ``(n,)`` shared or ``(batch, n)`` per sequence.
+    attention_mask : numpy.ndarray or None
+        ``(batch, n_k)``, 1 = keep, 0 = pad.
 
     Returns
     -------
     (output, lse) : tuple of numpy.ndarray
         Output in the dtype of ``query``, LSE in float32 (float64 for float64 inputs).
     """
-    qpos, kpos = _positions(query, key, query_positions, key_positions)
-    bias = alibi_bias(slopes, qpos, kpos, causal=causal)
+    bias = _padded_alibi_bias(
+        query, key, np.asarray(slopes), causal, query_positions, key_positions, attention_mask
+    )
     out, lse = plain_attention_numpy(query, key, value, bias, scale=scale, dtype=str(query.dtype))
     lse_dtype = np.float64 if query.dtype == np.float64 else np.float32
     return out.astype(query.dtype), lse.astype(lse_dtype)
 
 
-def sdpa_alibi(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+def press_slopes(num_heads: int) -> np.ndarray:
+    """Press et al.'s slopes, written out as their reference code does (float64).
+
+    ``start = 2^(-2^-(log2(n) - 3))`` and ``start^(h+1)`` for a power of two ``n``;
+    otherwise the slopes of the largest power of two below, then every other slope of
+    twice that. An independent spelling of :func:`plsh_ref.alibi.alibi_slopes`, for
+    ``plsh verify-slopes`` and :func:`numpy_alibi_standard_slopes`.
+
+    Parameters
+    ----------
+    num_heads : int
+        ``>= 1``.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``(num_heads,)``.
+    """
+
+    def power_of_2(n):
+        start = 2.0 ** (-(2.0 ** -(np.log2(n) - 3)))
+        return [start ** (i + 1) for i in range(n)]
+
+    if np.log2(num_heads).is_integer():
+        return np.array(power_of_2(num_heads))
+    closest = 2 ** int(np.floor(np.log2(num_heads)))
+    extra = power_of_2(2 * closest)[0::2][: num_heads - closest]
+    return np.array(power_of_2(closest) + extra)
+
+
+def numpy_alibi_standard_slopes(
+    query, key, value, *, causal, scale, query_positions, key_positions, attention_mask=None
+):
+    """Correct ALiBi attention with its own slopes (:func:`press_slopes`), numpy contract.
+
+    No ``slopes`` argument: ``plsh verify`` runs it in ``--slopes standard`` mode. Other
+    parameters and returns as :func:`numpy_alibi`.
+    """
+    return numpy_alibi(
+        query,
+        key,
+        value,
+        slopes=press_slopes(query.shape[1]),
+        causal=causal,
+        scale=scale,
+        query_positions=query_positions,
+        key_positions=key_positions,
+        attention_mask=attention_mask,
+    )
+
+
+def sdpa_alibi(
+    query,
+    key,
+    value,
+    *,
+    slopes,
+    causal,
+    scale,
+    query_positions,
+    key_positions,
+    attention_mask=None,
+):
     """Correct ALiBi attention through torch's ``scaled_dot_product_attention`` (torch contract).
 
-    The dense bias ``-m_h |p_i - p_j|`` (``-inf`` where causal forbids) is passed as
-    ``attn_mask`` in the input dtype; grouped-query heads use ``enable_gqa``. Rows without
-    an admissible key come out of SDPA as NaN and are set to 0, as the contract requires.
+    The dense bias ``-m_h |p_i - p_j|`` (``-inf`` where causal forbids or a key is padded)
+    is built per sequence in float64 and passed as ``attn_mask`` in the input dtype;
+    grouped-query heads use ``enable_gqa``. Rows without an admissible key come out of
+    SDPA as NaN and are set to 0, as the contract requires.
 
     Parameters
     ----------
@@ -80,7 +174,9 @@ def sdpa_alibi(query, key, value, *, slopes, causal, scale, query_positions, key
     causal : bool
     scale : float or None
     query_positions, key_positions : torch.Tensor or None
-        int64.
+        int64 ``(n,)`` or ``(batch, n)``.
+    attention_mask : torch.Tensor or None
+        int64 ``(batch, n_k)``, 1 = keep, 0 = pad.
 
     Returns
     -------
@@ -90,18 +186,20 @@ def sdpa_alibi(query, key, value, *, slopes, causal, scale, query_positions, key
     import torch
     import torch.nn.functional as F
 
-    n_q, n_k = query.shape[2], key.shape[2]
+    batch, n_q, n_k = query.shape[0], query.shape[2], key.shape[2]
     device = query.device
     if key_positions is None:
         key_positions = torch.arange(n_k, device=device)
     if query_positions is None:
         query_positions = torch.arange(n_q, device=device) + (n_k - n_q)
-    distance = (query_positions[:, None] - key_positions[None, :]).abs().to(torch.float64)
-    bias = -slopes.to(device)[:, None, None] * distance
+    qpos = query_positions.expand(batch, n_q)[:, None, :, None]
+    kpos = key_positions.expand(batch, n_k)[:, None, None, :]
+    distance = (qpos - kpos).abs().to(torch.float64)
+    bias = -slopes.to(device)[None, :, None, None] * distance
     if causal:
-        bias = bias.masked_fill(
-            key_positions[None, None, :] > query_positions[None, :, None], float("-inf")
-        )
+        bias = bias.masked_fill(kpos > qpos, float("-inf"))
+    if attention_mask is not None:
+        bias = bias.masked_fill(attention_mask[:, None, None, :] == 0, float("-inf"))
     if n_k == 0:  # SDPA needs at least one key; no key means output 0
         return query.new_zeros(*query.shape[:3], value.shape[3])
     out = F.scaled_dot_product_attention(
@@ -115,17 +213,51 @@ def sdpa_alibi(query, key, value, *, slopes, causal, scale, query_positions, key
     return torch.nan_to_num(out, nan=0.0)
 
 
-def sign_flipped_alibi(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+def sign_flipped_alibi(
+    query,
+    key,
+    value,
+    *,
+    slopes,
+    causal,
+    scale,
+    query_positions,
+    key_positions,
+    attention_mask=None,
+):
     """Broken: ALiBi with the bias sign flipped (``+m |i - j|``), computed in float64.
 
     Same contract as :func:`numpy_alibi`; returns the output only, in the input dtype.
     """
-    qpos, kpos = _positions(query, key, query_positions, key_positions)
-    bias = -alibi_bias(slopes, qpos, kpos, causal=False)
-    if causal:
-        bias = np.where(kpos[None, None, :] <= qpos[None, :, None], bias, -np.inf)
+    bias = _padded_alibi_bias(
+        query, key, np.asarray(slopes), causal, query_positions, key_positions, attention_mask
+    )
+    bias = np.where(np.isfinite(bias), -bias, bias)
     out, _ = biased_attention(query, key, value, bias, scale=scale)
     return out.astype(query.dtype)
+
+
+def interleaved_gqa_alibi(
+    query, key, value, *, slopes, causal, scale, query_positions, key_positions
+):
+    """Broken: query head ``h`` reads kv head ``h % num_heads_kv`` instead of ``h // group``.
+
+    The layout ``repeat(k, 'b g n d -> b (r g) n d')`` gives (as in x-transformers'
+    ``Attend``); right for ``num_heads_kv`` 1 or ``num_heads``, wrong in between. Same
+    contract as :func:`numpy_alibi`.
+    """
+    reps = query.shape[1] // key.shape[1]
+    key, value = np.tile(key, (1, reps, 1, 1)), np.tile(value, (1, reps, 1, 1))
+    return numpy_alibi(
+        query,
+        key,
+        value,
+        slopes=slopes,
+        causal=causal,
+        scale=scale,
+        query_positions=query_positions,
+        key_positions=key_positions,
+    )[0]
 
 
 def averaged_plsh(query, key, value, *, partition, causal, scale, query_positions, key_positions):
@@ -168,35 +300,7 @@ def mask_only_plsh(query, key, value, *, partition, causal, scale, query_positio
     return out.astype(query.dtype), lse
 
 
-def plsh_fast_kernel(
-    query, key, value, *, partition, causal, scale, query_positions, key_positions
-):
-    """Adapter from the ``plsh`` contract to ``plsh_fast.plsh_attention`` (torch).
-
-    Run it with ``plsh verify plsh_ref.testing.examples:plsh_fast_kernel --kind plsh
-    --framework torch``. Imports ``plsh_fast`` (and so torch) only when called.
-
-    Parameters
-    ----------
-    query, key, value : torch.Tensor
-    partition : PartitionSample
-    causal, scale, query_positions, key_positions
-        As the ``plsh`` contract (positions as int64 tensors or ``None``).
-
-    Returns
-    -------
-    (output, lse) : tuple of torch.Tensor
-    """
-    import plsh_fast
-
-    return plsh_fast.plsh_attention(
-        query,
-        key,
-        value,
-        partition=partition,
-        causal=causal,
-        scale=scale,
-        query_positions=query_positions,
-        key_positions=key_positions,
-        return_lse=True,
-    )
+# These two take shared (n,) positions only: a declared capability, so that per-sequence
+# cases are skipped and listed instead of failing for the wrong reason.
+averaged_plsh.supports = {"batch_positions": False}
+mask_only_plsh.supports = {"batch_positions": False}

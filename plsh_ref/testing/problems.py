@@ -32,12 +32,20 @@ __all__ = [
     "round_to_dtype",
 ]
 
+#: largest position offset a spec may ask for (far beyond the 2**20 the battery uses)
+MAX_OFFSET = 2**40
+
 #: dtype names a problem may have; ``bfloat16`` needs a torch kernel
 DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: ways of choosing positions, ``default`` (keys ``0..n_k-1``, queries end-aligned, passed
-#: as ``None``), ``explicit`` (increasing positions with gaps, far from 0) or ``left_padding``
-#: (the default layout shifted left by ``pad`` tokens, so padding sits at negative positions)
-POSITION_MODES = ("default", "explicit", "left_padding")
+#: as ``None``), ``explicit`` (increasing positions with gaps, far from 0), ``left_padding``
+#: (the default layout shifted left by ``pad`` tokens, so padding sits at negative
+#: positions), ``per_sequence`` (explicit positions with gaps, different for every sequence,
+#: shape ``(batch, n)``) or ``padded`` (an HF left-padded batch: each sequence has up to
+#: ``pad`` pad tokens (spread evenly from 0), an ``attention_mask`` ``(batch, n_k)`` and
+#: ``position_ids``
+#: ``(batch, n)`` counting its real tokens, 1 at pad slots as HF writes them)
+POSITION_MODES = ("default", "explicit", "left_padding", "per_sequence", "padded")
 #: slope choices, ``standard`` (Press et al.'s slopes) or ``random`` (log-uniform)
 SLOPE_MODES = ("standard", "random")
 
@@ -100,7 +108,11 @@ class ProblemSpec:
     positions : str
         One of :data:`POSITION_MODES`.
     pad : int
-        Left-padding length (``left_padding`` mode) or gap scale (``explicit`` mode).
+        Left-padding length (``left_padding``), largest pad length of a sequence
+        (``padded``) or gap scale (``explicit``, ``per_sequence``).
+    offset : int
+        Added to every real position (``0 <= offset <= 2**40``): positions far from 0. With
+        ``default`` positions and ``offset > 0`` the shifted positions are passed explicitly.
     slopes : str
         One of ``"standard"`` or ``"random"``.
     num_samples : int
@@ -130,6 +142,7 @@ class ProblemSpec:
     causal: bool = True
     positions: str = "default"
     pad: int = 0
+    offset: int = 0
     slopes: str = "standard"
     num_samples: int = 4
     scale: float | None = None
@@ -141,8 +154,15 @@ class ProblemSpec:
             raise ValueError(f"kind: must be one of {KINDS}, got {self.kind!r}")
         for name in ("batch", "num_heads", "num_heads_kv", "head_dim", "head_dim_v", "num_samples"):
             check_int(name, getattr(self, name), minimum=1)
-        for name in ("n_q", "n_k", "pad", "data_seed"):
+        for name in ("n_q", "n_k", "pad", "offset", "data_seed"):
             check_int(name, getattr(self, name), minimum=0)
+        if self.offset > MAX_OFFSET:
+            raise ValueError(f"offset: must be <= 2**40, got {self.offset}")
+        if self.positions == "padded" and self.n_q > self.n_k:
+            raise ValueError(
+                f"positions: 'padded' needs n_q <= n_k (queries are the last tokens), "
+                f"got n_q={self.n_q} > n_k={self.n_k}"
+            )
         if self.num_heads % self.num_heads_kv:
             raise ValueError(
                 f"num_heads_kv: must divide num_heads={self.num_heads}, got {self.num_heads_kv}"
@@ -172,6 +192,8 @@ class ProblemSpec:
         )
         if self.positions != "default":
             text += f"(pad={self.pad})"
+        if self.offset:
+            text += f" offset={self.offset}"
         if self.kind == "plsh":
             text += f" s={self.num_samples}"
         if self.scale is not None:
@@ -198,7 +220,7 @@ class ProblemSpec:
             slopes = alibi_slopes(self.num_heads)
         else:
             slopes = np.exp2(rng.uniform(-10.0, 1.0, size=self.num_heads))
-        qpos, kpos = self._positions(rng)
+        qpos, kpos, mask = self._positions(rng)
         partition = None
         if self.kind == "plsh":
             partition = draw_partition(1.0 / slopes, self.num_samples, seed=self.data_seed)
@@ -211,17 +233,42 @@ class ProblemSpec:
             partition=partition,
             query_positions=qpos,
             key_positions=kpos,
+            attention_mask=mask,
         )
 
     def _positions(self, rng):
+        """``(query_positions, key_positions, attention_mask)`` of this spec."""
         if self.positions == "default":
-            return None, None
+            if not self.offset:
+                return None, None, None
+            kpos = np.arange(self.n_k, dtype=np.int64)
+            qpos = np.arange(self.n_q, dtype=np.int64) + (self.n_k - self.n_q)
+            return qpos + self.offset, kpos + self.offset, None
         if self.positions == "left_padding":
-            kpos = np.arange(self.n_k, dtype=np.int64) - self.pad
+            kpos = np.arange(self.n_k, dtype=np.int64) - self.pad + self.offset
             qpos = np.arange(self.n_q, dtype=np.int64) + (self.n_k - self.n_q - self.pad)
-            return qpos, kpos
-        # explicit: a chunk deep inside a long sequence, with gaps of 1..pad+1 tokens
-        start = int(rng.integers(0, 10**6))
+            return qpos + self.offset, kpos, None
+        if self.positions == "padded":
+            # pad lengths spread evenly from 0 to min(pad, n_k) (one sequence only: the most)
+            most = min(self.pad, self.n_k)
+            pads = (np.arange(self.batch) * most) // max(self.batch - 1, 1)
+            if self.batch == 1:
+                pads = np.array([most])
+            mask = np.arange(self.n_k)[None, :] >= pads[:, None]
+            kpos = np.where(mask, np.cumsum(mask, axis=1) - 1 + self.offset, 1).astype(np.int64)
+            return kpos[:, self.n_k - self.n_q :].copy(), kpos, mask.astype(np.int64)
+        rows = [
+            self._explicit(rng)
+            for _ in range(self.batch if self.positions == "per_sequence" else 1)
+        ]
+        qpos, kpos = (np.stack([r[i] for r in rows]) for i in (0, 1))
+        if self.positions == "explicit":
+            qpos, kpos = qpos[0], kpos[0]
+        return qpos, kpos, None
+
+    def _explicit(self, rng):
+        # a chunk deep inside a long sequence, with gaps of 1..pad+1 tokens
+        start = int(rng.integers(0, 10**6)) + self.offset
         kpos = start + np.cumsum(rng.integers(1, self.pad + 2, size=self.n_k), dtype=np.int64)
         last = int(kpos[-1]) if self.n_k else start
         qpos = last - self.n_q + np.cumsum(rng.integers(1, 3, size=self.n_q), dtype=np.int64)
@@ -245,7 +292,10 @@ class AttentionProblem:
     partition : PartitionSample or None
         Drawn from ``1 / slopes`` for ``plsh`` problems, else ``None``.
     query_positions, key_positions : numpy.ndarray or None
-        int64 ``(n_q,)``, ``(n_k,)``; ``None`` for the default positions.
+        int64 ``(n_q,)``, ``(n_k,)``, or ``(batch, n_q)``, ``(batch, n_k)`` per sequence;
+        ``None`` for the default positions.
+    attention_mask : numpy.ndarray or None
+        int64 0/1 ``(batch, n_k)`` (1 = keep) for ``padded`` problems, else ``None``.
     """
 
     spec: ProblemSpec
@@ -256,6 +306,7 @@ class AttentionProblem:
     partition: PartitionSample | None
     query_positions: np.ndarray | None
     key_positions: np.ndarray | None
+    attention_mask: np.ndarray | None = None
 
     @property
     def kind(self) -> str:
@@ -267,22 +318,39 @@ class AttentionProblem:
         """Name of the dtype of the inputs and of the expected output."""
         return self.spec.dtype
 
-    def kernel_kwargs(self) -> dict:
+    def kernel_kwargs(self, *, slopes: str = "given", attention_mask: bool = True) -> dict:
         """Keyword arguments of the kernel contract for this problem's kind.
 
         ``alibi``: ``slopes, causal, scale, query_positions, key_positions``;
         ``plsh``: ``partition, causal, scale, query_positions, key_positions``
         (numpy values; :mod:`plsh_ref.testing.suite` converts them for torch kernels).
+
+        Parameters
+        ----------
+        slopes : {"given", "standard"}
+            ``"standard"``: no ``slopes`` argument (the kernel computes Press et al.'s
+            slopes itself; the problem's slopes are then the standard ones).
+        attention_mask : bool
+            Include ``attention_mask`` (``None`` unless the problem is ``padded``).
+
+        Raises
+        ------
+        ValueError
+            If ``slopes`` is unknown.
         """
+        if slopes not in ("given", "standard"):
+            raise ValueError(f"slopes: must be 'given' or 'standard', got {slopes!r}")
         kwargs = {
             "causal": self.spec.causal,
             "scale": self.spec.scale,
             "query_positions": self.query_positions,
             "key_positions": self.key_positions,
         }
-        if self.kind == "alibi":
-            return {"slopes": self.slopes, **kwargs}
-        return {"partition": self.partition, **kwargs}
+        if attention_mask:
+            kwargs["attention_mask"] = self.attention_mask
+        if self.kind == "plsh":
+            return {"partition": self.partition, **kwargs}
+        return kwargs if slopes == "standard" else {"slopes": self.slopes, **kwargs}
 
     def reference(self) -> tuple[np.ndarray, np.ndarray]:
         """Float64 reference ``(output, lse)`` on the (dtype-rounded) inputs.
@@ -292,21 +360,53 @@ class AttentionProblem:
         (output, lse) : tuple of numpy.ndarray
             float64, ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``.
         """
-        return reference_for(self.kind)(self.query, self.key, self.value, **self.kernel_kwargs())
+        kwargs = self.kernel_kwargs()
+        if self.kind == "alibi":
+            kwargs["slopes"] = self.slopes
+        return reference_for(self.kind)(self.query, self.key, self.value, **kwargs)
+
+    def positions_and_keep(self):
+        """Per-sequence positions and keep masks (:func:`plsh_ref.alibi.resolve_batch_positions`).
+
+        Returns
+        -------
+        (query_positions, key_positions, query_keep, key_keep) : tuple of numpy.ndarray
+            int64 ``(batch, n_q)``, ``(batch, n_k)``; bool ``(batch, n_q)``, ``(batch, n_k)``.
+        """
+        from ..alibi import resolve_batch_positions
+
+        spec = self.spec
+        return resolve_batch_positions(
+            spec.batch,
+            spec.n_q,
+            spec.n_k,
+            self.query_positions,
+            self.key_positions,
+            self.attention_mask,
+        )
 
     def log_weight(self) -> np.ndarray:
-        """The dense additive bias of this problem, float64 ``(num_heads, n_q, n_k)``.
+        """The dense additive bias of this problem, float64 ``(batch, num_heads, n_q, n_k)``.
 
-        ALiBi: ``-m_h |p_i - p_j|``; PLSH: ``log M~_ij``; ``-inf`` where masked. Used by
-        the plain-attention baseline of the tolerance rule (SPEC section 6).
+        ALiBi: ``-m_h |p_i - p_j|``; PLSH: ``log M~_ij``; ``-inf`` where masked (causal,
+        pad keys, pad query rows). Used by the plain-attention baseline of the tolerance
+        rule (SPEC section 6).
         """
-        from ..alibi import alibi_bias, resolve_positions
+        from ..alibi import alibi_bias
         from ..partition import empirical_mean
 
-        qpos, kpos = resolve_positions(
-            self.spec.n_q, self.spec.n_k, self.query_positions, self.key_positions
-        )
-        if self.kind == "alibi":
-            return alibi_bias(self.slopes, qpos, kpos, causal=self.spec.causal)
-        with np.errstate(divide="ignore"):
-            return np.log(empirical_mean(self.partition, qpos, kpos, causal=self.spec.causal))
+        qpos, kpos, q_keep, k_keep = self.positions_and_keep()
+        per = []
+        for b in range(self.spec.batch):
+            if self.kind == "alibi":
+                w = alibi_bias(self.slopes, qpos[b], kpos[b], causal=self.spec.causal)
+            else:
+                with np.errstate(divide="ignore"):
+                    w = np.log(
+                        empirical_mean(self.partition, qpos[b], kpos[b], causal=self.spec.causal)
+                    )
+            per.append(w)
+        shape = (0, self.spec.num_heads, self.spec.n_q, self.spec.n_k)
+        log_w = np.stack(per) if per else np.zeros(shape)
+        keep = q_keep[:, None, :, None] & k_keep[:, None, None, :]
+        return np.where(keep, log_w, -np.inf)

@@ -32,6 +32,7 @@ def alibi_reference(
     scale=None,
     query_positions=None,
     key_positions=None,
+    attention_mask=None,
 ):
     """Exact ALiBi attention in float64 with the ``alibi`` kernel contract.
 
@@ -46,6 +47,9 @@ def alibi_reference(
     scale : float, optional
         Default ``1 / sqrt(head_dim)``.
     query_positions, key_positions : array_like of int, optional
+        ``(n,)`` shared or ``(batch, n)`` per sequence.
+    attention_mask : array_like of bool or int, optional
+        Key-padding mask ``(batch, n_k)``, 1 = keep, 0 = pad (SPEC section 5).
 
     Returns
     -------
@@ -76,6 +80,7 @@ def alibi_reference(
         scale=scale,
         query_positions=query_positions,
         key_positions=key_positions,
+        attention_mask=attention_mask,
     )
 
 
@@ -89,6 +94,7 @@ def plsh_reference(
     scale=None,
     query_positions=None,
     key_positions=None,
+    attention_mask=None,
 ):
     """PLSH attention in float64 (count-weighted form) with the ``plsh`` kernel contract.
 
@@ -98,7 +104,7 @@ def plsh_reference(
         As :func:`alibi_reference`.
     partition : PartitionSample
         One pitch/offset per head and sample (:func:`plsh_ref.partition.draw_partition`).
-    causal, scale, query_positions, key_positions
+    causal, scale, query_positions, key_positions, attention_mask
         As :func:`alibi_reference`.
 
     Returns
@@ -124,6 +130,7 @@ def plsh_reference(
         scale=scale,
         query_positions=query_positions,
         key_positions=key_positions,
+        attention_mask=attention_mask,
     )
 
 

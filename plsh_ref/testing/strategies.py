@@ -15,6 +15,8 @@ Hypothesis version).
 
 from __future__ import annotations
 
+import tempfile
+
 import numpy as np
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import seed as hypothesis_seed
@@ -104,7 +106,7 @@ def slopes(num_heads: int, *, standard: bool | None = None) -> st.SearchStrategy
 
 
 def positions(
-    n_q: int, n_k: int, *, modes=POSITION_MODES
+    n_q: int, n_k: int, *, modes=("default", "explicit", "left_padding")
 ) -> st.SearchStrategy[tuple[np.ndarray | None, np.ndarray | None]]:
     """``(query_positions, key_positions)`` for lengths ``n_q`` and ``n_k``.
 
@@ -130,11 +132,11 @@ def positions(
     """
     n_q = check_int("n_q", n_q, minimum=0)
     n_k = check_int("n_k", n_k, minimum=0)
-    modes = _check_choices("modes", modes, POSITION_MODES)
+    modes = _check_choices("modes", modes, ("default", "explicit", "left_padding"))
 
     def build(mode, pad, data_seed):
         spec = ProblemSpec(n_q=n_q, n_k=n_k, positions=mode, pad=pad, data_seed=data_seed)
-        return spec._positions(np.random.default_rng(data_seed))
+        return spec._positions(np.random.default_rng(data_seed))[:2]
 
     return st.builds(build, st.sampled_from(modes), st.integers(0, 8), st.integers(0, 2**32 - 1))
 
@@ -169,6 +171,13 @@ def partition_samples(sigma, *, max_samples: int = 8) -> st.SearchStrategy[Parti
     )
 
 
+#: head counts drawn besides 1..4: non-powers of two and H >= 9 (where bf16 slopes are
+#: inexact and Press et al.'s rule interleaves)
+_MANY_HEADS = (6, 8, 12, 16, 20)
+#: position offsets: 0, beyond 256 (where bfloat16 positions stop being exact), ~2**20
+_OFFSETS = (0, 0, 300, 2**20 - 3)
+
+
 @st.composite
 def _specs(
     draw,
@@ -183,17 +192,37 @@ def _specs(
     position_modes,
     max_samples,
     max_amplitude,
+    slope_modes,
 ):
-    num_heads = draw(st.integers(1, max_heads))
-    if gqa:
-        divisors = [g for g in range(1, num_heads + 1) if num_heads % g == 0]
-        num_heads_kv = draw(st.sampled_from(divisors[::-1]))  # shrinks toward no grouping
+    many = [h for h in _MANY_HEADS if h <= max_heads]
+    small = st.integers(1, min(4, max_heads))
+    num_heads = draw(st.one_of(small, st.sampled_from(many)) if many else small)
+    divisors = [g for g in range(1, num_heads + 1) if num_heads % g == 0]
+    groups = [g for g in divisors if 1 < g < num_heads]
+    choices = ["mha"] + (["gqa", "gqa"] if gqa and groups else []) + (["mqa"] if gqa else [])
+    grouping = draw(st.sampled_from(choices)) if num_heads > 1 else "mha"
+    num_heads_kv = {
+        "mha": num_heads,
+        "mqa": 1,
+        "gqa": draw(st.sampled_from(groups)) if groups else num_heads,
+    }[grouping]
+    # Few empty problems: n_k = 0 about one case in 16; decode (1 <= n_q < n_k) and
+    # n_q > n_k as often as n_q = n_k.
+    low = 0 if draw(st.integers(0, 15)) == 0 else 1
+    n_k = draw(st.integers(min(low, max_seq_len), max_seq_len))
+    shape = draw(st.sampled_from(["square", "decode", "longer_queries"]))
+    if shape == "decode" and n_k >= 2:
+        n_q = draw(st.integers(1, n_k - 1))
+    elif shape == "longer_queries" and n_k < max_seq_len:
+        n_q = draw(st.integers(n_k + 1, max_seq_len))
     else:
-        num_heads_kv = num_heads
-    n_k = draw(st.integers(0, max_seq_len))
-    n_q = draw(st.one_of(st.just(n_k), st.integers(0, max_seq_len)))
+        n_q = n_k
     head_dim = draw(st.integers(1, max_head_dim))
     head_dim_v = draw(st.one_of(st.just(head_dim), st.integers(1, max_head_dim)))
+    positions = draw(st.sampled_from(position_modes))
+    if positions == "padded":
+        n_q = min(n_q, n_k)
+    offset = draw(st.sampled_from(_OFFSETS))
     return ProblemSpec(
         kind=kind,
         batch=draw(st.integers(1, max_batch)),
@@ -205,9 +234,10 @@ def _specs(
         head_dim_v=head_dim_v,
         dtype=draw(st.sampled_from(dtype_names)),
         causal=draw(st.booleans()) if causal is None else causal,
-        positions=draw(st.sampled_from(position_modes)),
+        positions=positions,
         pad=draw(st.integers(0, max_seq_len)),
-        slopes=draw(st.sampled_from(SLOPE_MODES)),
+        offset=offset,
+        slopes=draw(st.sampled_from(slope_modes)),
         # Only PLSH problems use num_samples; drawing it for ALiBi made distinct specs of
         # identical problems (two equal cases in one `plsh verify` run).
         num_samples=draw(st.integers(1, max_samples)) if kind == "plsh" else 1,
@@ -221,7 +251,7 @@ def problem_specs(
     kind: str = "alibi",
     *,
     max_batch: int = 2,
-    max_heads: int = 4,
+    max_heads: int = 16,
     max_seq_len: int = 16,
     max_head_dim: int = 8,
     dtypes=DEFAULT_DTYPES,
@@ -230,6 +260,7 @@ def problem_specs(
     positions=POSITION_MODES,
     max_samples: int = 8,
     max_amplitude: float = 3.0,
+    slopes=SLOPE_MODES,
 ) -> st.SearchStrategy[ProblemSpec]:
     """Specs of attention problems (no arrays): see :class:`~plsh_ref.testing.problems.ProblemSpec`.
 
@@ -239,7 +270,12 @@ def problem_specs(
         Exact ALiBi problems, or PLSH problems with a partition sample.
     max_batch, max_heads, max_seq_len, max_head_dim : int
         Upper bounds (lengths may be 0, ``n_q`` may differ from ``n_k``, the value head_dim
-        may differ from the query/key head_dim).
+        may differ from the query/key head_dim). The distribution is balanced over the
+        axes where kernels break: head counts 1..4 and 6, 8, 12, 16, 20 (up to
+        ``max_heads``); no grouping, ``1 < num_heads_kv < num_heads`` and
+        ``num_heads_kv = 1``; ``n_q = n_k``, decode ``1 <= n_q < n_k`` and ``n_q > n_k`` in
+        equal shares; ``n_k = 0`` rarely (1 in 16); position offsets 0, 300 and about
+        ``2**20``.
     dtypes : sequence of str
         dtype names to draw from (see :func:`dtypes`).
     causal : bool, optional
@@ -252,6 +288,9 @@ def problem_specs(
         Largest number of partition samples ``s`` (``plsh`` problems).
     max_amplitude : float
         Largest standard deviation of query/key entries (peaked softmax rows).
+    slopes : sequence of str
+        Slope modes (``"standard"``, ``"random"``); ``["standard"]`` for kernels that
+        compute their own slopes.
 
     Returns
     -------
@@ -272,6 +311,7 @@ def problem_specs(
     max_samples = check_int("max_samples", max_samples, minimum=1)
     dtype_names = _check_choices("dtypes", dtypes, DTYPES)
     position_modes = _check_choices("positions", positions, POSITION_MODES)
+    slope_modes = _check_choices("slopes", slopes, SLOPE_MODES)
     if not (np.isfinite(max_amplitude) and max_amplitude >= 0.25):
         raise ValueError(f"max_amplitude: must be finite and >= 0.25, got {max_amplitude!r}")
     if causal is not None:
@@ -289,6 +329,7 @@ def problem_specs(
         position_modes,
         max_samples,
         float(max_amplitude),
+        slope_modes,
     )
 
 
@@ -319,13 +360,26 @@ def attention_problems(kind: str = "alibi", **bounds) -> st.SearchStrategy[Atten
     return problem_specs(kind, **bounds).map(ProblemSpec.build)
 
 
+def _problem_key(spec: ProblemSpec):
+    """What makes two specs the same problem (fields a problem ignores are normalised)."""
+    import dataclasses
+
+    changes = {}
+    if spec.positions == "default":
+        changes["pad"] = 0
+    if spec.kind == "alibi":
+        changes["num_samples"] = 1
+    return dataclasses.replace(spec, **changes)
+
+
 def sample_specs(
     kind: str = "alibi", *, seed: int = 0, num_cases: int = 50, **bounds
 ) -> list[ProblemSpec]:
     """A fixed list of ``num_cases`` specs generated by Hypothesis from ``seed``.
 
-    Runs Hypothesis' generation phase only (no shrinking, no example database), so the
-    list depends on ``seed``, ``kind``, ``bounds`` and the Hypothesis version only.
+    Runs Hypothesis' generation phase only (no shrinking, no example database, nothing
+    written to disk), so the list depends on ``seed``, ``kind``, ``bounds`` and the
+    Hypothesis version only. Specs that describe the same problem are kept once.
 
     Parameters
     ----------
@@ -358,9 +412,11 @@ def sample_specs(
     strategy = problem_specs(kind, **bounds)
     found: list[ProblemSpec] = []
 
+    seen: set = set()
+
     @hypothesis_seed(seed)
     @settings(
-        max_examples=num_cases,
+        max_examples=4 * num_cases,
         database=None,
         derandomize=False,
         deadline=None,
@@ -370,8 +426,20 @@ def sample_specs(
     )
     @given(strategy)
     def collect(spec):
-        if len(found) < num_cases:
+        key = _problem_key(spec)
+        if len(found) < num_cases and key not in seen:
+            seen.add(key)
             found.append(spec)
 
-    collect()
+    # Hypothesis caches constants under ./.hypothesis: point it at a temporary folder, so
+    # that `plsh verify` writes nothing into the user's current folder.
+    from hypothesis import configuration
+
+    previous = configuration.storage_directory(intent_to_write=False).home_directory
+    with tempfile.TemporaryDirectory(prefix="plsh-hypothesis-") as home:
+        configuration.set_hypothesis_home_dir(home)
+        try:
+            collect()
+        finally:
+            configuration.set_hypothesis_home_dir(previous)
     return found

@@ -1,41 +1,78 @@
 """``plsh verify MODULE:FUNCTION``: check a user's attention kernel against the reference.
 
-The kernel follows one of two contracts (:mod:`plsh_ref.testing.reference`)::
+The kernel follows one of the contracts of :mod:`plsh_ref.testing.reference`::
 
     f(query, key, value, *, slopes, causal, scale, query_positions, key_positions)
+    f(query, key, value, *, causal, scale, query_positions, key_positions)  # own slopes
     f(query, key, value, *, partition, causal, scale, query_positions, key_positions)
 
-(``--kind alibi`` and ``--kind plsh``)
+(``--kind alibi --slopes given``, ``--kind alibi --slopes standard``, ``--kind plsh``;
+the slope mode is read from the signature by default), optionally with an
+``attention_mask`` keyword (padded batches are then checked too), and returns ``output``
+or ``(output, lse)``. First the deterministic edge battery
+(:func:`plsh_ref.testing.battery.battery`, one named case per known bug class), then
+``--cases`` random problems drawn by Hypothesis from ``--seed``
+(:func:`plsh_ref.testing.strategies.sample_specs`); each is judged by
+:func:`plsh_ref.testing.suite.check_case`. Cases needing an input the kernel declares
+unsupported (``kernel.supports`` or ``--unsupported``) are skipped and listed, never
+counted as passed. The report lists the failures, what they share (for each axis, its
+share among failures against its share among passes), the worst cases with the command
+that reruns each one alone (``--seed S --case K``), and optionally a JSON report.
 
-and returns ``output`` or ``(output, lse)``. Hypothesis draws ``--cases`` problems from
-``--seed`` (:func:`plsh_ref.testing.strategies.sample_specs`); each is run and judged by
-:func:`plsh_ref.testing.suite.check_case`. The report lists the worst cases with the
-command that reruns each one alone (``--seed S --case K``).
-
-Exit status: 0 all cases pass, 1 some case fails, 2 bad input (the kernel cannot be
-imported, has the wrong signature, returns the wrong type/shape/dtype, or an option is
-invalid), always with a one-line explanation and no traceback.
+Nothing is written to the current folder (Hypothesis' cache goes to a temporary folder)
+unless ``--json PATH`` asks for it. Exit status: 0 all cases pass, 1 some case fails
+(or none ran), 2 bad input (the kernel cannot be imported, has the wrong signature,
+declares an unknown capability, returns the wrong type/shape/dtype, its framework cannot
+be detected, or an option is invalid), always with a one-line explanation and no
+traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import sys
 import time
 
-from .problems import DTYPES, POSITION_MODES
-from .reference import KINDS
-from .suite import FRAMEWORKS, KernelContractError, check_case, check_signature, load_kernel
+import numpy as np
 
-__all__ = ["HELP", "add_arguments", "run"]
+from .problems import DTYPES, POSITION_MODES, ProblemSpec
+from .reference import KINDS
+from .suite import (
+    CAPABILITIES,
+    FRAMEWORKS,
+    KernelContractError,
+    check_case,
+    check_signature,
+    detect_framework,
+    kernel_capabilities,
+    load_kernel,
+    slope_mode,
+)
+
+__all__ = ["HELP", "add_arguments", "case_features", "run", "shared_axes"]
 
 #: one-line description of the subcommand, shown by ``plsh verify --help``
 HELP = (
-    "Check an attention kernel MODULE:FUNCTION against the float64 reference on "
-    "Hypothesis-generated problems (exact ALiBi or positional LSH)."
+    "Check an attention kernel MODULE:FUNCTION against the float64 reference: an edge "
+    "battery of known bug classes, then Hypothesis-generated problems (exact ALiBi or "
+    "positional LSH)."
 )
 
 _DEFAULT_DTYPES = {"numpy": "float16,float32,float64", "torch": "float16,bfloat16,float32"}
+_DEFAULTS = {
+    "dtypes": None,
+    "causal": "both",
+    "positions": ",".join(POSITION_MODES),
+    "no_gqa": False,
+    "max_seq_len": 16,
+    "max_heads": 16,
+    "max_head_dim": 8,
+    "max_batch": 2,
+    "max_samples": 8,
+    "unsupported": None,
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,31 +80,50 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "kernel",
         metavar="MODULE:FUNCTION",
-        help="the kernel to check, e.g. mypkg.attention:alibi_forward",
+        help="the kernel to check, e.g. mypkg.attention:alibi_forward (the current folder "
+        "is on the import path)",
     )
     parser.add_argument(
         "--kind",
         choices=KINDS,
         default="alibi",
         help="alibi: f(q, k, v, *, slopes, causal, scale, query_positions, "
-        "key_positions); plsh: the same with partition instead of slopes "
+        "key_positions[, attention_mask]); plsh: the same with partition instead of slopes "
         "(default: alibi)",
     )
     parser.add_argument(
+        "--slopes",
+        choices=("auto", "given", "standard"),
+        default="auto",
+        help="given: the kernel receives slopes (standard and random ones); standard: it "
+        "takes no slopes argument and must compute Press et al.'s; auto: given if its "
+        "signature has slopes (default: auto)",
+    )
+    parser.add_argument(
         "--framework",
-        choices=FRAMEWORKS,
-        default="numpy",
-        help="arrays the kernel takes and returns (default: numpy)",
+        choices=("auto", *FRAMEWORKS),
+        default="auto",
+        help="arrays the kernel takes and returns; auto tries numpy, then torch, on one "
+        "small problem (default: auto)",
     )
     parser.add_argument(
         "--device",
         default="cpu",
         help="torch device for --framework torch, e.g. cpu or cuda (default: cpu)",
     )
-    parser.add_argument("--cases", type=int, default=50, help="number of problems (default: 50)")
+    parser.add_argument(
+        "--cases", type=int, default=50, help="number of random problems (default: 50)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default: 0)")
     parser.add_argument(
-        "--case", type=int, default=None, help="run only case K of --seed (as printed in a report)"
+        "--case",
+        default=None,
+        help="run only random case K of --seed, or the battery case NAME (as printed)",
+    )
+    parser.add_argument(
+        "--no-battery",
+        action="store_true",
+        help="skip the edge battery (it runs before the random cases by default)",
     )
     parser.add_argument(
         "--dtypes",
@@ -91,8 +147,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="never draw grouped-query heads (num_heads_kv < num_heads)",
     )
+    parser.add_argument(
+        "--unsupported",
+        default=None,
+        metavar="NAMES",
+        help="comma-separated inputs the kernel does not support; their cases are skipped "
+        f"and listed (adds to the kernel's `supports` attribute): {', '.join(CAPABILITIES)}",
+    )
     parser.add_argument("--max-seq-len", type=int, default=16, help="default: 16")
-    parser.add_argument("--max-heads", type=int, default=4, help="default: 4")
+    parser.add_argument("--max-heads", type=int, default=16, help="default: 16")
     parser.add_argument("--max-head-dim", type=int, default=8, help="default: 8")
     parser.add_argument("--max-batch", type=int, default=2, help="default: 2")
     parser.add_argument(
@@ -100,6 +163,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=8,
         help="largest number of partition samples s (default: 8)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=30.0,
+        help="seconds one case may take; a kernel still running then fails that case (default: 30)",
+    )
+    parser.add_argument(
+        "--traceback", action="store_true", help="print the traceback of a kernel that raised"
+    )
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="also write a machine-readable report"
     )
     parser.add_argument(
         "--worst", type=int, default=5, help="number of worst cases to list (default: 5)"
@@ -113,22 +188,50 @@ def _fail(message: str) -> int:
 
 
 def _options(args):
-    framework = args.framework
-    if framework == "numpy" and args.device != "cpu":
+    if args.framework == "numpy" and args.device != "cpu":
         raise KernelContractError(
             f"device: numpy kernels run on cpu, got {args.device!r} (use --framework torch)"
         )
-    if framework == "torch":
+    if args.framework in ("torch", "auto") and args.device != "cpu" or args.framework == "torch":
         try:
             import torch
         except ImportError:
-            raise KernelContractError("framework: torch is not installed") from None
-        try:
-            torch.empty(0, device=args.device)
-        except (RuntimeError, AssertionError) as exc:
-            raise KernelContractError(
-                f"device: {args.device!r} is not available: {str(exc).splitlines()[0]}"
-            ) from None
+            if args.framework == "torch":
+                raise KernelContractError("framework: torch is not installed") from None
+        else:
+            try:
+                torch.empty(0, device=args.device)
+            except (RuntimeError, AssertionError) as exc:
+                raise KernelContractError(
+                    f"device: {args.device!r} is not available: {str(exc).splitlines()[0]}"
+                ) from None
+    for name, value, minimum in (
+        ("cases", args.cases, 0),
+        ("seed", args.seed, 0),
+        ("max-seq-len", args.max_seq_len, 0),
+        ("max-heads", args.max_heads, 1),
+        ("max-head-dim", args.max_head_dim, 1),
+        ("max-batch", args.max_batch, 1),
+        ("max-samples", args.max_samples, 1),
+        ("worst", args.worst, 0),
+    ):
+        if value < minimum:
+            raise KernelContractError(f"{name}: must be >= {minimum}, got {value}")
+    if not (args.timeout > 0 and np.isfinite(args.timeout)):
+        raise KernelContractError(f"timeout: must be > 0 seconds, got {args.timeout}")
+    unsupported = {}
+    for name in (args.unsupported or "").split(","):
+        if name.strip():
+            if name.strip() not in CAPABILITIES:
+                raise KernelContractError(
+                    f"unsupported: unknown capability {name.strip()!r}; known: "
+                    f"{', '.join(CAPABILITIES)}"
+                )
+            unsupported[name.strip()] = False
+    return unsupported
+
+
+def _dtypes(args, framework):
     names = (args.dtypes or _DEFAULT_DTYPES[framework]).split(",")
     dtypes = [d.strip() for d in names if d.strip()]
     for d in dtypes:
@@ -140,71 +243,133 @@ def _options(args):
             raise KernelContractError(
                 "dtypes: bfloat16 needs --framework torch (numpy has no bfloat16)"
             )
-    positions = [p.strip() for p in args.positions.split(",") if p.strip()]
-    for name, value, minimum in (
-        ("cases", args.cases, 1),
-        ("seed", args.seed, 0),
-        ("max-seq-len", args.max_seq_len, 0),
-        ("max-heads", args.max_heads, 1),
-        ("max-head-dim", args.max_head_dim, 1),
-        ("max-batch", args.max_batch, 1),
-        ("max-samples", args.max_samples, 1),
-        ("worst", args.worst, 0),
-    ):
-        if value < minimum:
-            raise KernelContractError(f"{name}: must be >= {minimum}, got {value}")
-    if args.case is not None and not 0 <= args.case < args.cases:
-        raise KernelContractError(
-            f"case: must be in 0..{args.cases - 1} (--cases {args.cases}), got {args.case}"
-        )
-    causal = {"both": None, "yes": True, "no": False}[args.causal]
-    try:
-        from .strategies import problem_specs
+    if not dtypes:
+        raise KernelContractError("dtypes: needs at least one dtype")
+    return dtypes
 
-        problem_specs(
-            args.kind,
-            max_batch=args.max_batch,
-            max_heads=args.max_heads,
-            max_seq_len=args.max_seq_len,
-            max_head_dim=args.max_head_dim,
-            dtypes=dtypes,
-            causal=causal,
-            gqa=not args.no_gqa,
-            positions=positions,
-            max_samples=args.max_samples,
-        )
-    except (TypeError, ValueError) as exc:
-        raise KernelContractError(str(exc)) from None
-    return dict(
+
+def _bounds(args, dtypes, slopes):
+    positions = [p.strip() for p in args.positions.split(",") if p.strip()]
+    bounds = dict(
         max_batch=args.max_batch,
         max_heads=args.max_heads,
         max_seq_len=args.max_seq_len,
         max_head_dim=args.max_head_dim,
         dtypes=dtypes,
-        causal=causal,
+        causal={"both": None, "yes": True, "no": False}[args.causal],
         gqa=not args.no_gqa,
         positions=positions,
         max_samples=args.max_samples,
+        slopes=["standard"] if slopes == "standard" else ["standard", "random"],
     )
+    try:
+        from .strategies import problem_specs
+
+        problem_specs(args.kind, **bounds)
+    except (TypeError, ValueError) as exc:
+        raise KernelContractError(str(exc)) from None
+    return bounds
 
 
-def _rerun_command(args, case: int) -> str:
-    parts = [f"plsh verify {args.kernel} --kind {args.kind}"]
-    if args.framework != "numpy":
-        parts.append(f"--framework {args.framework} --device {args.device}")
+def case_features(spec: ProblemSpec, empty_rows: int = 0) -> list[str]:
+    """The axes of one case, as labels: ``dtype=float16``, ``gqa(1<H_kv<H)``, ...
+
+    Parameters
+    ----------
+    spec : ProblemSpec
+    empty_rows : int
+        Rows without an admissible key (from the case's result).
+
+    Returns
+    -------
+    list of str
+    """
+    h, g = spec.num_heads, spec.num_heads_kv
+    labels = [
+        f"dtype={spec.dtype}",
+        "causal" if spec.causal else "bidirectional",
+        "mha" if g == h else ("mqa(H_kv=1)" if g == 1 else "gqa(1<H_kv<H)"),
+        "H power of two" if h & (h - 1) == 0 else "H not a power of two",
+        f"positions={spec.positions}",
+        f"slopes={spec.slopes}",
+    ]
+    if h >= 9:
+        labels.append("H>=9")
+    if spec.n_k == 0 or spec.n_q == 0:
+        labels.append("empty (n=0)")
+    elif spec.n_q == spec.n_k:
+        labels.append("n_q=n_k")
+    elif spec.n_q < spec.n_k:
+        labels.append("decode(1<=n_q<n_k)")
+    else:
+        labels.append("n_q>n_k")
+    if empty_rows:
+        labels.append("rows without admissible keys")
+    if spec.offset > 256 or spec.positions in ("explicit", "per_sequence"):
+        labels.append("positions >256")
+    if max(spec.n_q, spec.n_k) > 256:
+        labels.append("seq_len>256")
+    if spec.batch > 1:
+        labels.append("batch>1")
+    if spec.head_dim_v != spec.head_dim:
+        labels.append("head_dim_v!=head_dim")
+    if spec.head_dim & (spec.head_dim - 1):
+        labels.append("head_dim not a power of two")
+    labels.append("scale given" if spec.scale is not None else "default scale")
+    if spec.kind == "plsh":
+        labels.append("s=1" if spec.num_samples == 1 else "s>1")
+    return labels
+
+
+def shared_axes(records, top: int = 8) -> list[dict]:
+    """What the failing cases share: each label's count among failures and among passes.
+
+    Parameters
+    ----------
+    records : list of (str, ProblemSpec, CaseResult)
+    top : int
+        At most this many labels, the most over-represented among failures first.
+
+    Returns
+    -------
+    list of dict
+        ``{"axis", "failures", "num_failures", "passes", "num_passes"}`` for labels whose
+        share among failures exceeds their share among passes.
+    """
+    failed = [
+        case_features(s, r.empty_rows) for _, s, r in records if not r.passed and not r.skipped
+    ]
+    passed = [case_features(s, r.empty_rows) for _, s, r in records if r.passed]
+    if not failed:
+        return []
+    labels = sorted({label for f in failed for label in f})
+    rows = []
+    for label in labels:
+        nf = sum(label in f for f in failed)
+        np_ = sum(label in p for p in passed)
+        share_f, share_p = nf / len(failed), (np_ / len(passed) if passed else 0.0)
+        if share_f > share_p:
+            rows.append((share_f - share_p, share_f, label, nf, np_))
+    rows.sort(key=lambda r: (-r[0], -r[1], r[2]))
+    return [
+        {
+            "axis": label,
+            "failures": nf,
+            "num_failures": len(failed),
+            "passes": np_,
+            "num_passes": len(passed),
+        }
+        for _, _, label, nf, np_ in rows[:top]
+    ]
+
+
+def _rerun_command(args, case: str, framework: str, slopes: str) -> str:
+    parts = [f"plsh verify {args.kernel} --kind {args.kind} --slopes {slopes}"]
+    parts.append(f"--framework {framework}")
+    if args.device != "cpu":
+        parts.append(f"--device {args.device}")
     parts.append(f"--seed {args.seed} --cases {args.cases} --case {case}")
-    defaults = {
-        "dtypes": None,
-        "causal": "both",
-        "positions": ",".join(POSITION_MODES),
-        "no_gqa": False,
-        "max_seq_len": 16,
-        "max_heads": 4,
-        "max_head_dim": 8,
-        "max_batch": 2,
-        "max_samples": 8,
-    }
-    for name, default in defaults.items():
+    for name, default in _DEFAULTS.items():
         value = getattr(args, name)
         if value != default:
             flag = "--" + name.replace("_", "-")
@@ -212,66 +377,179 @@ def _rerun_command(args, case: int) -> str:
     return " ".join(parts)
 
 
+def _label(name) -> str:
+    return f"battery {name}" if isinstance(name, str) else f"case {name}"
+
+
+def _json_report(path, header, records, axes, status):
+    cases = []
+    for name, spec, r in records:
+        cases.append(
+            {
+                "case": name,
+                "battery": isinstance(name, str),
+                "status": r.status,
+                "error": None if not np.isfinite(r.error) else r.error,
+                "allowed": r.allowed,
+                "lse_error": r.lse_error,
+                "lse_allowed": r.lse_allowed,
+                "worst_index": list(r.worst_index) if r.worst_index else None,
+                "empty_rows": r.empty_rows,
+                "message": r.message,
+                "summary": spec.summary(),
+                "spec": dataclasses.asdict(spec),
+                "features": case_features(spec, r.empty_rows),
+            }
+        )
+    report = {
+        **header,
+        "passed": sum(r.status == "pass" for _, _, r in records),
+        "failed": sum(r.status == "FAIL" for _, _, r in records),
+        "skipped": sum(r.status == "skip" for _, _, r in records),
+        "exit_status": status,
+        "shared_axes": axes,
+        "cases": cases,
+    }
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``plsh verify``; returns the exit status (0 pass, 1 fail, 2 bad input)."""
     try:
-        bounds = _options(args)
+        unsupported = _options(args)
         kernel = load_kernel(args.kernel)
-        check_signature(kernel, args.kind)
+        slopes = args.slopes if args.slopes != "auto" else slope_mode(kernel)
+        if args.kind == "plsh":
+            slopes = "given"
+        takes_mask = check_signature(kernel, args.kind, slopes)
+        caps = kernel_capabilities(kernel, unsupported)
+        framework = args.framework
+        if framework == "auto":
+            framework = detect_framework(kernel, args.kind, slopes, takes_mask, args.timeout)
+        dtypes = _dtypes(args, framework)
+        bounds = _bounds(args, dtypes, slopes)
     except KernelContractError as exc:
         return _fail(str(exc))
+    from .battery import battery
     from .strategies import sample_specs
 
-    specs = sample_specs(args.kind, seed=args.seed, num_cases=args.cases, **bounds)
-    if args.case is not None and args.case >= len(specs):
-        return _fail(
-            f"case: only {len(specs)} distinct cases exist for these options, "
-            f"got --case {args.case}"
-        )
-    indices = range(len(specs)) if args.case is None else [args.case]
-    print(
-        f"plsh verify {args.kernel}: kind={args.kind} framework={args.framework} "
-        f"device={args.device} seed={args.seed} cases={len(indices)} "
-        f"dtypes={','.join(bounds['dtypes'])}"
+    cases = []
+    if not args.no_battery:
+        cases += battery(args.kind, seed=args.seed, dtypes=dtypes, slopes=slopes)
+    specs = (
+        sample_specs(args.kind, seed=args.seed, num_cases=args.cases, **bounds)
+        if args.cases
+        else []
     )
-    results = []
+    cases += list(enumerate(specs))
+    if args.case is not None:
+        wanted = int(args.case) if args.case.isdigit() else args.case
+        cases = [(n, s) for n, s in cases if n == wanted]
+        if not cases:
+            names = [n for n, _ in battery(args.kind, dtypes=dtypes, slopes=slopes)]
+            return _fail(
+                f"case: no case {args.case!r} for these options (random cases 0.."
+                f"{len(specs) - 1}, battery cases {', '.join(names)})"
+            )
+    unsupported_names = [c for c, ok in caps.items() if not ok]
+    print(
+        f"plsh verify {args.kernel}: kind={args.kind} slopes={slopes} framework={framework} "
+        f"device={args.device} seed={args.seed} battery={'no' if args.no_battery else 'yes'} "
+        f"cases={len(specs)} dtypes={','.join(dtypes)}"
+        + (f" attention_mask={'yes' if takes_mask else 'no (padded cases skipped)'}")
+        + (f" unsupported={','.join(unsupported_names)}" if unsupported_names else "")
+    )
+    records = []
     start = time.perf_counter()
-    for i in indices:
-        spec = specs[i]
+    for name, spec in cases:
         try:
-            result = check_case(kernel, spec.build(), framework=args.framework, device=args.device)
+            result = check_case(
+                kernel,
+                spec.build(),
+                framework=framework,
+                device=args.device,
+                slopes=slopes,
+                attention_mask=takes_mask,
+                supports=unsupported,
+                timeout=args.timeout,
+            )
         except KernelContractError as exc:
-            return _fail(f"{exc} [case {i}: {spec.summary()}]")
-        results.append((i, spec, result))
+            return _fail(f"{exc} [{_label(name)}: {spec.summary()}]")
+        records.append((name, spec, result))
         if args.verbose or args.case is not None:
-            status = "pass" if result.passed else "FAIL"
             detail = f"\n           {result.message}" if result.message else ""
             print(
-                f"  case {i:3d} {status} error {result.error:.3g} allowed {result.allowed:.3g}"
-                f"  {spec.summary()}{detail}"
+                f"  {_label(name)} {result.status} error {result.error:.3g} allowed "
+                f"{result.allowed:.3g}  {spec.summary()}{detail}"
             )
         if args.case is not None:
             print(
                 "  the same case in Python, without Hypothesis:\n"
                 "    from plsh_ref.testing import ProblemSpec, check_case\n"
                 f"    check_case(kernel, {spec!r}.build(),\n"
-                f"               framework={args.framework!r}, device={args.device!r})"
+                f"               framework={framework!r}, device={args.device!r})"
             )
+        if args.traceback and result.traceback:
+            print(f"  traceback of {_label(name)}:\n" + result.traceback.rstrip())
     elapsed = time.perf_counter() - start
-    failed = [(i, spec, r) for i, spec, r in results if not r.passed]
-    worst = sorted(results, key=lambda item: -item[2].ratio)[: args.worst]
+    failed = [rec for rec in records if rec[2].status == "FAIL"]
+    skipped = [rec for rec in records if rec[2].status == "skip"]
+    passed = [rec for rec in records if rec[2].status == "pass"]
     print(
-        f"{len(results) - len(failed)}/{len(results)} cases passed in {elapsed:.1f} s "
-        f"(allowed error: 2 x that of plain attention in the same dtype + 4 ulp floor)"
+        f"{len(passed)}/{len(records)} cases passed, {len(failed)} failed, {len(skipped)} "
+        f"skipped in {elapsed:.1f} s (allowed error: 2 x that of plain attention in the same "
+        f"dtype + 4 ulp floor)"
     )
+    if skipped and args.case is None:
+        print(f"skipped (never counted as passed), {len(skipped)} cases:")
+        for name, spec, r in skipped[: max(args.worst, 10)]:
+            print(f"  {_label(name)}: {r.message}  {spec.summary()}")
+        if len(skipped) > max(args.worst, 10):
+            print(f"  ... and {len(skipped) - max(args.worst, 10)} more")
+    battery_failed = [rec for rec in failed if isinstance(rec[0], str)]
+    if battery_failed and args.case is None:
+        print("battery cases failed (named after the bug class each one targets):")
+        for name, _spec, r in battery_failed:
+            print(f"  {name}: {r.message}")
+            if args.traceback and r.traceback:
+                print("    " + r.traceback.rstrip().replace("\n", "\n    "))
+    axes = shared_axes(records)
+    if axes and args.case is None:
+        print("what the failing cases share (axis: failures vs passes):")
+        for a in axes:
+            print(
+                f"  {a['axis']:<32} {a['failures']}/{a['num_failures']} vs "
+                f"{a['passes']}/{a['num_passes']}"
+            )
+    worst = sorted(failed, key=lambda rec: -rec[2].ratio)[: args.worst]
     if worst and args.case is None:
-        print("worst cases (error / allowed):")
-        for i, spec, r in worst:
+        print("worst failing cases (error / allowed):")
+        for name, spec, r in worst:
             ratio = "inf" if r.ratio == float("inf") else f"{r.ratio:.3g}"
-            print(f"  case {i}: {'pass' if r.passed else 'FAIL'} ratio {ratio}  {spec.summary()}")
-            if r.message:
-                print(f"    {r.message}")
-            if not r.passed:
-                print(f"    rerun: {_rerun_command(args, i)}")
-    print("PASS" if not failed else f"FAIL: {len(failed)} of {len(results)} cases")
-    return 0 if not failed else 1
+            print(f"  {_label(name)}: FAIL ratio {ratio}  {spec.summary()}")
+            print(f"    {r.message}")
+            print(f"    rerun: {_rerun_command(args, str(name), framework, slopes)}")
+    status = 1 if failed or not passed else 0
+    if failed:
+        print(f"FAIL: {len(failed)} of {len(records)} cases")
+    elif not passed:
+        print("FAIL: no case ran (every case was skipped)")
+    else:
+        print("PASS" + (f" ({len(skipped)} skipped)" if skipped else ""))
+    if args.json:
+        header = {
+            "kernel": args.kernel,
+            "kind": args.kind,
+            "slopes": slopes,
+            "framework": framework,
+            "device": args.device,
+            "seed": args.seed,
+            "dtypes": dtypes,
+            "seconds": elapsed,
+        }
+        try:
+            _json_report(args.json, header, records, axes, status)
+        except OSError as exc:
+            return _fail(f"json: cannot write {args.json!r}: {exc}")
+    return status
