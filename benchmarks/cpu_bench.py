@@ -5,7 +5,8 @@ Run from the repository root, e.g.::
     python benchmarks/cpu_bench.py --n 1024 4096 16384 --s 4 16 64 --threads 2
 
 Every method runs in this one process, side by side, on the same inputs (batch 1, 4 heads
-with the standard slopes, sigma 4/16/64/256, head_dim 64, float32, causal):
+with the standard slopes, sigma 4/16/64/256, head_dim 64, float32, causal). The peers and
+the float64 exact reference come from :mod:`plsh_fast.peers`:
 
 * ``plsh``: :func:`plsh_fast.plsh_attention` (the CPU path) with a fixed seeded partition;
 * ``sdpa_dense``: ``scaled_dot_product_attention`` with a dense float32 ALiBi bias
@@ -64,7 +65,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from plsh_fast import cpu as plsh_cpu  # noqa: E402
-from plsh_fast import plsh_attention  # noqa: E402
+from plsh_fast import peers, plsh_attention  # noqa: E402
 from plsh_fast.partition import partition_tensors  # noqa: E402
 from plsh_ref.alibi import alibi_slopes  # noqa: E402
 from plsh_ref.partition import PartitionSample, draw_partition  # noqa: E402
@@ -96,19 +97,7 @@ def partition_for(s: int, seed: int = 1) -> PartitionSample:
 
 def exact_alibi(q, k, v, slopes, chunk: int = 512) -> torch.Tensor:
     """Causal exact ALiBi attention in float64, ``chunk`` query rows at a time."""
-    n = q.shape[2]
-    q64, k64, v64 = q.double(), k.double(), v.double()
-    m = torch.tensor(slopes, dtype=torch.float64)[:, None, None]
-    out = torch.empty_like(q64)
-    scale = HEAD_DIM**-0.5
-    for r0 in range(0, n, chunk):
-        r1 = min(n, r0 + chunk)
-        i = torch.arange(r0, r1, dtype=torch.float64)[:, None]
-        j = torch.arange(r1, dtype=torch.float64)[None, :]
-        bias = torch.where(j <= i, -m * (i - j), -math.inf)
-        logits = scale * q64[0, :, r0:r1] @ k64[0, :, :r1].transpose(-1, -2) + bias
-        out[0, :, r0:r1] = torch.softmax(logits, dim=-1) @ v64[0, :, :r1]
-    return out
+    return peers.alibi_attention(q, k, v, slopes=slopes, chunk_size=chunk)
 
 
 def errors(out: torch.Tensor, exact: torch.Tensor) -> dict:
@@ -123,85 +112,41 @@ def errors(out: torch.Tensor, exact: torch.Tensor) -> dict:
 
 
 def dense_alibi_bias(n: int, slopes) -> torch.Tensor:
-    i = torch.arange(n, dtype=torch.float32)
-    dist = i[:, None] - i[None, :]
-    m = torch.tensor(slopes, dtype=torch.float32)[:, None, None]
-    bias = -m * dist.abs()
-    return bias.masked_fill_(dist[None] < 0, -math.inf)[None]
+    """float32 causal ALiBi bias ``(1, H, n, n)`` (:func:`plsh_fast.peers.alibi_bias`)."""
+    return peers.alibi_bias(slopes, n, n, causal=True, dtype=torch.float32)[None]
 
 
-_FLEX = None
 # One score_mod / mask_mod for all calls, reading fixed tensors whose contents change, so
 # that the compiled kernel is not recompiled for every window (guards see the same objects).
 _SLOPES = torch.tensor(alibi_slopes(HEADS), dtype=torch.float32)
 _WINDOW = torch.zeros(HEADS, dtype=torch.int64)
-
-
-def _alibi_score(score, b, h, qi, kj):
-    return score - _SLOPES[h] * (qi - kj).abs()
-
-
-def _causal(b, h, qi, kj):
-    return qi >= kj
-
-
-def _causal_window(b, h, qi, kj):
-    return (qi >= kj) & (qi - kj < _WINDOW[h])
-
-
-def flex():
-    global _FLEX
-    if _FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _FLEX = torch.compile(flex_attention, dynamic=False)
-    return _FLEX
+_ALIBI_SCORE = peers.alibi_score_mod(_SLOPES)
+_CAUSAL = peers.causal_mask_mod()
+_CAUSAL_WINDOW = peers.window_mask_mod(_WINDOW, causal=True)
 
 
 def flex_runner(n: int, slopes, window=None):
     """Compiled FlexAttention exact ALiBi; ``window`` (per head, tokens) adds a sliding window."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
     assert np.array_equal(slopes, _SLOPES.double().numpy())
-    f = flex()
+    f = peers.compiled_flex_attention()
     if window is None:
-        block_mask = create_block_mask(_causal, None, None, n, n, device="cpu")
-        return lambda q, k, v: f(q, k, v, score_mod=_alibi_score, block_mask=block_mask)
+        block_mask = peers.block_mask(_CAUSAL, n, n)
+        return lambda q, k, v: f(q, k, v, score_mod=_ALIBI_SCORE, block_mask=block_mask)
     w = torch.as_tensor(window, dtype=torch.int64)
     _WINDOW.copy_(w)
-    block_mask = create_block_mask(_causal_window, None, HEADS, n, n, device="cpu")
+    block_mask = peers.block_mask(_CAUSAL_WINDOW, n, n, num_heads=HEADS)
 
     def run_window(q, k, v):
         _WINDOW.copy_(w)
-        return f(q, k, v, score_mod=_alibi_score, block_mask=block_mask)
+        return f(q, k, v, score_mod=_ALIBI_SCORE, block_mask=block_mask)
 
     return run_window
 
 
 def reduction(q, k, v, partition: PartitionSample) -> torch.Tensor:
-    """The paper's reduction: one block-diagonal pass per sample, merged by the LSE."""
-    n = q.shape[2]
-    pos = torch.arange(n)
-    pitch, offset = partition_tensors(partition, "cpu")
-    lses, outs = [], []
-    for t in range(partition.num_samples):
-        o, lse = plsh_cpu.plsh_forward_cpu(
-            q,
-            k,
-            v,
-            pitch[:, t : t + 1].contiguous(),
-            offset[:, t : t + 1].contiguous(),
-            pos,
-            pos,
-            HEAD_DIM**-0.5,
-            True,
-        )
-        outs.append(o)
-        lses.append(lse)
-    lse = torch.stack(lses)  # (s, B, H, n)
-    weights = torch.softmax(lse, dim=0)  # numerators / denominators, summed first
-    num = sum(w[..., None] * o for w, o in zip(weights, outs))
-    return num
+    """The paper's reduction: one block-diagonal pass per sample, merged by the LSE
+    (:func:`plsh_fast.peers.reduction_attention`, each pass our CPU path)."""
+    return peers.reduction_attention(q, k, v, partition, causal=True, check_finite=False)
 
 
 def support_width(partition: PartitionSample, n: int) -> tuple[list[float], list[float]]:
@@ -230,7 +175,7 @@ def method_fn(name: str, n: int, s: int, inputs, extra=None):
         return lambda: plsh_attention(q, k, v, partition=partition, check_finite=False)
     if name == "sdpa_dense":
         bias = dense_alibi_bias(n, slopes)
-        return lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return lambda: peers.sdpa_alibi_attention(q, k, v, bias=bias)
     if name == "flex_exact":
         run = flex_runner(n, slopes)
         return lambda: run(q, k, v)
@@ -258,7 +203,7 @@ def backward_fn(name: str, n: int, s: int, inputs):
     bias = dense_alibi_bias(n, slopes)
 
     def run_sdpa():
-        out = torch.nn.functional.scaled_dot_product_attention(*leaves, attn_mask=bias)
+        out = peers.sdpa_alibi_attention(*leaves, bias=bias)
         out.backward(grad)
 
     return run_sdpa
