@@ -13,6 +13,10 @@ Positions are integers (``(n,)``, shared by the batch); the defaults are those o
   reference :func:`plsh_ref.attention.alibi_attention` does not fit in memory).
 * :func:`alibi_bias` and :func:`sdpa_alibi_attention`: the dense bias ``(num_heads, n_q, n_k)``
   and ``torch.nn.functional.scaled_dot_product_attention`` with it (``O(n_q n_k)`` memory).
+* :func:`dense_attention`: ``softmax(scale q k^T + bias) v`` written out in plain torch
+  operations in the input dtype, differentiable: the dense gradient oracle of the tests
+  and benchmarks (float64 for the reference, the kernel's dtype for the yardstick of the
+  SPEC section 6 tolerance rule).
 * FlexAttention (``torch.nn.attention.flex_attention``): :func:`alibi_score_mod` adds the
   ALiBi bias to each score; :func:`causal_mask_mod` and :func:`window_mask_mod` (a per-head
   sliding window) say which pairs are computed at all; :func:`block_mask` and
@@ -61,6 +65,7 @@ __all__ = [
     "causal_block_mask",
     "causal_mask_mod",
     "compiled_flex_attention",
+    "dense_attention",
     "expand_kv",
     "reduction_attention",
     "sdpa_alibi_attention",
@@ -212,6 +217,68 @@ def sdpa_alibi_attention(
         attn_mask=bias if bias.dim() == 4 else bias[None],
         scale=c,
     )
+
+
+def dense_attention(query, key, value, bias, *, scale=None, return_lse: bool = False):
+    """``softmax(scale q k^T + bias) v`` in plain torch operations, in the input dtype.
+
+    Every intermediate (logits, softmax, products) is a torch operation in the dtype of
+    ``query``, so autograd through it gives the dense gradients in that dtype: the gradient
+    oracle of the tests (in float64) and the plain-dtype yardstick of the tolerance rule
+    (SPEC section 6). A row whose bias is ``-inf`` everywhere gives output 0, LSE ``-inf``
+    and zero gradients (SPEC section 1), never NaN.
+
+    Parameters
+    ----------
+    query, key, value : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
+        ``(batch, num_heads_kv, n_k, head_dim_v)``; one floating dtype and device.
+    bias : torch.Tensor or numpy.ndarray
+        ``(num_heads, n_q, n_k)`` or ``(batch, num_heads, n_q, n_k)``; ``-inf`` masks a pair
+        (e.g. :func:`plsh_ref.partition.count_bias` for PLSH attention); cast to the query's
+        dtype and device.
+    scale : float, optional
+        Default ``1 / sqrt(head_dim)``.
+    return_lse : bool
+        Also return ``logsumexp(scale q k^T + bias)`` over the keys.
+
+    Returns
+    -------
+    out : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim_v)``, the query's dtype.
+    lse : torch.Tensor
+        Only if ``return_lse``: ``(batch, num_heads, n_q)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`plsh_fast.plsh_attention` for the tensors; a bias of another shape.
+    """
+    return_lse = check_bool("return_lse", return_lse)
+    V.check_qkv(query, key, value)
+    num_heads, n_q, n_k = query.shape[1], query.shape[2], key.shape[2]
+    b = torch.as_tensor(bias).to(device=query.device, dtype=query.dtype)
+    if b.dim() == 3:
+        b = b[None]
+    if (
+        b.dim() != 4
+        or tuple(b.shape[1:]) != (num_heads, n_q, n_k)
+        or (b.shape[0] not in (1, query.shape[0]))
+    ):
+        raise ValueError(
+            f"bias: shape {tuple(b.shape)} does not match (num_heads, n_q, n_k) = "
+            f"{(num_heads, n_q, n_k)} (optionally with a leading batch dimension)"
+        )
+    c = check_scale(scale, query.shape[3])
+    logits = (query @ expand_kv(key, num_heads).transpose(-1, -2)) * c + b
+    empty = torch.isneginf(logits).all(dim=-1, keepdim=True)  # also true when n_k = 0
+    safe = torch.where(empty, torch.zeros((), dtype=logits.dtype), logits)
+    weights = torch.softmax(safe, dim=-1).masked_fill(empty, 0.0)
+    out = weights @ expand_kv(value, num_heads)
+    if not return_lse:
+        return out
+    lse = torch.logsumexp(safe, dim=-1, keepdim=True).masked_fill(empty, -math.inf)
+    return out, lse[..., 0]
 
 
 def alibi_attention(

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from plsh_ref.alibi import resolve_positions
 from plsh_ref.attention import plsh_attention as reference_attention
-from plsh_ref.partition import PartitionSample, draw_partition, empirical_mean
+from plsh_ref.partition import PartitionSample, count_bias, counts, draw_partition
 
 DTYPES = {
     "float16": torch.float16,
@@ -109,8 +109,8 @@ class Problem:
         qpos, kpos = resolve_positions(
             self.query.shape[2], self.key.shape[2], self.query_positions, self.key_positions
         )
-        with np.errstate(divide="ignore"):
-            return np.log(empirical_mean(self.partition, qpos, kpos, causal=self.causal))
+        c = counts(self.partition, qpos, kpos, causal=self.causal)
+        return count_bias(c, self.partition.num_samples)
 
 
 def make_problem(

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 
 import plsh_fast.cpu as cpu
 from plsh_fast import plsh_attention
+from plsh_fast.peers import dense_attention
 from plsh_ref.testing.tolerance import assert_close_to_reference
 
 torch.set_num_threads(1)
@@ -95,13 +96,7 @@ def test_gradcheck_float64_full_jacobian(causal):
 def dense_reference(problem, dtype):
     """Autograd of dense softmax(scale q k^T + log M~) v in ``dtype`` (GQA expanded)."""
     q, k, v = (torch.from_numpy(x).to(dtype).requires_grad_() for x in problem.numpy64())
-    group = q.shape[1] // k.shape[1]
-    bias = torch.from_numpy(problem.log_weight()).to(dtype)
-    scale = problem.scale if problem.scale is not None else q.shape[-1] ** -0.5
-    logits = scale * q @ k.repeat_interleave(group, 1).transpose(-1, -2) + bias
-    empty = torch.isneginf(logits).all(dim=-1, keepdim=True)
-    probs = torch.softmax(torch.where(empty, 0.0, logits), dim=-1).masked_fill(empty, 0.0)
-    return q, k, v, probs @ v.repeat_interleave(group, 1)
+    return q, k, v, dense_attention(q, k, v, problem.log_weight(), scale=problem.scale)
 
 
 @settings(max_examples=15)

@@ -266,3 +266,38 @@ def test_peers_refuse_bad_input():
     for exc, name, call in cases:
         with pytest.raises(exc, match=f"^{name}:"):
             call()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("case", sorted(POSITIONS))
+def test_dense_attention_oracle_matches_reference(case, dtype):
+    """The dense gradient oracle: output and LSE against the reference (empty rows too)."""
+    from plsh_ref.attention import biased_attention
+
+    n_q, n_k, qp, kp = POSITIONS[case]
+    q, k, v = _qkv((2, 4, n_q, 8), (2, 2, n_k, 8), dtype, seed=7, dv=3)
+    bias = alibi_bias(alibi_slopes(4), *resolve_positions(n_q, n_k, qp, kp), causal=True)
+    out, lse = peers.dense_attention(q, k, v, bias, scale=0.7, return_lse=True)
+    assert out.dtype == dtype and lse.shape == (2, 4, n_q)
+    ref, ref_lse = biased_attention(*_np(q, k, v), bias, scale=0.7)
+    base, base_lse = plain_attention_numpy(*_np(q, k, v), bias, scale=0.7, dtype=str(dtype)[6:])
+    assert_close_to_reference(out, ref, base, str(dtype)[6:])
+    assert_close_to_reference(lse, ref_lse, base_lse, str(dtype)[6:], name="lse")
+
+
+def test_dense_attention_gradients():
+    """gradcheck in float64, and exactly zero gradients from rows without admissible keys."""
+    q, k, v = (t.requires_grad_() for t in _qkv((1, 2, 6, 3), (1, 1, 5, 3), torch.float64))
+    bias = alibi_bias(alibi_slopes(2), *resolve_positions(6, 5, None, None), causal=True)
+    assert np.all(np.isneginf(bias[:, 0]))  # query 0 sits before every key
+
+    def f(a, b, c):
+        return peers.dense_attention(a, b, c, bias, return_lse=True)[0]
+
+    assert torch.autograd.gradcheck(f, (q, k, v))
+    out, lse = peers.dense_attention(q, k, v, bias, return_lse=True)
+    assert torch.all(out[:, :, 0] == 0) and torch.all(torch.isneginf(lse[:, :, 0]))
+    weight = torch.zeros_like(out)
+    weight[:, :, 0] = 1.0  # loss reads only the empty row
+    (gq,) = torch.autograd.grad((out * weight).sum(), (q,))
+    assert torch.all(gq == 0) and torch.isfinite(gq).all()
