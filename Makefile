@@ -19,7 +19,7 @@ demo: $(BIN)/python
 
 install-test: $(BIN)/python
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[test,fast,docs]"
+	$(BIN)/pip install --quiet -e ".[test,fast,docs,hf]"
 
 lint:
 	$(BIN)/ruff check .

@@ -1,0 +1,206 @@
+"""Decoding benchmark: the bounded PLSH cache against exact ALiBi with a full cache and a window.
+
+Run from the repository root, e.g.::
+
+    python benchmarks/decode_bench.py --context 8192 65536 262144 --num-heads 8 --threads 2
+
+For each context length ``N`` (batch 1, ``--num-heads`` heads with the standard slopes,
+head_dim 64, float32, ``s = --num-samples``), one process measures side by side:
+
+* ``plsh_cache``: :class:`plsh_fast.decoding.PLSHDecodingCache` after a prefill of ``N``
+  tokens, then ``--steps`` decode steps of one token (exact PLSH attention; the cache keeps
+  only the keys that later queries can reach, at most ``cache_bound(partition)``);
+* ``alibi_full``: exact ALiBi over the whole cache of ``N + step`` keys, through
+  ``scaled_dot_product_attention`` with the ALiBi bias row of the new query;
+* ``alibi_window``: the same over the last ``W`` keys only, ``W`` the PLSH cache bound (a
+  sliding-window cache of equal size; an approximation of ALiBi).
+
+Reported: decode tokens/s (median over steps after one warm-up step), the cache memory in
+bytes (keys and values; the PLSH cache also counts its int64 positions and bins), the PLSH
+cache size after prefill and at the end, and its bound. The prefill time is reported but is
+not the point. Results go to ``benchmarks/results/decode_<date>_<host>_t<threads>.json`` and
+``.md``, with the package version and git commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from plsh_fast.decoding import PLSHDecodingCache, cache_bound  # noqa: E402
+from plsh_ref import alibi_slopes, draw_partition  # noqa: E402
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _alibi_step(q, k, v, slopes_t, pos_q, pos_k):
+    """Exact ALiBi for one new query ``(1, H, 1, d)`` against cached keys ``(1, H, L, d)``."""
+    bias = -slopes_t[:, None, None] * (pos_q - pos_k).abs().to(torch.float32)[None, None, :]
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias[None])
+
+
+def _median_rate(fn, steps):
+    times = []
+    fn(0)  # warm-up
+    for i in range(1, steps + 1):
+        t0 = time.perf_counter()
+        fn(i)
+        times.append(time.perf_counter() - t0)
+    return 1.0 / statistics.median(times)
+
+
+def bench(context: int, args) -> dict:
+    H, d, s = args.num_heads, args.head_dim, args.num_samples
+    slopes = alibi_slopes(H)
+    part = draw_partition(1.0 / slopes, s, seed=args.seed)
+    bound = cache_bound(part)
+    g = torch.Generator().manual_seed(context)
+    total = context + args.steps + 1
+    q = torch.randn(1, H, total, d, generator=g)
+    k = torch.randn(1, H, total, d, generator=g)
+    v = torch.randn(1, H, total, d, generator=g)
+    row = {"context": context, "num_heads": H, "head_dim": d, "num_samples": s, "bound": bound}
+
+    cache = PLSHDecodingCache(part)
+    t0 = time.perf_counter()
+    cache.update(q[:, :, :context], k[:, :, :context], v[:, :, :context])
+    row["plsh_prefill_s"] = time.perf_counter() - t0
+    row["plsh_cached_after_prefill"] = int(cache.cached_tokens()[0])
+
+    def plsh_step(i):
+        j = context + i
+        cache.update(q[:, :, j : j + 1], k[:, :, j : j + 1], v[:, :, j : j + 1])
+
+    row["plsh_tokens_per_s"] = _median_rate(plsh_step, args.steps)
+    row["plsh_cached_at_end"] = int(cache.cached_tokens()[0])
+    row["plsh_cache_bytes"] = cache.memory_bytes()
+
+    slopes_t = torch.from_numpy(slopes).to(torch.float32)
+    pos = torch.arange(total)
+
+    def full_step(i):
+        j = context + i
+        _alibi_step(
+            q[:, :, j : j + 1], k[:, :, : j + 1], v[:, :, : j + 1], slopes_t, pos[j], pos[: j + 1]
+        )
+
+    row["alibi_full_tokens_per_s"] = _median_rate(full_step, args.steps)
+    row["alibi_full_cache_bytes"] = 2 * H * (context + args.steps) * d * 4
+
+    def window_step(i):
+        j = context + i
+        a = max(0, j + 1 - bound)
+        _alibi_step(
+            q[:, :, j : j + 1],
+            k[:, :, a : j + 1],
+            v[:, :, a : j + 1],
+            slopes_t,
+            pos[j],
+            pos[a : j + 1],
+        )
+
+    row["alibi_window_tokens_per_s"] = _median_rate(window_step, args.steps)
+    row["alibi_window_cache_bytes"] = 2 * H * bound * d * 4
+    return row
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--context", type=int, nargs="+", default=[8192, 65536, 262144])
+    parser.add_argument("--num-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--num-samples", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args(argv)
+    if min(args.context) < 1 or args.steps < 1:
+        parser.error("--context and --steps must be >= 1")
+    torch.set_num_threads(args.threads)
+    rows = []
+    for n in args.context:
+        row = bench(n, args)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    stamp = _dt.datetime.now(_dt.timezone.utc)
+    try:
+        from importlib.metadata import version
+
+        pkg = version("positional-lsh")
+    except Exception:  # noqa: BLE001 - metadata is best effort
+        pkg = None
+    meta = {
+        "date_utc": stamp.isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "machine": platform.processor() or platform.machine(),
+        "cpu_model": _cpu_model(),
+        "threads": args.threads,
+        "torch": torch.__version__,
+        "package_version": pkg,
+        "git_commit": _commit(),
+        "args": vars(args),
+    }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    base = out / f"decode_{stamp:%Y-%m-%d}_t{args.threads}"
+    base.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    lines = [
+        f"# Decoding benchmark, {meta['date_utc']}",
+        "",
+        f"CPU: {meta['cpu_model']}, {args.threads} threads, torch {meta['torch']}, commit "
+        f"{(meta['git_commit'] or 'unknown')[:10]}. Batch 1, {args.num_heads} heads (standard "
+        f"slopes), head_dim {args.head_dim}, float32, s = {args.num_samples}; tokens/s is the "
+        f"median over {args.steps} one-token steps. Made by `benchmarks/decode_bench.py`.",
+        "",
+        "| context | PLSH cache tok/s | full ALiBi tok/s | window ALiBi tok/s | PLSH cache (tokens after prefill / end / bound) | PLSH cache MB | full cache MB | window cache MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['context']} | {r['plsh_tokens_per_s']:.0f} | {r['alibi_full_tokens_per_s']:.0f} | "
+            f"{r['alibi_window_tokens_per_s']:.0f} | {r['plsh_cached_after_prefill']} / "
+            f"{r['plsh_cached_at_end']} / {r['bound']} | {r['plsh_cache_bytes'] / 2**20:.2f} | "
+            f"{r['alibi_full_cache_bytes'] / 2**20:.1f} | {r['alibi_window_cache_bytes'] / 2**20:.2f} |"
+        )
+    base.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print(f"wrote {base}.json and .md")
+    return 0
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

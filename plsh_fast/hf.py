@@ -1,0 +1,724 @@
+"""Hugging Face transformers integration: ``attn_implementation="plsh"`` and ``"alibi"``.
+
+Importing this module registers two attention implementations with
+``transformers.AttentionInterface`` (and a matching mask builder with
+``transformers.masking_utils.AttentionMaskInterface``):
+
+* ``"plsh"``: PLSH attention (:func:`plsh_fast.plsh_attention`) with one partition sample
+  per layer, drawn from a model-level seed and the layer index
+  (:func:`plsh_fast.nn.derived_seed`), slopes from the model's head count (Press et al.);
+* ``"alibi"``: exact ALiBi attention with the same slopes and positions (the reference the
+  paper approximates), through ``scaled_dot_product_attention`` with a dense bias.
+
+Models that dispatch attention through the interface (Llama, Mistral, Qwen2/3 and most
+decoder-only models of transformers 5; the class flag ``_supports_attention_backend``) can
+then be built or switched with ``attn_implementation="plsh"``. :func:`set_alibi_attention`
+also removes the rotary embedding in the chosen layers (as Llama-4 does in its NoPE
+layers), which turns a RoPE model into an ALiBi/PLSH one. :func:`swap_bloom_attention`
+replaces the attention of BLOOM, whose ALiBi is built into its attention module.
+:class:`PLSHCache` is a transformers ``Cache`` for ``generate()`` that evicts, per layer,
+the keys no later query can reach (``proofs_notes/decoding_cache.md``).
+
+Positions follow transformers' convention for padded batches: the position of a token is
+the number of real tokens before it (``attention_mask.cumsum(-1) - 1``), so a left-padded
+sequence gets exactly the bins and output of the same sequence unpadded (as BLOOM builds
+its ALiBi). The model's ``position_ids`` are not used by the attention; with
+:class:`PLSHCache`, which evicts by ``position_ids``, they must agree with the mask on real
+tokens (``generate()`` makes them so; checked, ``ValueError`` otherwise). Attention dropout is not supported (``ValueError`` when it would apply).
+
+References
+----------
+Wolfson & Wagner (2026), *Positional LSH*, section 5 (ALiBi and PLSH in pretrained Llama /
+Mistral models, Qwen3 trained with them); Press et al. (2022) for the slopes; SPEC
+section 5 for the padding conventions.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import numpy as np
+import torch
+
+from plsh_ref.alibi import alibi_slopes
+from plsh_ref.partition import PartitionSample, draw_partition
+
+from .api import plsh_attention
+from .decoding import cache_bound
+from .nn import derived_seed
+from .partition import bins, partition_tensors
+
+try:  # transformers is an optional dependency (extra "hf")
+    from transformers import AttentionInterface
+    from transformers.cache_utils import Cache, DynamicLayer
+    from transformers.masking_utils import AttentionMaskInterface
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError("plsh_fast.hf needs transformers: pip install 'positional-lsh[hf]'") from exc
+
+__all__ = [
+    "ATTN_IMPLEMENTATIONS",
+    "PLSHCache",
+    "PLSHCacheLayer",
+    "alibi_attention_forward",
+    "layer_partition",
+    "plsh_attention_forward",
+    "register",
+    "set_alibi_attention",
+    "swap_bloom_attention",
+]
+
+#: the attention implementations this module registers
+ATTN_IMPLEMENTATIONS = ("plsh", "alibi")
+
+#: defaults used when a model is built with attn_implementation="plsh" and no set-up call
+DEFAULT_NUM_SAMPLES = 16
+DEFAULT_SEED = 0
+
+
+def layer_seed(seed: int, layer: int) -> int:
+    """Seed of layer ``layer``'s partition: :func:`plsh_fast.nn.derived_seed` ``(seed, layer)``."""
+    return derived_seed(seed, layer)
+
+
+# --------------------------------------------------------------------------- positions
+def _padding_mask(attention_mask, batch: int, n_k: int, device) -> torch.Tensor:
+    """The 2-D keep-mask ``(batch, total)`` of every token seen so far (``total >= n_k``)."""
+    if attention_mask is None:
+        return torch.ones((batch, n_k), dtype=torch.bool, device=device)
+    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
+        shape = getattr(attention_mask, "shape", None)
+        raise ValueError(
+            "attention_mask: the 'plsh'/'alibi' attention needs the 2-D padding mask (batch, "
+            f"tokens) that its registered mask builder makes, got shape {shape}; a model "
+            "that builds its own 4-D mask is not supported (see swap_bloom_attention)"
+        )
+    mask = attention_mask.to(device=device, dtype=torch.bool)
+    if mask.shape[0] != batch or mask.shape[1] < n_k:
+        raise ValueError(
+            f"attention_mask: shape {tuple(mask.shape)} cannot cover batch {batch} with {n_k} keys"
+        )
+    return mask
+
+
+def _positions(mask: torch.Tensor, n_q: int, n_k: int, key=None, partition=None):
+    """Key/query positions and the key keep-mask from the 2-D padding mask.
+
+    The keys are the last ``n_k`` tokens seen and the queries the last ``n_q`` of them (as in
+    transformers' caches); positions are ``cumsum(mask) - 1``. Keys handed out by a
+    :class:`PLSHCache` carry the positions the cache evicted with; they must agree.
+    """
+    pos = mask.to(torch.int64).cumsum(-1) - 1
+    kpos, kmask = pos[:, -n_k:], mask[:, -n_k:]
+    qpos = kpos[:, -n_q:] if n_q else kpos[:, :0]
+    cached = getattr(key, "plsh_positions", None)
+    if partition is not None and getattr(key, "plsh_partition", partition) != partition:
+        raise ValueError(
+            "partition: the PLSHCache layer holding these keys was built for another partition "
+            "than the attention module's (rebuild the cache after changing partitions)"
+        )
+    if cached is not None and (
+        tuple(cached.shape) != tuple(kpos.shape) or bool((cached != kpos)[kmask].any())
+    ):
+        raise ValueError(
+            "position_ids: the positions PLSHCache evicted with differ from those implied by "
+            "attention_mask (real tokens before each token); pass position_ids = "
+            "attention_mask.cumsum(-1) - 1, as generate() does"
+        )
+    return qpos, kpos, kmask
+
+
+# --------------------------------------------------------------------------- partitions
+def layer_partition(module, num_heads: int) -> PartitionSample:
+    """The partition sample of one attention module, drawn on first use if it has none.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        A transformers attention module with a ``layer_idx``. :func:`set_alibi_attention`
+        sets ``module.plsh_partition``; otherwise one is drawn with ``num_samples`` /
+        ``seed`` from the model config's ``plsh_num_samples`` / ``plsh_seed`` (defaults
+        16 and 0) for layer ``module.layer_idx``.
+    num_heads : int
+        The query head count (slopes: :func:`plsh_ref.alibi.alibi_slopes` ``(num_heads)``).
+
+    Returns
+    -------
+    PartitionSample
+        ``(num_heads, num_samples)``.
+
+    Raises
+    ------
+    ValueError
+        If the module has no ``layer_idx`` and no partition (per-layer partitions need
+        one), or its partition has another head count.
+    """
+    part = getattr(module, "plsh_partition", None)
+    if part is None:
+        layer = getattr(module, "layer_idx", None)
+        if layer is None:
+            raise ValueError(
+                "module: an attention module without layer_idx needs set_alibi_attention() "
+                "to give it a partition"
+            )
+        config = getattr(module, "config", None)
+        s = int(getattr(config, "plsh_num_samples", DEFAULT_NUM_SAMPLES))
+        seed = int(getattr(config, "plsh_seed", DEFAULT_SEED))
+        part = draw_partition(1.0 / alibi_slopes(num_heads), s, layer_seed(seed, int(layer)))
+        module.plsh_partition = part
+    if part.num_heads != num_heads:
+        raise ValueError(
+            f"module: its partition has {part.num_heads} heads, the attention {num_heads}"
+        )
+    return part
+
+
+# --------------------------------------------------------------------------- attention
+def _check_dropout(module, dropout):
+    if dropout and float(dropout) > 0.0 and getattr(module, "training", False):
+        raise ValueError(
+            f"dropout: attention dropout ({dropout}) is not supported by the 'plsh'/'alibi' "
+            "attention; set the config's attention_dropout to 0"
+        )
+
+
+def plsh_attention_forward(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
+    """transformers attention function ``"plsh"`` (the ``AttentionInterface`` signature).
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        The calling attention module (``layer_idx``, ``is_causal``, ``config``).
+    query : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim)``.
+    key, value : torch.Tensor
+        ``(batch, num_heads_kv, n_k, head_dim)``: the cache contents plus the new tokens.
+    attention_mask : torch.Tensor or None
+        The 2-D keep-mask ``(batch, tokens seen)`` of the registered mask builder.
+    scaling : float, optional
+        Logit scale (default ``1 / sqrt(head_dim)``).
+    dropout : float
+        Must be 0 while training (not supported).
+    **kwargs
+        Ignored (``position_ids`` included: positions come from the mask).
+
+    Returns
+    -------
+    (attn_output, None)
+        ``attn_output`` is ``(batch, n_q, num_heads, head_dim_v)``, as transformers expects.
+
+    Raises
+    ------
+    ValueError
+        A 4-D mask, keys from a :class:`PLSHCache` whose positions disagree with the mask,
+        attention dropout.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2; SPEC section 5 (padding).
+    """
+    _check_dropout(module, dropout)
+    batch, num_heads, n_q, _ = query.shape
+    n_k = key.shape[2]
+    mask = _padding_mask(attention_mask, batch, n_k, query.device)
+    part = layer_partition(module, num_heads)
+    qpos, kpos, kmask = _positions(mask, n_q, n_k, key, part)
+    out = plsh_attention(
+        query,
+        key,
+        value,
+        partition=part,
+        causal=bool(getattr(module, "is_causal", True)),
+        scale=scaling,
+        query_positions=qpos,
+        key_positions=kpos,
+        attention_mask=kmask,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _alibi_core(query, key, value, slopes, qpos, kpos, kmask, causal, scaling):
+    """Exact ALiBi through SDPA with a dense bias; rows without keys give 0."""
+    batch, num_heads, n_q, head_dim = query.shape
+    slopes_t = torch.as_tensor(slopes, dtype=torch.float32, device=query.device)
+    dist = (qpos[:, None, :, None] - kpos[:, None, None, :]).to(torch.float32)
+    bias = -slopes_t[None, :, None, None] * dist.abs()
+    keep = kmask[:, None, None, :]
+    if causal:
+        keep = keep & (kpos[:, None, None, :] <= qpos[:, None, :, None])
+    bias = bias.masked_fill(~keep, -math.inf)
+    empty = ~keep.any(dim=-1, keepdim=True)
+    bias = bias.masked_fill(empty, 0.0).to(query.dtype)
+    group = num_heads // key.shape[1]
+    k = key.repeat_interleave(group, dim=1) if group > 1 else key
+    v = value.repeat_interleave(group, dim=1) if group > 1 else value
+    scale = 1.0 / math.sqrt(head_dim) if scaling is None else float(scaling)
+    out = torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=bias, scale=scale)
+    return out.masked_fill(empty, 0.0)
+
+
+def alibi_attention_forward(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
+):
+    """transformers attention function ``"alibi"``: exact ALiBi, same conventions as ``"plsh"``.
+
+    Arguments, returns and errors as :func:`plsh_attention_forward`; the bias is
+    ``-m_h |p_i - p_j|`` with the slopes of :func:`plsh_ref.alibi.alibi_slopes`
+    ``(num_heads)`` (Press et al. 2022; SPEC section 1).
+    """
+    _check_dropout(module, dropout)
+    batch, num_heads, n_q, _ = query.shape
+    n_k = key.shape[2]
+    mask = _padding_mask(attention_mask, batch, n_k, query.device)
+    qpos, kpos, kmask = _positions(mask, n_q, n_k, key)
+    out = _alibi_core(
+        query,
+        key,
+        value,
+        alibi_slopes(num_heads),
+        qpos,
+        kpos,
+        kmask,
+        bool(getattr(module, "is_causal", True)),
+        scaling,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _padding_mask_builder(
+    batch_size,
+    q_length,
+    kv_length,
+    q_offset=0,
+    kv_offset=0,
+    attention_mask=None,
+    device="cpu",
+    **kwargs,
+):
+    """Mask builder for ``"plsh"``/``"alibi"``: the 2-D keep-mask of every token seen."""
+    total = int(kv_offset) + int(kv_length)
+    if attention_mask is None:
+        return torch.ones((batch_size, total), dtype=torch.bool, device=device)
+    mask = attention_mask.to(dtype=torch.bool)
+    if mask.shape[-1] < total:  # tokens beyond the given mask (e.g. a static cache) are absent
+        mask = torch.nn.functional.pad(mask, (0, total - mask.shape[-1]))
+    return mask[:, :total]
+
+
+def register() -> None:
+    """Register ``"plsh"`` and ``"alibi"`` with transformers (done on import; idempotent)."""
+    AttentionInterface.register("plsh", plsh_attention_forward)
+    AttentionInterface.register("alibi", alibi_attention_forward)
+    AttentionMaskInterface.register("plsh", _padding_mask_builder)
+    AttentionMaskInterface.register("alibi", _padding_mask_builder)
+
+
+register()
+
+
+# --------------------------------------------------------------------------- model set-up
+def _attention_modules(model):
+    """``(layer_idx, module)`` of every attention module that uses the interface."""
+    found = []
+    for module in model.modules():
+        if hasattr(module, "layer_idx") and any(
+            hasattr(module, name) for name in ("q_proj", "qkv_proj", "query_key_value")
+        ):
+            found.append((int(module.layer_idx), module))
+    return found
+
+
+def _identity_rope(module, args, kwargs):
+    pe = kwargs.get("position_embeddings")
+    if pe is not None:
+        cos, sin = pe
+        kwargs["position_embeddings"] = (torch.ones_like(cos), torch.zeros_like(sin))
+    return args, kwargs
+
+
+def set_alibi_attention(
+    model,
+    attn_implementation: str = "plsh",
+    *,
+    layers=None,
+    num_samples: int = DEFAULT_NUM_SAMPLES,
+    seed: int = DEFAULT_SEED,
+    remove_rope: bool = True,
+):
+    """Switch a transformers model to ALiBi/PLSH attention; optionally drop its RoPE.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A model whose attention goes through ``AttentionInterface``
+        (``_supports_attention_backend``), e.g. Llama, Mistral, Qwen3.
+    attn_implementation : {"plsh", "alibi"}
+        Set on the whole model (``model.set_attn_implementation``).
+    layers : iterable of int, optional
+        Layers whose rotary embedding is removed (default: all). Layers outside it keep RoPE
+        and still use the chosen attention (ALiBi on top of RoPE).
+    num_samples : int
+        ``s`` of every layer's partition (``"plsh"``).
+    seed : int
+        Model-level seed; layer ``l`` draws with ``layer_seed(seed, l)``; written to the
+        config as ``plsh_seed`` / ``plsh_num_samples``.
+    remove_rope : bool
+        Remove the rotary embedding in ``layers`` (forward pre-hook that makes the rotation
+        the identity: ``cos = 1``, ``sin = 0``).
+
+    Returns
+    -------
+    model
+        The same model, modified in place. Each attention module gets ``plsh_partition``.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``attn_implementation``; a model that does not use the attention
+        interface or has no recognisable attention modules; a layer index out of range.
+    TypeError
+        Non-integer ``num_samples``/``seed``/``layers``, non-bool ``remove_rope``.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), section 5; Llama 4's NoPE layers for removing RoPE per layer.
+    """
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
+        )
+    if not isinstance(remove_rope, bool):
+        raise TypeError(f"remove_rope: must be a bool, got {type(remove_rope).__name__}")
+    for name, value in (("num_samples", num_samples), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}: must be an int, got {type(value).__name__}")
+    if num_samples < 1:
+        raise ValueError(f"num_samples: must be >= 1, got {num_samples}")
+    if not getattr(type(model), "_supports_attention_backend", False):
+        raise ValueError(
+            f"model: {type(model).__name__} does not dispatch attention through "
+            "transformers.AttentionInterface (use swap_bloom_attention for BLOOM)"
+        )
+    modules = _attention_modules(model)
+    if not modules:
+        raise ValueError(f"model: no attention modules with a layer_idx in {type(model).__name__}")
+    all_layers = sorted({i for i, _ in modules})
+    chosen = set(all_layers) if layers is None else set()
+    if layers is not None:
+        for layer in layers:
+            if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
+                raise TypeError(f"layers: must hold ints, got {type(layer).__name__}")
+            if int(layer) not in all_layers:
+                raise ValueError(f"layers: {layer} is not a layer of the model ({all_layers})")
+            chosen.add(int(layer))
+    config = model.config
+    config.plsh_seed = int(seed)
+    config.plsh_num_samples = int(num_samples)
+    num_heads = int(config.num_attention_heads)
+    for layer, module in modules:
+        module.plsh_partition = draw_partition(
+            1.0 / alibi_slopes(num_heads), int(num_samples), layer_seed(int(seed), layer)
+        )
+        old = getattr(module, "_plsh_rope_hook", None)
+        if old is not None:
+            old.remove()
+            module._plsh_rope_hook = None
+        if remove_rope and layer in chosen:
+            module._plsh_rope_hook = module.register_forward_pre_hook(
+                _identity_rope, with_kwargs=True
+            )
+    model.set_attn_implementation(attn_implementation)
+    return model
+
+
+# --------------------------------------------------------------------------- BLOOM
+def _bloom_forward(
+    self,
+    hidden_states,
+    residual,
+    alibi,
+    attention_mask,
+    layer_past=None,
+    use_cache=False,
+    output_attentions=False,
+    **kwargs,
+):
+    """BloomAttention.forward with the attention itself replaced by ALiBi/PLSH."""
+    batch, n_q, _ = hidden_states.shape
+    fused = self.query_key_value(hidden_states)
+    query, key, value = self._reshape(fused)  # (batch, heads, n, head_dim)
+    # positions from BLOOM's mask: keys masked for the newest query are padding
+    if attention_mask is None:
+        total = n_q + (layer_past.get_seq_length(self.layer_idx) if layer_past is not None else 0)
+        keep_all = torch.ones((batch, total), dtype=torch.bool, device=hidden_states.device)
+    else:
+        last = attention_mask[:, 0, -1, :]
+        keep_all = last if last.dtype == torch.bool else last == 0
+    plsh_layer = None
+    if layer_past is not None and self.layer_idx < len(getattr(layer_past, "layers", [])):
+        candidate = layer_past.layers[self.layer_idx]
+        plsh_layer = candidate if isinstance(candidate, PLSHCacheLayer) else None
+    if plsh_layer is not None and plsh_layer.cached_tokens():
+        # keys were evicted: the mask covers only the kept slots, positions continue the cache's
+        steps = keep_all[:, -n_q:].to(torch.int64).cumsum(-1)
+        new_pos = plsh_layer.positions[:, -1:] + steps
+    else:  # nothing evicted yet: the mask covers every token seen
+        new_pos = (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_q:]
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx, kwargs={"position_ids": new_pos})
+    n_k = key.shape[2]
+    part = self.plsh_partition if self.plsh_attn_implementation == "plsh" else None
+    if part is not None and getattr(key, "plsh_partition", part) != part:
+        raise ValueError("partition: the PLSHCache was built for another partition of this layer")
+    cached = getattr(key, "plsh_positions", None)
+    kpos = cached if cached is not None else (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_k:]
+    cached_keep = getattr(key, "plsh_keep", None)  # the mask covers layer 0's slots only
+    kmask = cached_keep if cached_keep is not None else keep_all[:, -n_k:]
+    qpos = kpos[:, -n_q:]
+    if self.training and self.attention_dropout.p > 0:
+        raise ValueError("dropout: attention dropout is not supported by the swapped attention")
+    if self.plsh_attn_implementation == "alibi":
+        out = _alibi_core(
+            query,
+            key,
+            value,
+            alibi_slopes(self.num_heads),
+            qpos,
+            kpos,
+            kmask,
+            True,
+            self.inv_norm_factor,
+        )
+    else:
+        out = plsh_attention(
+            query,
+            key,
+            value,
+            partition=self.plsh_partition,
+            causal=True,
+            scale=self.inv_norm_factor,
+            query_positions=qpos,
+            key_positions=kpos,
+            attention_mask=kmask,
+        )
+    context = out.transpose(1, 2).reshape(batch, n_q, self.hidden_size)
+    output = self.dense(context)
+    output = torch.nn.functional.dropout(output, p=self.hidden_dropout, training=self.training)
+    return output + residual, None
+
+
+def swap_bloom_attention(
+    model,
+    attn_implementation: str = "plsh",
+    *,
+    num_samples: int = DEFAULT_NUM_SAMPLES,
+    seed: int = DEFAULT_SEED,
+):
+    """Replace the built-in ALiBi attention of a BLOOM model by ``"plsh"`` or exact ``"alibi"``.
+
+    BLOOM adds ``slope * key_position`` inside its attention module (a row shift of
+    ``-slope |i - j|``, the same causal softmax) instead of dispatching through
+    ``AttentionInterface``; this rebinds each ``BloomAttention.forward`` to one that keeps the
+    projections, cache and dropout of the original and computes the attention with
+    :func:`plsh_fast.plsh_attention` (per-layer partitions) or exact ALiBi. Positions come from
+    BLOOM's padding mask (``cumsum - 1``, as its ``build_alibi_tensor``).
+
+    Parameters
+    ----------
+    model : transformers.BloomForCausalLM or transformers.BloomModel
+    attn_implementation : {"plsh", "alibi"}
+    num_samples, seed : int
+        As :func:`set_alibi_attention`.
+
+    Returns
+    -------
+    model
+        Modified in place.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``attn_implementation``; no ``BloomAttention`` in the model; tensor-parallel
+        checkpoints with ``pretraining_tp > 1`` and ``slow_but_exact`` (not supported).
+    TypeError
+        Non-integer ``num_samples``/``seed``.
+
+    References
+    ----------
+    Le Scao et al. (2022), BLOOM; Press et al. (2022); Wolfson & Wagner (2026).
+    """
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
+        )
+    for name, value in (("num_samples", num_samples), ("seed", seed)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}: must be an int, got {type(value).__name__}")
+    if num_samples < 1:
+        raise ValueError(f"num_samples: must be >= 1, got {num_samples}")
+    from transformers.models.bloom.modeling_bloom import BloomAttention
+
+    found = [m for m in model.modules() if isinstance(m, BloomAttention)]
+    if not found:
+        raise ValueError(f"model: no BloomAttention modules in {type(model).__name__}")
+    for module in found:
+        if module.pretraining_tp > 1 and module.slow_but_exact:
+            raise ValueError("model: pretraining_tp > 1 with slow_but_exact is not supported")
+        module.plsh_attn_implementation = attn_implementation
+        module.plsh_partition = draw_partition(
+            1.0 / alibi_slopes(module.num_heads),
+            int(num_samples),
+            layer_seed(int(seed), int(module.layer_idx)),
+        )
+        module.forward = types.MethodType(_bloom_forward, module)
+    return model
+
+
+# --------------------------------------------------------------------------- the cache
+class PLSHCacheLayer(DynamicLayer):
+    """One layer of :class:`PLSHCache`: a dynamic layer that evicts unreachable keys.
+
+    After appending the new keys, every leading cache slot that shares no bin with the
+    smallest new query position, in any sample of any head and for every sequence of the
+    batch, is dropped: no current or later query can give it a nonzero count
+    (``proofs_notes/decoding_cache.md``, Claim 1). The slots kept are the union over the
+    batch of the sequences' reachable keys: at most ``cache_bound(partition)`` plus the
+    spread of left padding across the batch.
+    """
+
+    def __init__(self, partition: PartitionSample):
+        super().__init__()
+        if not isinstance(partition, PartitionSample):
+            raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
+        self.partition = partition
+        self.bound = cache_bound(partition)
+        self.cumulative_length = 0
+        self.positions = None  # int64 (batch, slots)
+        self.keep = None  # bool (batch, slots): False for padding, when the caller says so
+        self._pitch = self._offset = None
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        """Append the new keys/values, evict, return what the attention reads."""
+        attn_kwargs = kwargs.get("kwargs") or {}
+        position_ids = attn_kwargs.get("position_ids", kwargs.get("position_ids"))
+        if position_ids is None:
+            raise ValueError(
+                "position_ids: PLSHCache needs the new tokens' position_ids in the "
+                "attention kwargs (models built on AttentionInterface pass them)"
+            )
+        batch, _, m, _ = key_states.shape
+        new_pos = torch.as_tensor(position_ids, device=key_states.device).to(torch.int64)
+        if new_pos.dim() == 1:
+            new_pos = new_pos[None]
+        new_pos = new_pos.expand(batch, m) if new_pos.shape[0] == 1 else new_pos
+        if tuple(new_pos.shape) != (batch, m):
+            raise ValueError(f"position_ids: shape {tuple(new_pos.shape)}, expected {(batch, m)}")
+        if m and self.positions is not None and self.positions.shape[1]:
+            # after the prefill every new token is real and follows the newest cached one
+            if bool((new_pos[:, 0] <= self.positions[:, -1]).any()):
+                raise ValueError(
+                    "position_ids: decode step out of order (new positions must follow the "
+                    "cached ones)"
+                )
+        keys, values = super().update(key_states, value_states)
+        self.cumulative_length += m
+        self.positions = (
+            new_pos if self.positions is None else torch.cat([self.positions, new_pos], 1)
+        )
+        keep = attn_kwargs.get("keep")
+        keep = torch.ones_like(new_pos, dtype=torch.bool) if keep is None else keep.to(torch.bool)
+        self.keep = keep if self.keep is None else torch.cat([self.keep, keep], 1)
+        if self._pitch is None:
+            self._pitch, self._offset = partition_tensors(self.partition, key_states.device)
+        if m:
+            ref = new_pos.min(dim=1).values  # (batch,)
+            slot_bins = bins(self._pitch, self._offset, self.positions.reshape(-1))
+            h, s = slot_bins.shape[:2]
+            slot_bins = slot_bins.reshape(h, s, batch, -1)
+            ref_bins = bins(self._pitch, self._offset, ref).reshape(h, s, batch, 1)
+            reach = (slot_bins >= ref_bins).any(dim=1).any(dim=0)  # (batch, slots)
+            alive = (reach & self.keep).any(dim=0)  # padding is never reachable
+            first = int(torch.nonzero(alive).min()) if bool(alive.any()) else alive.numel()
+            if first:
+                self.keys = self.keys[:, :, first:]
+                self.values = self.values[:, :, first:]
+                self.positions = self.positions[:, first:]
+                self.keep = self.keep[:, first:]
+        self.keys.plsh_keep = self.keep
+        self.keys.plsh_positions = self.positions  # checked by the attention functions
+        self.keys.plsh_partition = self.partition
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        """Tokens seen so far (evicted ones included), as transformers counts positions."""
+        return self.cumulative_length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """``(kv_length, kv_offset)``: kept slots plus the new tokens, after the evicted."""
+        kept = 0 if self.positions is None else self.positions.shape[1]
+        return kept + query_length, self.cumulative_length - kept
+
+    def cached_tokens(self) -> int:
+        """Slots held now (for every sequence of the batch)."""
+        return 0 if self.positions is None else int(self.positions.shape[1])
+
+    def reorder_cache(self, beam_idx):
+        """Reorder for beam search (keys, values and positions)."""
+        super().reorder_cache(beam_idx)
+        if self.positions is not None:
+            self.positions = self.positions.index_select(0, beam_idx.to(self.positions.device))
+            self.keep = self.keep.index_select(0, beam_idx.to(self.keep.device))
+
+    def crop(self, max_length: int):  # noqa: D401 - transformers API
+        """Not supported: evicted keys cannot be restored."""
+        raise ValueError("max_length: PLSHCache cannot be cropped (evicted keys are gone)")
+
+
+class PLSHCache(Cache):
+    """A transformers ``Cache`` for ``generate()`` whose layers evict unreachable keys.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A model set up by :func:`set_alibi_attention` (``"plsh"``) or
+        :func:`swap_bloom_attention`; each attention module's ``plsh_partition`` is used
+        (drawn on the spot, as the attention function would, if missing).
+
+    Raises
+    ------
+    ValueError
+        A model without recognisable attention modules.
+
+    Notes
+    -----
+    Use ``model.generate(..., cache=PLSHCache(model))``. Decoding with it gives the same
+    tokens as with transformers' ``DynamicCache`` (tested), with memory bounded per layer by
+    ``cache_bound`` of the layer's partition (plus the left-padding spread of the batch)
+    instead of growing with the context. ``max_cached_tokens()`` reports the largest layer.
+
+    References
+    ----------
+    ``proofs_notes/decoding_cache.md``.
+    """
+
+    def __init__(self, model):
+        from transformers.models.bloom.modeling_bloom import BloomAttention
+
+        modules = [m for m in model.modules() if isinstance(m, BloomAttention)]
+        if not modules:
+            modules = [m for _, m in sorted(_attention_modules(model), key=lambda x: x[0])]
+        if not modules:
+            raise ValueError(f"model: no attention modules in {type(model).__name__}")
+        num_heads = int(getattr(model.config, "num_attention_heads", 0) or model.config.n_head)
+        layers = [PLSHCacheLayer(layer_partition(m, num_heads)) for m in modules]
+        super().__init__(layers=layers)
+
+    def max_cached_tokens(self) -> int:
+        """Largest number of slots held by any layer now."""
+        return max((layer.cached_tokens() for layer in self.layers), default=0)
+
+    def bounds(self) -> list[int]:
+        """``cache_bound`` of each layer's partition."""
+        return [layer.bound for layer in self.layers]
