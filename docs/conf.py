@@ -264,6 +264,7 @@ THEORY_ORDER = [
     "block_laws",
     "largest_pitch",
     "window_width",
+    "halo_bound",
     "kms_spectrum",
     "max_norm_bound",
     "spectral_bound",

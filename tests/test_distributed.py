@@ -409,3 +409,20 @@ def test_gqa_halo_is_the_largest_over_the_group():
     plan = D.plan_context_parallel(part, [(0, 500), (500, 900)], num_heads_kv=2)
     widths = 500 - D.key_reach(part, 500, 900, sequence_start=0, sequence_stop=900)[0]
     assert list(500 - plan.key_ranges[1, :, 0]) == [widths[:2].max(), widths[2:].max()]
+
+
+def test_gqa_halo_law():
+    """Claim 4: P(W_g >= b) = 1 - prod_h (1 - rho_h^b)^s for a kv head serving heads of
+    sigma 10 and 16 (s = 4), 3000 groups, DKW band at false-failure probability 1e-6.
+    Negative control: the law of the sigma = 16 head alone is rejected."""
+    groups, s = 3000, 4
+    eps = math.sqrt(math.log(2 / 1e-6) / (2 * groups))
+    part = draw_partition(np.tile([10.0, 16.0], groups), s, 10)
+    plan = D.plan_context_parallel(part, [(0, 10**6), (10**6, 10**6 + 1)], num_heads_kv=groups)
+    widths = 10**6 - plan.key_ranges[1, :, 0]
+    b = np.arange(0, int(widths.max()) + 2)
+    empirical_sf = (widths[None, :] >= b[:, None]).mean(axis=1)
+    law = 1.0 - ((1.0 - np.exp(-b / 10.0)) * (1.0 - np.exp(-b / 16.0))) ** s
+    assert np.max(np.abs(empirical_sf - law)) <= eps
+    alone = 1.0 - (1.0 - np.exp(-b / 16.0)) ** s
+    assert np.max(np.abs(empirical_sf - alone)) > eps
