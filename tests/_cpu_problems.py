@@ -17,37 +17,14 @@ from hypothesis import strategies as st
 from plsh_ref.alibi import resolve_positions
 from plsh_ref.attention import plsh_attention as reference_attention
 from plsh_ref.partition import PartitionSample, count_bias, counts, draw_partition
+from plsh_ref.testing.problems import DTYPES as TOOLKIT_DTYPES
+from plsh_ref.testing.strategies import draw_positions
 
-DTYPES = {
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float32": torch.float32,
-    "float64": torch.float64,
-}
+#: torch dtype of each dtype name of the toolkit (plsh_ref.testing.problems.DTYPES)
+DTYPES = {name: getattr(torch, name) for name in TOOLKIT_DTYPES}
+#: layouts of plsh_ref.testing.strategies.draw_positions exercised by the CPU path tests
 POSITION_MODES = ("default", "shifted", "gaps", "unsorted", "left_padding")
 LAYOUTS = ("contiguous", "bnhd", "strided")
-
-
-def positions(mode: str, n_q: int, n_k: int, rng: np.random.Generator):
-    """``(query_positions, key_positions)`` int64 arrays for ``mode`` (``None`` for default)."""
-    if mode == "default":
-        return None, None
-    if mode == "shifted":  # a chunk far from 0 (or negative)
-        shift = int(rng.integers(-1000, 10**9))
-        return np.arange(n_q) + (n_k - n_q) + shift, np.arange(n_k) + shift
-    if mode == "left_padding":  # keys -pad..n_k-pad-1, queries end-aligned
-        pad = int(rng.integers(0, max(n_k, 1)))
-        return np.arange(n_q) + (n_k - n_q - pad), np.arange(n_k) - pad
-    if mode == "gaps":  # increasing with gaps; queries anywhere around the keys
-        k = np.cumsum(rng.integers(1, 4, size=n_k)) - 5
-        lo, hi = (int(k.min()) - 3, int(k.max()) + 4) if n_k else (-3, 4)
-        q = np.sort(rng.integers(lo, hi, size=n_q))
-        return q.astype(np.int64), k.astype(np.int64)
-    # unsorted with repeats
-    return (
-        rng.integers(-20, 3 * n_q + 5, size=n_q).astype(np.int64),
-        rng.integers(-20, 3 * n_k + 5, size=n_k).astype(np.int64),
-    )
 
 
 def as_layout(x: torch.Tensor, layout: str) -> torch.Tensor:
@@ -147,7 +124,7 @@ def make_problem(
     value = tensor(batch, num_kv, n_k, head_dim_v)
     sigma = np.exp2(rng.uniform(*log2_sigma, size=num_heads))
     partition = draw_partition(sigma, num_samples, seed=seed)
-    qpos, kpos = positions(mode, n_q, n_k, rng)
+    qpos, kpos = draw_positions(mode, n_q, n_k, rng)
     return Problem(query, key, value, partition, causal, scale, qpos, kpos, dtype)
 
 

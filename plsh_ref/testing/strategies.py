@@ -29,7 +29,9 @@ from .problems import DTYPES, POSITION_MODES, SLOPE_MODES, AttentionProblem, Pro
 from .reference import KINDS
 
 __all__ = [
+    "POSITION_LAYOUTS",
     "attention_problems",
+    "draw_positions",
     "dtypes",
     "partition_samples",
     "positions",
@@ -40,6 +42,71 @@ __all__ = [
 
 #: dtypes drawn by default, the ones a numpy kernel can take (bfloat16 is opt-in)
 DEFAULT_DTYPES = ("float16", "float32", "float64")
+
+#: position layouts of :func:`draw_positions`; ``default``, ``explicit`` and
+#: ``left_padding`` mean what they mean in :data:`POSITION_MODES`
+POSITION_LAYOUTS = ("default", "explicit", "left_padding", "shifted", "gaps", "unsorted")
+
+
+def draw_positions(mode: str, n_q: int, n_k: int, rng: np.random.Generator):
+    """``(query_positions, key_positions)`` of one layout, drawn from a numpy generator.
+
+    The one generator of position layouts for seeded (non-Hypothesis) tests; the same
+    names as :func:`positions` and :class:`~plsh_ref.testing.problems.ProblemSpec`.
+
+    Parameters
+    ----------
+    mode : str
+        One of :data:`POSITION_LAYOUTS`:
+
+        * ``default``: ``(None, None)`` (keys ``0..n_k-1``, queries end-aligned);
+        * ``explicit``: increasing positions with gaps of 1..4 tokens, a chunk deep inside a
+          long sequence (as :class:`~plsh_ref.testing.problems.ProblemSpec`, ``pad=3``);
+        * ``left_padding``: the default layout shifted left by a pad length in
+          ``[0, n_k)``, so the first keys sit at negative positions;
+        * ``shifted``: the default layout shifted by an offset in ``[-1000, 10**9)``;
+        * ``gaps``: increasing key positions with gaps of 1..3 tokens (starting near
+          ``-5``), sorted query positions anywhere around them: some queries may precede
+          every key (rows without an admissible key when causal);
+        * ``unsorted``: unsorted integers with repeats, some negative.
+    n_q, n_k : int
+        Lengths, ``>= 0``.
+    rng : numpy.random.Generator
+
+    Returns
+    -------
+    (query_positions, key_positions) : tuple of numpy.ndarray or None
+        int64 ``(n_q,)`` and ``(n_k,)``, or ``(None, None)`` for ``default``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        On negative or non-integer lengths or an unknown ``mode``.
+    """
+    n_q = check_int("n_q", n_q, minimum=0)
+    n_k = check_int("n_k", n_k, minimum=0)
+    if mode not in POSITION_LAYOUTS:
+        raise ValueError(f"mode: must be one of {POSITION_LAYOUTS}, got {mode!r}")
+    if mode == "default":
+        return None, None
+    if mode == "explicit":
+        spec = ProblemSpec(n_q=n_q, n_k=n_k, positions="explicit", pad=3)
+        return spec._positions(rng)[:2]
+    if mode == "shifted":
+        shift = int(rng.integers(-1000, 10**9))
+        return np.arange(n_q) + (n_k - n_q) + shift, np.arange(n_k) + shift
+    if mode == "left_padding":
+        pad = int(rng.integers(0, max(n_k, 1)))
+        return np.arange(n_q) + (n_k - n_q - pad), np.arange(n_k) - pad
+    if mode == "gaps":
+        k = np.cumsum(rng.integers(1, 4, size=n_k)) - 5
+        lo, hi = (int(k.min()) - 3, int(k.max()) + 4) if n_k else (-3, 4)
+        q = np.sort(rng.integers(lo, hi, size=n_q))
+        return q.astype(np.int64), k.astype(np.int64)
+    return (
+        rng.integers(-20, 3 * n_q + 5, size=n_q).astype(np.int64),
+        rng.integers(-20, 3 * n_k + 5, size=n_k).astype(np.int64),
+    )
 
 
 def _check_choices(name: str, values, allowed) -> tuple:
