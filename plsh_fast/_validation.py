@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from plsh_ref import validation as ref_validation
-from plsh_ref.validation import as_positions, check_int
+from plsh_ref.validation import as_positions, check_num_samples  # re-exported
 
 __all__ = [
     "BACKENDS",
@@ -193,11 +193,6 @@ def check_backend(backend: str, device: torch.device, head_dim: int, head_dim_v:
                 f"got {max(head_dim, head_dim_v)}"
             )
     return backend
-
-
-def check_num_samples(num_samples) -> int:
-    """``num_samples`` as an int ``>= 1``."""
-    return check_int("num_samples", num_samples, minimum=1)
 
 
 def check_bins_in_range(

@@ -213,3 +213,19 @@ def test_draw_positions_layouts(n_q, n_k):
         assert seen_empty_row
     with pytest.raises(ValueError, match="^mode:"):
         draw_positions("sorted", 2, 2, np.random.default_rng(0))
+
+
+def test_fast_path_num_samples_limit_is_the_reference_one():
+    """plsh_fast checks num_samples with plsh_ref.validation.check_num_samples (one limit)."""
+    torch = pytest.importorskip("torch")
+    from plsh_fast import plsh_attention
+    from plsh_fast.nn import PLSHAttention
+    from plsh_ref.validation import MAX_NUM_SAMPLES
+
+    q = torch.zeros(1, 1, 2, 4)
+    for call in (
+        lambda: plsh_attention(q, q, q, num_samples=MAX_NUM_SAMPLES + 1, seed=0),
+        lambda: PLSHAttention(1, MAX_NUM_SAMPLES + 1),
+    ):
+        with pytest.raises(ValueError, match=f"^num_samples: must be <= {MAX_NUM_SAMPLES}"):
+            call()
