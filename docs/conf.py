@@ -13,7 +13,9 @@ changes, so incremental builds stay incremental:
   ``{include}`` of it, so the notes are the theory chapters (not copies) and a new note
   appears by itself; likewise ``benchmarks/<table>.md`` per ``benchmarks/results/*.md``;
 * ``api/<module>.md``: one ``automodule`` page per public module of ``plsh_ref`` and
-  ``plsh_fast`` (every module whose dotted name has no part starting with ``_``);
+  ``plsh_fast`` (every module whose dotted name has no part starting with ``_``); a package
+  page also lists its modules and the functions and classes of each direct submodule
+  (``__all__`` if the module has one), so a new module needs no edit here;
 * ``_generated/``: the overview figure (``_scripts/overview_figure.py``), the plots of a
   reduced ``plsh reproduce`` run (``_scripts/reproduce_plots.py``) and the ``plsh verify``
   runs of the validation guide (``_scripts/verify_examples.py``).
@@ -24,6 +26,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -201,10 +204,98 @@ def _triton_kernels(module_name: str) -> list[str]:
     ]
 
 
+def documented_members(module_name: str) -> list[str]:
+    """Canonical dotted names of the public functions and classes a module offers.
+
+    ``__all__`` when the module has one (a package's re-exports resolve to the module
+    that defines them), else the public functions and classes it defines itself; names
+    that do not come from ``plsh_ref``/``plsh_fast`` are left out, ``@triton.jit`` kernels
+    are kept under the module that defines them.
+    """
+    import inspect
+
+    module = importlib.import_module(module_name)
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [
+            name
+            for name, obj in vars(module).items()
+            if not name.startswith("_")
+            and (inspect.isfunction(obj) or inspect.isclass(obj) or _is_triton_kernel(obj))
+            and getattr(obj, "__module__", module_name) == module_name
+        ]
+    out = []
+    for name in names:
+        obj = getattr(module, name, None)
+        if _is_triton_kernel(obj):
+            out.append(f"{module_name}.{name}")
+        elif inspect.isfunction(obj) or inspect.isclass(obj):
+            home = getattr(obj, "__module__", "") or ""
+            if home.split(".")[0] in ("plsh_ref", "plsh_fast"):
+                out.append(f"{home}.{obj.__qualname__}")
+    return list(dict.fromkeys(out))
+
+
+def _summary(obj) -> str:
+    """The first paragraph of ``obj``'s docstring on one line (reStructuredText)."""
+    import inspect
+
+    doc = inspect.getdoc(getattr(obj, "fn", obj)) or ""
+    return " ".join(doc.strip().split("\n\n")[0].split()) or "(no docstring)"
+
+
+def _table(names: list[str], role: str, module: str) -> str:
+    """A two-column table (link, summary); names are resolved from ``module``."""
+    rows = []
+    for name in names:
+        mod, _, attr = name.rpartition(".")
+        obj = (
+            importlib.import_module(name)
+            if role == "mod"
+            else getattr(importlib.import_module(mod), attr)
+        )
+        link = f":py:{role}:`{name}`" if role == "mod" else f":py:obj:`~{name}`"
+        summary = _summary(obj)
+        if role == "mod":  # a module's roles are relative to itself: show them as code
+            summary = re.sub(r":[\w:]+:`~?([^`<]+?)(\s*<[^>]*>)?`", r"``\1``", summary)
+        rows.append(f"   * - {link}\n     - {summary}\n")
+    return (
+        f"```{{eval-rst}}\n.. currentmodule:: {module}\n\n"
+        ".. list-table::\n   :widths: 30 70\n\n" + "".join(rows) + "```\n\n"
+    )
+
+
+def _package_contents(package: str, modules: list[str]) -> str:
+    """The contents of a package page: its re-exported names, its modules, and the
+    functions and classes of each direct submodule (subpackages list theirs on their page)."""
+    children = [m for m in modules if m != package and m.rsplit(".", 1)[0] == package]
+    text = ""
+    if hasattr(importlib.import_module(package), "__all__"):
+        exported = documented_members(package)
+        if exported:
+            links = ", ".join(f"{{py:obj}}`~{name}`" for name in exported)
+            text += f"Names re-exported by `{package}`: {links}.\n\n"
+    if children:
+        text += "## Modules\n\n" + _table(children, "mod", "None")
+    for child in children:
+        if hasattr(importlib.import_module(child), "__path__"):
+            continue
+        members = documented_members(child)
+        if members:
+            text += f"## Functions and classes of `{child}`\n\n" + _table(members, "obj", child)
+    return text
+
+
 def _api_pages() -> None:
+    """One page per public module; a package page lists what its modules offer.
+
+    Nothing to edit when a module is added: every public module (no ``_`` in its dotted
+    name) of ``plsh_ref`` and ``plsh_fast`` gets a page and a row on its package's page.
+    """
     wanted = {}
     for package in ("plsh_ref", "plsh_fast"):
-        for name in public_modules(package):
+        modules = public_modules(package)
+        for name in modules:
             # A package's __all__ re-exports names documented in their own modules: list
             # only what the package itself defines, so that every object has one target.
             is_package = hasattr(importlib.import_module(name), "__path__")
@@ -213,8 +304,10 @@ def _api_pages() -> None:
             jit = "".join(
                 f"\n.. autofunction:: {name}.{member}\n" for member in _triton_kernels(name)
             )
+            contents = _package_contents(name, modules) if is_package else ""
             wanted[f"{name}.md"] = (
-                f"# `{name}`\n\n```{{eval-rst}}\n.. automodule:: {name}\n{option}{jit}```\n"
+                f"# `{name}`\n\n```{{eval-rst}}\n.. automodule:: {name}\n{option}{jit}```\n\n"
+                + contents
             )
     _sync_dir(DOCS / "api", wanted, keep={"index.md"})
 

@@ -233,3 +233,23 @@ def test_math_renders_in_a_browser_without_network(math_site, tmp_path):
         )
     )
     assert _rendered_formulas(math_site, "cdn.html", tmp_path) == 0
+
+
+def test_package_pages_list_the_functions_of_their_modules():
+    # The API pages are generated (docs/conf.py, _api_pages): a package page holds a table
+    # of its modules and one of the functions and classes of each direct submodule.
+    conf = _load_conf()
+    assert "plsh_ref.toeplitz.kms_secular" in conf.documented_members("plsh_ref.toeplitz")
+    # re-exports resolve to the defining module
+    assert "plsh_ref.attention.plsh_attention" in conf.documented_members("plsh_ref")
+    modules = conf.public_modules("plsh_ref")
+    text = conf._package_contents("plsh_ref.experiments", modules)
+    for name in ("reproduce", "spectrum", "bounds_report"):
+        assert f":py:mod:`plsh_ref.experiments.{name}`" in text
+        assert f":py:obj:`~plsh_ref.experiments.{name}.run`" in text
+    top = conf._package_contents("plsh_ref", modules)
+    assert ":py:obj:`~plsh_ref.toeplitz.kms_secular`" in top
+    assert "{py:obj}`~plsh_ref.partition.draw_partition`" in top  # re-exported names
+    # subpackages list their own functions on their own page, not on the parent's
+    assert "plsh_ref.testing.suite.check_case`" not in top
+    assert ":py:mod:`plsh_ref.testing`" in top
