@@ -587,6 +587,84 @@ def _alibi_mod(score, b, h, q_idx, kv_idx):
     return score - _SLOPES["slopes"][h] * (q_idx - kv_idx).abs()
 
 
+#: window width read by _window_mod (a tensor: one compiled kernel for every width)
+_WINDOW = {}
+
+
+def _window_mod(b, h, q_idx, kv_idx):
+    return (kv_idx <= q_idx) & (q_idx - kv_idx < _WINDOW["w"])
+
+
+def window_block_mask(n, width, device, block=128):
+    """Causal sliding-window BlockMask (keys ``q - width < k <= q``) from block indices."""
+    torch = _torch()
+    fa = _flex()
+    nb = (n + block - 1) // block
+    qb = torch.arange(nb, device=device)
+    kb0 = torch.clamp(torch.div(qb * block - width + 1, block, rounding_mode="floor"), min=0)
+    num = (qb - kb0 + 1).to(torch.int32)[None, None]
+    idx = kb0[:, None] + torch.arange(nb, device=device)[None, :]
+    idx = torch.minimum(idx, qb[:, None]).to(torch.int32)[None, None]
+    _WINDOW["w"] = torch.tensor(int(width), device=device)
+    return fa.BlockMask.from_kv_blocks(num, idx, mask_mod=_window_mod, seq_lengths=(n, n))
+
+
+def windowed_results(flex, q, k, v, n, scale, err, our_width, our_error, device):
+    """Compiled FlexAttention with exact ALiBi cut to a causal window: at our window width,
+    and the narrowest width of a doubling sweep whose error is at most ours."""
+    rec = {"window_ours": int(our_width)}
+    sweep = {}
+    try:
+        widths = sorted({int(our_width * f) for f in (0.25, 0.5, 1, 2, 4, 8)} - {0})
+        for width in widths:
+            if width > 4 * n:
+                continue
+            mask = window_block_mask(n, width, device)
+
+            def fwd(mask=mask):
+                return flex(q, k, v, score_mod=_alibi_mod, block_mask=mask, scale=scale)
+
+            sweep[width] = {"error": err(fwd()), "fwd_ms": _timeit(fwd, reps_max=10)[0]}
+        rec["window_sweep"] = sweep
+        if int(our_width) in sweep:
+            rec["flex_window_fwd_ms"] = sweep[int(our_width)]["fwd_ms"]
+            rec["flex_window_error"] = sweep[int(our_width)]["error"]
+        ok = [w for w in sorted(sweep) if sweep[w]["error"] <= our_error]
+        if ok:
+            rec["window_at_our_error"] = ok[0]
+            rec["flex_window_eqerr_fwd_ms"] = sweep[ok[0]]["fwd_ms"]
+    except Exception as exc:  # noqa: BLE001
+        rec["flex_window_error_msg"] = f"{type(exc).__name__}: {exc}"[:500]
+    return rec
+
+
+def sdpa_results(q, k, v, slopes, n, scale, err, device, max_gb=16.0):
+    """torch SDPA with a dense causal ALiBi bias (bf16 ``(1, H, n, n)``) where it fits."""
+    torch = _torch()
+    H = q.shape[1]
+    gb = H * n * n * 2 / 2**30
+    if gb > max_gb:
+        return {"sdpa_error_msg": f"skipped: dense bias would need {gb:.0f} GB"}
+    try:
+        pos = torch.arange(n, device=device)
+        dist = (pos[:, None] - pos[None, :]).float()
+        m = torch.tensor(slopes, dtype=torch.float32, device=device)
+        bias = (-m[:, None, None] * dist.abs()).masked_fill(dist < 0, float("-inf"))
+        bias = bias[None].to(q.dtype)
+        del dist
+
+        def fwd():
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=bias, scale=scale
+            )
+
+        rec = {"sdpa_error": err(fwd()), "sdpa_fwd_ms": _timeit(fwd, reps_max=10)[0]}
+        del bias
+        return rec
+    except Exception as exc:  # noqa: BLE001
+        return {"sdpa_error_msg": f"{type(exc).__name__}: {exc}"[:500]}
+
+
 def flex_results(flex, q, k, v, g, n, scale, err, args, device):
     """Compiled FlexAttention exact ALiBi: error, forward and forward+backward times, peak."""
     torch = _torch()
@@ -615,7 +693,7 @@ def flex_results(flex, q, k, v, g, n, scale, err, args, device):
 
 def bench_one(device, n, s, args, state):
     torch = _torch()
-    from plsh_fast.tiling import compute_bins
+    from plsh_fast.tiling import compute_bins, make_plan
     from plsh_fast.triton_backward import plsh_backward_triton
     from plsh_fast.triton_forward import plsh_forward_triton
     from plsh_ref.alibi import alibi_slopes
@@ -648,7 +726,9 @@ def bench_one(device, n, s, args, state):
 
     # PLSH Triton
     def ours_fwd():
-        return plsh_forward_triton(q, k, v, pitch, offset, pos, pos, scale, True)
+        return plsh_forward_triton(
+            q, k, v, pitch, offset, pos, pos, scale, True, positions_sorted=True
+        )
 
     out, lse = ours_fwd()
     rec["plsh_error"] = err(out)
@@ -657,22 +737,45 @@ def bench_one(device, n, s, args, state):
     if "backward" not in args.skip:
 
         def ours_fwd_bwd():
-            o, l_ = plsh_forward_triton(q, k, v, pitch, offset, pos, pos, scale, True)
-            return plsh_backward_triton(q, k, v, o, l_, g, pitch, offset, pos, pos, scale, True)
+            o, l_, plan = plsh_forward_triton(
+                q, k, v, pitch, offset, pos, pos, scale, True, positions_sorted=True,
+                return_plan=True,
+            )  # fmt: skip
+            return plsh_backward_triton(
+                q, k, v, o, l_, g, pitch, offset, pos, pos, scale, True, plan=plan
+            )
 
         rec["plsh_fwd_bwd_ms"], _ = _timeit(ours_fwd_bwd)
         rec["plsh_fwd_bwd_peak_mb"] = _peak_mb(ours_fwd_bwd)
     del out, lse
 
+    def ablation_fwd():  # same kernel, counts not computed (planned range + causal mask)
+        return plsh_forward_triton(
+            q, k, v, pitch, offset, pos, pos, scale, True, positions_sorted=True, _variant=3
+        )
+
+    try:
+        ablation_fwd()
+        rec["nocounts_fwd_ms"], _ = _timeit(ablation_fwd)
+        rec["counts_share_of_fwd"] = 1.0 - rec["nocounts_fwd_ms"] / rec["plsh_fwd_ms"]
+    except Exception as exc:  # noqa: BLE001
+        rec["nocounts_error_msg"] = f"{type(exc).__name__}: {exc}"[:500]
+    plan = make_plan(pos, pos, pitch, offset, causal=True, block_m=64, block_n=64)
+    widths = (plan.key_range[..., 1] - plan.key_range[..., 0]).float()
+    our_width = max(64, int(widths.median(dim=1).values.max().item()) - 64)
+    del plan
+
     # FlexAttention exact ALiBi (compiled), causal block mask: depends on n only, run once
     if "flex" not in state:
-        state["flex"] = torch.compile(fa.flex_attention)
+        state["flex"] = torch.compile(fa.flex_attention, dynamic=True)
     _SLOPES["slopes"] = torch.tensor(slopes, dtype=torch.float32, device=device)
     flex = state["flex"]
     by_n = state.setdefault("flex_by_n", {})
     if n not in by_n:
         by_n[n] = flex_results(flex, q, k, v, g, n, scale, err, args, device)
     rec.update(by_n[n])
+    rec.update(windowed_results(flex, q, k, v, n, scale, err, our_width, rec["plsh_error"], device))
+    rec.update(sdpa_results(q, k, v, slopes, n, scale, err, device))
     if "flex_fwd_ms" in rec:
         rec["speedup_fwd_vs_flex"] = rec["flex_fwd_ms"] / rec["plsh_fwd_ms"]
     if "flex_fwd_bwd_ms" in rec and "plsh_fwd_bwd_ms" in rec:
@@ -705,28 +808,23 @@ def bench_one(device, n, s, args, state):
     return rec
 
 
-VARIANTS = [  # (block_m, block_n, num_warps, classify, unroll): forward-kernel tuning data
-    (64, 64, 4, True, 0),
-    (64, 64, 4, True, 4),
-    (64, 64, 4, False, 0),
-    (128, 64, 8, True, 0),
-    (64, 32, 4, True, 0),
-    (128, 128, 8, True, 0),
-    (32, 64, 4, True, 0),
-    (128, 64, 8, True, 4),
+VARIANTS = [  # (block_m, block_n, num_warps, num_stages, variant): forward-kernel tuning data
+    (64, 64, 4, 3, 0),
+    (64, 64, 4, 2, 0),
+    (64, 64, 8, 3, 0),
+    (128, 64, 8, 3, 0),
+    (64, 32, 4, 3, 0),
+    (32, 64, 4, 3, 0),
+    (64, 64, 4, 3, 3),  # no-counts ablation (not PLSH): what the counts cost
 ]
 
 
-def _variant_name(bm, bn, warps, classify, unroll):
-    return (
-        f"BM{bm}_BN{bn}_w{warps}"
-        + ("" if classify else "_noclassify")
-        + (f"_unroll{unroll}" if unroll else "")
-    )
+def _variant_name(bm, bn, warps, stages, variant):
+    return f"BM{bm}_BN{bn}_w{warps}_st{stages}" + ("_nocounts" if variant == 3 else "")
 
 
 def bench_variants(device, n, s, args):
-    """Forward time of tile-size variants and of the kernel without per-tile classification."""
+    """Forward time of tile-size/stage variants and of the no-counts ablation."""
     torch = _torch()
     from plsh_fast.triton_forward import plsh_forward_triton
     from plsh_ref.alibi import alibi_slopes
@@ -744,11 +842,11 @@ def bench_variants(device, n, s, args):
     scale = 1.0 / math.sqrt(d)
     base = None
     times = {}
-    for bm, bn, warps, classify, unroll in VARIANTS:
-        key = _variant_name(bm, bn, warps, classify, unroll)
+    for bm, bn, warps, stages, variant in VARIANTS:
+        key = _variant_name(bm, bn, warps, stages, variant)
         try:
 
-            def run(bm=bm, bn=bn, warps=warps, classify=classify, unroll=unroll):
+            def run(bm=bm, bn=bn, warps=warps, stages=stages, variant=variant):
                 return plsh_forward_triton(
                     q,
                     k,
@@ -762,8 +860,9 @@ def bench_variants(device, n, s, args):
                     _block_m=bm,
                     _block_n=bn,
                     _num_warps=warps,
-                    _classify=classify,
-                    _unroll=unroll,
+                    _num_stages=stages,
+                    _variant=variant,
+                    positions_sorted=True,
                 )
 
             out = run()[0]
@@ -920,6 +1019,27 @@ def write_results(out_dir, payload):
             if key in r:
                 status += f"; {key.split('_')[0]}: {r[key][:60]}"
         lines.append("| " + " | ".join(_fmt(c) for c in cells) + f" | {status.replace('|', '/')} |")
+    lines += [
+        "",
+        "## Peers at equal width / equal error, no-counts ablation, SDPA dense bias",
+        "",
+        "| n | s | PLSH fwd | no-counts fwd | counts share | window W (ours) | Flex window fwd "
+        "| err Flex window | W at our error | Flex window fwd (our error) | SDPA bias fwd | "
+        "err SDPA |",
+        "|" + "---|" * 12,
+    ]
+    for r in payload["records"]:
+        if r["section"] != "bench":
+            continue
+        cells = [
+            r.get(k)
+            for k in (
+                "n", "s", "plsh_fwd_ms", "nocounts_fwd_ms", "counts_share_of_fwd",
+                "window_ours", "flex_window_fwd_ms", "flex_window_error", "window_at_our_error",
+                "flex_window_eqerr_fwd_ms", "sdpa_fwd_ms", "sdpa_error",
+            )
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(_fmt(c) for c in cells) + " |")
     for r in payload["records"]:
         if r["section"] != "variants":
             continue
@@ -1090,7 +1210,7 @@ def main(argv=None):
                 "bench",
                 f"n={n} s={s}",
                 budget,
-                _estimate_seconds(n, s) + (100.0 if fresh else 0.0),
+                _estimate_seconds(n, s) + (60.0 if fresh and not state.get("flex_by_n") else 5.0),
                 lambda n=n, s=s: bench_one(device, n, s, args, state),
             )
             flush()

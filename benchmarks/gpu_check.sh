@@ -14,7 +14,7 @@ OUT="${OUT:-benchmarks/results/gpu-$(date -u +%Y%m%d-%H%M%S)}"
 mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export TRITON_PRINT_AUTOTUNING=0
-PY="${PYTHON:-python}"
+PY="${PYTHON:-python3}"
 if [ -x .venv/bin/python ] && [ -z "${PYTHON:-}" ]; then PY=.venv/bin/python; fi
 timeout -k 10 470 "$PY" benchmarks/gpu_check.py --out "$OUT" "$@" 2>&1 | tee "$OUT/log.txt"
 rc=${PIPESTATUS[0]}

@@ -1,43 +1,38 @@
 """Bins and tile planning shared by the Triton forward and backward kernels.
 
-The Triton kernels never divide in float32: the bins ``floor((float64(p) - offset) / pitch)``
-(SPEC section 2) are computed once per call by a small Triton kernel in binary64 (Triton's
-float64 ``/`` is LLVM ``fdiv double``, which NVPTX lowers to the correctly rounded
-``div.rn.f64``; the interpreter uses numpy's float64 division) and stored as integers
-*relative to the bin of the smallest position*, so that equality of bins (all that the
-counts ``C_ij`` need) is preserved exactly while the stored values usually fit int32.
+The Triton kernels never divide in float32 and never compare bins element by element.
+The bins ``floor((float64(p) - offset) / pitch)`` (SPEC section 2) are computed once per
+call by a small Triton kernel in binary64 (Triton's float64 ``/`` is LLVM ``fdiv double``,
+which NVPTX lowers to the correctly rounded ``div.rn.f64``; the interpreter uses numpy's
+float64 division), so they are bit-identical to :func:`plsh_ref.partition.bins`
+(:func:`compute_bins` is the test entry point). From them the plan derives, on the device
+and without a host synchronisation, the **interval form** of the counts:
 
-Why precomputed bins rather than bins inside the attention kernels: a tile step needs the
-bins of the ``BLOCK_M`` queries and ``BLOCK_N`` keys only for the samples whose bins split
-the tile pair (the others are classified from per-tile minimum/maximum bins, below). A
-load of ``BLOCK_M + BLOCK_N`` int32 replaces as many float64 divisions, which are fast on
-H100/H200 but 32-64x slower on consumer GPUs; the price is ``num_heads * num_samples * n``
-int32 of scratch memory (67 MB at n = 64k, s = 16, 16 heads) and one extra memory-bound
-pass (about 15 us there on an H200 at 4.8 TB/s).
+* with key positions sorted (the kernels' entry points sort rows by position,
+  :mod:`plsh_fast.ordering`), the keys that share query ``i``'s bin of sample ``t`` are one
+  contiguous index range ``[a_t(i), b_t(i))`` (a bin is a non-decreasing function of the
+  position): ``a_t(i)`` / ``b_t(i)`` is the number of keys whose bin is ``<`` / ``<=``
+  the query's bin (``torch.searchsorted`` on the exact integer bins, so the ranges are
+  exact). Causal attention caps ``b_t(i)`` at the number of keys ``p_j <= p_i``. Hence
 
-Tile planning (host side, torch, on the tensors' device):
+  ``C_ij = sum_t [a_t(i) <= j < b_t(i)]``
 
-* per query tile of ``BLOCK_M`` rows and per sample ``t``, the minimum and maximum bin of
-  the tile's positions (``qlo``, ``qhi``), and the same per key tile of ``BLOCK_N`` keys
-  (``klo``, ``khi``). A bin is a non-decreasing function of the position, so these are the
-  bins of the extreme positions and need no sorting. A kernel classifies each sample for a
-  (query tile, key tile) pair: *full* (one common bin: every pair collides, count +1 for
-  the whole tile), *disjoint* (bin ranges do not overlap: nothing collides), or *mixed*
-  (compare the bins element by element);
-* per (head, query tile), the key range ``[start, end)`` that the tile's blocks can reach:
-  the union over samples of the keys whose bin lies in ``[qlo_t, qhi_t]``. With sorted key
-  positions each sample gives a contiguous index range (``torch.searchsorted`` on that
-  sample's key bins) and the union of ranges that all meet the query tile's span is
-  contained in their hull; causal attention also stops at the last key position
-  ``<=`` the tile's largest query position (causal tile skipping). With unsorted key
-  positions the range is all keys (correct, slow); the kernels' entry points therefore
-  sort the rows by position first (:mod:`plsh_fast.ordering`), so that this happens only
-  when ``make_plan`` is called directly. ``start`` is rounded down to a
-  multiple of ``BLOCK_N`` so that key tiles are aligned with ``klo``/``khi``;
-* symmetrically, per (head, key tile), the query range used by the key/value-gradient
-  kernel of the backward pass.
+  (interval form: ``[L_t(i) <= p_j <= R_t(i)]`` with ``L_t, R_t`` the integer ends of the
+  bin, read on the sorted key index), which a kernel evaluates from two int32 per row and
+  sample (``row_start`` ``a_t(i)`` and ``row_width`` ``b_t(i) - a_t(i)``, both
+  ``(num_heads, num_samples, n_q)``) with one subtraction and one comparison per element
+  and sample, directly in the layout of the attention tile (:func:`tile_counts`);
+* per (head, query tile), the key range ``[start, end)`` the tile can reach: the hull of its
+  rows' ranges, ``start`` rounded down to a multiple of ``BLOCK_N`` (causal tile skipping is
+  part of it, since the ranges are capped); per (head, key tile), the query range used by
+  the key/value-gradient kernel (:func:`plan_query_range`, backward only);
+* the order in which the kernels take the heads: most planned key tiles first (the heads
+  with the largest sigma), so that the longest programs start first.
 
-Source: SPEC sections 2-3 and ``proofs_notes`` on the fused counts pass (the window
+Memory: ``num_heads * num_samples * (n_q + n_k)`` int64 bins (freed after planning) and
+``2 * num_heads * num_samples * n_q`` int32 ranges, kept for the backward pass.
+
+Source: SPEC sections 2-3; ``proofs_notes`` on the fused counts pass (the window
 ``~ 2 sigma (ln s + 0.58)`` keys per query).
 """
 
@@ -49,14 +44,24 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["TilePlan", "compute_bins", "make_plan", "tile_counts"]
+__all__ = [
+    "TilePlan",
+    "compute_bins",
+    "make_plan",
+    "plan_query_range",
+    "sample_block",
+    "tile_counts",
+    "max_combine",
+    "sum_combine",
+]
 
-_INT32_SAFE = 2**31 - 8
+#: Largest sample block handled by one unrolled pass of :func:`tile_counts`.
+MAX_SAMPLE_BLOCK = 64
 
 
 # Reductions through ``tl.reduce`` with Triton's own combine functions: the same code as
-# ``tl.sum``/``tl.max``/``tl.min`` once compiled, but in the interpreter it skips the
-# per-call re-patching of a nested ``@triton.jit`` wrapper (about 4 ms per call on CPU).
+# ``tl.sum``/``tl.max`` once compiled, but in the interpreter it skips the per-call
+# re-patching of a nested ``@triton.jit`` wrapper (about 4 ms per call on CPU).
 @triton.jit
 def _sum_fallback(a, b):
     return a + b
@@ -67,34 +72,13 @@ def _max_fallback(a, b):
     return tl.maximum(a, b)
 
 
-@triton.jit
-def _min_fallback(a, b):
-    return tl.minimum(a, b)
-
-
-_sum_combine = getattr(tl.standard, "_sum_combine", _sum_fallback)
-_max_combine = getattr(tl.standard, "_elementwise_max", _max_fallback)
-_min_combine = getattr(tl.standard, "_elementwise_min", _min_fallback)
+sum_combine = getattr(tl.standard, "_sum_combine", _sum_fallback)
+max_combine = getattr(tl.standard, "_elementwise_max", _max_fallback)
 
 
 @triton.jit
 def _bins_kernel(
-    Pos,
-    Pitch,
-    Offset,
-    RefPos,
-    Bins,
-    TileLo,
-    TileHi,
-    TilePosMin,
-    TilePosMax,
-    n,
-    num_samples,
-    n_tiles,
-    BLOCK: tl.constexpr,
-    S_CHUNK: tl.constexpr,
-    WRITE_BINS: tl.constexpr,
-    RELATIVE: tl.constexpr,
+    Pos, Pitch, Offset, Bins, n, num_samples, BLOCK: tl.constexpr, S_CHUNK: tl.constexpr
 ):
     # grid: (n_tiles, num_heads); program = one tile of positions, all samples of one head.
     # bin(p) = floor((float64(p) - offset) / pitch) in binary64 (SPEC section 2): Triton's
@@ -104,8 +88,7 @@ def _bins_kernel(
     h = tl.program_id(1)
     offs = tile.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     valid = offs < n
-    ref_pos = tl.load(RefPos)
-    p = tl.load(Pos + offs, mask=valid, other=ref_pos)
+    p = tl.load(Pos + offs, mask=valid, other=0)
     lane = tl.arange(0, S_CHUNK)
     for c0 in range(0, num_samples, S_CHUNK):
         t_valid = (c0 + lane) < num_samples
@@ -113,86 +96,23 @@ def _bins_kernel(
         pitch = tl.load(Pitch + hs, mask=t_valid, other=1.0)
         offset = tl.load(Offset + hs, mask=t_valid, other=0.0)
         b = tl.floor((p[None, :].to(tl.float64) - offset[:, None]) / pitch[:, None]).to(tl.int64)
-        if RELATIVE:  # relative to the bin of the smallest position: >= 0, usually < 2**31
-            b = b - tl.floor((ref_pos.to(tl.float64) - offset) / pitch).to(tl.int64)[:, None]
-        if WRITE_BINS:
-            tl.store(
-                Bins + hs[:, None] * n + offs[None, :],
-                b.to(Bins.dtype.element_ty),
-                mask=t_valid[:, None] & valid[None, :],
-            )
-        big = 2**62
-        lo = tl.reduce(tl.where(valid[None, :], b, big), 1, _min_combine)
-        hi = tl.reduce(tl.where(valid[None, :], b, -big), 1, _max_combine)
-        slot = (h.to(tl.int64) * n_tiles + tile) * num_samples + c0 + lane
-        tl.store(TileLo + slot, lo.to(TileLo.dtype.element_ty), mask=t_valid)
-        tl.store(TileHi + slot, hi.to(TileHi.dtype.element_ty), mask=t_valid)
-    if h == 0:
-        tl.store(TilePosMin + tile, tl.reduce(tl.where(valid, p, 2**62), 0, _min_combine))
-        tl.store(TilePosMax + tile, tl.reduce(tl.where(valid, p, -(2**62)), 0, _max_combine))
-
-
-@dataclass
-class _TileBins:
-    bins: torch.Tensor  # (H, s, n) int32/int64, relative to the bin of the smallest position
-    lo: torch.Tensor  # (H, n_tiles, s) smallest bin of each tile
-    hi: torch.Tensor  # (H, n_tiles, s) largest bin of each tile
-    pos_min: torch.Tensor  # (n_tiles,) int64 smallest position of each tile
-    pos_max: torch.Tensor  # (n_tiles,) int64 largest position of each tile
-    block: int
-
-
-def _tile_bins(
-    positions, pitch, offset, ref_pos, block, dtype, bins=None, relative=True
-) -> _TileBins:
-    num_heads, num_samples = pitch.shape
-    n = positions.shape[0]
-    n_tiles = triton.cdiv(n, block)
-    dev = positions.device
-    write = bins is None
-    if write:
-        bins = torch.empty((num_heads, num_samples, n), dtype=dtype, device=dev)
-    lo = torch.empty((num_heads, n_tiles, num_samples), dtype=dtype, device=dev)
-    hi = torch.empty_like(lo)
-    pos_min = torch.empty((n_tiles,), dtype=torch.int64, device=dev)
-    pos_max = torch.empty_like(pos_min)
-    if n_tiles > 0:
-        _bins_kernel[(n_tiles, num_heads)](
-            positions,
-            pitch,
-            offset,
-            ref_pos,
-            bins,
-            lo,
-            hi,
-            pos_min,
-            pos_max,
-            n,
-            num_samples,
-            n_tiles,
-            BLOCK=block,
-            S_CHUNK=min(16, triton.next_power_of_2(num_samples)),
-            WRITE_BINS=write,
-            RELATIVE=relative,
-        )
-    return _TileBins(bins, lo, hi, pos_min, pos_max, block)
+        tl.store(Bins + hs[:, None] * n + offs[None, :], b, mask=t_valid[:, None] & valid[None, :])
 
 
 def compute_bins(
     pitch: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor, *, block: int = 64
 ) -> torch.Tensor:
-    """The absolute bins computed by the Triton bin function, ``(num_heads, num_samples, n)``.
+    """The bins computed by the Triton float64 bins kernel, ``(num_heads, num_samples, n)``.
 
-    Debug/test entry point: runs the Triton kernel of the planning pass with the same
-    float64 bin function (``_bin_f64``) but without the shift to relative bins, so that
-    tests can compare it bit for bit with :func:`plsh_ref.partition.bins`.
+    Bit-identical to :func:`plsh_ref.partition.bins` (SPEC section 2); the planning pass
+    of the kernels uses exactly these values.
 
     Parameters
     ----------
     pitch, offset : torch.Tensor
         float64 ``(num_heads, num_samples)``.
     positions : torch.Tensor
-        int64 ``(n,)``, ``|p| < 2**53``.
+        int64 ``(n,)``, ``|p| < 2**53``, on the same device.
     block : int
         Tile size of the bins kernel (power of two).
 
@@ -203,87 +123,67 @@ def compute_bins(
     """
     assert pitch.dtype == torch.float64 and offset.dtype == torch.float64
     assert positions.dtype == torch.int64 and positions.dim() == 1
-    zero = torch.zeros((1,), dtype=torch.int64, device=positions.device)
-    return _tile_bins(
-        positions.contiguous(),
-        pitch.contiguous(),
-        offset.contiguous(),
-        zero,
-        block,
-        torch.int64,
-        relative=False,
-    ).bins
+    num_heads, num_samples = pitch.shape
+    n = positions.shape[0]
+    out = torch.empty((num_heads, num_samples, n), dtype=torch.int64, device=positions.device)
+    if n > 0 and num_heads > 0:
+        _bins_kernel[(triton.cdiv(n, block), num_heads)](
+            positions.contiguous(),
+            pitch.contiguous(),
+            offset.contiguous(),
+            out,
+            n,
+            num_samples,
+            BLOCK=block,
+            S_CHUNK=min(16, triton.next_power_of_2(num_samples)),
+        )
+    return out
 
 
 @dataclass
 class TilePlan:
-    """Everything the Triton kernels need besides query/key/value.
+    """Everything the Triton kernels need besides query/key/value (rows sorted by position).
 
     Attributes
     ----------
-    bins_q, bins_k : torch.Tensor
-        ``(num_heads, num_samples, n_q)`` and ``(..., n_k)``, int32 (int64 when the bin
-        span does not fit), bins relative to the bin of the smallest position; the same
-        tensor when query and key positions are equal.
-    qlo, qhi : torch.Tensor
-        ``(num_heads, n_q_tiles, num_samples)`` smallest/largest bin of each query tile.
-    klo, khi : torch.Tensor
-        ``(num_heads, n_k_tiles, num_samples)`` the same for key tiles.
+    row_start, row_end, row_width : torch.Tensor
+        int32 ``(num_heads, num_samples, n_q)``: keys ``[row_start, row_end)`` share query
+        ``i``'s bin of sample ``t`` (capped causally), so ``C_ij`` is the number of samples
+        with ``row_start <= j < row_end``; ``row_width = max(row_end - row_start, 0)``.
     key_range : torch.Tensor
         int32 ``(num_heads, n_q_tiles, 2)``: ``[start, end)`` keys of each query tile,
         ``start`` a multiple of ``block_n`` (``start >= end`` means no key).
+    causal_end : torch.Tensor
+        int32 ``(n_q,)``: number of keys ``p_j <= p_i`` (``n_k`` when not causal).
+    head_order : torch.Tensor
+        int32 ``(num_heads,)``: heads by decreasing planned work (launch order).
     query_range : torch.Tensor or None
         int32 ``(num_heads, n_k_tiles, 2)``, the queries that reach each key tile
-        (``start`` a multiple of ``block_m``); only when asked for (backward).
-    block_m, block_n : int
-        Query and key tile sizes the plan was made for.
+        (``start`` a multiple of ``block_m``); filled by :func:`plan_query_range`.
+    block_m, block_n, causal, n_k : int, int, bool, int
+        What the plan was made for.
     """
 
-    bins_q: torch.Tensor
-    bins_k: torch.Tensor
-    qlo: torch.Tensor
-    qhi: torch.Tensor
-    klo: torch.Tensor
-    khi: torch.Tensor
+    row_start: torch.Tensor
+    row_end: torch.Tensor
+    row_width: torch.Tensor
     key_range: torch.Tensor
+    causal_end: torch.Tensor
+    head_order: torch.Tensor
     query_range: torch.Tensor | None
     block_m: int
     block_n: int
+    causal: bool
+    n_k: int
 
 
-def _reach(seq_bins, tile_lo, tile_hi, sorted_seq, n_seq, causal_bound, align):
-    """``[start, end)`` of the entries of ``seq_bins`` whose bin lies in some ``[lo_t, hi_t]``.
+def _floor_to(x, align):
+    return torch.div(x, align, rounding_mode="floor") * align
 
-    ``seq_bins``: (H, s, n_seq) bins of the other side (sorted along n when ``sorted_seq``);
-    ``tile_lo``/``tile_hi``: (H, n_tiles, s). ``causal_bound``: None, or (side, bound)
-    with bound (n_tiles,) an index bound: ``("end", e)`` caps end at ``e``, ``("start", b)``
-    raises start to ``b``.
-    """
-    num_heads, n_tiles, num_samples = tile_lo.shape
-    dev = tile_lo.device
-    if sorted_seq and n_seq > 0:
-        seq = seq_bins.reshape(num_heads * num_samples, n_seq)
-        lo = tile_lo.permute(0, 2, 1).reshape(num_heads * num_samples, n_tiles).contiguous()
-        hi = tile_hi.permute(0, 2, 1).reshape(num_heads * num_samples, n_tiles).contiguous()
-        first = torch.searchsorted(seq, lo, side="left")
-        last = torch.searchsorted(seq, hi, side="right")
-        # Only samples whose range is non-empty contribute to the hull.
-        nonempty = first < last
-        big = torch.iinfo(torch.int64).max
-        start = torch.where(nonempty, first, big).reshape(num_heads, num_samples, n_tiles)
-        end = torch.where(nonempty, last, 0).reshape(num_heads, num_samples, n_tiles)
-        start = start.amin(dim=1)
-        end = end.amax(dim=1)
-    else:
-        start = torch.zeros((num_heads, n_tiles), dtype=torch.int64, device=dev)
-        end = torch.full((num_heads, n_tiles), n_seq, dtype=torch.int64, device=dev)
-    if causal_bound is not None:
-        side, bound = causal_bound
-        if side == "end":
-            end = torch.minimum(end, bound[None, :])
-        else:
-            start = torch.maximum(start, bound[None, :])
-    start = torch.div(start, align, rounding_mode="floor") * align
+
+def _ranges(start, end, align):
+    """``[start, end)`` int32 pairs, ``start`` aligned down; empty ranges as ``(0, 0)``."""
+    start = _floor_to(start, align)
     empty = start >= end
     start = torch.where(empty, 0, start)
     end = torch.where(empty, 0, end)
@@ -301,19 +201,21 @@ def make_plan(
     block_n: int,
     query_range: bool = False,
 ) -> TilePlan:
-    """Bins, per-tile bin extents and key (and query) ranges for the Triton kernels.
+    """Interval-form counts, tile extents and key (and query) ranges for the Triton kernels.
+
+    No host synchronisation: every step is a device operation.
 
     Parameters
     ----------
     query_positions, key_positions : torch.Tensor
-        int64 ``(n_q,)``, ``(n_k,)`` on the kernels' device, ``n_q, n_k >= 1``.
+        int64 ``(n_q,)``, ``(n_k,)`` on the kernels' device, ``n_q, n_k >= 1``, both
+        **non-decreasing** (precondition, not checked: the kernels' entry points sort).
     pitch, offset : torch.Tensor
         float64 ``(num_heads, num_samples)`` on the same device.
     causal : bool
-        Cap key ranges at the tile's largest query position (and raise query ranges to the
-        key tile's smallest key position).
+        Cap each row's ranges at the keys ``p_j <= p_i``.
     block_m, block_n : int
-        Query and key tile sizes of the kernel that will use the plan.
+        Query and key tile sizes of the kernels that will use the plan.
     query_range : bool
         Also plan the query range of every key tile (backward, key/value gradients).
 
@@ -323,140 +225,128 @@ def make_plan(
     """
     qpos = query_positions.contiguous()
     kpos = key_positions.contiguous()
-    pitch = pitch.contiguous()
-    offset = offset.contiguous()
     n_q, n_k = qpos.shape[0], kpos.shape[0]
     assert n_q >= 1 and n_k >= 1
     assert n_q < 2**31 - 2 * max(block_m, block_n) and n_k < 2**31 - 2 * max(block_m, block_n)
-    assert pitch.dtype == torch.float64 and offset.dtype == torch.float64
     assert qpos.dtype == torch.int64 and kpos.dtype == torch.int64
-    # One host synchronisation for every data-dependent decision.
-    pmin = torch.minimum(qpos.min(), kpos.min())
-    pmax = torch.maximum(qpos.max(), kpos.max())
-    span_bins = (pmax - pmin).to(torch.float64) / pitch.min() + 2.0
-    same_t = (
-        (qpos == kpos).all()
-        if n_q == n_k and qpos.data_ptr() != kpos.data_ptr()
-        else torch.tensor(n_q == n_k, device=qpos.device)
-    )
-    stats = torch.stack(
-        [
-            (qpos[1:] >= qpos[:-1]).all().to(torch.float64),
-            (kpos[1:] >= kpos[:-1]).all().to(torch.float64),
-            span_bins,
-            same_t.to(torch.float64),
-        ]
-    ).tolist()
-    sorted_q, sorted_k, span, same = bool(stats[0]), bool(stats[1]), stats[2], bool(stats[3])
-    dtype = torch.int32 if span < _INT32_SAFE else torch.int64
-    ref_pos = pmin.reshape(1)
-    tq = _tile_bins(qpos, pitch, offset, ref_pos, block_m, dtype)
-    if same and block_m == block_n:
-        tk = tq
-    elif same:
-        tk = _tile_bins(kpos, pitch, offset, ref_pos, block_n, dtype, bins=tq.bins)
+    num_heads, num_samples = pitch.shape
+    dev = qpos.device
+    bins_q = compute_bins(pitch, offset, qpos)
+    same = qpos.data_ptr() == kpos.data_ptr() and n_q == n_k
+    bins_k = bins_q if same else compute_bins(pitch, offset, kpos)
+    flat_k = bins_k.reshape(num_heads * num_samples, n_k)
+    flat_q = bins_q.reshape(num_heads * num_samples, n_q)
+    row_start = torch.searchsorted(flat_k, flat_q, side="left", out_int32=True)
+    row_end = torch.searchsorted(flat_k, flat_q, side="right", out_int32=True)
+    del bins_q, bins_k, flat_k, flat_q
+    if causal:
+        causal_end = torch.searchsorted(kpos, qpos, side="right", out_int32=True)
+        row_end = torch.minimum(row_end, causal_end[None, :])
     else:
-        tk = _tile_bins(kpos, pitch, offset, ref_pos, block_n, dtype)
-    key_bound = None
-    if causal and sorted_k:
-        key_bound = ("end", torch.searchsorted(kpos, tq.pos_max, side="right"))
-    key_range = _reach(tk.bins, tq.lo, tq.hi, sorted_k, n_k, key_bound, block_n)
-    q_range = None
-    if query_range:
-        q_bound = None
-        if causal and sorted_q:
-            q_bound = ("start", torch.searchsorted(qpos, tk.pos_min, side="left"))
-        q_range = _reach(tq.bins, tk.lo, tk.hi, sorted_q, n_q, q_bound, block_m)
-    return TilePlan(
-        tq.bins, tk.bins, tq.lo, tq.hi, tk.lo, tk.hi, key_range, q_range, block_m, block_n
+        causal_end = torch.full((n_q,), n_k, dtype=torch.int32, device=dev)
+    row_start = row_start.reshape(num_heads, num_samples, n_q).contiguous()
+    row_end = row_end.reshape(num_heads, num_samples, n_q).contiguous()
+    first = torch.arange(0, n_q, block_m, device=dev)
+    last = torch.clamp(first + block_m, max=n_q) - 1
+    ext = torch.stack(
+        [row_start[..., first], row_start[..., last], row_end[..., first], row_end[..., last]],
+        dim=2,
+    )  # (H, s, 4, n_q_tiles)
+    start = ext[:, :, 0, :].amin(dim=1).to(torch.int64)  # (H, n_q_tiles)
+    end = ext[:, :, 3, :].amax(dim=1).to(torch.int64)
+    key_range = _ranges(start, end, block_n)
+    width = (key_range[..., 1] - key_range[..., 0]).to(torch.int64).sum(dim=1)
+    head_order = torch.sort(width, descending=True, stable=True).indices.to(torch.int32)
+    plan = TilePlan(
+        row_start,
+        row_end,
+        torch.clamp(row_end - row_start, min=0),
+        key_range,
+        causal_end,
+        head_order,
+        None,
+        block_m,
+        block_n,
+        bool(causal),
+        n_k,
     )
+    if query_range:
+        plan_query_range(plan)
+    return plan
+
+
+def plan_query_range(plan: TilePlan) -> TilePlan:
+    """Fill ``plan.query_range``: per (head, key tile) the hull of the queries reaching it.
+
+    Sample ``t`` reaches key tile ``[n0, n0 + block_n)`` from the rows with
+    ``row_end > n0`` (a suffix, since ranges are non-decreasing) and ``row_start <
+    n0 + block_n`` (a prefix); the query range is the hull of these intervals over ``t``.
+    Device operations only. Returns ``plan`` (modified in place).
+    """
+    if plan.query_range is not None:
+        return plan
+    num_heads, num_samples, n_q = plan.row_start.shape
+    dev = plan.row_start.device
+    n0 = torch.arange(0, plan.n_k, plan.block_n, device=dev, dtype=torch.int32)
+    n_k_tiles = n0.shape[0]
+    rs = plan.row_start.reshape(num_heads * num_samples, n_q)
+    re = plan.row_end.reshape(num_heads * num_samples, n_q)
+    lo = torch.searchsorted(re, n0.expand(rs.shape[0], n_k_tiles).contiguous(), side="right")
+    hi = torch.searchsorted(
+        rs, (n0 + plan.block_n).expand(rs.shape[0], n_k_tiles).contiguous(), side="left"
+    )
+    nonempty = lo < hi
+    big = torch.iinfo(torch.int64).max
+    lo = torch.where(nonempty, lo, big).reshape(num_heads, num_samples, n_k_tiles).amin(dim=1)
+    hi = torch.where(nonempty, hi, 0).reshape(num_heads, num_samples, n_k_tiles).amax(dim=1)
+    plan.query_range = _ranges(lo, hi, plan.block_m)
+    return plan
+
+
+def sample_block(num_samples: int) -> tuple[int, bool]:
+    """``(S_BLOCK, MULTI_CHUNK)`` for :func:`tile_counts`: samples per unrolled pass (a power
+    of two, at most ``MAX_SAMPLE_BLOCK``) and whether several passes are needed."""
+    block = min(MAX_SAMPLE_BLOCK, max(2, triton.next_power_of_2(int(num_samples))))
+    return block, num_samples > block
 
 
 @triton.jit
 def tile_counts(
-    BinsQ,
-    BinsK,
-    QLo,
-    QHi,
-    KLo,
-    KHi,
+    RowStart,
+    RowWidth,
     h,
-    m_tile,
-    n_tile,
+    c0,
+    n0,
     offs_m,
-    offs_n,
     m_valid,
-    n_valid,
     n_q,
-    n_k,
     num_samples,
-    n_q_tiles,
-    n_k_tiles,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    S_CHUNK: tl.constexpr,
-    CLASSIFY: tl.constexpr,
-    UNROLL: tl.constexpr,
+    S_BLOCK: tl.constexpr,
 ):
-    """Counts ``C_ij = #{t : bin_t(p_i) = bin_t(p_j)}`` for one (query tile, key tile) pair.
+    """Counts ``C_ij = sum_t [a_t(i) <= j < a_t(i) + w_t(i)]`` of samples ``c0 ..
+    c0 + S_BLOCK - 1`` for one (query tile, key tile ``[n0, n0 + BLOCK_N)``) pair, int32
+    ``(BLOCK_M, BLOCK_N)``.
 
-    Samples are classified ``S_CHUNK`` at a time from the per-tile bin extents: *full*
-    samples (one common bin) add 1 to the whole tile without touching the bins, *disjoint*
-    ones add nothing, and only *mixed* samples compare bins element by element. Returns
-    the int32 ``(BLOCK_M, BLOCK_N)`` counts (not yet causally masked) and the number of
-    samples that are not disjoint (0 means the tile pair has no collision at all).
-    ``CLASSIFY=False`` compares every sample element by element (for measurements only).
-
-    ``UNROLL = 0``: one loop iteration per mixed sample (two dependent loads each).
-    ``UNROLL = U > 0``: samples in groups of ``U``; a group with a mixed sample issues the
-    ``U`` pairs of (masked) bin loads together, so their latency overlaps, at the price of
-    comparing the non-mixed samples of the group too (their masked loads give
-    non-matching sentinels). Which is faster is a GPU measurement (benchmarks/gpu_check.py).
+    Straight-line code (a static loop over the samples, no branch, no data-dependent
+    loop), so that the counts are built directly in the layout of the attention tile and
+    the caller's key loop stays software-pipelined: per sample two int32 loads per row and,
+    per element, one subtraction and one unsigned comparison
+    (``(j - a) mod 2**32 < w`` is ``a <= j < a + w`` for ``0 <= w < 2**31``).
+    Rows with ``m_valid`` false and samples past ``num_samples`` count nothing.
     """
+    cols = n0 + tl.arange(0, BLOCK_N)  # int32 key indices
     counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-    n_full = tl.full([], 0, tl.int32)
-    n_touch = tl.full([], 0, tl.int32)
-    lane = tl.arange(0, S_CHUNK)
-    q_slot = (h.to(tl.int64) * n_q_tiles + m_tile) * num_samples
-    k_slot = (h.to(tl.int64) * n_k_tiles + n_tile) * num_samples
-    for c0 in range(0, num_samples, S_CHUNK):
-        t_valid = (c0 + lane) < num_samples
-        qlo = tl.load(QLo + q_slot + c0 + lane, mask=t_valid, other=0)
-        qhi = tl.load(QHi + q_slot + c0 + lane, mask=t_valid, other=0)
-        klo = tl.load(KLo + k_slot + c0 + lane, mask=t_valid, other=1)
-        khi = tl.load(KHi + k_slot + c0 + lane, mask=t_valid, other=1)
-        overlap = t_valid & (qlo <= khi) & (klo <= qhi)
-        full = overlap & (qlo == qhi) & (klo == khi)
-        if not CLASSIFY:
-            overlap = t_valid
-            full = t_valid & (lane < 0)
-        mixed = overlap & (~full)
-        n_full += tl.reduce(full.to(tl.int32), 0, _sum_combine)
-        n_touch += tl.reduce(overlap.to(tl.int32), 0, _sum_combine)
-        bits = tl.reduce(
-            tl.where(mixed, tl.full([S_CHUNK], 1, tl.int64) << lane.to(tl.int64), 0),
-            0,
-            _sum_combine,
-        )
-        if UNROLL == 0:
-            tt = tl.full([], 0, tl.int64)
-            while (bits >> tt) != 0:
-                if ((bits >> tt) & 1) != 0:
-                    row = h.to(tl.int64) * num_samples + c0 + tt
-                    bq = tl.load(BinsQ + row * n_q + offs_m, mask=m_valid, other=-1)
-                    bk = tl.load(BinsK + row * n_k + offs_n, mask=n_valid, other=-2)
-                    counts += (bq[:, None] == bk[None, :]).to(tl.int32)
-                tt += 1
-        else:
-            for c1 in range(0, S_CHUNK, UNROLL):
-                group = (bits >> c1) & ((1 << UNROLL) - 1)
-                if group != 0:
-                    for u in tl.static_range(UNROLL):
-                        bit = (group >> u) & 1
-                        on_m = m_valid & ((offs_m * 0 + bit) != 0)
-                        on_n = n_valid & ((offs_n * 0 + bit) != 0)
-                        row = h.to(tl.int64) * num_samples + c0 + c1 + u
-                        bq = tl.load(BinsQ + row * n_q + offs_m, mask=on_m, other=-1)
-                        bk = tl.load(BinsK + row * n_k + offs_n, mask=on_n, other=-2)
-                        counts += (bq[:, None] == bk[None, :]).to(tl.int32)
-    return counts + n_full, n_touch
+    n_q64 = n_q.to(tl.int64)
+    # ``n0 >> 31`` is 0 (n0 >= 0) but not provably so: it keeps the row loads inside the
+    # caller's key loop (L1 hits) instead of hoisting 2 * S_BLOCK row vectors, broadcast
+    # to tiles, into registers for the whole loop (register spills).
+    row = (h.to(tl.int64) * num_samples + c0) * n_q64 + offs_m + (n0 >> 31)
+    for t in tl.static_range(S_BLOCK):
+        valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
+        a = tl.load(RowStart + row + t * n_q64, mask=valid, other=0)
+        w = tl.load(RowWidth + row + t * n_q64, mask=valid, other=0)
+        d = (cols[None, :] - a[:, None]).to(tl.uint32, bitcast=True)
+        counts += (d < w.to(tl.uint32, bitcast=True)[:, None]).to(tl.int32)
+    return counts

@@ -25,13 +25,19 @@ import triton
 import triton.language as tl
 
 from .ordering import position_order, sort_positions, take_rows
-from .tiling import _sum_combine, make_plan, tile_counts
-from .triton_forward import LOG2E, _pow2, _unroll_for, default_blocks
+from .tiling import (
+    make_plan,
+    plan_query_range,
+    sample_block,
+    sum_combine,
+    tile_counts,
+)
+from .triton_forward import LENGTHS, LOG2E, default_blocks, dot_precision, pow2
 
 __all__ = ["plsh_backward_triton"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["n_q", "num_heads", "n_q_tiles"])
 def _delta_kernel(
     Out,
     DOut,
@@ -71,25 +77,46 @@ def _delta_kernel(
     ).to(tl.float32)
     tl.store(
         Delta + bh.to(tl.int64) * n_q + offs_m,
-        tl.reduce(o * do, 1, _sum_combine),
+        tl.reduce(o * do, 1, sum_combine),
         mask=offs_m < n_q,
     )
 
 
 @triton.jit
 def _probabilities(
-    q, k_t, counts, admissible, lse2, scale_log2, DOT_PREC: tl.constexpr, VARIANT: tl.constexpr
+    q, k_t, counts, live, lse2, scale_log2, DOT_PREC: tl.constexpr, VARIANT: tl.constexpr
 ):
-    """``P = C exp2(x log2 e - lse2)`` on admissible pairs, 0 elsewhere (float32)."""
+    """``P = C exp2(x log2 e - lse2)`` on admissible pairs (``C > 0``, live row), else 0."""
     logits = tl.dot(q, k_t, input_precision=DOT_PREC) * scale_log2
-    if VARIANT == 0:
-        weight = counts.to(tl.float32)
-    else:  # negative control: counts ignored (mask only), forward/backward mismatch
-        weight = tl.full(counts.shape, 1.0, dtype=tl.float32)
+    weight = counts.to(tl.float32)  # one layout conversion (to the MMA layout)
+    admissible = (weight > 0.0) & live[:, None]
+    if VARIANT != 0:  # negative control: counts ignored (mask only), forward/backward mismatch
+        weight = tl.where(admissible, 1.0, 0.0)
     return tl.where(admissible, tl.exp2(logits - lse2[:, None]) * weight, 0.0)
 
 
 @triton.jit
+def _tile_counts_any(
+    RowStart, RowWidth, h, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr, MULTI_CHUNK: tl.constexpr,
+):  # fmt: skip
+    """:func:`plsh_fast.tiling.tile_counts` over all samples (several passes if needed)."""
+    if MULTI_CHUNK:
+        counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        for c0 in range(0, num_samples, S_BLOCK):
+            counts += tile_counts(
+                RowStart, RowWidth, h, c0, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M,
+                BLOCK_N, S_BLOCK,
+            )  # fmt: skip
+    else:
+        counts = tile_counts(
+            RowStart, RowWidth, h, 0, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M, BLOCK_N,
+            S_BLOCK,
+        )  # fmt: skip
+    return counts
+
+
+@triton.jit(do_not_specialize=LENGTHS)
 def _bwd_dq_kernel(
     Q,
     K,
@@ -98,15 +125,10 @@ def _bwd_dq_kernel(
     Lse,
     Delta,
     DQ,
-    BinsQ,
-    BinsK,
-    QLo,
-    QHi,
-    KLo,
-    KHi,
+    RowStart,
+    RowWidth,
     KeyRange,
-    QPos,
-    KPos,
+    HeadOrder,
     sqb,
     sqh,
     sqm,
@@ -127,13 +149,13 @@ def _bwd_dq_kernel(
     sgh,
     sgm,
     sgd,
+    batch,
     n_q,
     n_k,
     num_heads,
     group,
     num_samples,
     n_q_tiles,
-    n_k_tiles,
     scale,
     scale_log2,
     log2_s,
@@ -143,19 +165,19 @@ def _bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
-    S_CHUNK: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    S_BLOCK: tl.constexpr,
+    MULTI_CHUNK: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
     VARIANT: tl.constexpr,
-    CLASSIFY: tl.constexpr,
-    UNROLL: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    m_tile = pid % n_q_tiles
-    bh = pid // n_q_tiles
-    b = (bh // num_heads).to(tl.int64)
-    h = bh % num_heads
+    m_tile = n_q_tiles - 1 - pid % n_q_tiles
+    rest = pid // n_q_tiles
+    b = (rest % batch).to(tl.int64)
+    h = tl.load(HeadOrder + rest // batch)
+    bh = b * num_heads + h
     hk = (h // group).to(tl.int64)
     offs_m = m_tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
@@ -176,66 +198,37 @@ def _bwd_dq_kernel(
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
-    row = bh.to(tl.int64) * n_q + offs_m
+    row = bh * n_q + offs_m
     lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
     delta = tl.load(Delta + row, mask=m_valid, other=0.0)
     live = lse > float("-inf")
     lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
-    qpos = tl.load(QPos + offs_m, mask=m_valid, other=0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     rng = KeyRange + (h.to(tl.int64) * n_q_tiles + m_tile) * 2
-    for start_n in range(tl.load(rng), tl.load(rng + 1), BLOCK_N):
+    for start_n in tl.range(tl.load(rng), tl.load(rng + 1), BLOCK_N, num_stages=NUM_STAGES):
         offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         n_valid = offs_n < n_k
-        counts, n_touch = tile_counts(
-            BinsQ,
-            BinsK,
-            QLo,
-            QHi,
-            KLo,
-            KHi,
-            h,
-            m_tile,
-            start_n // BLOCK_N,
-            offs_m,
-            offs_n,
-            m_valid,
-            n_valid,
-            n_q,
-            n_k,
-            num_samples,
-            n_q_tiles,
-            n_k_tiles,
-            BLOCK_M,
-            BLOCK_N,
-            S_CHUNK,
-            CLASSIFY,
-            UNROLL,
+        k = tl.load(
+            K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
+            mask=n_valid[:, None] & d_valid[None, :],
+            other=0.0,
         )
-        if n_touch > 0:
-            admissible = (counts > 0) & n_valid[None, :] & live[:, None]
-            if CAUSAL:
-                kpos = tl.load(KPos + offs_n, mask=n_valid, other=0)
-                admissible = admissible & (kpos[None, :] <= qpos[:, None])
-            k = tl.load(
-                K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-                mask=n_valid[:, None] & d_valid[None, :],
-                other=0.0,
-            )
-            v_t = tl.load(
-                V + b * svb + hk * svh + offs_n[None, :] * svn + offs_dv[:, None] * svd,
-                mask=n_valid[None, :] & dv_valid[:, None],
-                other=0.0,
-            )
-            if UPCAST:
-                k = k.to(tl.float32)
-                v_t = v_t.to(tl.float32)
-            p = _probabilities(
-                q, tl.trans(k), counts, admissible, lse2, scale_log2, DOT_PREC, VARIANT
-            )
-            dp = tl.dot(do, v_t, input_precision=DOT_PREC)
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PREC)
+        v_t = tl.load(
+            V + b * svb + hk * svh + offs_n[None, :] * svn + offs_dv[:, None] * svd,
+            mask=n_valid[None, :] & dv_valid[:, None],
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+            v_t = v_t.to(tl.float32)
+        counts = _tile_counts_any(
+            RowStart, RowWidth, h, start_n, offs_m, m_valid, n_q, num_samples, BLOCK_M,
+            BLOCK_N, S_BLOCK, MULTI_CHUNK,
+        )  # fmt: skip
+        p = _probabilities(q, tl.trans(k), counts, live, lse2, scale_log2, DOT_PREC, VARIANT)
+        dp = tl.dot(do, v_t, input_precision=DOT_PREC)
+        ds = p * (dp - delta[:, None])
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PREC)
     tl.store(
         DQ + b * sgb + h.to(tl.int64) * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
         (dq * scale).to(DQ.dtype.element_ty),
@@ -243,7 +236,7 @@ def _bwd_dq_kernel(
     )
 
 
-@triton.jit
+@triton.jit(do_not_specialize=LENGTHS + ["num_heads_kv", "n_k_tiles"])
 def _bwd_dkdv_kernel(
     Q,
     K,
@@ -253,15 +246,9 @@ def _bwd_dkdv_kernel(
     Delta,
     DK,
     DV_,
-    BinsQ,
-    BinsK,
-    QLo,
-    QHi,
-    KLo,
-    KHi,
+    RowStart,
+    RowWidth,
     QueryRange,
-    QPos,
-    KPos,
     sqb,
     sqh,
     sqm,
@@ -286,6 +273,7 @@ def _bwd_dkdv_kernel(
     svgh,
     svgn,
     svgd,
+    batch,
     n_q,
     n_k,
     num_heads,
@@ -303,20 +291,20 @@ def _bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
-    S_CHUNK: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    S_BLOCK: tl.constexpr,
+    MULTI_CHUNK: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
     VARIANT: tl.constexpr,
-    CLASSIFY: tl.constexpr,
-    UNROLL: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    n_tile = pid % n_k_tiles
+    n_tile = pid % n_k_tiles  # first key tiles first: causally they have the most queries
     bhk = pid // n_k_tiles
-    b = (bhk // num_heads_kv).to(tl.int64)
-    hk = bhk % num_heads_kv
-    offs_n = n_tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
+    b = (bhk % batch).to(tl.int64)
+    hk = bhk // batch
+    n0 = n_tile * BLOCK_N
+    offs_n = n0.to(tl.int64) + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     n_valid = offs_n < n_k
@@ -337,77 +325,45 @@ def _bwd_dkdv_kernel(
         v = v.to(tl.float32)
     k_t = tl.trans(k)
     v_t = tl.trans(v)
-    kpos = tl.load(KPos + offs_n, mask=n_valid, other=0)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     for g in range(group):
         h = hk * group + g
         rng = QueryRange + (h.to(tl.int64) * n_k_tiles + n_tile) * 2
-        for start_m in range(tl.load(rng), tl.load(rng + 1), BLOCK_M):
-            m_tile = start_m // BLOCK_M
+        for start_m in tl.range(tl.load(rng), tl.load(rng + 1), BLOCK_M, num_stages=NUM_STAGES):
             offs_m = start_m + tl.arange(0, BLOCK_M).to(tl.int64)
             m_valid = offs_m < n_q
-            counts, n_touch = tile_counts(
-                BinsQ,
-                BinsK,
-                QLo,
-                QHi,
-                KLo,
-                KHi,
-                h,
-                m_tile,
-                n_tile,
-                offs_m,
-                offs_n,
-                m_valid,
-                n_valid,
-                n_q,
-                n_k,
-                num_samples,
-                n_q_tiles,
-                n_k_tiles,
-                BLOCK_M,
-                BLOCK_N,
-                S_CHUNK,
-                CLASSIFY,
-                UNROLL,
+            q = tl.load(
+                Q + b * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
+                mask=m_valid[:, None] & d_valid[None, :],
+                other=0.0,
             )
-            if n_touch > 0:
-                row = (b * num_heads + h) * n_q + offs_m
-                lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
-                delta = tl.load(Delta + row, mask=m_valid, other=0.0)
-                live = lse > float("-inf")
-                lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
-                admissible = (counts > 0) & n_valid[None, :] & (m_valid & live)[:, None]
-                if CAUSAL:
-                    qpos = tl.load(QPos + offs_m, mask=m_valid, other=0)
-                    admissible = admissible & (kpos[None, :] <= qpos[:, None])
-                q = tl.load(
-                    Q
-                    + b * sqb
-                    + h.to(tl.int64) * sqh
-                    + offs_m[:, None] * sqm
-                    + offs_d[None, :] * sqd,
-                    mask=m_valid[:, None] & d_valid[None, :],
-                    other=0.0,
-                )
-                do = tl.load(
-                    DOut
-                    + b * sdb
-                    + h.to(tl.int64) * sdh
-                    + offs_m[:, None] * sdm
-                    + offs_dv[None, :] * sdd,
-                    mask=m_valid[:, None] & dv_valid[None, :],
-                    other=0.0,
-                )
-                if UPCAST:
-                    q = q.to(tl.float32)
-                    do = do.to(tl.float32)
-                p = _probabilities(q, k_t, counts, admissible, lse2, scale_log2, DOT_PREC, VARIANT)
-                dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=DOT_PREC)
-                dp = tl.dot(do, v_t, input_precision=DOT_PREC)
-                ds = p * (dp - delta[:, None])
-                dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=DOT_PREC)
+            do = tl.load(
+                DOut
+                + b * sdb
+                + h.to(tl.int64) * sdh
+                + offs_m[:, None] * sdm
+                + offs_dv[None, :] * sdd,
+                mask=m_valid[:, None] & dv_valid[None, :],
+                other=0.0,
+            )
+            row = (b * num_heads + h) * n_q + offs_m
+            lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
+            delta = tl.load(Delta + row, mask=m_valid, other=0.0)
+            if UPCAST:
+                q = q.to(tl.float32)
+                do = do.to(tl.float32)
+            counts = _tile_counts_any(
+                RowStart, RowWidth, h, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M,
+                BLOCK_N, S_BLOCK, MULTI_CHUNK,
+            )  # fmt: skip
+            live = lse > float("-inf")
+            lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
+            p = _probabilities(q, k_t, counts, m_valid & live, lse2, scale_log2, DOT_PREC, VARIANT)
+            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=DOT_PREC)
+            dp = tl.dot(do, v_t, input_precision=DOT_PREC)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=DOT_PREC)
     tl.store(
         DK + b * skgb + hk.to(tl.int64) * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
         (dk * scale).to(DK.dtype.element_ty),
@@ -434,12 +390,13 @@ def plsh_backward_triton(
     scale: float,
     causal: bool,
     *,
+    plan=None,
+    positions_sorted: bool | None = None,
     _block_m: int | None = None,
     _block_n: int | None = None,
     _variant: int = 0,
     _num_warps=None,
-    _classify: bool = True,
-    _unroll: int = 0,
+    _num_stages=None,
 ):
     """Gradients of PLSH attention with respect to query, key and value (Triton).
 
@@ -454,6 +411,13 @@ def plsh_backward_triton(
     grad_out : torch.Tensor
         ``(batch, num_heads, n_q, head_dim_v)`` gradient of the loss with respect to ``out``
         (any strides, same dtype as ``out``).
+    plan : plsh_fast.tiling.TilePlan or None
+        The forward pass's plan (``plsh_forward_triton(..., return_plan=True)``), reused
+        instead of planning again (then the positions are taken as sorted, no check and no
+        host synchronisation); ``None`` plans here. Must come from the same positions,
+        partition, ``causal`` and default tile sizes.
+    positions_sorted : bool or None
+        As in :func:`plsh_fast.triton_forward.plsh_forward_triton`.
 
     Returns
     -------
@@ -474,59 +438,66 @@ def plsh_backward_triton(
     assert out.shape == grad_out.shape and lse.shape == (batch, num_heads, n_q)
     assert num_heads % num_heads_kv == 0 and pitch.shape[0] == num_heads
     num_samples = pitch.shape[1]
-    q_order, q_inverse = position_order(query_positions)
-    k_order, k_inverse = position_order(key_positions)
-    if q_order is not None or k_order is not None:
-        # Unsorted positions: the gradients of the forward's sorted rows, put back.
-        query, out, lse, grad_out = take_rows(q_order, query, out, lse, grad_out)
-        key, value = take_rows(k_order, key, value)
-        dq, dk, dv = plsh_backward_triton(
-            query,
-            key,
-            value,
-            out,
-            lse,
-            grad_out,
-            pitch,
-            offset,
-            sort_positions(query_positions, q_order),
-            sort_positions(key_positions, k_order),
-            scale,
-            causal,
-            _block_m=_block_m,
-            _block_n=_block_n,
-            _variant=_variant,
-            _num_warps=_num_warps,
-            _classify=_classify,
-            _unroll=_unroll,
-        )
-        return (*take_rows(q_inverse, dq), *take_rows(k_inverse, dk, dv))
+    kw = dict(
+        _block_m=_block_m,
+        _block_n=_block_n,
+        _variant=_variant,
+        _num_warps=_num_warps,
+        _num_stages=_num_stages,
+    )
+    if plan is None and not positions_sorted:
+        q_order, q_inverse = position_order(query_positions)
+        k_order, k_inverse = position_order(key_positions)
+        if q_order is not None or k_order is not None:
+            # Unsorted positions: the gradients of the forward's sorted rows, put back.
+            query, out, lse, grad_out = take_rows(q_order, query, out, lse, grad_out)
+            key, value = take_rows(k_order, key, value)
+            dq, dk, dv = plsh_backward_triton(
+                query,
+                key,
+                value,
+                out,
+                lse,
+                grad_out,
+                pitch,
+                offset,
+                sort_positions(query_positions, q_order),
+                sort_positions(key_positions, k_order),
+                scale,
+                causal,
+                positions_sorted=True,
+                **kw,
+            )
+            return (*take_rows(q_inverse, dq), *take_rows(k_inverse, dk, dv))
     dev = query.device
     dq = torch.zeros_like(query, memory_format=torch.contiguous_format)
     dk = torch.zeros_like(key, memory_format=torch.contiguous_format)
     dv = torch.zeros_like(value, memory_format=torch.contiguous_format)
     if batch == 0 or n_q == 0 or n_k == 0:
         return dq, dk, dv
-    block_m, block_n, num_warps = default_blocks(head_dim, head_dim_v, dev, query.dtype)
+    block_m, block_n, num_warps, num_stages = default_blocks(head_dim, head_dim_v, dev, query.dtype)
     block_m = _block_m or block_m
     block_n = _block_n or block_n
     num_warps = _num_warps or num_warps
-    plan = make_plan(
-        query_positions,
-        key_positions,
-        pitch,
-        offset,
-        causal=causal,
-        block_m=block_m,
-        block_n=block_n,
-        query_range=True,
-    )
+    num_stages = _num_stages or num_stages
+    if plan is None:
+        plan = make_plan(
+            query_positions,
+            key_positions,
+            pitch,
+            offset,
+            causal=causal,
+            block_m=block_m,
+            block_n=block_n,
+        )
+    assert (plan.block_m, plan.block_n, plan.causal, plan.n_k) == (block_m, block_n, causal, n_k)
+    plan_query_range(plan)
     n_q_tiles = triton.cdiv(n_q, block_m)
     n_k_tiles = triton.cdiv(n_k, block_n)
     lse = lse.to(torch.float32).contiguous()
     grad_out = grad_out.to(query.dtype)
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
-    block_d, block_dv = _pow2(head_dim), _pow2(head_dim_v)
+    block_d, block_dv = pow2(head_dim), pow2(head_dim_v)
     _delta_kernel[(n_q_tiles * batch * num_heads,)](
         out,
         grad_out,
@@ -542,9 +513,7 @@ def plsh_backward_triton(
     )
     interp = type(_bwd_dq_kernel).__name__ == "InterpretedFunction"
     upcast = query.dtype == torch.bfloat16 and interp
-    prec = "ieee" if (query.dtype == torch.float32 or upcast) else "tf32"
-    qpos = query_positions.contiguous()
-    kpos = key_positions.contiguous()
+    s_block, multi = sample_block(num_samples)
     common = dict(
         D=head_dim,
         DV=head_dim_v,
@@ -552,14 +521,14 @@ def plsh_backward_triton(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         BLOCK_DV=block_dv,
-        S_CHUNK=min(32, _pow2(num_samples, minimum=2)),
-        CAUSAL=bool(causal),
+        S_BLOCK=s_block,
+        MULTI_CHUNK=multi,
         UPCAST=upcast,
-        DOT_PREC=prec,
+        DOT_PREC=dot_precision(query.dtype, interp or upcast),
         VARIANT=int(_variant),
-        CLASSIFY=bool(_classify),
-        UNROLL=_unroll_for(_unroll, num_samples),
+        NUM_STAGES=num_stages,
         num_warps=num_warps,
+        num_stages=num_stages,
     )
     scale = float(scale)
     log2_s = math.log2(num_samples)
@@ -571,27 +540,22 @@ def plsh_backward_triton(
         lse,
         delta,
         dq,
-        plan.bins_q,
-        plan.bins_k,
-        plan.qlo,
-        plan.qhi,
-        plan.klo,
-        plan.khi,
+        plan.row_start,
+        plan.row_width,
         plan.key_range,
-        qpos,
-        kpos,
+        plan.head_order,
         *query.stride(),
         *key.stride(),
         *value.stride(),
         *grad_out.stride(),
         *dq.stride(),
+        batch,
         n_q,
         n_k,
         num_heads,
         num_heads // num_heads_kv,
         num_samples,
         n_q_tiles,
-        n_k_tiles,
         scale,
         scale * LOG2E,
         log2_s,
@@ -606,21 +570,16 @@ def plsh_backward_triton(
         delta,
         dk,
         dv,
-        plan.bins_q,
-        plan.bins_k,
-        plan.qlo,
-        plan.qhi,
-        plan.klo,
-        plan.khi,
+        plan.row_start,
+        plan.row_width,
         plan.query_range,
-        qpos,
-        kpos,
         *query.stride(),
         *key.stride(),
         *value.stride(),
         *grad_out.stride(),
         *dk.stride(),
         *dv.stride(),
+        batch,
         n_q,
         n_k,
         num_heads,

@@ -3,18 +3,21 @@
 PLSH attention (Wolfson & Wagner 2026, Theorem 2.2; SPEC section 3) is softmax attention
 with the additive bias ``log M~_ij = log(C_ij / s)``, where ``C_ij`` counts the samples
 whose bins put positions ``p_i`` and ``p_j`` together. One program handles one query tile
-of one (batch, head) and makes a single pass over the keys its blocks can reach (planned
+of one (batch, head) and makes a single pass over the keys its rows can reach (planned
 by :mod:`plsh_fast.tiling`, about ``BLOCK_M + sigma (ln s + ln ln s)`` keys per tile for
 sorted positions), with an online softmax in which key ``j`` is weighted by ``C_ij``:
 
 ``out_i = sum_j C_ij exp(c q_i.k_j - m_i) v_j / sum_j C_ij exp(c q_i.k_j - m_i)``,
 ``lse_i = m_i + log(sum_j C_ij exp(c q_i.k_j - m_i)) - log(s)``,
 
-with ``m_i`` the running maximum of the logits over admissible keys (``C_ij > 0``, and
-``p_j <= p_i`` when causal). Since ``C_ij <= s`` the weights never overflow, and no
-logarithm of a count is taken. The counts of a tile pair come from
-:func:`plsh_fast.tiling.tile_counts` (per-sample classification, element-wise bin
-comparison only for samples whose bins split the tile pair).
+with ``m_i`` the running maximum of the logits over admissible keys (``C_ij > 0``; the
+causal mask is part of the counts' interval form). Since ``C_ij <= s`` the weights never
+overflow, and no logarithm of a count is taken. The counts of a tile pair come from
+:func:`plsh_fast.tiling.tile_counts` (interval form: two int32 comparisons per element and
+mixed sample, none for samples that cover or miss the whole tile pair). The key loop is a
+software-pipelined ``tl.range`` (key/value tiles loaded ``num_stages - 1`` steps ahead,
+``cp.async``/TMA on sm_80+/sm_90; ``benchmarks/aot_report.py`` checks it). Programs take
+the heads with the most planned work first and, within a head, the last query tiles first.
 """
 
 from __future__ import annotations
@@ -26,29 +29,29 @@ import triton
 import triton.language as tl
 
 from .ordering import position_order, sort_positions, take_rows
-from .tiling import _max_combine, _sum_combine, make_plan, tile_counts
+from .tiling import make_plan, max_combine, sample_block, sum_combine, tile_counts
 
-__all__ = ["plsh_forward_triton", "default_blocks"]
+__all__ = ["plsh_forward_triton", "default_blocks", "dot_precision", "pow2", "LOG2E"]
 
 LOG2E = 1.4426950408889634
 
+#: Scalar arguments that change with the problem size: not specialised (no recompilation
+#: per length; Triton would otherwise compile one kernel per divisibility class).
+LENGTHS = ["batch", "n_q", "n_k", "num_heads", "group", "num_samples", "n_q_tiles"]
 
-@triton.jit
+
+@triton.jit(do_not_specialize=LENGTHS)
 def _fwd_kernel(
     Q,
     K,
     V,
     Out,
     Lse,
-    BinsQ,
-    BinsK,
-    QLo,
-    QHi,
-    KLo,
-    KHi,
+    RowStart,
+    RowWidth,
     KeyRange,
-    QPos,
-    KPos,
+    CausalEnd,
+    HeadOrder,
     sqb,
     sqh,
     sqm,
@@ -65,13 +68,13 @@ def _fwd_kernel(
     soh,
     som,
     sod,
+    batch,
     n_q,
     n_k,
     num_heads,
     group,
     num_samples,
     n_q_tiles,
-    n_k_tiles,
     scale_log2,
     log_s,
     D: tl.constexpr,
@@ -80,19 +83,18 @@ def _fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
-    S_CHUNK: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    S_BLOCK: tl.constexpr,
+    MULTI_CHUNK: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
     VARIANT: tl.constexpr,
-    CLASSIFY: tl.constexpr,
-    UNROLL: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
-    m_tile = pid % n_q_tiles
-    bh = pid // n_q_tiles
-    b = bh // num_heads
-    h = bh % num_heads
+    m_tile = n_q_tiles - 1 - pid % n_q_tiles  # last (causally longest) query tiles first
+    rest = pid // n_q_tiles
+    b = rest % batch
+    h = tl.load(HeadOrder + rest // batch)  # heads with the most planned work first
     hk = h // group
     b64 = b.to(tl.int64)
 
@@ -110,7 +112,8 @@ def _fwd_kernel(
     )
     if UPCAST:
         q = q.to(tl.float32)
-    qpos = tl.load(QPos + offs_m, mask=m_valid, other=0)
+    if VARIANT == 3:
+        causal_end = tl.load(CausalEnd + offs_m, mask=m_valid, other=0)
 
     k_base = K + b64 * skb + hk.to(tl.int64) * skh
     v_base = V + b64 * svb + hk.to(tl.int64) * svh
@@ -122,68 +125,54 @@ def _fwd_kernel(
     rng = KeyRange + (h.to(tl.int64) * n_q_tiles + m_tile) * 2
     key_start = tl.load(rng)
     key_end = tl.load(rng + 1)
-    for start_n in range(key_start, key_end, BLOCK_N):
+    for start_n in tl.range(key_start, key_end, BLOCK_N, num_stages=NUM_STAGES):
         offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         n_valid = offs_n < n_k
-        counts, n_touch = tile_counts(
-            BinsQ,
-            BinsK,
-            QLo,
-            QHi,
-            KLo,
-            KHi,
-            h,
-            m_tile,
-            start_n // BLOCK_N,
-            offs_m,
-            offs_n,
-            m_valid,
-            n_valid,
-            n_q,
-            n_k,
-            num_samples,
-            n_q_tiles,
-            n_k_tiles,
-            BLOCK_M,
-            BLOCK_N,
-            S_CHUNK,
-            CLASSIFY,
-            UNROLL,
+        k = tl.load(
+            k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
+            mask=n_valid[None, :] & d_valid[:, None],
+            other=0.0,
         )
-        if n_touch > 0:
-            admissible = (counts > 0) & n_valid[None, :]
-            if CAUSAL:
-                kpos = tl.load(KPos + offs_n, mask=n_valid, other=0)
-                admissible = admissible & (kpos[None, :] <= qpos[:, None])
-            if VARIANT == 0:
-                weight = counts.to(tl.float32)
-            elif VARIANT == 1:  # negative control: bias -log C instead of +log C
-                weight = 1.0 / tl.maximum(counts, 1).to(tl.float32)
-            else:  # negative control: counts ignored (block mask only)
-                weight = tl.full([BLOCK_M, BLOCK_N], 1.0, dtype=tl.float32)
-            k = tl.load(
-                k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
-                mask=n_valid[None, :] & d_valid[:, None],
-                other=0.0,
-            )
-            if UPCAST:
-                k = k.to(tl.float32)
-            logits = tl.dot(q, k, input_precision=DOT_PREC) * scale_log2
-            logits = tl.where(admissible, logits, float("-inf"))
-            m_new = tl.maximum(m_i, tl.reduce(logits, 1, _max_combine))
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-            p = tl.where(admissible, tl.exp2(logits - m_use[:, None]) * weight, 0.0)
-            alpha = tl.exp2(m_i - m_use)
-            l_i = l_i * alpha + tl.reduce(p, 1, _sum_combine)
-            v = tl.load(
-                v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-                mask=n_valid[:, None] & dv_valid[None, :],
-                other=0.0,
-            )
-            if UPCAST:
-                v = v.to(tl.float32)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-            m_i = m_new
+        v = tl.load(
+            v_base + offs_n[:, None] * svn + offs_dv[None, :] * svd,
+            mask=n_valid[:, None] & dv_valid[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            k = k.to(tl.float32)
+            v = v.to(tl.float32)
+        if VARIANT == 3:  # ablation: no counts (planned range and causal mask only)
+            cols = start_n + tl.arange(0, BLOCK_N)
+            admissible = cols[None, :] < causal_end[:, None]
+            weight = tl.full([BLOCK_M, BLOCK_N], 1.0, dtype=tl.float32)
+        else:
+            if MULTI_CHUNK:
+                counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+                for c0 in range(0, num_samples, S_BLOCK):
+                    counts += tile_counts(
+                        RowStart, RowWidth, h, c0, start_n, offs_m, m_valid, n_q,
+                        num_samples, BLOCK_M, BLOCK_N, S_BLOCK,
+                    )  # fmt: skip
+            else:
+                counts = tile_counts(
+                    RowStart, RowWidth, h, 0, start_n, offs_m, m_valid, n_q, num_samples,
+                    BLOCK_M, BLOCK_N, S_BLOCK,
+                )  # fmt: skip
+            weight = counts.to(tl.float32)  # one layout conversion (to the MMA layout)
+            admissible = weight > 0.0
+            if VARIANT == 1:  # negative control: bias -log C instead of +log C
+                weight = 1.0 / tl.maximum(weight, 1.0)
+            elif VARIANT == 2:  # negative control: counts ignored (block mask only)
+                weight = tl.where(admissible, 1.0, 0.0)
+        logits = tl.dot(q, k, input_precision=DOT_PREC) * scale_log2
+        logits = tl.where(admissible, logits, float("-inf"))
+        m_new = tl.maximum(m_i, tl.reduce(logits, 1, max_combine))
+        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.where(admissible, tl.exp2(logits - m_use[:, None]) * weight, 0.0)
+        alpha = tl.exp2(m_i - m_use)
+        l_i = l_i * alpha + tl.reduce(p, 1, sum_combine)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        m_i = m_new
 
     nonempty = l_i > 0.0
     l_safe = tl.where(nonempty, l_i, 1.0)
@@ -197,35 +186,41 @@ def _fwd_kernel(
     tl.store(Lse + (b64 * num_heads + h) * n_q + offs_m, lse, mask=m_valid)
 
 
-def _pow2(x: int, minimum: int = 16) -> int:
+def pow2(x: int, minimum: int = 16) -> int:
+    """Smallest power of two ``>= max(x, minimum)`` (tile widths of ``tl.arange``)."""
     return max(minimum, triton.next_power_of_2(max(int(x), 1)))
 
 
 def default_blocks(
     head_dim: int, head_dim_v: int, device: torch.device, dtype: torch.dtype = torch.bfloat16
-) -> tuple[int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps)`` for a head size (untuned heuristic; GPU-measured later).
+) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the shipped kernels for a head size.
 
-    Small query tiles keep the planned key range ``BLOCK_M + window`` tight (the PLSH window
-    is short for small sigma); wide heads use narrower key tiles to bound registers.
+    Chosen so that no kernel spills registers at ``head_dim <= 128`` on sm_90/sm_80
+    (``benchmarks/aot_report.py``, table in ``benchmarks/results/aot_*.md``; speed is a GPU
+    measurement, ``benchmarks/gpu_check.py``). Small query tiles keep the planned key range
+    ``BLOCK_M + window`` tight (the PLSH window is short for small sigma). In the
+    interpreter (CPU tensors) 16 x 16 tiles.
     """
     if device.type != "cuda":
-        return 16, 16, 4
+        return 16, 16, 4, 1
     widest = max(head_dim, head_dim_v)
-    if widest <= 64:
-        return 64, 64, 4
+    if widest <= 128 and dtype == torch.float32:  # 3-stage 64x64 fp32 tiles: > 227 KB smem
+        return 64, 32, 4, 2
     if widest <= 128:
-        return 64, 64, 4
+        return 64, 64, 4, 3
     if dtype == torch.float32:  # float32 tiles of width 256: stay inside shared memory
-        return 32, 32, 8
-    return 64, 32, 8
+        return 32, 32, 8, 2
+    return 64, 32, 8, 2
 
 
-def _unroll_for(unroll: int, num_samples: int) -> int:
-    """Sample-group size of :func:`plsh_fast.tiling.tile_counts` (0: one mixed sample at a time)."""
-    if unroll <= 0:
-        return 0
-    return min(triton.next_power_of_2(unroll), min(32, _pow2(num_samples, minimum=2)))
+def dot_precision(dtype: torch.dtype, interpreted: bool) -> str:
+    """``input_precision`` of ``tl.dot``: float32 inputs use ``tf32x3`` (three TF32 MMAs,
+    about float32 accuracy at tensor-core speed) when compiled; half types use the native
+    MMA ("tf32" is ignored for them); the interpreter computes in float32 ("ieee")."""
+    if interpreted:
+        return "ieee"
+    return "tf32x3" if dtype == torch.float32 else "tf32"
 
 
 def _interpreting() -> bool:
@@ -243,12 +238,13 @@ def plsh_forward_triton(
     scale: float,
     causal: bool,
     *,
+    positions_sorted: bool | None = None,
+    return_plan: bool = False,
     _block_m: int | None = None,
     _block_n: int | None = None,
     _variant: int = 0,
     _num_warps=None,
-    _classify: bool = True,
-    _unroll: int = 0,
+    _num_stages=None,
 ):
     """PLSH attention forward on the fused Triton kernel.
 
@@ -271,10 +267,19 @@ def plsh_forward_triton(
         Logit scale ``c`` (``A_ij = exp(c q_i . k_j)``).
     causal : bool
         Keys with ``p_j > p_i`` are inadmissible.
+    positions_sorted : bool or None
+        ``True``: the caller guarantees both position vectors are non-decreasing (e.g. the
+        default ``arange`` positions), so no check runs and the forward pass has **no host
+        synchronisation**. ``None`` (default): checked (one synchronisation) and unsorted
+        rows are sorted and put back (:mod:`plsh_fast.ordering`).
+    return_plan : bool
+        Also return the :class:`plsh_fast.tiling.TilePlan` (for
+        :func:`plsh_fast.triton_backward.plsh_backward_triton`'s ``plan``); ``None`` when
+        the positions had to be sorted (the plan then describes the sorted rows).
 
     Returns
     -------
-    (out, lse) : tuple of torch.Tensor
+    (out, lse) or (out, lse, plan) : tuple
         ``out`` ``(batch, num_heads, n_q, head_dim_v)`` in the query dtype (contiguous);
         ``lse`` float32 ``(batch, num_heads, n_q)``, ``log sum_j A_ij M~_ij`` (natural log).
         A row with no admissible key has ``out = 0`` and ``lse = -inf``.
@@ -296,40 +301,46 @@ def plsh_forward_triton(
     assert head_dim <= 256 and head_dim_v <= 256
     num_samples = pitch.shape[1]
     assert 1 <= num_samples <= 32768  # C_ij <= s must stay finite in float16
-    q_order, q_inverse = position_order(query_positions)
-    k_order, _ = position_order(key_positions)
-    if q_order is not None or k_order is not None:
-        # Unsorted positions: run on rows sorted by position, where every query tile has
-        # a bounded key range (plsh_fast.ordering), and put the rows back.
-        (query,) = take_rows(q_order, query)
-        key, value = take_rows(k_order, key, value)
-        out, lse = plsh_forward_triton(
-            query,
-            key,
-            value,
-            pitch,
-            offset,
-            sort_positions(query_positions, q_order),
-            sort_positions(key_positions, k_order),
-            scale,
-            causal,
-            _block_m=_block_m,
-            _block_n=_block_n,
-            _variant=_variant,
-            _num_warps=_num_warps,
-            _classify=_classify,
-            _unroll=_unroll,
-        )
-        return take_rows(q_inverse, out, lse)
+    kw = dict(
+        _block_m=_block_m,
+        _block_n=_block_n,
+        _variant=_variant,
+        _num_warps=_num_warps,
+        _num_stages=_num_stages,
+    )
+    if not positions_sorted:
+        q_order, q_inverse = position_order(query_positions)
+        k_order, _ = position_order(key_positions)
+        if q_order is not None or k_order is not None:
+            # Unsorted positions: run on rows sorted by position (the interval form of the
+            # counts needs sorted keys) and put the rows back.
+            (query,) = take_rows(q_order, query)
+            key, value = take_rows(k_order, key, value)
+            out, lse = plsh_forward_triton(
+                query,
+                key,
+                value,
+                pitch,
+                offset,
+                sort_positions(query_positions, q_order),
+                sort_positions(key_positions, k_order),
+                scale,
+                causal,
+                positions_sorted=True,
+                **kw,
+            )
+            out, lse = take_rows(q_inverse, out, lse)
+            return (out, lse, None) if return_plan else (out, lse)
     dev = query.device
     out = torch.zeros((batch, num_heads, n_q, head_dim_v), dtype=query.dtype, device=dev)
     lse = torch.full((batch, num_heads, n_q), float("-inf"), dtype=torch.float32, device=dev)
     if batch == 0 or n_q == 0 or n_k == 0:
-        return out, lse
-    block_m, block_n, num_warps = default_blocks(head_dim, head_dim_v, dev, query.dtype)
+        return (out, lse, None) if return_plan else (out, lse)
+    block_m, block_n, num_warps, num_stages = default_blocks(head_dim, head_dim_v, dev, query.dtype)
     block_m = _block_m or block_m
     block_n = _block_n or block_n
     num_warps = _num_warps or num_warps
+    num_stages = _num_stages or num_stages
     plan = make_plan(
         query_positions,
         key_positions,
@@ -340,10 +351,9 @@ def plsh_forward_triton(
         block_n=block_n,
     )
     n_q_tiles = triton.cdiv(n_q, block_m)
-    n_k_tiles = triton.cdiv(n_k, block_n)
     interp = _interpreting()
     upcast = query.dtype == torch.bfloat16 and interp
-    prec = "ieee" if (query.dtype == torch.float32 or upcast) else "tf32"
+    s_block, multi = sample_block(num_samples)
     grid = (n_q_tiles * batch * num_heads,)
     assert grid[0] < 2**31
     _fwd_kernel[grid](
@@ -352,41 +362,37 @@ def plsh_forward_triton(
         value,
         out,
         lse,
-        plan.bins_q,
-        plan.bins_k,
-        plan.qlo,
-        plan.qhi,
-        plan.klo,
-        plan.khi,
+        plan.row_start,
+        plan.row_width,
         plan.key_range,
-        query_positions.contiguous(),
-        key_positions.contiguous(),
+        plan.causal_end,
+        plan.head_order,
         *query.stride(),
         *key.stride(),
         *value.stride(),
         *out.stride(),
+        batch,
         n_q,
         n_k,
         num_heads,
         num_heads // num_heads_kv,
         num_samples,
         n_q_tiles,
-        n_k_tiles,
         float(scale) * LOG2E,
         math.log(num_samples),
         D=head_dim,
         DV=head_dim_v,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        BLOCK_D=_pow2(head_dim),
-        BLOCK_DV=_pow2(head_dim_v),
-        S_CHUNK=min(32, _pow2(num_samples, minimum=2)),
-        CAUSAL=bool(causal),
+        BLOCK_D=pow2(head_dim),
+        BLOCK_DV=pow2(head_dim_v),
+        S_BLOCK=s_block,
+        MULTI_CHUNK=multi,
         UPCAST=upcast,
-        DOT_PREC=prec,
+        DOT_PREC=dot_precision(query.dtype, interp or upcast),
         VARIANT=int(_variant),
-        CLASSIFY=bool(_classify),
-        UNROLL=_unroll_for(_unroll, num_samples),
+        NUM_STAGES=num_stages,
         num_warps=num_warps,
+        num_stages=num_stages,
     )
-    return out, lse
+    return (out, lse, plan) if return_plan else (out, lse)

@@ -104,6 +104,7 @@ def test_dry_run_writes_tables(tmp_path):
     assert len(bench) == 12 and (bench[0]["n"], bench[0]["s"]) == (65536, 16)
     assert all(math.isfinite(r["estimate_s"]) for r in bench)
     md = (out / "results.md").read_text()
-    assert "dry run" in md and md.count("| 65536 | 16 |") == 1
-    assert "| BM64_BN64_w4_noclassify |" in md
+    # one row in the main table and one in the peers (window, SDPA, no-counts) table
+    assert "dry run" in md and md.count("| 65536 | 16 |") == 2
+    assert "| BM64_BN64_w4_st3_nocounts |" in md and "Flex window fwd" in md
     assert md.count("\n| ") >= 12 + 4  # bench rows + correctness rows + headers

@@ -153,16 +153,28 @@ def test_bfloat16_upcast_in_interpreter():
     _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "bfloat16")
 
 
-def test_grouped_sample_counts_give_the_same_gradients():
-    """The grouped (UNROLL=4) count path gives bit-identical gradients."""
+def test_plan_saved_by_the_forward_gives_the_same_gradients(monkeypatch):
+    """Backward with the forward's plan (no second planning pass) is bit-identical."""
     rng = np.random.default_rng(6)
     partition, q, k, v, g = _case(
         rng, 1, 2, 1, 35, 35, 6, 6, 5, torch.float32, np.array([2.0, 25.0]), 6
     )
-    pos = np.arange(35)
-    one = _kernel_grads(q, k, v, g, partition, pos, pos, 0.5, True)
-    grouped = _kernel_grads(q, k, v, g, partition, pos, pos, 0.5, True, _unroll=4)
-    assert all(torch.equal(a, b) for a, b in zip(one, grouped))
+    pos = torch.arange(35)
+    pitch = torch.from_numpy(np.array(partition.pitch))
+    offset = torch.from_numpy(np.array(partition.offset))
+    blocks = dict(_block_m=BLOCK, _block_n=BLOCK)
+    out, lse, plan = triton_forward.plsh_forward_triton(
+        q, k, v, pitch, offset, pos, pos, 0.5, True, return_plan=True, **blocks
+    )
+    fresh = triton_backward.plsh_backward_triton(
+        q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, **blocks
+    )
+    planned = _triton_interp.record_plans(monkeypatch, triton_backward)
+    saved = triton_backward.plsh_backward_triton(
+        q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, plan=plan, **blocks
+    )
+    assert planned == []  # no planning in the backward pass
+    assert all(torch.equal(a, b) for a, b in zip(fresh, saved))
 
 
 def test_negative_control_counts_ignored_fails():

@@ -1,0 +1,140 @@
+"""Ahead-of-time compilation of the shipped Triton kernels for sm_90a and sm_80 (no GPU).
+
+``benchmarks/aot_report.py --set ci`` runs in a subprocess (``TRITON_INTERPRET`` unset:
+the kernels are compiled, not interpreted): it drives the real launch code with kernel
+recorders, specialises each launch with Triton's own binder for a ``GPUTarget`` and
+compiles it through ``triton.compile(ASTSource(...))``; ptxas (from the triton wheel)
+reports registers and spills. This is how GPU readiness is checked while no GPU is lent
+(issue 14): every configuration compiles, fp64 appears only in the bins kernel, no kernel
+spills at ``head_dim <= 128``, the key loops are software-pipelined (``cp.async``), and the
+dots lower to wgmma on sm_90 (``mma.sync`` on sm_80). What the kernels do not achieve yet
+is a strict xfail with the reason, so the test flips when it is fixed. The table is
+printed (``pytest -s``); ``benchmarks/results/aot_<date>.md`` keeps the full run.
+About 60-90 s on the shared 2-core CI machine (compile times are in the table).
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "benchmarks", "aot_report.py")
+
+
+def _load_report_module():
+    spec = importlib.util.spec_from_file_location("aot_report", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("aot_report", module)  # dataclasses look the module up
+    spec.loader.exec_module(module)
+    return module
+
+
+aot = _load_report_module()
+CONFIGS = [c.name for c in aot.CI_CONFIGS]
+DOT_KERNELS = ("_fwd_kernel", "_bwd_dq_kernel", "_bwd_dkdv_kernel")
+
+#: What the current kernels do not achieve (checked strictly: fixing one fails the test
+#: until its entry is removed). Keys: (check, configuration name).
+KNOWN = {
+    ("no_spills", "_bwd_dkdv_kernel bfloat16 d128 s16 sm90"): (
+        "dK/dV kernel: two 64x128 fp32 accumulators + the transposed key/value tiles "
+        "exceed 255 registers at 64x64 tiles (about 0.5 KB stack)"
+    ),
+    ("no_spills", "_fwd_kernel float32 d128 s16 sm90"): (
+        "fp32 (tf32x3: three MMAs per dot) at 64x32 tiles and head_dim 128 still spills "
+        "(about 0.2 KB stack)"
+    ),
+    ("no_spills", "_fwd_kernel bfloat16 d128 s16 sm80"): (
+        "sm_80 (mma.sync, register accumulators) at 64x64 tiles, head_dim 128 spills"
+    ),
+}
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"
+)
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    out = tmp_path_factory.mktemp("aot")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    res = subprocess.run(
+        [sys.executable, SCRIPT, "--set", "ci", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=900,
+    )
+    print(res.stdout[-6000:])
+    (path,) = glob.glob(str(out / "aot_*.json"))
+    with open(path) as f:
+        data = json.load(f)
+    by_name = {r["config"]: r for r in data["rows"]}
+    assert sorted(by_name) == sorted(CONFIGS), res.stderr[-3000:]
+    return by_name
+
+
+def _expect(request, check, name):
+    reason = KNOWN.get((check, name))
+    if reason is not None:
+        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_compiles(rows, name):
+    assert "error" not in rows[name], rows[name].get("error")
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_fp64_only_in_the_bins_kernel(rows, name):
+    row = rows[name]
+    if row["kernel"] == "_bins_kernel":
+        assert row["fp64"] > 0  # the detector sees the bins kernel's binary64 division
+    else:
+        assert row["fp64"] == 0
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_no_local_memory_spills_at_head_dim_up_to_128(request, rows, name):
+    row = rows[name]
+    assert row["head_dim"] <= 128
+    _expect(request, "no_spills", name)
+    assert (row["stack"], row["spill_stores"], row["spill_loads"]) == (0, 0, 0), row
+
+
+#: Shared memory per block that the kernel may use (opt-in maximum): sm_90 228 KB - 1 KB,
+#: sm_80 164 KB - 1 KB (CUDA C Programming Guide, compute capabilities table).
+SMEM_LIMIT = {90: 232448, 80: 166912}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_shared_memory_fits_the_target(rows, name):
+    row = rows[name]
+    assert row["smem"] <= SMEM_LIMIT[row["arch"]], row
+
+
+@pytest.mark.parametrize("name", [c for c in CONFIGS if c.split()[0] in DOT_KERNELS])
+def test_key_loops_are_pipelined_and_use_tensor_cores(request, rows, name):
+    row = rows[name]
+    _expect(request, "pipelined", name)
+    assert row["async_copies"] > 0, "no cp.async: the loads of the main loop are not pipelined"
+    assert row["stages"] >= 2
+    if row["arch"] >= 90:
+        assert row["wgmma"] > 0
+    else:
+        assert row["mma"] > 0
+
+
+def test_report_table(rows):
+    """The table (registers, spills, shared memory, stages per configuration)."""
+    table = aot.markdown_table([rows[n] for n in CONFIGS])
+    print("\n" + table)
+    assert table.count("\n") == len(CONFIGS) + 1
