@@ -253,3 +253,22 @@ def test_package_pages_list_the_functions_of_their_modules():
     # subpackages list their own functions on their own page, not on the parent's
     assert "plsh_ref.testing.suite.check_case`" not in top
     assert ":py:mod:`plsh_ref.testing`" in top
+
+
+SHARED_SPEC = ROOT.parent / "shared" / "SPEC.md"
+
+
+@pytest.mark.skipif(not SHARED_SPEC.is_file(), reason="no ../shared/SPEC.md next to the clone")
+def test_spec_page_is_the_shared_specification():
+    # docs/spec.md ships SPEC.md (whose section numbers docstrings cite) under a docs title
+    # and one introductory paragraph; the body must not drift from the source.
+    spec_body = SHARED_SPEC.read_text().split("\n", 1)[1]
+    page = (ROOT / "docs" / "spec.md").read_text()
+    assert page.endswith(spec_body)
+    assert page[: -len(spec_body)].count("\n\n") <= 2
+
+
+def test_spec_page_states_the_corrected_frobenius_limit():
+    text = (ROOT / "docs" / "spec.md").read_text()
+    assert "whatever sigma" not in text.replace('"about 1/s whatever sigma"', "")
+    assert "sech(1/sigma)" in text and "exp(-1/sigma)" in text
