@@ -44,7 +44,7 @@ __all__ = [
 DEFAULT_DTYPES = ("float16", "float32", "float64")
 
 #: position layouts of :func:`draw_positions`; ``default``, ``explicit`` and
-#: ``left_padding`` mean what they mean in :data:`POSITION_MODES`
+#: ``left_padding`` mean what they mean in :data:`plsh_ref.testing.problems.POSITION_MODES`
 POSITION_LAYOUTS = ("default", "explicit", "left_padding", "shifted", "gaps", "unsorted")
 
 
