@@ -159,3 +159,47 @@ def test_cli_bad_options_one_line_exit_2(argv, capsys, tmp_path):
     assert code == 2
     assert err.startswith(f"plsh {argv[0]}: ") and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_plots_label_axes_state_error_bars_and_anchor_the_reference_at_the_largest_s(
+    tmp_path, monkeypatch
+):
+    # The figures of `plsh reproduce`: every axis has a y label, the figure says what the
+    # markers and bars are, and the s^-1/2 line passes through the curves' mean at the
+    # largest s (where they are asymptotic), not at s = 1.
+    from matplotlib.figure import Figure
+
+    from plsh_ref.experiments import reproduce
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    rng = np.random.default_rng(0)
+    samples = [1, 4, 16, 64]
+    s = np.array(samples, dtype=np.float64)
+    decay = (1 + 3 / s)[None, :, None] * s[None, :, None] ** -0.5  # not yet s^-1/2 at s=1
+    matrix = {
+        norm: decay * rng.uniform(0.9, 1.1, size=(2, 4, 3)) * scale
+        for norm, scale in zip(reproduce.NORMS, (4.0, 0.5, 10.0))
+    }
+    matrix["n"] = 32
+    output = {
+        "plsh_max_abs": decay[0] * rng.uniform(0.9, 1.1, size=(4, 2)),
+        "plsh_rel_fro": 0.1 * decay[0] * rng.uniform(0.9, 1.1, size=(4, 2)),
+        "no_bias": {"max_abs": 1.0, "rel_fro": 0.5},
+        "fixed_blocks": {"max_abs": 0.8, "rel_fro": 0.4},
+    }
+    reproduce._plot(tmp_path, samples, [4.0, 16.0], matrix, output)
+    assert len(figures) == 2
+    expected = [
+        [np.exp(np.log(matrix[norm][:, -1].mean(axis=1)).mean()) for norm in reproduce.NORMS],
+        [output["plsh_max_abs"][-1].mean(), output["plsh_rel_fro"][-1].mean()],
+    ]
+    for fig, anchors, reps in zip(figures, expected, (3, 2)):
+        assert f"mean of {reps} independent repetitions" in fig._suptitle.get_text()
+        assert "standard deviation" in fig._suptitle.get_text()
+        for ax, anchor in zip(fig.axes, anchors):
+            assert ax.get_ylabel().startswith("$") and ax.get_xlabel() == "samples $s$"
+            (line,) = [ln for ln in ax.lines if "s^{-1/2}" in ln.get_label()]
+            x, y = line.get_data()
+            np.testing.assert_allclose(y, anchor * (x / x[-1]) ** -0.5, rtol=1e-12)
+            assert y[0] != pytest.approx(anchor) and y[-1] == pytest.approx(anchor)

@@ -257,3 +257,19 @@ def test_plsh_spectrum_command(tmp_path, capsys):
     np.testing.assert_allclose(res["kms"], res["dense"], atol=32 * 24 * EPS * res["dense"][0])
     with pytest.raises(ValueError, match="^n"):
         compute(0, 3.0, 4, 0)
+
+
+def test_plsh_spectrum_plots_are_labelled(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+
+    from plsh_ref.experiments import spectrum
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    spectrum._plot(spectrum.compute(24, 3.0, 4, 0), 24, 3.0, 4, tmp_path)
+    assert len(figures) == 2
+    for fig in figures:
+        (ax,) = fig.axes
+        assert "$" in ax.get_xlabel() and "$" in ax.get_ylabel() and "$" in ax.get_title()
+        labels = [ln.get_label() for ln in ax.lines if not ln.get_label().startswith("_")]
+        assert labels and all("$" in label for label in labels), labels

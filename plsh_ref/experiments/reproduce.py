@@ -520,6 +520,35 @@ def _sampler_comparison(runs, samples, sigmas, n, reps, qkv_shape) -> str:
     return "\n\n".join(parts)
 
 
+#: y-axis labels of the kernel-matrix plot (matplotlib mathtext)
+_NORM_LABELS = {
+    "spectral": r"$\|\tilde M - L^*\|_2$",
+    "max": r"$\max_{ij}\,|\tilde M_{ij} - L^*_{ij}|$",
+    "frobenius": r"$\|\tilde M - L^*\|_F$",
+}
+
+
+def _bar_note(reps: int) -> str:
+    if reps > 1:
+        return (
+            f"markers: mean of {reps} independent repetitions; "
+            r"bars: $\pm$ 1 standard deviation over them"
+        )
+    return "one repetition (no error bars)"
+
+
+def _reference_line(ax, s: np.ndarray, anchor: float) -> None:
+    """``anchor * (s / s_max)^(-1/2)``: through ``anchor`` at the largest ``s``, where the
+    curves are in their asymptotic regime (at small ``s`` they are not yet)."""
+    ax.plot(
+        s,
+        anchor * (s / s[-1]) ** -0.5,
+        "k--",
+        lw=0.8,
+        label=r"$\propto s^{-1/2}$ (through the mean at the largest $s$)",
+    )
+
+
 def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[Path]:
     import matplotlib
 
@@ -539,7 +568,7 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
                 marker="o",
                 ms=3,
                 capsize=2,
-                label=f"sigma={sig:g}",
+                label=rf"$\sigma = {sig:g}$",
             )
             for i, (name, (other, _)) in enumerate((others or {}).items()):
                 ax.plot(
@@ -549,25 +578,33 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
                     ls=("--", ":", "-.")[i % 3],
                     marker="x",
                     ms=3,
-                    label=f"sigma={sig:g}, {name}",
+                    label=rf"$\sigma = {sig:g}$, {name}",
                 )
-        ref = matrix[norm][:, 0].mean() * s**-0.5
-        ax.plot(s, ref, "k--", lw=0.8, label="s^-1/2")
+        # geometric mean over sigma of the mean error at the largest s
+        _reference_line(ax, s, float(np.exp(np.log(matrix[norm][:, -1].mean(axis=1)).mean())))
         ax.set(
             xscale="log",
             yscale="log",
-            xlabel="samples s",
-            title=f"{norm} norm of M~ - L*, n={matrix['n']}",
+            xlabel="samples $s$",
+            ylabel=_NORM_LABELS[norm],
+            title=rf"{norm} norm of $\tilde M - L^*$, $n = {matrix['n']}$",
         )
         ax.legend(fontsize=7)
+    fig.suptitle(_bar_note(matrix[NORMS[0]].shape[2]), fontsize=8)
     path = out_dir / "matrix_error.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     paths.append(path)
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
-    for ax, key, label in zip(
-        axes, ("max_abs", "rel_fro"), ("max-abs error", "relative Frobenius error")
+    for ax, key, label, ylabel in zip(
+        axes,
+        ("max_abs", "rel_fro"),
+        ("max-abs error", "relative Frobenius error"),
+        (
+            r"$\max |O - O_{\mathrm{ALiBi}}|$",
+            r"$\|O - O_{\mathrm{ALiBi}}\|_F \,/\, \|O_{\mathrm{ALiBi}}\|_F$",
+        ),
     ):
         err = output[f"plsh_{key}"]
         ax.errorbar(
@@ -591,14 +628,16 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
             )
         ax.axhline(output["no_bias"][key], color="C3", ls=":", label="no positional bias")
         ax.axhline(output["fixed_blocks"][key], color="C2", ls="-.", label="fixed blocks")
-        ax.plot(s, err[0].mean() * s**-0.5, "k--", lw=0.8, label="s^-1/2")
+        _reference_line(ax, s, float(err[-1].mean()))
         ax.set(
             xscale="log",
             yscale="log",
-            xlabel="samples s",
+            xlabel="samples $s$",
+            ylabel=ylabel,
             title=f"attention output: {label}\nagainst exact ALiBi",
         )
         ax.legend(fontsize=7)
+    fig.suptitle(_bar_note(output["plsh_max_abs"].shape[1]), fontsize=8)
     path = out_dir / "output_error.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)

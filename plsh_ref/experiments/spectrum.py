@@ -116,14 +116,18 @@ def _plot(res: dict, n: int, sigma: float, s: int, out: pathlib.Path) -> list[pa
     k = np.arange(1, n + 1)
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     grid = np.linspace(0, np.pi, 400)
-    ax.plot(grid, kms_symbol(grid, sigma), color="0.6", lw=1, label="symbol f(theta)")
-    ax.plot(res["theta"], res["kms"], ".", ms=3, label="eigenvalues f(theta_k)")
+    ax.plot(grid, kms_symbol(grid, sigma), color="0.6", lw=1, label=r"symbol $f(\theta)$")
+    ax.plot(
+        res["theta"], res["kms"], ".", ms=3, label=r"eigenvalues $f(\theta_k)$ (secular equation)"
+    )
     ax.axhline(lo, ls="--", lw=0.8, color="k")
-    ax.axhline(hi, ls="--", lw=0.8, color="k", label="symbol bounds")
+    ax.axhline(
+        hi, ls="--", lw=0.8, color="k", label=r"bounds $\tanh(1/2\sigma)$, $\coth(1/2\sigma)$"
+    )
     ax.set_yscale("log")
-    ax.set_xlabel("theta")
-    ax.set_ylabel("eigenvalue")
-    ax.set_title(f"KMS spectrum of L*, n={n}, sigma={sigma:g}")
+    ax.set_xlabel(r"angle $\theta$ (radians)")
+    ax.set_ylabel(r"eigenvalue $\lambda$ of $L^*$")
+    ax.set_title(rf"KMS spectrum of $L^*$, $n = {n}$, $\sigma = {sigma:g}$")
     ax.legend()
     p1 = out / "kms_spectrum.png"
     fig.tight_layout()
@@ -131,14 +135,14 @@ def _plot(res: dict, n: int, sigma: float, s: int, out: pathlib.Path) -> list[pa
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    ax.plot(k, res["kms"], label="L*")
-    ax.plot(k, res["m_tilde"], label=f"M~ (s={s})")
-    ax.plot(k, np.sort(np.abs(res["error"]))[::-1], label="|eig(M~ - L*)|, sorted")
-    ax.plot(k, res["one_mask"], label="one mask M(h): block sizes")
+    ax.plot(k, res["kms"], label=r"$L^*$")
+    ax.plot(k, res["m_tilde"], label=rf"$\tilde M$ ($s = {s}$)")
+    ax.plot(k, np.sort(np.abs(res["error"]))[::-1], label=r"$|\lambda_k(\tilde M - L^*)|$, sorted")
+    ax.plot(k, res["one_mask"], label=r"one mask $M(h)$: block sizes")
     ax.set_yscale("symlog", linthresh=1e-3)
-    ax.set_xlabel("index k (decreasing order)")
-    ax.set_ylabel("eigenvalue")
-    ax.set_title(f"Spectra, n={n}, sigma={sigma:g}, s={s}")
+    ax.set_xlabel(r"index $k$ (decreasing order)")
+    ax.set_ylabel(r"eigenvalue $\lambda_k$ (symlog scale)")
+    ax.set_title(rf"Spectra, $n = {n}$, $\sigma = {sigma:g}$, $s = {s}$ (one draw, no error bars)")
     ax.legend()
     p2 = out / "mask_spectra.png"
     fig.tight_layout()
