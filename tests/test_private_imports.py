@@ -19,16 +19,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("plsh_ref", "plsh_fast")
 
-#: Imports of private Triton helpers that issue 14 (which owns the Triton files) makes
-#: public in one module; remove an entry when its import is gone.
-KNOWN = {
-    ("plsh_fast.triton_forward", "plsh_fast.tiling", "_max_combine"),
-    ("plsh_fast.triton_forward", "plsh_fast.tiling", "_sum_combine"),
-    ("plsh_fast.triton_backward", "plsh_fast.tiling", "_sum_combine"),
-    ("plsh_fast.triton_backward", "plsh_fast.triton_forward", "_pow2"),
-    ("plsh_fast.triton_backward", "plsh_fast.triton_forward", "_unroll_for"),
-}
-
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
@@ -92,8 +82,7 @@ def test_no_module_imports_another_modules_private_names():
     found = []
     for module, is_package, path in _modules():
         found += private_imports(module, is_package, path.read_text(encoding="utf-8"))
-    unexpected = sorted(set(found) - KNOWN)
-    assert not unexpected, "\n".join(f"{m}: from {t} import {n}" for m, t, n in unexpected)
+    assert not found, "\n".join(f"{m}: from {t} import {n}" for m, t, n in sorted(set(found)))
 
 
 @pytest.mark.parametrize(
