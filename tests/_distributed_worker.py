@@ -28,20 +28,19 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import plsh_fast.distributed as D  # noqa: E402
 from plsh_fast import plsh_attention  # noqa: E402
-from plsh_ref.partition import draw_partition, empirical_mean  # noqa: E402
+from plsh_fast.peers import dense_attention  # noqa: E402
+from plsh_ref.partition import count_bias, counts, draw_partition  # noqa: E402
 from plsh_ref.testing.tolerance import allowed_error, max_error  # noqa: E402
 
 TIMEOUT_S = 60
 
 
 def dense(q, k, v, pos, partition, causal, scale, dtype):
-    """Dense softmax(scale q k^T + log M~) v and its LSE in ``dtype``, with autograd."""
+    """Dense softmax(scale q k^T + log M~) v and its LSE in ``dtype``, with autograd
+    (:func:`plsh_fast.peers.dense_attention`)."""
     q, k, v = (torch.from_numpy(x).to(dtype).requires_grad_() for x in (q, k, v))
-    group = q.shape[1] // k.shape[1]
-    bias = torch.log(torch.from_numpy(empirical_mean(partition, pos, pos, causal=causal)))
-    logits = scale * q @ k.repeat_interleave(group, 1).transpose(-1, -2) + bias.to(dtype)
-    lse = torch.logsumexp(logits, dim=-1)
-    out = torch.softmax(logits, dim=-1) @ v.repeat_interleave(group, 1)
+    bias = count_bias(counts(partition, pos, pos, causal=causal), partition.num_samples)
+    out, lse = dense_attention(q, k, v, bias, scale=scale, return_lse=True)
     return (q, k, v), out, lse
 
 
