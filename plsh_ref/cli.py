@@ -11,8 +11,8 @@ commands run without torch.
 
 With no subcommand, ``plsh`` runs the main job ``plsh reproduce`` with its defaults. A
 command whose module or ``REQUIRES`` cannot be imported ends in one line naming what is
-missing, exit status 2. A ``ValueError``, ``TypeError``, ``OverflowError``,
-``MemoryError`` or ``OSError`` escaping a subcommand is reported in one line with exit
+missing, exit status 2. A ``ValueError``, ``TypeError``, ``ArithmeticError`` (overflow,
+division by zero), ``MemoryError`` or ``OSError`` escaping a subcommand is reported in one line with exit
 status 2 (set ``PLSH_DEBUG=1`` for the traceback).
 """
 
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(module.run(args) or 0)
-    except (ValueError, TypeError, OverflowError, MemoryError, OSError) as exc:
+    except (ValueError, TypeError, ArithmeticError, MemoryError, OSError) as exc:
         # Bad input (an option out of range, an unreadable file, an argument the library
         # refuses): one line and exit status 2, as for argparse errors. PLSH_DEBUG=1 shows
         # the traceback.

@@ -514,3 +514,22 @@ def test_train_lm_refuses_a_size_over_max_memory_and_renames_backend_fast(capsys
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[0].startswith("plsh: warning: --backend fast is deprecated")
     assert lines[1].startswith("plsh train-lm: error: weight_decay")
+
+
+def test_bounds_refuses_a_huge_sigma_in_one_line(capsys):
+    # sigma = 1e300 ended in ZeroDivisionError, 1e8 in a 33 GiB allocation
+    for sigma in ("1e300", "1e8"):
+        assert cli.main(["bounds", "--sigma", sigma]) == 2
+        assert "error: sigma: must be <= 1e+06" in _one_line_error(capsys, "bounds")
+    assert cli.main(["bounds", "--sigma", "1e6", "--n", "64", "--quiet"]) == 0
+
+
+def test_arithmetic_errors_escaping_a_command_are_one_line(monkeypatch, capsys):
+    module = cli.load_command("bounds")
+
+    def boom(args):
+        return 1 / 0
+
+    monkeypatch.setattr(module, "run", boom)
+    assert cli.main(["bounds"]) == 2
+    assert "division by zero" in _one_line_error(capsys, "bounds")

@@ -28,10 +28,14 @@ SUMMARY = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
 
 HELP = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
 
+#: largest sigma of the report: the expected-window column sums about ``44 sigma`` terms
+#: (:func:`plsh_ref.expectation.expected_window_width`, float64 arrays of that length)
+MAX_SIGMA = 1e6
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh bounds``."""
-    parser.add_argument("--n", type=int, default=4096, help="sequence length (default 4096)")
+    parser.add_argument("--n", type=int, default=4096, help="sequence length (default: 4096)")
     parser.add_argument(
         "--sigma",
         action=Values,
@@ -66,7 +70,8 @@ def rows(
     Raises
     ------
     ValueError, TypeError
-        ``n < 1``, ``sigma <= 0``, ``num_samples < 1``, ``eps`` or ``delta`` outside (0, 1).
+        ``n < 1``, ``sigma <= 0`` or ``> MAX_SIGMA``, ``num_samples < 1``, ``eps`` or
+        ``delta`` outside (0, 1).
     """
     n = check_int("n", n, minimum=1)
     s = check_int("num_samples", num_samples, minimum=1)
@@ -75,6 +80,11 @@ def rows(
     out = []
     for sigma in sigmas:
         sigma = check_positive_float("sigma", sigma)
+        if sigma > MAX_SIGMA:
+            raise ValueError(
+                f"sigma: must be <= {MAX_SIGMA:g} in this report (the expected window sums "
+                f"about 44 sigma terms), got {sigma:g}"
+            )
         sb = spectral_error_bound(n, sigma, s, delta)
         target = (
             eps * block_size_mean(sigma)
