@@ -11,7 +11,14 @@
   :func:`allowed_error`, :func:`max_error` (:mod:`plsh_ref.testing.tolerance`), measured
   against plain attention in the kernel's dtype, :func:`plain_attention_numpy` and
   :func:`plain_attention_torch` (:mod:`plsh_ref.testing.baseline`);
-* the ``plsh verify MODULE:FUNCTION`` command (:mod:`plsh_ref.testing.verify`).
+* the deterministic edge battery, one named case per known bug class
+  (:func:`battery`, :mod:`plsh_ref.testing.battery`);
+* adapters for bias builders, FlexAttention score_mods and HF attention functions
+  (:func:`from_bias_builder`, :func:`from_score_mod`, :func:`from_hf_attention`,
+  :mod:`plsh_ref.testing.adapters`);
+* the ``plsh verify MODULE:FUNCTION`` command (:mod:`plsh_ref.testing.verify`) and
+  ``plsh verify-slopes MODULE:FUNCTION`` for a slope function alone
+  (:func:`check_slopes_function`, :mod:`plsh_ref.testing.verify_slopes`).
 
 Everything here is numpy only; torch is imported only to run a torch kernel. The names
 below are imported lazily (on first use), so that the pytest plugin, which pytest loads
@@ -47,6 +54,11 @@ _EXPORTS = {
     "check_case": "suite",
     "check_signature": "suite",
     "load_kernel": "suite",
+    "battery": "battery",
+    "from_bias_builder": "adapters",
+    "from_hf_attention": "adapters",
+    "from_score_mod": "adapters",
+    "check_slopes_function": "verify_slopes",
 }
 
 __all__ = sorted(_EXPORTS)
