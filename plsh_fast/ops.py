@@ -120,7 +120,13 @@ def attention_backward(
         causal,
         backend,
     )
-    return tuple(g.contiguous().clone() if _aliases(g, query, key, value) else g for g in grads)
+    # Contiguous, as the fake implementation promises, and never aliasing an input.
+    return tuple(
+        g.clone(memory_format=torch.contiguous_format)
+        if _aliases(g, query, key, value)
+        else g.contiguous()
+        for g in grads
+    )
 
 
 def _aliases(t: torch.Tensor, *others: torch.Tensor) -> bool:
@@ -131,7 +137,9 @@ def _aliases(t: torch.Tensor, *others: torch.Tensor) -> bool:
 
 @attention_backward.register_fake
 def _attention_backward_fake(grad_out, grad_lse, query, key, value, *_):
-    return torch.empty_like(query), torch.empty_like(key), torch.empty_like(value)
+    return tuple(
+        torch.empty_like(t, memory_format=torch.contiguous_format) for t in (query, key, value)
+    )
 
 
 def _setup_context(ctx, inputs, output):
@@ -139,6 +147,9 @@ def _setup_context(ctx, inputs, output):
     out, lse = output
     ctx.save_for_backward(query, key, value, out, lse, pitch, offset, qpos, kpos, mask)
     ctx.scale, ctx.causal, ctx.backend = scale, causal, backend
+    # An unused output then gets ``None`` instead of a zeros tensor: no LSE column is
+    # appended when only ``out`` is used (the eager Function does the same).
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_out, grad_lse):
