@@ -26,7 +26,7 @@ import torch
 from plsh_ref.partition import PartitionSample
 
 from .api import plsh_attention
-from .partition import bins, partition_tensors
+from .partition import bins, count_bias, partition_tensors
 
 __all__ = ["PLSHDecodingCache", "cache_bound"]
 
@@ -436,11 +436,7 @@ class PLSHDecodingCache:
         counts = (qbins[..., :, None] == kbins[..., None, :]).sum(dim=1)  # (H, m, L)
         counts = counts * (kpos[None, None, :] <= qpos[None, :, None])
         s = self.partition.num_samples
-        log_w = torch.where(
-            counts > 0,
-            torch.log(counts.to(work) / s),
-            torch.tensor(-math.inf, dtype=work, device=q.device),
-        )
+        log_w = count_bias(counts, s, dtype=work)
         logits = scale * (q.to(work) @ kx.transpose(-1, -2)) + log_w
         lse = torch.logsumexp(logits, dim=-1)
         empty = torch.isneginf(lse)

@@ -39,6 +39,7 @@ from plsh_ref.validation import check_bool, check_int, check_positive_float, che
 from . import _validation as V
 from . import padding as P
 from .partition import bins as torch_bins
+from .partition import count_bias
 
 __all__ = [
     "PLSHAttention",
@@ -632,7 +633,7 @@ def _log_count_bias(pitch, offset, qpos, kpos, causal: bool) -> torch.Tensor:
     if causal:
         pi, pj = _pairwise(qpos, kpos)
         count = count.masked_fill(pj > pi, 0.0)
-    return torch.log(count / num_samples)
+    return count_bias(count, num_samples)
 
 
 def _mask_bias(bias, mask, n_q: int, n_k: int):

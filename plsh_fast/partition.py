@@ -17,7 +17,7 @@ import torch
 from plsh_ref.alibi import sigma_from_slopes
 from plsh_ref.partition import PartitionSample, draw_partition
 
-__all__ = ["bins", "partition_tensors", "resolve_partition"]
+__all__ = ["bins", "count_bias", "partition_tensors", "resolve_partition"]
 
 
 def resolve_partition(partition, slopes: np.ndarray, num_samples: int, seed) -> PartitionSample:
@@ -51,6 +51,36 @@ def partition_tensors(partition: PartitionSample, device) -> tuple[torch.Tensor,
     pitch = torch.from_numpy(np.array(partition.pitch, dtype=np.float64))
     offset = torch.from_numpy(np.array(partition.offset, dtype=np.float64))
     return pitch.to(device), offset.to(device)
+
+
+def count_bias(counts: torch.Tensor, num_samples: int, dtype=torch.float64) -> torch.Tensor:
+    """``log(C / s)`` of count tensors (``-inf`` where ``C = 0``), the torch form of
+    :func:`plsh_ref.partition.count_bias`.
+
+    The same operations (one binary64 division ``C / s``, then ``log``), so in float64 the
+    two agree bit for bit on the same counts (tested); the result is then rounded once to
+    ``dtype``. No argument checks and no host synchronisation (callers inside the fast
+    paths, also under ``torch.compile``, pass counts they built).
+
+    Parameters
+    ----------
+    counts : torch.Tensor
+        Integer or floating counts in ``0..num_samples``, any shape, any device.
+    num_samples : int
+        ``s >= 1``.
+    dtype : torch.dtype
+        Of the result (default float64).
+
+    Returns
+    -------
+    torch.Tensor
+        The shape and device of ``counts``.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
+    """
+    return torch.log(counts.to(torch.float64) / num_samples).to(dtype)
 
 
 def bins(pitch: torch.Tensor, offset: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

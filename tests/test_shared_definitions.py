@@ -229,3 +229,19 @@ def test_fast_path_num_samples_limit_is_the_reference_one():
     ):
         with pytest.raises(ValueError, match=f"^num_samples: must be <= {MAX_NUM_SAMPLES}"):
             call()
+
+
+def test_torch_count_bias_equals_the_reference_bit_for_bit():
+    torch = pytest.importorskip("torch")
+    from plsh_fast.partition import count_bias as torch_count_bias
+
+    partition = draw_partition(np.array([1.5, 6.0, 40.0]), 9, seed=2)
+    pos = np.arange(-5, 50)
+    c = counts(partition, pos, pos, causal=False)
+    ref = count_bias(c, 9)
+    got = torch_count_bias(torch.from_numpy(c), 9)
+    assert got.dtype == torch.float64
+    np.testing.assert_array_equal(got.numpy(), ref)
+    got32 = torch_count_bias(torch.from_numpy(c).int(), 9, dtype=torch.float32)
+    np.testing.assert_array_equal(got32.numpy(), ref.astype(np.float32))
+    assert torch.isneginf(got32[torch.from_numpy(c) == 0]).all()

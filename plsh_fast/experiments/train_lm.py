@@ -147,7 +147,7 @@ _OPTIONS = [
 #: accepted values of --backend (those of plsh_fast.nn.PLSHAttention)
 BACKENDS = ("auto", "cpu", "triton", "dense")
 
-#: old option spellings, accepted until 0.2 with a deprecation line: old -> new
+#: old option spellings (old -> new), accepted until 0.2 with a deprecation line
 DEPRECATED = {"--seeds": "--seed", "--output": "--out", "--no-progress": "--quiet"}
 
 

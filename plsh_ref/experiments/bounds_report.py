@@ -28,7 +28,7 @@ SUMMARY = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
 
 HELP = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
 
-#: largest sigma of the report: the expected-window column sums about ``44 sigma`` terms
+#: largest sigma of the report, as the expected-window column sums about ``44 sigma`` terms
 #: (:func:`plsh_ref.expectation.expected_window_width`, float64 arrays of that length)
 MAX_SIGMA = 1e6
 
