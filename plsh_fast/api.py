@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from plsh_ref.partition import PartitionSample
 from plsh_ref.validation import check_bool, check_scale
 
 from . import _validation as V
@@ -181,16 +180,7 @@ def plsh_attention(
     if slopes is not None and partition is not None and eager:
         V.check_slopes(slopes, num_heads)
     if eager and check_finite:
-        V.check_finite(query, key, value)
-        if sample is None:
-            try:
-                sample = PartitionSample(pitch.cpu().numpy(), offset.cpu().numpy())
-            except ValueError as error:
-                raise ValueError(f"partition: {error}") from None
-        real_q, real_k = P.real_positions(qpos, kpos, mask, batch)
-        P.check_position_range("query_positions", real_q)
-        P.check_position_range("key_positions", real_k)
-        V.check_bins_in_range(sample, real_q, real_k)
+        _check_values(query, key, value, pitch, offset, *P.real_positions(qpos, kpos, mask, batch))
     args = (query, key, value, pitch, offset, qpos, kpos, mask, c, causal, backend)
     if eager:
         out, lse = PLSHAttentionFunction.apply(*args)
@@ -199,6 +189,45 @@ def plsh_attention(
 
         out, lse = attention(*args)
     return (out, lse) if return_lse else out
+
+
+def _check_values(query, key, value, pitch, offset, real_q, real_k) -> None:
+    """Every check that reads tensor values, with one host read (one sync on CUDA).
+
+    Finite ``query``/``key``/``value``; a partition with finite ``pitch > 0`` and finite
+    offsets; real positions with ``|p| < 2**53``; bins ``floor((p - offset) / pitch)`` of
+    the extreme real positions inside the int64 range (bins are monotone in ``p``, so the
+    extremes decide; as :func:`plsh_ref.partition.bins`). Eager mode only.
+
+    Raises
+    ------
+    ValueError
+        Naming the first failing argument (``query``, ``key``, ``value``, ``partition``,
+        ``query_positions``, ``key_positions``, ``partition``).
+    """
+    true = torch.ones((), dtype=torch.bool, device=pitch.device)
+    flags = [torch.isfinite(t).all() if t.numel() else true for t in (query, key, value)]
+    flags.append(((pitch > 0) & torch.isfinite(pitch) & torch.isfinite(offset)).all())
+    for positions in (real_q, real_k):
+        flags.append((positions.abs() < P.MAX_ABS_POSITION).all() if positions.numel() else true)
+    ends = torch.cat([real_q, real_k])
+    if ends.numel():
+        extremes = torch.stack([ends.min(), ends.max()]).to(torch.float64)
+        quotient = torch.floor((extremes - offset[..., None]) / pitch[..., None])
+        flags.append(((quotient >= -(2.0**63)) & (quotient < 2.0**63)).all())
+    messages = (
+        "query: contains NaN or infinite values",
+        "key: contains NaN or infinite values",
+        "value: contains NaN or infinite values",
+        "partition: pitch must be finite and > 0, offset finite",
+        "query_positions: |position| must be < 2**53 so that float64 is exact",
+        "key_positions: |position| must be < 2**53 so that float64 is exact",
+        "partition: bin index floor((p - offset) / pitch) leaves the int64 range; pitch too "
+        "small for these positions",
+    )
+    for ok, message in zip(torch.stack([f.to(pitch.device) for f in flags]).tolist(), messages):
+        if not ok:
+            raise ValueError(message)
 
 
 def _check_partition_tensors(partition, num_heads: int, num_samples, seed, device):

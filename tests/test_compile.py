@@ -189,3 +189,20 @@ def test_custom_operator_equals_the_eager_function():
     via_api = plsh_attention(q, q, q, partition=core.partition, scale=0.3, return_lse=True)
     for a, b in zip(via_op, via_api):
         assert torch.equal(a, b)
+
+
+def test_tensor_partitions_are_checked_in_eager_mode():
+    """A (pitch, offset) tensor pair: shapes and dtypes always, values in eager mode."""
+    core = PLSHAttention(4, 4, seed=0)
+    q = torch.randn(1, 4, 10, 8)
+    cases = [
+        (TypeError, (core.pitch.float(), core.offset)),
+        (ValueError, (core.pitch[:2], core.offset[:2])),
+        (ValueError, (-core.pitch, core.offset)),
+        (ValueError, (core.pitch, core.offset * float("nan"))),
+        (ValueError, (core.pitch * 1e-300, core.offset)),  # bins leave int64
+    ]
+    for error, partition in cases:
+        with pytest.raises(error, match="^partition:"):
+            plsh_attention(q, q, q, partition=partition)
+    plsh_attention(q, q, q, partition=(-core.pitch, core.offset), check_finite=False)  # opted out
