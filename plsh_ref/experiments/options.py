@@ -9,8 +9,9 @@ One vocabulary for all subcommands (``reproduce``, ``spectrum``, ``bounds``, ``v
 * ``--sigma``: one or several length scales (space- or comma-separated).
 * ``--seed``: the seed, its default shown in ``--help``.
 * ``--quiet``: no progress bars and no commentary; results and the output path only.
-* ``--max-memory GIB``: commands whose arrays grow like ``n^2`` or ``s * n`` refuse, before
-  allocating, a size whose estimate exceeds this limit (:func:`check_memory`).
+* ``--max-memory GIB``: ``spectrum``, ``reproduce`` and ``train-lm``, whose arrays grow like
+  ``n^2`` or ``s * n``, refuse before allocating a size whose estimated memory exceeds this
+  limit, default :data:`DEFAULT_MAX_MEMORY_GIB` = 8 GiB (:func:`check_memory`).
 
 Old spellings (``--output``, ``--samples``, ``--sigmas``, ``--seeds``, ``--no-progress``)
 are accepted until version 0.2 and print a deprecation line on stderr
@@ -107,9 +108,10 @@ class StoreConst(_Deprecatable):
 class Values(_Deprecatable):
     """One or several values, space- or comma-separated (``--sigma 4 16`` = ``--sigma 4,16``).
 
-    ``element`` converts one value (default ``float``); ``minimum`` (exclusive for floats
-    when ``positive=True``) is checked per value; ``unique_sorted=True`` stores the sorted
-    distinct values. Bad values are an argparse usage error naming the option.
+    ``element`` converts one value (default ``float``; non-finite floats are refused);
+    ``minimum`` (inclusive) and ``positive=True`` (``> 0``) are checked per value;
+    ``unique_sorted=True`` stores the sorted distinct values. Bad values are an argparse
+    usage error naming the option (exit status 2).
     """
 
     def __init__(
