@@ -15,11 +15,11 @@ and reported with its spec and worst element.
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 
 from .reference import KINDS
 from .strategies import problem_specs
-from .suite import FRAMEWORKS, check_case, check_signature, load_kernel
+from .suite import FRAMEWORKS, SLOPES, check_case, check_signature, load_kernel, slope_mode
 
 __all__ = ["make_property_suite"]
 
@@ -30,6 +30,7 @@ def make_property_suite(
     kind: str = "alibi",
     framework: str = "numpy",
     device: str = "cpu",
+    slopes: str | None = None,
     max_examples: int | None = None,
     **bounds,
 ):
@@ -46,11 +47,17 @@ def make_property_suite(
         What it takes and returns.
     device : str
         torch device for ``framework="torch"``.
+    slopes : {"given", "standard"}, optional
+        Slope mode (:func:`~plsh_ref.testing.suite.check_case`); default from the
+        kernel's signature. ``standard`` draws problems with Press et al.'s slopes only.
     max_examples : int, optional
         Hypothesis examples; default: the active settings profile.
     **bounds
         Keyword arguments of :func:`~plsh_ref.testing.strategies.problem_specs`
-        (``max_seq_len``, ``dtypes``, ``causal``, ...).
+        (``max_seq_len``, ``dtypes``, ``causal``, ...). Problems needing an input the
+        kernel declares unsupported (its ``supports`` attribute) are rejected
+        (``hypothesis.assume``), never passed. A ``"MODULE:FUNCTION"`` kernel is imported
+        with the current folder on the import path.
 
     Returns
     -------
@@ -77,12 +84,28 @@ def make_property_suite(
         raise TypeError(
             f"kernel: must be callable or 'MODULE:FUNCTION', got {type(kernel).__name__}"
         )
+    if slopes is not None and slopes not in SLOPES:
+        raise ValueError(f"slopes: must be one of {SLOPES}, got {slopes!r}")
+    if slopes == "standard" and kind == "alibi":
+        bounds.setdefault("slopes", ["standard"])
+    standard_only = bounds.get("slopes") == ["standard"]
     strategy = problem_specs(kind, **bounds)
 
     def run_one(spec):
         fn = load_kernel(kernel) if isinstance(kernel, str) else kernel
-        check_signature(fn, kind)
-        result = check_case(fn, spec.build(), framework=framework, device=device)
+        mode = "given" if kind == "plsh" else (slopes or slope_mode(fn))
+        takes_mask = check_signature(fn, kind, mode)
+        if mode == "standard" and kind == "alibi" and not standard_only:
+            spec = spec.replace(slopes="standard")
+        result = check_case(
+            fn,
+            spec.build(),
+            framework=framework,
+            device=device,
+            slopes=mode,
+            attention_mask=takes_mask,
+        )
+        assume(not result.skipped)
         assert result.passed, f"{result.message} [{spec.summary()}]"
 
     name = kernel if isinstance(kernel, str) else getattr(kernel, "__qualname__", "kernel")
