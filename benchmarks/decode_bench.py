@@ -15,7 +15,8 @@ head_dim 64, float32, ``s = --num-samples``), one process measures side by side:
 * ``alibi_window``: the same over the last ``W`` keys only, ``W`` the PLSH cache bound (a
   sliding-window cache of equal size; an approximation of ALiBi).
 
-Reported: decode tokens/s (median over steps after one warm-up step), the cache memory in
+Reported: decode tokens/s (median over steps after one warm-up step; the three methods
+take turns at every step, so a load from other processes hits them alike), the cache memory in
 bytes (keys and values; the PLSH cache also counts its int64 positions and bins), the PLSH
 cache size after prefill and at the end, and its bound. The prefill time is reported but is
 not the point. Results go to ``benchmarks/results/decode_<date>_<host>_t<threads>.json`` and
@@ -63,14 +64,21 @@ def _alibi_step(q, k, v, slopes_t, pos_q, pos_k):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias[None])
 
 
-def _median_rate(fn, steps):
-    times = []
-    fn(0)  # warm-up
+def _interleaved_rates(fns: dict, steps: int) -> dict:
+    """Tokens/s of each method: median over steps, the methods taking turns at every step.
+
+    Taking turns makes a load from other processes hit every method alike, so the ratios
+    between methods stay meaningful on a shared machine.
+    """
+    times = {name: [] for name in fns}
+    for fn in fns.values():
+        fn(0)  # warm-up
     for i in range(1, steps + 1):
-        t0 = time.perf_counter()
-        fn(i)
-        times.append(time.perf_counter() - t0)
-    return 1.0 / statistics.median(times)
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn(i)
+            times[name].append(time.perf_counter() - t0)
+    return {name: 1.0 / statistics.median(t) for name, t in times.items()}
 
 
 def bench(context: int, args) -> dict:
@@ -91,25 +99,18 @@ def bench(context: int, args) -> dict:
     row["plsh_prefill_s"] = time.perf_counter() - t0
     row["plsh_cached_after_prefill"] = int(cache.cached_tokens()[0])
 
+    slopes_t = torch.from_numpy(slopes).to(torch.float32)
+    pos = torch.arange(total)
+
     def plsh_step(i):
         j = context + i
         cache.update(q[:, :, j : j + 1], k[:, :, j : j + 1], v[:, :, j : j + 1])
-
-    row["plsh_tokens_per_s"] = _median_rate(plsh_step, args.steps)
-    row["plsh_cached_at_end"] = int(cache.cached_tokens()[0])
-    row["plsh_cache_bytes"] = cache.memory_bytes()
-
-    slopes_t = torch.from_numpy(slopes).to(torch.float32)
-    pos = torch.arange(total)
 
     def full_step(i):
         j = context + i
         _alibi_step(
             q[:, :, j : j + 1], k[:, :, : j + 1], v[:, :, : j + 1], slopes_t, pos[j], pos[: j + 1]
         )
-
-    row["alibi_full_tokens_per_s"] = _median_rate(full_step, args.steps)
-    row["alibi_full_cache_bytes"] = 2 * H * (context + args.steps) * d * 4
 
     def window_step(i):
         j = context + i
@@ -123,7 +124,14 @@ def bench(context: int, args) -> dict:
             pos[a : j + 1],
         )
 
-    row["alibi_window_tokens_per_s"] = _median_rate(window_step, args.steps)
+    rates = _interleaved_rates(
+        {"plsh": plsh_step, "alibi_full": full_step, "alibi_window": window_step}, args.steps
+    )
+    for name, rate in rates.items():
+        row[f"{name}_tokens_per_s"] = rate
+    row["plsh_cached_at_end"] = int(cache.cached_tokens()[0])
+    row["plsh_cache_bytes"] = cache.memory_bytes()
+    row["alibi_full_cache_bytes"] = 2 * H * (context + args.steps) * d * 4
     row["alibi_window_cache_bytes"] = 2 * H * bound * d * 4
     return row
 
@@ -175,7 +183,7 @@ def main(argv=None) -> int:
         f"CPU: {meta['cpu_model']}, {args.threads} threads, torch {meta['torch']}, commit "
         f"{(meta['git_commit'] or 'unknown')[:10]}. Batch 1, {args.num_heads} heads (standard "
         f"slopes), head_dim {args.head_dim}, float32, s = {args.num_samples}; tokens/s is the "
-        f"median over {args.steps} one-token steps. Made by `benchmarks/decode_bench.py`.",
+        f"median over {args.steps} one-token steps, the three methods taking turns at every step. Made by `benchmarks/decode_bench.py`.",
         "",
         "| context | PLSH cache tok/s | full ALiBi tok/s | window ALiBi tok/s | PLSH cache (tokens after prefill / end / bound) | PLSH cache MB | full cache MB | window cache MB |",
         "|---|---|---|---|---|---|---|---|",

@@ -429,17 +429,20 @@ class PLSHDecodingCache:
                 check_finite=False,
             )
             return o[0], l_[0]
-        group = num_heads // k.shape[0]
+        num_heads_kv = k.shape[0]
+        group = num_heads // num_heads_kv
         work = torch.float64 if q.dtype == torch.float64 else torch.float32
-        kx = k.repeat_interleave(group, dim=0).to(work)
-        vx = v.repeat_interleave(group, dim=0).to(work)
+        kx, vx = k.to(work), v.to(work)  # no copy when already in the working dtype
         counts = (qbins[..., :, None] == kbins[..., None, :]).sum(dim=1)  # (H, m, L)
-        counts = counts * (kpos[None, None, :] <= qpos[None, :, None])
-        s = self.partition.num_samples
-        log_w = count_bias(counts, s, dtype=work)
-        logits = scale * (q.to(work) @ kx.transpose(-1, -2)) + log_w
+        counts.mul_(kpos[None, None, :] <= qpos[None, :, None])
+        log_w = count_bias(counts, self.partition.num_samples, dtype=work)
+        # grouped-query heads share their kv head: (H_kv, group * m, d) against (H_kv, L, d)
+        qg = q.to(work).reshape(num_heads_kv, group * m, -1)
+        logits = torch.baddbmm(
+            log_w.view(num_heads_kv, group * m, length), qg, kx.transpose(-1, -2), alpha=scale
+        )
         lse = torch.logsumexp(logits, dim=-1)
         empty = torch.isneginf(lse)
-        w = torch.exp(logits - torch.where(empty, 0.0, lse)[..., None])
-        out = torch.where(empty[..., None], 0.0, w @ vx)
-        return out, lse
+        logits.sub_(torch.where(empty, 0.0, lse)[..., None]).exp_()
+        out = torch.bmm(logits, vx).masked_fill_(empty[..., None], 0.0)
+        return out.view(num_heads, m, -1), lse.view(num_heads, m)
