@@ -287,7 +287,9 @@ def markdown(result: dict) -> str:
         "Bytes counted at `torch.distributed.batch_isend_irecv`; every rank sent exactly "
         "its planned bytes (checked). Times: median over repeats, slowest rank, on a "
         "shared 2-core machine (orientation only; the two times of a row come from the "
-        "same run).",
+        "same run). The exchange time includes building the contiguous [halo + local] key and "
+        "value tensors (a copy of the local chunk); the "
+        "backward adds the gradient slices and their return.",
         "",
         "| n | P | s | halo bytes (max, measured) | ring bytes | exchange fwd s "
         "| exchange fwd+bwd s | all_gather K/V s |",

@@ -171,8 +171,10 @@ def key_reach(
     (first, last) : tuple of numpy.ndarray
         int64, ``(num_heads,)``, global positions, ``first <= start``, ``last >= stop - 1``.
         ``start - first`` is the left halo width of each head, at most
-        ``ceil(max_t pitch_t) - 1`` for ``|p| < 2**51`` up to binary64 rounding (one more
-        token at most); its law is that of the largest of ``s`` geometric block extents.
+        ``ceil(max_t pitch_t) - 1`` (binary64 bins: ``ceil((1 + 2B) max_t pitch_t) - 1``,
+        the same unless positions come near ``2**53``); for independent samples its law is
+        that of the largest of ``s`` geometric block extents, ``P(W >= b) = 1 - (1 -
+        exp(-b / sigma))^s``.
 
     Raises
     ------
