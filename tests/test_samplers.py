@@ -510,3 +510,42 @@ def test_reproduce_cli_compares_samplers(tmp_path, capsys):
         main(["reproduce", *common, "--sampler", "lhs", "--out", str(tmp_path / "c")])
     assert exc.value.code == 2
     assert main(["reproduce", *common, "--group-size", "0", "--out", str(tmp_path / "d")]) == 2
+
+
+def test_numbers_quoted_in_the_note():
+    # proofs_notes/samplers.md, sections 4, 5, 7 and 8: each number as printed there
+    exact = {16: (0.377, 0.382, 0.379), 64: (0.200, 0.206, 0.203)}
+    exact |= {256: (0.111, 0.116, 0.112), 1024: (0.067, 0.069, 0.065)}
+    ratios = {}
+    for s, quoted in exact.items():
+        for sigma, q in zip((4.0, 16.0, 64.0), quoted):
+            r = S.frobenius_error_square(sigma, 1024, s, sampler="stratified")
+            ratios[s, sigma] = r / S.frobenius_error_square(sigma, 1024, s)
+            assert round(ratios[s, sigma], 3) == pytest.approx(q, abs=1e-9), (s, sigma)
+    for sigma in (4.0, 16.0, 64.0):  # "falls by 3.0 to 3.1" from s = 64 to 1024
+        assert 2.95 <= ratios[64, sigma] / ratios[1024, sigma] <= 3.15
+    r = np.arange(1.0, 40 * 100.0)  # sigma = 100 agrees with the note's 400 to 1e-5
+    total = S.entry_variance(r, 100.0, 1).sum()
+    for m, b in ((2, 0.147), (4, 0.0616), (16, 0.0104), (64, 0.00185)):
+        _, between = S.variance_split(r, 100.0, m, sampler="stratified", group_size=1)
+        assert between.sum() * m / total == pytest.approx(b, rel=5e-3), m
+    for g, q in ((2, 1.00), (3, 1.22), (4, 1.50), (8, 2.75)):
+        ratio = S.frobenius_error_square(64.0, 1024, 48 * g, sampler="shared", group_size=g)
+        assert ratio / S.frobenius_error_square(64.0, 1024, 48 * g) == pytest.approx(q, abs=0.005)
+    for sigma, q in ((4.0, 21.5), (16.0, 21.4), (64.0, 21.3)):
+        ratio = S.frobenius_error_square(sigma, 1024, 64, sampler="stratified", group_size=64)
+        assert ratio / S.frobenius_error_square(sigma, 1024, 64) == pytest.approx(q, abs=0.05)
+    for sigma, med, med_iid, b, b_iid in ((4.0, 21.2, 26.2, 29, 35), (16.0, 84.9, 104.8, 115, 139)):
+        kw = {"sampler": "stratified"}
+        assert S.largest_pitch_quantile_of(0.5, sigma, 64, **kw) == pytest.approx(med, abs=0.05)
+        assert S.largest_pitch_quantile_of(0.5, sigma, 64) == pytest.approx(med_iid, abs=0.05)
+        assert bounds.block_size_bound(sigma, 64, 0.1, **kw) == b
+        assert bounds.block_size_bound(sigma, 64, 0.1) == b_iid
+    for sigma, pct in ((4.0, 4.5), (16.0, 4.4), (64.0, 4.1)):
+        w = S.window_width(sigma, 64, 1024, sampler="stratified").mean()
+        assert 100 * (w / expected_window_width(sigma, 64, 1024).mean() - 1) == pytest.approx(
+            pct, abs=0.05
+        )
+    for s, pct in ((16, 8.5), (64, 4.5), (256, -1.0), (1024, -6.3)):
+        w = S.window_width(16.0, s, sampler="stratified") / expected_window_width(16.0, s)
+        assert 100 * (w - 1) == pytest.approx(pct, abs=0.05)
