@@ -25,7 +25,9 @@ Positions are integers (``(n,)``, shared by the batch); the defaults are those o
   modification and the window as a mask follows the FlexAttention formulation (PyTorch
   blog "FlexAttention: the flexibility of PyTorch with the performance of FlashAttention",
   2024, and its attention-gym examples); the code here is our own.
-* :func:`reduction_attention`: the paper's algorithm (Wolfson & Wagner 2026, section 2): for
+* :func:`reduction_attention` (any backend) and :func:`flex_reduction_attention` (one
+  batched FlexAttention call, batch entry = sample, with :func:`reduction_mask_mod` /
+  :func:`reduction_block_mask`): the paper's algorithm (Wolfson & Wagner 2026, section 2): for
   each of the ``s`` samples, attention without bias inside each block of that sample, then
   the ``s`` partial results merged by their softmax denominators (an LSE merge). It equals
   PLSH attention ``softmax(scale q k^T + log(C/s)) v`` to rounding; each block pass is
@@ -67,7 +69,10 @@ __all__ = [
     "compiled_flex_attention",
     "dense_attention",
     "expand_kv",
+    "flex_reduction_attention",
     "reduction_attention",
+    "reduction_block_mask",
+    "reduction_mask_mod",
     "sdpa_alibi_attention",
     "window_mask_mod",
 ]
@@ -476,18 +481,29 @@ def window_mask_mod(
     return windowed
 
 
-def block_mask(mask_mod, n_q: int, n_k: int, *, num_heads: int | None = None, device="cpu"):
-    """``create_block_mask(mask_mod, None, num_heads, n_q, n_k)``: the FlexAttention
-    ``BlockMask`` of ``mask_mod`` (128 x 128 blocks), shared by the batch.
+def block_mask(
+    mask_mod,
+    n_q: int,
+    n_k: int,
+    *,
+    num_heads: int | None = None,
+    batch: int | None = None,
+    device="cpu",
+):
+    """``create_block_mask(mask_mod, batch, num_heads, n_q, n_k)``: the FlexAttention
+    ``BlockMask`` of ``mask_mod`` (128 x 128 blocks).
 
     ``num_heads=None`` when the mask does not depend on the head (causal), the head count
-    for a per-head window. Evaluates ``mask_mod`` on all ``n_q n_k`` pairs (per head); for
-    long causal sequences :func:`causal_block_mask` builds the same mask from block indices.
+    for a per-head window; ``batch=None`` shares it over the batch (``num_samples`` for
+    :func:`reduction_mask_mod`, whose batch entry is the sample). Evaluates ``mask_mod`` on
+    all ``n_q n_k`` pairs (per head and batch entry); for long causal sequences
+    :func:`causal_block_mask` and :func:`reduction_block_mask` build masks from block
+    indices.
 
     Raises
     ------
     TypeError, ValueError
-        Non-integer or negative lengths or head count.
+        Non-integer or non-positive lengths, head count or batch.
     """
     from torch.nn.attention.flex_attention import create_block_mask  # noqa: PLC0415
 
@@ -495,7 +511,9 @@ def block_mask(mask_mod, n_q: int, n_k: int, *, num_heads: int | None = None, de
     n_k = check_int("n_k", n_k, minimum=1)
     if num_heads is not None:
         num_heads = check_int("num_heads", num_heads, minimum=1)
-    return create_block_mask(mask_mod, None, num_heads, n_q, n_k, device=device)
+    if batch is not None:
+        batch = check_int("batch", batch, minimum=1)
+    return create_block_mask(mask_mod, batch, num_heads, n_q, n_k, device=device)
 
 
 def causal_block_mask(n: int, *, device="cpu", block: int = 128):
@@ -544,6 +562,151 @@ def compiled_flex_attention():
 
 
 # ------------------------------------------------------------------------------ reduction
+
+
+def reduction_mask_mod(bins: torch.Tensor, *, causal: bool = True):
+    """FlexAttention ``mask_mod`` of the paper's reduction, batch entry ``t`` = sample ``t``.
+
+    Key ``j`` is computed for query ``i`` in batch entry ``t`` iff both sit in the same bin
+    of sample ``t`` of head ``h`` (and ``j <= i`` when ``causal``): attention without bias
+    inside each block. Self-attention with positions equal to the indices.
+
+    Parameters
+    ----------
+    bins : torch.Tensor
+        int64 ``(num_samples, num_heads, n)``: :func:`plsh_fast.partition.bins` of the
+        positions ``0..n-1`` with its first two axes swapped. Read at call time.
+    causal : bool
+
+    Returns
+    -------
+    callable
+        ``mask_mod(b, h, q_idx, kv_idx)``.
+
+    Raises
+    ------
+    TypeError
+        If ``bins`` is not a tensor or ``causal`` not a bool.
+    """
+    causal = check_bool("causal", causal)
+    if not isinstance(bins, torch.Tensor):
+        raise TypeError(f"bins: must be a torch.Tensor, got {type(bins).__name__}")
+
+    def same_bin(b, h, q_idx, kv_idx):
+        same = bins[b, h, q_idx] == bins[b, h, kv_idx]
+        return same & (kv_idx <= q_idx) if causal else same
+
+    return same_bin
+
+
+def reduction_block_mask(bins: torch.Tensor, *, block: int = 128):
+    """Causal ``BlockMask`` of the reduction built from block indices (batch = sample).
+
+    For query block ``qb`` of sample ``t``, the key blocks sharing a bin with the block run
+    from the block of the first key in the bin of the block's first query to ``qb``
+    (bins are non-decreasing along the positions ``0..n-1``); the pairs inside are decided
+    by :func:`reduction_mask_mod` (causal). ``O(num_samples * num_heads * (n / block)^2)``
+    index work, where :func:`block_mask` evaluates all pairs.
+
+    Parameters
+    ----------
+    bins : torch.Tensor
+        int64 ``(num_samples, num_heads, n)``, non-decreasing along the last axis.
+    block : int
+        Block size of FlexAttention (both axes).
+
+    Returns
+    -------
+    torch.nn.attention.flex_attention.BlockMask
+        Batch ``num_samples``, ``num_heads`` heads, ``n x n``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``bins`` not a 3-D integer tensor; ``block < 1``.
+    """
+    from torch.nn.attention.flex_attention import BlockMask  # noqa: PLC0415
+
+    if not isinstance(bins, torch.Tensor) or bins.dim() != 3 or bins.is_floating_point():
+        raise TypeError("bins: must be an integer tensor (num_samples, num_heads, n)")
+    block = check_int("block", block, minimum=1)
+    s, h, n = bins.shape
+    nb = (n + block - 1) // block
+    first_q = torch.arange(nb, device=bins.device) * block
+    flat = bins.contiguous().reshape(s * h, n)
+    start_key = torch.searchsorted(flat, flat[:, first_q].contiguous(), side="left")
+    kb0 = torch.div(start_key, block, rounding_mode="floor").reshape(s, h, nb)
+    qb = torch.arange(nb, device=bins.device)[None, None, :]
+    num = (qb - kb0 + 1).to(torch.int32)  # (s, H, nb) key blocks per query block
+    idx = kb0[..., None] + torch.arange(nb, device=bins.device)[None, None, None, :]
+    idx = torch.minimum(idx, qb[..., None]).to(torch.int32)  # entries past num are unused
+    return BlockMask.from_kv_blocks(
+        num,
+        idx,
+        BLOCK_SIZE=block,
+        mask_mod=reduction_mask_mod(bins, causal=True),
+        seq_lengths=(n, n),
+    )
+
+
+def flex_reduction_attention(
+    query, key, value, block_mask, num_samples: int, *, scale=None, flex=None
+):
+    """The paper's reduction as one batched FlexAttention call, then the LSE merge.
+
+    ``query``, ``key``, ``value`` (batch 1) are repeated ``num_samples`` times along the
+    batch, so that batch entry ``t`` runs sample ``t``'s block attention under
+    ``block_mask`` (:func:`reduction_block_mask` or :func:`block_mask` of
+    :func:`reduction_mask_mod`); then ``out = sum_t e^{lse_t} out_t / sum_t e^{lse_t}`` and
+    ``lse = logsumexp_t(lse_t) - log s`` in float32 (float64 for float64 inputs), as
+    :func:`reduction_attention`.
+
+    Parameters
+    ----------
+    query, key, value : torch.Tensor
+        ``(1, num_heads, n, head_dim)`` (self-attention, positions ``0..n-1``).
+    block_mask : BlockMask
+        Batch ``num_samples``.
+    num_samples : int
+    scale : float, optional
+        Default ``1 / sqrt(head_dim)``.
+    flex : callable, optional
+        ``flex_attention`` or :func:`compiled_flex_attention` ``()`` (default: compiled).
+
+    Returns
+    -------
+    (out, lse) : tuple of torch.Tensor
+        ``(1, num_heads, n, head_dim_v)`` in the query's dtype and ``(1, num_heads, n)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`plsh_fast.plsh_attention` for the tensors; a batch other than 1.
+    """
+    from torch.nn.attention.flex_attention import AuxRequest  # noqa: PLC0415
+
+    V.check_qkv(query, key, value)
+    if query.shape[0] != 1:
+        raise ValueError(
+            f"query: batch must be 1 (samples go along the batch), got {query.shape[0]}"
+        )
+    s = check_int("num_samples", num_samples, minimum=1)
+    c = check_scale(scale, query.shape[3])
+    flex = compiled_flex_attention() if flex is None else flex
+    qs, ks, vs = (t.expand(s, *t.shape[1:]) for t in (query, key, value))
+    out_t, aux = flex(qs, ks, vs, block_mask=block_mask, scale=c, return_aux=AuxRequest(lse=True))
+    work = torch.float64 if query.dtype == torch.float64 else torch.float32
+    lse_t = aux.lse.to(work)  # (s, H, n)
+    row_max = lse_t.amax(dim=0)
+    empty = torch.isneginf(row_max)
+    w = torch.exp(lse_t - torch.where(empty, 0.0, row_max))
+    z = w.sum(dim=0)
+    out = torch.zeros(out_t.shape[1:], dtype=work, device=query.device)
+    for t in range(s):  # one sample at a time: no (s, H, n, d) temporary in the work dtype
+        out += w[t, ..., None] * out_t[t].to(work)
+    out = (out / torch.where(empty, 1.0, z)[..., None]).masked_fill(empty[..., None], 0.0)
+    lse = torch.where(empty, -math.inf, row_max + torch.log(z) - math.log(s))
+    return out[None].to(query.dtype), lse[None]
 
 
 def reduction_attention(

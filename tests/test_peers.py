@@ -256,6 +256,16 @@ def test_peers_refuse_bad_input():
         (ValueError, "bias", lambda: peers.sdpa_alibi_attention(q, k, v, bias=torch.zeros(2, 4))),
         (TypeError, "window", lambda: peers.window_mask_mod([1, 2])),
         (TypeError, "slopes", lambda: peers.alibi_score_mod([0.5])),
+        (TypeError, "bins", lambda: peers.reduction_mask_mod([[0]])),
+        (TypeError, "bins", lambda: peers.reduction_block_mask(torch.zeros(2, 2))),
+        (ValueError, "batch", lambda: peers.block_mask(peers.causal_mask_mod(), 4, 4, batch=0)),
+        (
+            ValueError,
+            "query",
+            lambda: peers.flex_reduction_attention(
+                torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 4, 8), None, 2
+            ),
+        ),
         (TypeError, "causal", lambda: peers.alibi_attention(q, k, v, causal="yes")),
         (
             ValueError,
@@ -301,3 +311,28 @@ def test_dense_attention_gradients():
     weight[:, :, 0] = 1.0  # loss reads only the empty row
     (gq,) = torch.autograd.grad((out * weight).sum(), (q,))
     assert torch.all(gq == 0) and torch.isfinite(gq).all()
+
+
+@pytest.mark.parametrize("mask", ["reduction_block_mask", "block_mask"])
+def test_flex_reduction_peer_matches_reference(mask):
+    """The batched FlexAttention reduction (eager) against the float64 reduction reference."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from plsh_fast.partition import bins, partition_tensors
+
+    n, s = 80, 3
+    partition = draw_partition(np.array([3.0, 25.0]), s, seed=8)
+    q, k, v = _qkv((1, 2, n, 8), (1, 2, n, 8), torch.float32, seed=9)
+    pitch, offset = partition_tensors(partition, "cpu")
+    b = bins(pitch, offset, torch.arange(n)).transpose(0, 1).contiguous()  # (s, H, n)
+    if mask == "reduction_block_mask":
+        bm = peers.reduction_block_mask(b, block=16)
+    else:
+        bm = peers.block_mask(peers.reduction_mask_mod(b), n, n, num_heads=2, batch=s)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, lse = peers.flex_reduction_attention(q, k, v, bm, s, flex=flex_attention)
+    ref, ref_lse = plsh_attention(*_np(q, k, v), partition, backend="reduction")
+    pos = np.arange(n)
+    bias = count_bias(counts(partition, pos, pos, causal=True), s)
+    _check(out, q, k, v, bias, ref, "float32", lse=lse, ref_lse=ref_lse)
