@@ -16,14 +16,6 @@ __all__ = ["plsh_attention"]
 DEFAULT_NUM_SAMPLES = 16
 
 
-def _default_positions(n_q: int, n_k: int, device):
-    """Keys ``0..n_k-1``; queries aligned to the end, ``n_k - n_q + (0..n_q-1)`` (SPEC 1)."""
-    return (
-        torch.arange(n_k - n_q, n_k, dtype=torch.int64, device=device),
-        torch.arange(n_k, dtype=torch.int64, device=device),
-    )
-
-
 def plsh_attention(
     query,
     key,
@@ -160,7 +152,7 @@ def plsh_attention(
     qpos = P.check_positions("query_positions", query_positions, batch, n_q, device)
     kpos = P.check_positions("key_positions", key_positions, batch, n_k, device)
     mask = P.check_attention_mask(attention_mask, batch, n_k, device)
-    default_q, default_k = _default_positions(n_q, n_k, device)
+    default_q, default_k = P.default_positions(n_q, n_k, device)
     qpos = default_q if qpos is None else qpos
     kpos = default_k if kpos is None else kpos
     if isinstance(partition, (tuple, list)):

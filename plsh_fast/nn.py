@@ -545,10 +545,9 @@ class PLSHAttention(nn.Module):
             qpos = P.check_positions("query_positions", query_positions, batch, n_q, device)
             kpos = P.check_positions("key_positions", key_positions, batch, n_k, device)
             mask = P.check_attention_mask(attention_mask, batch, n_k, device)
-            if qpos is None:
-                qpos = torch.arange(n_k - n_q, n_k, device=device)
-            if kpos is None:
-                kpos = torch.arange(n_k, device=device)
+            default_q, default_k = P.default_positions(n_q, n_k, device)
+            qpos = default_q if qpos is None else qpos
+            kpos = default_k if kpos is None else kpos
             if not torch.compiler.is_compiling():
                 mask = _eager_mask_values(mask)
                 real_q, real_k = P.real_positions(qpos, kpos, mask, batch)

@@ -49,6 +49,7 @@ __all__ = [
     "MAX_ABS_POSITION",
     "Group",
     "check_attention_mask",
+    "default_positions",
     "check_positions",
     "check_position_range",
     "group_batch",
@@ -78,6 +79,24 @@ def _host_positions(name: str, value) -> torch.Tensor:
     elif not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"{name}: must hold integers, got dtype {arr.dtype}")
     return torch.from_numpy(np.ascontiguousarray(arr.astype(np.int64)))
+
+
+def default_positions(n_q: int, n_k: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Default positions as int64 tensors: keys ``0..n_k-1``, queries aligned to the end.
+
+    The torch (device-side, ``torch.compile``-friendly) form of
+    :func:`plsh_ref.alibi.default_positions`, with the same values (tested): queries
+    ``n_k - n_q + (0..n_q-1)`` (SPEC section 1). The lengths are trusted (tensor shapes).
+
+    Returns
+    -------
+    (query_positions, key_positions) : tuple of torch.Tensor
+        int64 ``(n_q,)`` and ``(n_k,)`` on ``device``.
+    """
+    return (
+        torch.arange(n_k - n_q, n_k, dtype=torch.int64, device=device),
+        torch.arange(n_k, dtype=torch.int64, device=device),
+    )
 
 
 def check_positions(name: str, positions, batch: int, length: int, device) -> torch.Tensor | None:
