@@ -67,17 +67,29 @@ def plsh_attention(
         Key ``j`` admissible for query ``i`` iff ``p_j <= p_i``.
     scale : float, optional
         Logit scale, default ``1 / sqrt(head_dim)``.
-    partition : plsh_ref.partition.PartitionSample, optional
-        The partition sample (``pitch``, ``offset`` of shape ``(num_heads, s)``). When
-        omitted one is drawn by :func:`plsh_ref.partition.draw_partition` with
-        ``sigma = 1 / slopes`` and ``seed``.
+    partition : plsh_ref.partition.PartitionSample or (torch.Tensor, torch.Tensor), optional
+        The partition sample (``pitch``, ``offset`` of shape ``(num_heads, s)``): a
+        :class:`~plsh_ref.partition.PartitionSample` (host arrays, copied to the device
+        per call) or a pair of float64 tensors ``(pitch, offset)`` on the query's device,
+        passed to the kernels as they are (what :class:`plsh_fast.nn.PLSHAttention` does
+        with its buffers, and what ``torch.compile`` needs). When omitted one is drawn by
+        :func:`plsh_ref.partition.draw_partition` with ``sigma = 1 / slopes`` and ``seed``.
     seed : int, optional
         Seed of the draw (``None``: fresh OS entropy, not reproducible). Exclusive with
         ``partition``.
-    query_positions, key_positions : array_like of int or torch.Tensor, optional
-        Absolute positions ``(n_q,)``, ``(n_k,)``, shared by the batch, any order, repeats
-        allowed, ``|p| < 2**53``. Default: keys ``0..n_k-1``, queries aligned to the end
-        (``n_k - n_q + (0..n_q-1)``).
+    query_positions, key_positions : torch.Tensor or array_like of int, optional
+        Absolute positions ``(n_q,)``, ``(n_k,)`` shared by the batch, or ``(batch, n_q)``,
+        ``(batch, n_k)`` per sequence (HF ``position_ids``; ``(1, n)`` counts as shared);
+        integer tensors (any order, repeats allowed, ``|p| < 2**53`` at real slots; any
+        int64 value at pad slots). Default: keys ``0..n_k-1``, queries aligned to the end
+        (``n_k - n_q + (0..n_q-1)``). Bins use each sequence's own positions.
+    attention_mask : torch.Tensor, optional
+        Key-padding mask ``(batch, n_k)``, bool or integer 0/1, 1/True = keep, 0 = pad
+        (HF 2-D convention). Pad keys get weight 0; a query slot whose end-aligned key
+        slot ``n_k - n_q + i`` is padded (``n_q <= n_k``) is a pad query: output 0,
+        LSE ``-inf``, zero gradient. A left-padded sequence with HF ``position_ids`` gives
+        exactly its unpadded bins and outputs on its real tokens
+        (:mod:`plsh_fast.padding`, same semantics as :func:`plsh_ref.plsh_attention`).
     return_lse : bool
         Also return the LSE.
     backend : {"auto", "cpu", "triton"}
@@ -85,10 +97,14 @@ def plsh_attention(
         ``"triton"`` with CPU tensors runs the Triton interpreter (``TRITON_INTERPRET=1``
         must be set before Triton is imported; for tests).
     check_finite : bool
-        Refuse NaN/inf in ``query``, ``key``, ``value`` (default). It costs one extra read
-        of every input (``O(n d)``, against the attention's ``O(n w d)``) and, on CUDA, a
-        device synchronisation; pass ``False`` in a hot loop whose inputs you trust. With it
-        off, a NaN input propagates to the rows that can reach it.
+        The checks that read tensor values (default on, eager mode only): NaN/inf in
+        ``query``, ``key``, ``value``; a tensor partition's values (finite ``pitch > 0``,
+        finite offsets); ``|p| < 2**53`` at real positions; bins of the extreme positions
+        inside int64. They cost one extra read of every input (``O(n d)``, against the
+        attention's ``O(n w d)``) and one host read of the results (a device
+        synchronisation on CUDA); pass ``False`` in a hot loop whose inputs you trust.
+        With it off, a NaN input propagates to the rows that can reach it. Under
+        ``torch.compile`` they are skipped (they would need values while tracing).
 
     Returns
     -------
@@ -105,16 +121,21 @@ def plsh_attention(
     TypeError
         A ``causal``, ``return_lse`` or ``check_finite`` that is not a bool; non-tensor
         or sparse inputs, non-floating or mixed dtypes, float64 off the CPU, a partition
-        that is not a ``PartitionSample``, non-integer ``num_samples``/``seed``/positions.
+        that is neither a ``PartitionSample`` nor a pair of float64 tensors, non-integer
+        ``num_samples``/``seed``/positions, a mask that is neither bool nor integer.
     ValueError
         Tensors on different devices, wrong ranks or inconsistent shapes, head counts that
         do not divide, ``num_samples < 1``, slopes of the wrong length or not > 0, a
         partition with another head count or sample count, both ``partition`` and
-        ``seed``, positions of the wrong length, an unknown or unavailable ``backend``,
+        ``seed``, positions of the wrong length or batch, a mask of the wrong shape or with
+        integer entries other than 0/1, an unknown or unavailable ``backend``,
         non-finite inputs when ``check_finite``, slopes so small that ``1 / slope``
         overflows, a bin index ``floor((p - offset) / pitch)`` outside the int64 range
         (pitch too small for the positions; as :func:`plsh_ref.partition.bins`). All
-        raised before any kernel launch.
+        raised before any kernel launch. Shape and dtype errors are raised under
+        ``torch.compile`` as well (while tracing; with ``fullgraph=True`` Dynamo reports
+        them as ``torch._dynamo.exc.Unsupported`` quoting the message); mask values are
+        checked at run time inside the operator.
 
     Notes
     -----
@@ -124,6 +145,19 @@ def plsh_attention(
     ``O(n * window)``, never ``n_q x n_k``. Rows are processed sorted by position (unsorted
     positions are sorted and the results put back). On the 2-core development CPU the
     path beats dense attention from about ``n = 4k`` (``benchmarks/README.md``).
+
+    ``torch.compile``: inside a compiled region the call is the custom operator
+    ``plsh::attention`` (:mod:`plsh_fast.ops`), which Dynamo traces with symbolic
+    sequence lengths (``fullgraph=True`` works; one graph serves every length); pass the
+    partition as tensors (or use :class:`plsh_fast.nn.PLSHAttention`). In eager mode it
+    is :class:`plsh_fast.autograd.PLSHAttentionFunction`, whose backward reuses the
+    forward's plan; both compute the same function.
+
+    Synchronisation (CUDA): the value checks (``check_finite``); with a mask or
+    per-sequence positions, grouping the batch (:mod:`plsh_fast.padding`: the groups and
+    their lengths are data-dependent); the kernels' own planning (sorting check of the
+    positions, tile ranges; :mod:`plsh_fast.triton_forward`). Nothing else reads device
+    values: the partition and the positions stay on the device.
 
     References
     ----------
