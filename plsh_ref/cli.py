@@ -73,6 +73,8 @@ def load_command(name: str):
 def _summary(ep) -> str:
     try:
         module = importlib.import_module(ep.value)
+    except ModuleNotFoundError as exc:
+        return f"(needs {(exc.name or str(exc)).split('.')[0]}: not installed)"
     except ImportError as exc:
         return f"(unavailable: {exc})"
     text = getattr(module, "SUMMARY", None) or module.HELP.split(". ")[0].rstrip(".")

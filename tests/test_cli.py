@@ -129,6 +129,7 @@ def test_plsh_ref_and_its_commands_run_without_torch(no_torch_env):
         proc = _run(env, folder, *plsh, *argv)
         assert proc.returncode == 0, (argv, proc.stderr)
         assert "Traceback" not in proc.stderr
+    assert re.search(r"^  train-lm\s+\(needs torch: not installed\)$", proc.stdout, re.M)
     proc = _run(env, folder, *plsh, "spectrum", "--n", "16", "--num-samples", "2", "--out", "sp")
     assert proc.returncode == 0, proc.stderr
     assert (folder / "sp" / "results.json").is_file()
