@@ -245,3 +245,16 @@ def test_torch_count_bias_equals_the_reference_bit_for_bit():
     got32 = torch_count_bias(torch.from_numpy(c).int(), 9, dtype=torch.float32)
     np.testing.assert_array_equal(got32.numpy(), ref.astype(np.float32))
     assert torch.isneginf(got32[torch.from_numpy(c) == 0]).all()
+
+
+@pytest.mark.parametrize("n_q,n_k", [(0, 0), (0, 3), (3, 0), (1, 1), (5, 9), (9, 5), (64, 64)])
+def test_torch_default_positions_equal_the_reference(n_q, n_k):
+    torch = pytest.importorskip("torch")
+    from plsh_fast.padding import default_positions as torch_default_positions
+    from plsh_ref.alibi import default_positions
+
+    got_q, got_k = torch_default_positions(n_q, n_k)
+    want_q, want_k = default_positions(n_q, n_k)
+    assert got_q.dtype == got_k.dtype == torch.int64
+    np.testing.assert_array_equal(got_q.numpy(), want_q)
+    np.testing.assert_array_equal(got_k.numpy(), want_k)
