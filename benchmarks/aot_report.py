@@ -201,7 +201,9 @@ def _launches(cfg: KernelConfig, n: int = 4096):
     )
     offset = pitch * torch.rand((num_heads, cfg.num_samples), dtype=torch.float64, generator=gen)
     pos = torch.arange(n, dtype=torch.int64)
-    bm, bn, warps, stages = triton_forward.default_blocks(d, dv, torch.device("cuda"), dtype)
+    bm, bn, warps, stages = triton_forward.default_blocks(
+        d, dv, torch.device("cuda"), dtype, capability=divmod(cfg.arch, 10)
+    )
     blocks = dict(_block_m=bm, _block_n=bn, _num_warps=warps, _num_stages=stages)
     with capture_launches() as calls:
         if cfg.kernel in ("_fwd_kernel", "_bins_kernel"):

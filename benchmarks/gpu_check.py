@@ -488,115 +488,36 @@ def _flex():
     return fa
 
 
-def _flex_lse_call(flex_fn, q, k, v, block_mask, scale):
-    """FlexAttention returning (out, lse) across torch versions (return_aux or return_lse)."""
-    fa = _flex()
-    if hasattr(fa, "AuxRequest"):
-        out, aux = flex_fn(
-            q, k, v, block_mask=block_mask, scale=scale, return_aux=fa.AuxRequest(lse=True)
-        )
-        return out, aux.lse
-    return flex_fn(q, k, v, block_mask=block_mask, scale=scale, return_lse=True)
-
-
-def causal_block_mask(n, device, block=128):
-    """Causal BlockMask built from block indices (``create_block_mask`` would evaluate n^2
-    pairs): query block ``i`` has full key blocks ``0..i-1`` and the partial block ``i``."""
+def peer_mods(device, slopes, num_heads):
+    """The FlexAttention ``score_mod``/``mask_mod`` peers of :mod:`plsh_fast.peers`, made
+    once per run (one function object each, tensors updated in place): compiled
+    FlexAttention is then compiled once (dynamic shapes) instead of once per closure."""
     torch = _torch()
-    fa = _flex()
-    nb = (n + block - 1) // block
-    qb = torch.arange(nb, device=device, dtype=torch.int32)
-    kv_num = torch.ones((1, 1, nb), dtype=torch.int32, device=device)
-    kv_idx = qb[:, None].expand(nb, nb).contiguous()[None, None]
-    full_num = qb[None, None].contiguous()
-    full_idx = torch.arange(nb, device=device, dtype=torch.int32)[None, :].expand(nb, nb)
-    full_idx = full_idx.contiguous()[None, None]
-    return fa.BlockMask.from_kv_blocks(
-        kv_num, kv_idx, full_num, full_idx, mask_mod=_causal_mod, seq_lengths=(n, n)
-    )
+    from plsh_fast import peers
+
+    slopes_t = torch.tensor(slopes, dtype=torch.float32, device=device)
+    window = torch.zeros((num_heads,), dtype=torch.int64, device=device)
+    return {
+        "alibi": peers.alibi_score_mod(slopes_t),
+        "causal": peers.causal_mask_mod(),
+        "window": peers.window_mask_mod(window),
+        "window_width": window,
+    }
 
 
-def _causal_mod(b, h, q_idx, kv_idx):
-    return kv_idx <= q_idx
+def causal_block_mask(n, device, mods):
+    """:func:`plsh_fast.peers.causal_block_mask` with the run's single causal ``mask_mod``."""
+    from plsh_fast import peers
+
+    mask = peers.causal_block_mask(n, device=device)
+    mask.mask_mod = mods["causal"]
+    return mask
 
 
-#: bins of the current reduction, (s, H, n); read by _reduction_mod (one function object for
-#: every configuration, so that compiled FlexAttention is not recompiled per closure)
-_REDUCTION_BINS = {}
-
-
-def _reduction_mod(b, h, q_idx, kv_idx):
-    bins = _REDUCTION_BINS["bins"]
-    return (bins[b, h, q_idx] == bins[b, h, kv_idx]) & (kv_idx <= q_idx)
-
-
-def reduction_block_mask(bins, n, block=128):
-    """Batched BlockMask for the paper's reduction: batch entry ``t`` is sample ``t``.
-
-    Mask construction is not timed (it plays the role of our planning pass, which is).
-
-    ``bins``: (H, s, n) int64 bins on the device (causal, sorted default positions). For
-    query block ``qb`` and sample ``t`` the key blocks sharing a bin with the block run from
-    the block of the first key in the bin of the block's first query to ``qb`` (causal).
-    Built from block indices directly; FlexAttention transposes the indices through a dense
-    ``nb x nb`` table, so the index tensor is ``nb`` wide (entries past the count are unused).
-    """
-    torch = _torch()
-    fa = _flex()
-    H, s, _ = bins.shape
-    nb = (n + block - 1) // block
-    first_q = torch.arange(nb, device=bins.device) * block
-    b = bins.transpose(0, 1).contiguous()  # (s, H, n), non-decreasing
-    flat = b.reshape(s * H, n)
-    start_key = torch.searchsorted(flat, flat[:, first_q].contiguous(), side="left")
-    kb0 = torch.div(start_key, block, rounding_mode="floor").reshape(s, H, nb)
-    qb = torch.arange(nb, device=bins.device)[None, None, :]
-    num = (qb - kb0 + 1).to(torch.int32)  # (s, H, nb)
-    idx = kb0[..., None] + torch.arange(nb, device=bins.device)[None, None, None, :]
-    idx = torch.minimum(idx, qb[..., None]).to(torch.int32)  # (s, H, nb, nb)
-    _REDUCTION_BINS["bins"] = b
-    return fa.BlockMask.from_kv_blocks(num, idx, mask_mod=_reduction_mod, seq_lengths=(n, n))
-
-
-def reduction_forward(flex_fn, q, k, v, block_mask, scale, s):
-    """The paper's reduction: per sample, attention inside its blocks; merge by LSE.
-
-    One batched FlexAttention call over ``s`` copies (batch = sample) of ``q, k, v``
-    (``(1, H, n, d)``), then ``out = sum_t e^{lse_t} out_t / sum_t e^{lse_t}`` and
-    ``lse = logsumexp_t(lse_t) - log s``.
-    """
-    torch = _torch()
-    qs, ks, vs = (t.expand(s, *t.shape[1:]) for t in (q, k, v))
-    out_t, lse_t = _flex_lse_call(flex_fn, qs, ks, vs, block_mask, scale)
-    lse_t = lse_t.float()
-    m = lse_t.amax(dim=0)
-    w = torch.exp(lse_t - m)  # (s, H, n)
-    z = w.sum(dim=0)
-    out = torch.zeros(out_t.shape[1:], dtype=torch.float32, device=q.device)
-    for t in range(s):  # one sample at a time: no (s, H, n, d) float32 temporary
-        out += w[t, ..., None] * out_t[t].float()
-    out /= z[..., None]
-    return out[None].to(q.dtype), (m + torch.log(z) - math.log(s))[None]
-
-
-#: ALiBi slopes read by _alibi_mod (one function object for every configuration)
-_SLOPES = {}
-
-
-def _alibi_mod(score, b, h, q_idx, kv_idx):
-    return score - _SLOPES["slopes"][h] * (q_idx - kv_idx).abs()
-
-
-#: window width read by _window_mod (a tensor: one compiled kernel for every width)
-_WINDOW = {}
-
-
-def _window_mod(b, h, q_idx, kv_idx):
-    return (kv_idx <= q_idx) & (q_idx - kv_idx < _WINDOW["w"])
-
-
-def window_block_mask(n, width, device, block=128):
-    """Causal sliding-window BlockMask (keys ``q - width < k <= q``) from block indices."""
+def window_block_mask(n, width, device, mods, block=128):
+    """Causal sliding-window BlockMask (keys ``q - width < k <= q``, the mask_mod of
+    :func:`plsh_fast.peers.window_mask_mod`) built from block indices (``O((n/block)^2)``,
+    where ``create_block_mask`` would evaluate all ``n^2`` pairs)."""
     torch = _torch()
     fa = _flex()
     nb = (n + block - 1) // block
@@ -605,11 +526,13 @@ def window_block_mask(n, width, device, block=128):
     num = (qb - kb0 + 1).to(torch.int32)[None, None]
     idx = kb0[:, None] + torch.arange(nb, device=device)[None, :]
     idx = torch.minimum(idx, qb[:, None]).to(torch.int32)[None, None]
-    _WINDOW["w"] = torch.tensor(int(width), device=device)
-    return fa.BlockMask.from_kv_blocks(num, idx, mask_mod=_window_mod, seq_lengths=(n, n))
+    mods["window_width"].fill_(int(width))
+    return fa.BlockMask.from_kv_blocks(
+        num, idx, BLOCK_SIZE=block, mask_mod=mods["window"], seq_lengths=(n, n)
+    )
 
 
-def windowed_results(flex, q, k, v, n, scale, err, our_width, our_error, device):
+def windowed_results(flex, q, k, v, n, scale, err, our_width, our_error, device, mods):
     """Compiled FlexAttention with exact ALiBi cut to a causal window: at our window width,
     and the narrowest width of a doubling sweep whose error is at most ours."""
     rec = {"window_ours": int(our_width)}
@@ -619,10 +542,11 @@ def windowed_results(flex, q, k, v, n, scale, err, our_width, our_error, device)
         for width in widths:
             if width > 4 * n:
                 continue
-            mask = window_block_mask(n, width, device)
+            mask = window_block_mask(n, width, device, mods)
 
-            def fwd(mask=mask):
-                return flex(q, k, v, score_mod=_alibi_mod, block_mask=mask, scale=scale)
+            def fwd(mask=mask, width=width):
+                mods["window_width"].fill_(width)
+                return flex(q, k, v, score_mod=mods["alibi"], block_mask=mask, scale=scale)
 
             sweep[width] = {"error": err(fwd()), "fwd_ms": _timeit(fwd, reps_max=10)[0]}
         rec["window_sweep"] = sweep
@@ -640,23 +564,17 @@ def windowed_results(flex, q, k, v, n, scale, err, our_width, our_error, device)
 
 def sdpa_results(q, k, v, slopes, n, scale, err, device, max_gb=16.0):
     """torch SDPA with a dense causal ALiBi bias (bf16 ``(1, H, n, n)``) where it fits."""
-    torch = _torch()
     H = q.shape[1]
     gb = H * n * n * 2 / 2**30
     if gb > max_gb:
         return {"sdpa_error_msg": f"skipped: dense bias would need {gb:.0f} GB"}
     try:
-        pos = torch.arange(n, device=device)
-        dist = (pos[:, None] - pos[None, :]).float()
-        m = torch.tensor(slopes, dtype=torch.float32, device=device)
-        bias = (-m[:, None, None] * dist.abs()).masked_fill(dist < 0, float("-inf"))
-        bias = bias[None].to(q.dtype)
-        del dist
+        from plsh_fast import peers
+
+        bias = peers.alibi_bias(slopes, n, n, causal=True, dtype=q.dtype, device=device)
 
         def fwd():
-            return torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, attn_mask=bias, scale=scale
-            )
+            return peers.sdpa_alibi_attention(q, k, v, bias=bias, scale=scale)
 
         rec = {"sdpa_error": err(fwd()), "sdpa_fwd_ms": _timeit(fwd, reps_max=10)[0]}
         del bias
@@ -665,15 +583,16 @@ def sdpa_results(q, k, v, slopes, n, scale, err, device, max_gb=16.0):
         return {"sdpa_error_msg": f"{type(exc).__name__}: {exc}"[:500]}
 
 
-def flex_results(flex, q, k, v, g, n, scale, err, args, device):
+def flex_results(flex, q, k, v, g, n, scale, err, args, device, mods):
     """Compiled FlexAttention exact ALiBi: error, forward and forward+backward times, peak."""
     torch = _torch()
     rec = {}
     try:
-        causal_mask = causal_block_mask(n, device)
+        causal_mask = causal_block_mask(n, device, mods)
+        alibi = mods["alibi"]
 
         def flex_fwd():
-            return flex(q, k, v, score_mod=_alibi_mod, block_mask=causal_mask, scale=scale)
+            return flex(q, k, v, score_mod=alibi, block_mask=causal_mask, scale=scale)
 
         rec["flex_error"] = err(flex_fwd())
         rec["flex_fwd_ms"], _ = _timeit(flex_fwd, reps_max=10)
@@ -682,7 +601,7 @@ def flex_results(flex, q, k, v, g, n, scale, err, args, device):
             qg, kg, vg = (t.detach().requires_grad_(True) for t in (q, k, v))
 
             def flex_fwd_bwd():
-                o = flex(qg, kg, vg, score_mod=_alibi_mod, block_mask=causal_mask, scale=scale)
+                o = flex(qg, kg, vg, score_mod=alibi, block_mask=causal_mask, scale=scale)
                 return torch.autograd.grad(o, (qg, kg, vg), g)
 
             rec["flex_fwd_bwd_ms"], _ = _timeit(flex_fwd_bwd, reps_max=5)
@@ -768,13 +687,17 @@ def bench_one(device, n, s, args, state):
     # FlexAttention exact ALiBi (compiled), causal block mask: depends on n only, run once
     if "flex" not in state:
         state["flex"] = torch.compile(fa.flex_attention, dynamic=True)
-    _SLOPES["slopes"] = torch.tensor(slopes, dtype=torch.float32, device=device)
+    if "mods" not in state:
+        state["mods"] = peer_mods(device, slopes, H)
+    mods = state["mods"]
     flex = state["flex"]
     by_n = state.setdefault("flex_by_n", {})
     if n not in by_n:
-        by_n[n] = flex_results(flex, q, k, v, g, n, scale, err, args, device)
+        by_n[n] = flex_results(flex, q, k, v, g, n, scale, err, args, device, mods)
     rec.update(by_n[n])
-    rec.update(windowed_results(flex, q, k, v, n, scale, err, our_width, rec["plsh_error"], device))
+    rec.update(
+        windowed_results(flex, q, k, v, n, scale, err, our_width, rec["plsh_error"], device, mods)
+    )
     rec.update(sdpa_results(q, k, v, slopes, n, scale, err, device))
     if "flex_fwd_ms" in rec:
         rec["speedup_fwd_vs_flex"] = rec["flex_fwd_ms"] / rec["plsh_fwd_ms"]
@@ -789,18 +712,22 @@ def bench_one(device, n, s, args, state):
         rec["reduction_error_msg"] = f"skipped: block masks would need {reduction_gb:.0f} GB"
     elif "reduction" not in args.skip:
         try:
-            bins = compute_bins(pitch, offset, pos)
-            block_mask = reduction_block_mask(bins, n)
-            del bins
+            from plsh_fast import peers
+
+            # (s, H, n) bins; the reduction's mask_mod closes over this config's bins
+            bins = compute_bins(pitch, offset, pos).transpose(0, 1).contiguous()
+            block_mask = peers.reduction_block_mask(bins)
 
             def reduction_fwd():
-                return reduction_forward(flex, q, k, v, block_mask, scale, s)
+                return peers.flex_reduction_attention(
+                    q, k, v, block_mask, s, scale=scale, flex=flex
+                )
 
             rec["reduction_error"] = err(reduction_fwd()[0])
             rec["reduction_fwd_ms"], _ = _timeit(reduction_fwd, reps_max=5)
             rec["reduction_fwd_peak_mb"] = _peak_mb(reduction_fwd)
             rec["speedup_fwd_vs_reduction"] = rec["reduction_fwd_ms"] / rec["plsh_fwd_ms"]
-            del block_mask
+            del block_mask, bins
         except Exception as exc:  # noqa: BLE001
             rec["reduction_error_msg"] = f"{type(exc).__name__}: {exc}"[:500]
     del q, k, v, g

@@ -324,6 +324,7 @@ def tile_counts(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     S_BLOCK: tl.constexpr,
+    TRANSPOSED: tl.constexpr = False,
 ):
     """Counts ``C_ij = sum_t [a_t(i) <= j < a_t(i) + w_t(i)]`` of samples ``c0 ..
     c0 + S_BLOCK - 1`` for one (query tile, key tile ``[n0, n0 + BLOCK_N)``) pair, int32
@@ -335,9 +336,14 @@ def tile_counts(
     per element, one subtraction and one unsigned comparison
     (``(j - a) mod 2**32 < w`` is ``a <= j < a + w`` for ``0 <= w < 2**31``).
     Rows with ``m_valid`` false and samples past ``num_samples`` count nothing.
+    ``TRANSPOSED``: the transposed tile ``(BLOCK_N, BLOCK_M)`` (keys along the rows), for
+    the key/value-gradient kernel.
     """
     cols = n0 + tl.arange(0, BLOCK_N)  # int32 key indices
-    counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    if TRANSPOSED:
+        counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)
+    else:
+        counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     n_q64 = n_q.to(tl.int64)
     # ``n0 >> 31`` is 0 (n0 >= 0) but not provably so: it keeps the row loads inside the
     # caller's key loop (L1 hits) instead of hoisting 2 * S_BLOCK row vectors, broadcast
@@ -347,6 +353,10 @@ def tile_counts(
         valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
         a = tl.load(RowStart + row + t * n_q64, mask=valid, other=0)
         w = tl.load(RowWidth + row + t * n_q64, mask=valid, other=0)
-        d = (cols[None, :] - a[:, None]).to(tl.uint32, bitcast=True)
-        counts += (d < w.to(tl.uint32, bitcast=True)[:, None]).to(tl.int32)
+        if TRANSPOSED:
+            d = (cols[:, None] - a[None, :]).to(tl.uint32, bitcast=True)
+            counts += (d < w.to(tl.uint32, bitcast=True)[None, :]).to(tl.int32)
+        else:
+            d = (cols[None, :] - a[:, None]).to(tl.uint32, bitcast=True)
+            counts += (d < w.to(tl.uint32, bitcast=True)[:, None]).to(tl.int32)
     return counts

@@ -99,19 +99,23 @@ def _probabilities(
 def _tile_counts_any(
     RowStart, RowWidth, h, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr, MULTI_CHUNK: tl.constexpr,
+    TRANSPOSED: tl.constexpr = False,
 ):  # fmt: skip
     """:func:`plsh_fast.tiling.tile_counts` over all samples (several passes if needed)."""
     if MULTI_CHUNK:
-        counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        if TRANSPOSED:
+            counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)
+        else:
+            counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         for c0 in range(0, num_samples, S_BLOCK):
             counts += tile_counts(
                 RowStart, RowWidth, h, c0, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M,
-                BLOCK_N, S_BLOCK,
+                BLOCK_N, S_BLOCK, TRANSPOSED,
             )  # fmt: skip
     else:
         counts = tile_counts(
             RowStart, RowWidth, h, 0, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M, BLOCK_N,
-            S_BLOCK,
+            S_BLOCK, TRANSPOSED,
         )  # fmt: skip
     return counts
 
@@ -323,8 +327,6 @@ def _bwd_dkdv_kernel(
     if UPCAST:
         k = k.to(tl.float32)
         v = v.to(tl.float32)
-    k_t = tl.trans(k)
-    v_t = tl.trans(v)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     for g in range(group):
@@ -353,17 +355,24 @@ def _bwd_dkdv_kernel(
             if UPCAST:
                 q = q.to(tl.float32)
                 do = do.to(tl.float32)
-            counts = _tile_counts_any(
+            # Transposed tiles (keys along the rows): every dot has BLOCK_N rows, so that
+            # BLOCK_M can be small (registers) while the MMAs stay warpgroup-sized.
+            counts_t = _tile_counts_any(
                 RowStart, RowWidth, h, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M,
-                BLOCK_N, S_BLOCK, MULTI_CHUNK,
+                BLOCK_N, S_BLOCK, MULTI_CHUNK, True,
             )  # fmt: skip
             live = lse > float("-inf")
             lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
-            p = _probabilities(q, k_t, counts, m_valid & live, lse2, scale_log2, DOT_PREC, VARIANT)
-            dv += tl.dot(tl.trans(p).to(do.dtype), do, input_precision=DOT_PREC)
-            dp = tl.dot(do, v_t, input_precision=DOT_PREC)
-            ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds).to(q.dtype), q, input_precision=DOT_PREC)
+            logits_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * scale_log2
+            weight_t = counts_t.to(tl.float32)
+            admissible_t = (weight_t > 0.0) & (m_valid & live)[None, :]
+            if VARIANT != 0:  # negative control: counts ignored (mask only)
+                weight_t = tl.where(admissible_t, 1.0, 0.0)
+            p_t = tl.where(admissible_t, tl.exp2(logits_t - lse2[None, :]) * weight_t, 0.0)
+            dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PREC)
+            dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+            ds_t = p_t * (dp_t - delta[None, :])
+            dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PREC)
     tl.store(
         DK + b * skgb + hk.to(tl.int64) * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
         (dk * scale).to(DK.dtype.element_ty),
@@ -397,6 +406,7 @@ def plsh_backward_triton(
     _variant: int = 0,
     _num_warps=None,
     _num_stages=None,
+    _dkdv_block_m: int | None = None,
 ):
     """Gradients of PLSH attention with respect to query, key and value (Triton).
 
@@ -444,6 +454,7 @@ def plsh_backward_triton(
         _variant=_variant,
         _num_warps=_num_warps,
         _num_stages=_num_stages,
+        _dkdv_block_m=_dkdv_block_m,
     )
     if plan is None and not positions_sorted:
         q_order, q_inverse = position_order(query_positions)
@@ -561,6 +572,11 @@ def plsh_backward_triton(
         log2_s,
         **common,
     )
+    # The dK/dV kernel walks the query range in tiles of at most 16 rows (its two float32
+    # accumulators and the key/value tiles stay in registers); query ranges start at
+    # multiples of block_m, hence of any divisor of it.
+    dkdv_block_m = _dkdv_block_m or (block_m if interp else min(block_m, 16))
+    assert block_m % dkdv_block_m == 0
     _bwd_dkdv_kernel[(n_k_tiles * batch * num_heads_kv,)](
         query,
         key,
@@ -591,6 +607,6 @@ def plsh_backward_triton(
         scale,
         scale * LOG2E,
         log2_s,
-        **common,
+        **dict(common, BLOCK_M=dkdv_block_m),
     )
     return dq, dk, dv

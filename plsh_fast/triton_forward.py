@@ -192,21 +192,31 @@ def pow2(x: int, minimum: int = 16) -> int:
 
 
 def default_blocks(
-    head_dim: int, head_dim_v: int, device: torch.device, dtype: torch.dtype = torch.bfloat16
+    head_dim: int,
+    head_dim_v: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+    capability: tuple[int, int] | None = None,
 ) -> tuple[int, int, int, int]:
     """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the shipped kernels for a head size.
 
-    Chosen so that no kernel spills registers at ``head_dim <= 128`` on sm_90/sm_80
-    (``benchmarks/aot_report.py``, table in ``benchmarks/results/aot_*.md``; speed is a GPU
-    measurement, ``benchmarks/gpu_check.py``). Small query tiles keep the planned key range
-    ``BLOCK_M + window`` tight (the PLSH window is short for small sigma). In the
-    interpreter (CPU tensors) 16 x 16 tiles.
+    Chosen from the AOT compile table (``benchmarks/aot_report.py``,
+    ``benchmarks/results/aot_*.md``) so that the half-precision kernels do not spill
+    registers at ``head_dim <= 128`` on sm_90 and sm_80 and the shared memory fits; speed
+    is a GPU measurement (``benchmarks/gpu_check.py``). Small query tiles keep the planned
+    key range ``BLOCK_M + window`` tight (the PLSH window is short for small sigma).
+    ``capability``: the CUDA compute capability (default: the device's); the interpreter
+    (CPU tensors) uses 16 x 16 tiles.
     """
     if device.type != "cuda":
         return 16, 16, 4, 1
+    if capability is None:
+        capability = torch.cuda.get_device_capability(device)
     widest = max(head_dim, head_dim_v)
     if widest <= 128 and dtype == torch.float32:  # 3-stage 64x64 fp32 tiles: > 227 KB smem
         return 64, 32, 4, 2
+    if widest <= 128 and capability[0] < 9:  # mma.sync keeps the accumulators in registers
+        return 64, 32, 4, 3
     if widest <= 128:
         return 64, 64, 4, 3
     if dtype == torch.float32:  # float32 tiles of width 256: stay inside shared memory

@@ -43,16 +43,9 @@ DOT_KERNELS = ("_fwd_kernel", "_bwd_dq_kernel", "_bwd_dkdv_kernel")
 #: What the current kernels do not achieve (checked strictly: fixing one fails the test
 #: until its entry is removed). Keys: (check, configuration name).
 KNOWN = {
-    ("no_spills", "_bwd_dkdv_kernel bfloat16 d128 s16 sm90"): (
-        "dK/dV kernel: two 64x128 fp32 accumulators + the transposed key/value tiles "
-        "exceed 255 registers at 64x64 tiles (about 0.5 KB stack)"
-    ),
     ("no_spills", "_fwd_kernel float32 d128 s16 sm90"): (
         "fp32 (tf32x3: three MMAs per dot) at 64x32 tiles and head_dim 128 still spills "
         "(about 0.2 KB stack)"
-    ),
-    ("no_spills", "_fwd_kernel bfloat16 d128 s16 sm80"): (
-        "sm_80 (mma.sync, register accumulators) at 64x64 tiles, head_dim 128 spills"
     ),
 }
 

@@ -53,9 +53,9 @@ def test_guarded_records_errors_and_budget_skips(gpu_check):
 
 def test_large_tensor_check_runs_on_a_small_cpu_problem(gpu_check):
     """The > 2**31-element check's code path (windowed reference, tolerance rule) at n=300."""
-    import _triton_interp  # noqa: F401  (interpreted kernels on CPU)
+    import _triton_interp  # compiled on a GPU, interpreted on CPU
 
-    rec = gpu_check.check_large("cpu", n=300, window=200, tail=48)
+    rec = gpu_check.check_large(_triton_interp.DEVICE.type, n=300, window=200, tail=48)
     assert set(rec["error_over_allowed"]) == {
         "output",
         "lse",
@@ -73,13 +73,14 @@ def test_bench_one_runs_on_cpu_with_eager_flex(gpu_check, monkeypatch):
     are real: PLSH and the reduction compute the same function, FlexAttention is exact."""
     from types import SimpleNamespace
 
-    import _triton_interp  # noqa: F401  (interpreted kernels on CPU)
+    import _triton_interp  # compiled on a GPU, interpreted on CPU
     from torch.nn.attention import flex_attention as fa
 
     monkeypatch.setattr(gpu_check, "_timeit", lambda fn, **kw: (fn() is not None and 1.0, 1))
     monkeypatch.setattr(gpu_check, "_peak_mb", lambda fn: 0.0)
     args = SimpleNamespace(num_heads=2, head_dim=16, skip=[])
-    rec = gpu_check.bench_one("cpu", 192, 4, args, {"flex": fa.flex_attention})
+    device = _triton_interp.DEVICE.type
+    rec = gpu_check.bench_one(device, 192, 4, args, {"flex": fa.flex_attention})
     assert "reduction_error_msg" not in rec, rec.get("reduction_error_msg")
     # FlexAttention has no backward on CPU: the only acceptable recorded failure here
     assert "flex_error_msg" not in rec or "backward on CPU" in rec["flex_error_msg"], rec
@@ -87,6 +88,12 @@ def test_bench_one_runs_on_cpu_with_eager_flex(gpu_check, monkeypatch):
     assert abs(rec["reduction_error"] - rec["plsh_error"]) < 2e-2  # same estimator, bf16
     assert rec["plsh_error"] > rec["flex_error"]  # PLSH approximates ALiBi
     assert rec["speedup_fwd_vs_flex"] == 1.0 and "plsh_fwd_bwd_ms" in rec
+    # peers: SDPA with the dense bias is exact ALiBi too; windowed Flex at our width is
+    # exact inside the window; the no-counts ablation ran (same kernel, counts skipped)
+    assert "sdpa_error_msg" not in rec and rec["sdpa_error"] < 2e-2, rec
+    assert "flex_window_error_msg" not in rec, rec.get("flex_window_error_msg")
+    assert rec["window_ours"] >= 64 and "flex_window_fwd_ms" in rec
+    assert "nocounts_error_msg" not in rec and rec["nocounts_fwd_ms"] == 1.0
 
 
 def test_dry_run_writes_tables(tmp_path):

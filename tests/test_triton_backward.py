@@ -1,4 +1,5 @@
-"""Triton backward kernels (in the Triton interpreter on CPU) against dense float64 autograd.
+"""Triton backward kernels against dense float64 autograd: compiled on CUDA when a GPU is
+present, in the Triton interpreter on CPU otherwise (tests/_triton_interp.py).
 
 The reference gradient is torch autograd through dense softmax attention with the bias
 ``log M~`` of the same partition sample, in float64; the yardstick of the tolerance rule
@@ -7,7 +8,7 @@ The reference gradient is torch autograd through dense softmax attention with th
 
 from __future__ import annotations
 
-import _triton_interp  # noqa: F401  (sets TRITON_INTERPRET=1 before triton is imported)
+import _triton_interp  # noqa: F401  (picks compiled/interpreted before triton kernels load)
 import numpy as np
 import pytest
 import torch
@@ -56,10 +57,14 @@ def _kernel_grads(q, k, v, g, partition, qpos, kpos, scale, causal, **kw):
     pitch = torch.from_numpy(np.array(partition.pitch))
     offset = torch.from_numpy(np.array(partition.offset))
     qp, kp = torch.from_numpy(qpos), torch.from_numpy(kpos)
-    out, lse = triton_forward.plsh_forward_triton(
-        q, k, v, pitch, offset, qp, kp, scale, causal, _block_m=BLOCK, _block_n=BLOCK
-    )
-    return triton_backward.plsh_backward_triton(
+    out, lse = _triton_interp.call(
+        triton_forward.plsh_forward_triton,
+        q, k, v, pitch, offset, qp, kp, scale, causal, _block_m=BLOCK, _block_n=BLOCK,
+    )  # fmt: skip
+    blocks = dict(_block_m=BLOCK, _block_n=BLOCK)
+    blocks.update(kw)
+    return _triton_interp.call(
+        triton_backward.plsh_backward_triton,
         q,
         k,
         v,
@@ -72,9 +77,7 @@ def _kernel_grads(q, k, v, g, partition, qpos, kpos, scale, causal, **kw):
         kp,
         scale,
         causal,
-        _block_m=BLOCK,
-        _block_n=BLOCK,
-        **kw,
+        **blocks,
     )
 
 
@@ -144,7 +147,7 @@ def test_inadmissible_rows_and_keys_get_exactly_zero_gradient():
     assert torch.equal(dv[:, :, dead_keys], torch.zeros_like(dv[:, :, dead_keys]))
 
 
-def test_bfloat16_upcast_in_interpreter():
+def test_bfloat16():
     rng = np.random.default_rng(9)
     partition, q, k, v, g = _case(
         rng, 1, 2, 2, 25, 25, 8, 8, 4, torch.bfloat16, np.array([4.0, 16.0]), 9
@@ -163,18 +166,36 @@ def test_plan_saved_by_the_forward_gives_the_same_gradients(monkeypatch):
     pitch = torch.from_numpy(np.array(partition.pitch))
     offset = torch.from_numpy(np.array(partition.offset))
     blocks = dict(_block_m=BLOCK, _block_n=BLOCK)
-    out, lse, plan = triton_forward.plsh_forward_triton(
-        q, k, v, pitch, offset, pos, pos, 0.5, True, return_plan=True, **blocks
-    )
-    fresh = triton_backward.plsh_backward_triton(
-        q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, **blocks
-    )
+    call = _triton_interp.call
+    out, lse, plan = call(
+        triton_forward.plsh_forward_triton,
+        q, k, v, pitch, offset, pos, pos, 0.5, True, return_plan=True, **blocks,
+    )  # fmt: skip
+    fresh = call(
+        triton_backward.plsh_backward_triton,
+        q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, **blocks,
+    )  # fmt: skip
     planned = _triton_interp.record_plans(monkeypatch, triton_backward)
-    saved = triton_backward.plsh_backward_triton(
-        q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, plan=plan, **blocks
-    )
+    saved = call(
+        triton_backward.plsh_backward_triton,
+        q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, plan=plan, **blocks,
+    )  # fmt: skip
     assert planned == []  # no planning in the backward pass
     assert all(torch.equal(a, b) for a, b in zip(fresh, saved))
+
+
+def test_key_value_gradients_with_smaller_query_tiles():
+    """The dK/dV kernel walking the query range in tiles smaller than the plan's (as the
+    compiled default, 16 rows for block_m = 64) gives the reference gradients."""
+    rng = np.random.default_rng(17)
+    partition, q, k, v, g = _case(
+        rng, 1, 4, 2, 70, 70, 8, 6, 5, torch.float32, np.array([2.0, 7.0, 30.0, 90.0]), 17
+    )
+    pos = np.arange(70)
+    for causal in (True, False):
+        _check_grads(
+            q, k, v, g, partition, pos, pos, 0.6, causal, "float32", _block_m=32, _dkdv_block_m=16
+        )
 
 
 def test_negative_control_counts_ignored_fails():

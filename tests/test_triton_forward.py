@@ -1,4 +1,5 @@
-"""Triton forward kernel (in the Triton interpreter on CPU) against the float64 reference.
+"""Triton forward kernel against the float64 reference: compiled on CUDA when a GPU is
+present, in the Triton interpreter on CPU otherwise (tests/_triton_interp.py).
 
 Every comparison uses the tolerance rule of SPEC section 6
 (:func:`plsh_ref.testing.tolerance.assert_close_to_reference`): the kernel's error must be at
@@ -9,7 +10,7 @@ are 16 x 16 so that several query and key tiles, partial tiles and skipped tiles
 
 from __future__ import annotations
 
-import _triton_interp  # noqa: F401  (sets TRITON_INTERPRET=1 before triton is imported)
+import _triton_interp  # noqa: F401  (picks compiled/interpreted before triton kernels load)
 import numpy as np
 import pytest
 import torch
@@ -88,7 +89,8 @@ def _reference(q, k, v, partition, qpos, kpos, causal, scale, dtype_name):
 
 def _run(q, k, v, partition, qpos, kpos, causal, scale, **kw):
     pitch, offset = _tensors(partition)
-    return triton_forward.plsh_forward_triton(
+    return _triton_interp.call(
+        triton_forward.plsh_forward_triton,
         q,
         k,
         v,
@@ -198,7 +200,8 @@ def test_interval_form_counts_equal_reference_counts(mode, causal, n_q, n_k, s, 
     rng = np.random.default_rng(seed)
     partition = draw_partition(np.array([0.7, 6.0]), s, seed=seed)
     qpos, kpos = _positions(mode, n_q, n_k, rng)
-    plan = tiling.make_plan(
+    plan = _triton_interp.call(
+        tiling.make_plan,
         torch.from_numpy(qpos),
         torch.from_numpy(kpos),
         *_tensors(partition),
@@ -231,8 +234,8 @@ def test_no_counts_ablation_is_the_causal_window_mask():
         assert_close_to_reference(out, ref[0], base[0], "float32", name="output")
 
 
-def test_bfloat16_upcast_in_interpreter():
-    """bf16 inputs (tiles converted to float32 after load in the interpreter)."""
+def test_bfloat16():
+    """bf16 inputs (native bf16 dots when compiled; float32 after load in the interpreter)."""
     q, k, v, partition, qpos, kpos, causal = _fixed_case(torch.bfloat16, n=33)
     ref, base = _reference(q, k, v, partition, qpos, kpos, causal, 0.4, "bfloat16")
     out, lse = _run(q, k, v, partition, qpos, kpos, causal, 0.4)
@@ -308,7 +311,9 @@ def test_kernel_bins_equal_reference_bits(sigma, s, seed, base, n, spread):
     partition = draw_partition(np.array(sigma), s, seed=seed)
     rng = np.random.default_rng(seed)
     pos = (base + rng.integers(-spread, spread, size=n)).astype(np.int64)
-    got = tiling.compute_bins(*_tensors(partition), torch.from_numpy(pos), block=BLOCK)
+    got = _triton_interp.call(
+        tiling.compute_bins, *_tensors(partition), torch.from_numpy(pos), block=BLOCK
+    )
     assert got.dtype == torch.int64
     np.testing.assert_array_equal(got.numpy(), bins(partition, pos))
 
@@ -327,7 +332,8 @@ def test_planned_ranges_cover_every_collision(mode, causal, n_q, n_k, seed):
     rng = np.random.default_rng(seed)
     partition = draw_partition(np.array([1.41, 8.0, 64.0]), 5, seed=seed)
     qpos, kpos = _positions(mode, n_q, n_k, rng)
-    plan = tiling.make_plan(
+    plan = _triton_interp.call(
+        tiling.make_plan,
         torch.from_numpy(qpos),
         torch.from_numpy(kpos),
         *_tensors(partition),
@@ -335,7 +341,7 @@ def test_planned_ranges_cover_every_collision(mode, causal, n_q, n_k, seed):
         block_m=BLOCK,
         block_n=BLOCK,
     )
-    assert tiling.plan_query_range(plan) is plan
+    plan = _triton_interp.call(tiling.plan_query_range, plan)
     c = counts(partition, qpos, kpos, causal=causal)
     kr = plan.key_range.numpy()
     qr = plan.query_range.numpy()
@@ -349,7 +355,9 @@ def test_planned_range_is_local_for_sorted_positions():
     """For sorted positions and small sigma the key range is a short window, not all keys."""
     partition = draw_partition(np.array([2.0]), 8, seed=11)
     pos = torch.arange(2000)
-    plan = tiling.make_plan(pos, pos, *_tensors(partition), causal=True, block_m=64, block_n=64)
+    plan = _triton_interp.call(
+        tiling.make_plan, pos, pos, *_tensors(partition), causal=True, block_m=64, block_n=64
+    )
     width = (plan.key_range[..., 1] - plan.key_range[..., 0]).max().item()
     # a key range is the tile (64) + at most one extra aligned tile for sigma = 2 at s = 8
     # unless a pitch exceeds 64 tokens: P[Gamma(2, 2) > 64] = 33 e^-32, negligible.
@@ -379,7 +387,18 @@ def test_heads_with_the_most_planned_work_are_launched_first():
     """head_order lists heads by decreasing planned key tiles (largest sigma first)."""
     partition = draw_partition(np.array([1.5, 200.0, 20.0]), 8, seed=2)
     pos = torch.arange(300)
-    plan = tiling.make_plan(pos, pos, *_tensors(partition), causal=True, block_m=16, block_n=16)
+    plan = _triton_interp.call(
+        tiling.make_plan, pos, pos, *_tensors(partition), causal=True, block_m=16, block_n=16
+    )
     width = (plan.key_range[..., 1] - plan.key_range[..., 0]).sum(dim=1)
     assert plan.head_order.tolist()[0] == 1 and plan.head_order.tolist()[-1] == 0
     assert torch.all(width[plan.head_order.long()].diff() <= 0)
+
+
+def test_mode_follows_the_device():
+    """Compiled kernels on CUDA tensors when a GPU is present, interpreted on CPU otherwise."""
+    kind = type(triton_forward._fwd_kernel).__name__
+    if torch.cuda.is_available() and _triton_interp.COMPILED:
+        assert kind == "JITFunction" and _triton_interp.DEVICE.type == "cuda"
+    else:
+        assert kind == "InterpretedFunction" and _triton_interp.DEVICE.type == "cpu"
