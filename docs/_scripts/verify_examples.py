@@ -1,8 +1,11 @@
-"""Runs of ``plsh verify`` shown in the validation guide.
+"""Runs of ``plsh verify`` and ``plsh verify-slopes`` shown in the validation guide.
 
 Usage: ``python docs/_scripts/verify_examples.py OUT_DIR`` (run by ``docs/conf.py`` at every
 build). Writes ``OUT_DIR/verify/<name>.txt``: the command, its output and exit status. The
-``plsh_fast`` run needs torch; without it the file says so.
+runs start in ``tests/``, so that the test helpers ``_plsh_fast_kernel.py`` and
+``_thirdparty_kernels.py`` import as ``MODULE:FUNCTION`` (``plsh verify`` puts the
+current folder on the import path). Runs that need torch, plsh_fast or transformers say
+so when those are not installed.
 """
 
 import importlib.util
@@ -11,64 +14,64 @@ import sys
 from pathlib import Path
 
 EX = "plsh_ref.testing.examples"
+TP = "_thirdparty_kernels"
+TESTS = Path(__file__).resolve().parents[2] / "tests"
+#: name -> (command, arguments, modules it needs)
 RUNS = {
-    "numpy_alibi": [f"{EX}:numpy_alibi", "--cases", "50"],
-    "sign_flipped_alibi": [f"{EX}:sign_flipped_alibi", "--cases", "50", "--worst", "3"],
-    "averaged_plsh": [f"{EX}:averaged_plsh", "--kind", "plsh", "--cases", "50", "--worst", "3"],
-    "averaged_plsh_case": [
-        f"{EX}:averaged_plsh",
-        "--kind",
-        "plsh",
-        "--cases",
-        "50",
-        "--case",
-        "CASE",
-    ],
-    "plsh_fast": [
-        "_plsh_fast_kernel:plsh_fast_kernel",
-        "--kind",
-        "plsh",
-        "--framework",
-        "torch",
-        "--cases",
-        "50",
-        "--worst",
-        "3",
-    ],
-    "sdpa_alibi": [f"{EX}:sdpa_alibi", "--framework", "torch", "--cases", "50", "--worst", "3"],
-    "bad_signature": [f"{EX}:numpy_alibi", "--kind", "plsh"],
+    "numpy_alibi": ("verify", [f"{EX}:numpy_alibi"], ()),
+    "interleaved_gqa": ("verify", [f"{EX}:interleaved_gqa_alibi", "--worst", "2"], ()),
+    "averaged_plsh": ("verify", [f"{EX}:averaged_plsh", "--kind", "plsh", "--worst", "2"], ()),
+    "averaged_plsh_case": (
+        "verify",
+        [f"{EX}:averaged_plsh", "--kind", "plsh", "--case", "CASE"],
+        (),
+    ),
+    "bad_signature": ("verify", [f"{EX}:numpy_alibi", "--kind", "plsh"], ()),
+    "sdpa_alibi": ("verify", [f"{EX}:sdpa_alibi", "--worst", "2"], ("torch",)),
+    "plsh_fast": (
+        "verify",
+        ["_plsh_fast_kernel:plsh_fast_kernel", "--kind", "plsh", "--worst", "2"],
+        ("torch", "plsh_fast"),
+    ),
+    "bloom": (
+        "verify",
+        [f"{TP}:bloom", "--worst", "2"],
+        ("torch", "transformers", "x_transformers"),
+    ),
+    "falcon": (
+        "verify",
+        [f"{TP}:falcon", "--worst", "1"],
+        ("torch", "transformers", "x_transformers"),
+    ),
+    "slopes_press": ("verify-slopes", [f"{EX}:press_slopes"], ()),
 }
 
 
-def run(args):
-    # run from tests/: the plsh_fast adapter is the test helper tests/_plsh_fast_kernel.py,
-    # found because verify puts the current folder on the import path
+def run(command, args):
     proc = subprocess.run(
-        [sys.executable, "-m", "plsh_ref.cli", "verify", *args],
+        [sys.executable, "-m", "plsh_ref.cli", command, *args],
         capture_output=True,
         text=True,
         timeout=600,
-        cwd=Path(__file__).resolve().parents[2] / "tests",
+        cwd=TESTS,
     )
-    text = f"$ plsh verify {' '.join(args)}\n{proc.stdout}{proc.stderr}"
+    text = f"$ plsh {command} {' '.join(args)}\n{proc.stdout}{proc.stderr}"
     return text + f"$ echo $?\n{proc.returncode}\n", proc.stdout
 
 
 def main(out: Path):
     out.mkdir(parents=True, exist_ok=True)
     first_failure = None
-    for name, args in RUNS.items():
-        if "--framework" in args and (
-            importlib.util.find_spec("torch") is None
-            or importlib.util.find_spec("plsh_fast") is None
-        ):
+    for name, (command, args, needs) in RUNS.items():
+        missing = [m for m in needs if importlib.util.find_spec(m) is None]
+        if missing:
             (out / f"{name}.txt").write_text(
-                "(torch or plsh_fast is not installed on the machine that built these docs)\n"
+                f"({', '.join(missing)} not installed on the machine that built these docs)\n"
             )
             continue
         if "CASE" in args:
             args = [first_failure if a == "CASE" else a for a in args]
-        text, stdout = run(args)
+        text, stdout = run(command, args)
         if name == "averaged_plsh":
             first_failure = next(
                 line.split("--case ")[1].strip() for line in stdout.splitlines() if "rerun:" in line

@@ -334,7 +334,8 @@ def shared_axes(records, top: int = 8) -> list[dict]:
     -------
     list of dict
         ``{"axis", "failures", "num_failures", "passes", "num_passes"}`` for labels whose
-        share among failures exceeds their share among passes.
+        share among failures exceeds their share among passes: first those every failure
+        has (by their share among passes, lowest first), then by the difference of shares.
     """
     failed = [
         case_features(s, r.empty_rows) for _, s, r in records if not r.passed and not r.skipped
@@ -350,7 +351,8 @@ def shared_axes(records, top: int = 8) -> list[dict]:
         share_f, share_p = nf / len(failed), (np_ / len(passed) if passed else 0.0)
         if share_f > share_p:
             rows.append((share_f - share_p, share_f, label, nf, np_))
-    rows.sort(key=lambda r: (-r[0], -r[1], r[2]))
+    # labels every failure has come first (fewest passes first), then by share difference
+    rows.sort(key=lambda r: (r[1] < 1.0, -r[0], -r[1], r[2]))
     return [
         {
             "axis": label,
