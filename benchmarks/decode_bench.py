@@ -31,7 +31,6 @@ import json
 import platform
 import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,19 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from plsh_fast.decoding import PLSHDecodingCache, cache_bound  # noqa: E402
 from plsh_ref import alibi_slopes, draw_partition  # noqa: E402
-
-
-def _commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        return out.stdout.strip() or None
-    except (OSError, subprocess.SubprocessError):
-        return None
+from plsh_ref.provenance import run_metadata  # noqa: E402
 
 
 def _alibi_step(q, k, v, slopes_t, pos_q, pos_k):
@@ -156,21 +143,12 @@ def main(argv=None) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     stamp = _dt.datetime.now(_dt.timezone.utc)
-    try:
-        from importlib.metadata import version
-
-        pkg = version("positional-lsh")
-    except Exception:  # noqa: BLE001 - metadata is best effort
-        pkg = None
     meta = {
-        "date_utc": stamp.isoformat(timespec="seconds"),
+        **run_metadata(),
         "host": socket.gethostname(),
-        "machine": platform.processor() or platform.machine(),
         "cpu_model": _cpu_model(),
         "threads": args.threads,
         "torch": torch.__version__,
-        "package_version": pkg,
-        "git_commit": _commit(),
         "args": vars(args),
     }
     out = Path(args.out)
