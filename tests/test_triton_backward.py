@@ -198,6 +198,16 @@ def test_key_value_gradients_with_smaller_query_tiles():
         )
 
 
+def test_many_samples_use_several_sample_blocks():
+    """s = 70 > 64: every backward kernel sums the counts over two sample blocks."""
+    rng = np.random.default_rng(19)
+    partition, q, k, v, g = _case(
+        rng, 1, 2, 1, 24, 24, 6, 6, 70, torch.float32, np.array([2.0, 9.0]), 19
+    )
+    pos = np.arange(24)
+    _check_grads(q, k, v, g, partition, pos, pos, 0.6, True, "float32")
+
+
 def test_negative_control_counts_ignored_fails():
     """Backward probabilities without the count weights must fail the same check."""
     rng = np.random.default_rng(2)
