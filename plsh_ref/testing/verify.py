@@ -427,6 +427,8 @@ def run(args: argparse.Namespace) -> int:
         takes_mask = check_signature(kernel, args.kind, slopes)
         caps = kernel_capabilities(kernel, unsupported)
         framework = args.framework
+        if framework == "auto" and args.device != "cpu":
+            framework = "torch"  # numpy kernels run on the CPU only
         if framework == "auto":
             framework = detect_framework(kernel, args.kind, slopes, takes_mask, args.timeout)
         dtypes = _dtypes(args, framework)
