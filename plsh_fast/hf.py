@@ -43,11 +43,13 @@ import torch
 
 from plsh_ref.alibi import alibi_slopes
 from plsh_ref.partition import PartitionSample, draw_partition
+from plsh_ref.validation import check_scale
 
 from .api import plsh_attention
 from .decoding import cache_bound
 from .nn import derived_seed
 from .partition import bins, partition_tensors
+from .peers import expand_kv
 
 try:  # transformers is an optional dependency (extra "hf")
     from transformers import AttentionInterface
@@ -251,10 +253,8 @@ def _alibi_core(query, key, value, slopes, qpos, kpos, kmask, causal, scaling):
     bias = bias.masked_fill(~keep, -math.inf)
     empty = ~keep.any(dim=-1, keepdim=True)
     bias = bias.masked_fill(empty, 0.0).to(query.dtype)
-    group = num_heads // key.shape[1]
-    k = key.repeat_interleave(group, dim=1) if group > 1 else key
-    v = value.repeat_interleave(group, dim=1) if group > 1 else value
-    scale = 1.0 / math.sqrt(head_dim) if scaling is None else float(scaling)
+    k, v = expand_kv(key, num_heads), expand_kv(value, num_heads)
+    scale = check_scale(None, head_dim) if scaling is None else float(scaling)
     out = torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=bias, scale=scale)
     return out.masked_fill(empty, 0.0)
 
