@@ -42,7 +42,8 @@ def test_correct_third_party_kernels_pass_at_defaults(tmp_path, capsys, name):
     assert seconds < 60, seconds
 
 
-@pytest.mark.parametrize("name", ["hf_eager", "x_transformers_alibi"])
+# seeds 1-4 for one kernel (about 4 s a seed on two shared cores); seed 0 runs above for all
+@pytest.mark.parametrize("name", ["hf_eager"])
 def test_correct_third_party_kernels_pass_the_battery_on_every_seed(name):
     kernel = getattr(T, name)
     for seed in range(1, 5):
