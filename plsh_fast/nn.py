@@ -40,6 +40,7 @@ from . import _validation as V
 from . import padding as P
 from .partition import bins as torch_bins
 from .partition import count_bias
+from .peers import expand_kv
 
 __all__ = [
     "PLSHAttention",
@@ -132,10 +133,7 @@ def biased_sdpa(query, key, value, bias, *, scale=None):
     eager = not torch.compiler.is_compiling()
     if eager and bias.numel() and bool((torch.isnan(bias) | (bias == float("inf"))).any()):
         raise ValueError(f"bias: contains NaN or +inf in {query.dtype} (use -inf for masked pairs)")
-    group = num_heads // key.shape[1]
-    if group > 1:
-        key = key.repeat_interleave(group, dim=1)
-        value = value.repeat_interleave(group, dim=1)
+    key, value = expand_kv(key, num_heads), expand_kv(value, num_heads)
     if scale is None:
         scale = check_scale(scale, query.shape[3])
     if n_k == 0 or n_q == 0:
