@@ -51,7 +51,10 @@ from .suite import (
     slope_mode,
 )
 
-__all__ = ["HELP", "add_arguments", "case_features", "run", "shared_axes"]
+__all__ = ["HELP", "SUMMARY", "add_arguments", "case_features", "run", "shared_axes"]
+
+#: one line for ``plsh --help``
+SUMMARY = "check a user's attention kernel against the reference"
 
 #: one-line description of the subcommand, shown by ``plsh verify --help``
 HELP = (

@@ -32,7 +32,10 @@ from .problems import round_to_dtype
 from .suite import KernelContractError, load_kernel
 from .tolerance import EPS
 
-__all__ = ["HELP", "SlopeReport", "add_arguments", "check_slopes_function", "run"]
+__all__ = ["HELP", "SUMMARY", "SlopeReport", "add_arguments", "check_slopes_function", "run"]
+
+#: one line for ``plsh --help``
+SUMMARY = "check an ALiBi slope function against Press et al.'s"
 
 #: one-line description of the subcommand
 HELP = (
