@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from plsh_ref.partition import PartitionSample
+from plsh_ref.validation import check_scale
 
 from .api import plsh_attention
 from .partition import bins, count_bias, partition_tensors
@@ -353,9 +354,7 @@ class PLSHDecodingCache:
                 for _ in range(batch)
             ]
             self._last = [None] * batch
-        scale = (
-            self.scale if self.scale is not None else 1.0 / math.sqrt(shape[2]) if shape[2] else 1.0
-        )
+        scale = check_scale(None, shape[2]) if self.scale is None else self.scale
         # positions of the new tokens, per sequence, on the host; then order checks
         new_pos = []
         for b in range(batch):
