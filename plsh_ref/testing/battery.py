@@ -9,7 +9,8 @@ case                               bug class it targets
 =================================  ===================================================
 ``heads_6``, ``_12``, ``_20``,     Press et al.'s rule for a number of heads that is
 ``_40``                            not a power of two (wrong order, wrong interleave)
-``heads_16_float32``               slopes rounded to bf16/fp16 (inexact for H >= 9)
+``heads_16_float32``               slopes rounded to bf16/fp16 (inexact for H >= 9);
+                                   named after the main dtype (float32 if allowed)
 ``heads_16_<half>``                H >= 9 with bfloat16/float16 inputs
 ``gqa_grouped``                    GQA with 1 < H_kv < H (``h % H_kv`` instead of
                                    ``h // group``)
@@ -110,7 +111,7 @@ def battery(
     )
     cases = [
         *[(f"heads_{h}", dict(num_heads=h, num_heads_kv=h)) for h in (6, 12, 20, 40)],
-        ("heads_16_float32", dict(num_heads=16, num_heads_kv=16, n_q=24, n_k=24)),
+        (f"heads_16_{main}", dict(num_heads=16, num_heads_kv=16, n_q=24, n_k=24)),
         ("gqa_grouped", dict(num_heads=8, num_heads_kv=2)),
         ("gqa_single_kv", dict(num_heads=4, num_heads_kv=1)),
         ("decode_one_query", dict(n_q=1, n_k=12)),
