@@ -188,7 +188,9 @@ def test_plots_label_axes_state_error_bars_and_anchor_the_reference_at_the_large
         "no_bias": {"max_abs": 1.0, "rel_fro": 0.5},
         "fixed_blocks": {"max_abs": 0.8, "rel_fro": 0.4},
     }
-    reproduce._plot(tmp_path, samples, [4.0, 16.0], matrix, output)
+    reproduce._plot(
+        tmp_path, samples, [4.0, 16.0], matrix, output, {"stratified": (matrix, output)}
+    )
     assert len(figures) == 2
     expected = [
         [np.exp(np.log(matrix[norm][:, -1].mean(axis=1)).mean()) for norm in reproduce.NORMS],
@@ -197,6 +199,7 @@ def test_plots_label_axes_state_error_bars_and_anchor_the_reference_at_the_large
     for fig, anchors, reps in zip(figures, expected, (3, 2)):
         assert f"mean of {reps} independent repetitions" in fig._suptitle.get_text()
         assert "standard deviation" in fig._suptitle.get_text()
+        assert "crosses: stratified sampler (mean only)" in fig._suptitle.get_text()
         for ax, anchor in zip(fig.axes, anchors):
             assert ax.get_ylabel().startswith("$") and ax.get_xlabel() == "samples $s$"
             (line,) = [ln for ln in ax.lines if "s^{-1/2}" in ln.get_label()]

@@ -528,13 +528,16 @@ _NORM_LABELS = {
 }
 
 
-def _bar_note(reps: int) -> str:
-    if reps > 1:
-        return (
-            f"markers: mean of {reps} independent repetitions; "
-            r"bars: $\pm$ 1 standard deviation over them"
-        )
-    return "one repetition (no error bars)"
+def _bar_note(reps: int, others) -> str:
+    text = (
+        f"markers: mean of {reps} independent repetitions; "
+        r"bars: $\pm$ 1 standard deviation over them"
+        if reps > 1
+        else "one repetition (no error bars)"
+    )
+    if others:
+        text += f"; crosses: {', '.join(others)} sampler (mean only)"
+    return text
 
 
 def _reference_line(ax, s: np.ndarray, anchor: float) -> None:
@@ -590,7 +593,7 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
             title=rf"{norm} norm of $\tilde M - L^*$, $n = {matrix['n']}$",
         )
         ax.legend(fontsize=7)
-    fig.suptitle(_bar_note(matrix[NORMS[0]].shape[2]), fontsize=8)
+    fig.suptitle(_bar_note(matrix[NORMS[0]].shape[2], others), fontsize=8)
     path = out_dir / "matrix_error.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -637,7 +640,7 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
             title=f"attention output: {label}\nagainst exact ALiBi",
         )
         ax.legend(fontsize=7)
-    fig.suptitle(_bar_note(output["plsh_max_abs"].shape[1]), fontsize=8)
+    fig.suptitle(_bar_note(output["plsh_max_abs"].shape[1], others), fontsize=8)
     path = out_dir / "output_error.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
