@@ -31,7 +31,7 @@ import triton.language as tl
 from .ordering import position_order, sort_positions, take_rows
 from .tiling import make_plan, max_combine, sample_block, sum_combine, tile_counts
 
-__all__ = ["plsh_forward_triton", "default_blocks", "dot_precision", "pow2", "LOG2E"]
+__all__ = ["plsh_forward_triton", "default_blocks", "dot_precision", "pow2"]
 
 LOG2E = 1.4426950408889634
 
