@@ -15,7 +15,7 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from .alibi import resolve_positions
+from .alibi import resolve_batch_positions, resolve_positions
 from .attention import validate_qkv
 from .partition import counts
 from .validation import check_bool, check_dps, check_partition, check_scale, check_slopes
@@ -99,6 +99,37 @@ def weighted_attention_mp(query, key, value, weight, *, scale=None, dps: int = 3
     return out, lse
 
 
+def _padded_mp(attend, q, query_positions, key_positions, attention_mask, n_k, dv):
+    """Per-sequence calls ``attend(b, qpos, kpos) -> (out, lse)`` on a padded batch.
+
+    Shared positions without a mask are one call with ``b = None``. Otherwise each
+    sequence is attended on its real tokens (pad keys and pad query slots dropped, as
+    :func:`plsh_ref.attention.alibi_attention` does); pad query rows are 0 and ``-inf``.
+    """
+    batch, num_heads, n_q = q.shape[:3]
+    if attention_mask is None and all(
+        p is None or np.ndim(p) == 1 for p in (query_positions, key_positions)
+    ):
+        qpos, kpos = resolve_positions(n_q, n_k, query_positions, key_positions)
+        return attend(None, qpos, kpos, None, None)
+    qpos, kpos, q_keep, k_keep = resolve_batch_positions(
+        batch, n_q, n_k, query_positions, key_positions, attention_mask
+    )
+    out = np.empty((batch, num_heads, n_q, dv), dtype=object)
+    lse = np.empty((batch, num_heads, n_q), dtype=object)
+    for b in range(batch):
+        iq, ik = np.flatnonzero(q_keep[b]), np.flatnonzero(k_keep[b])
+        o, l = attend(b, qpos[b, iq], kpos[b, ik], iq, ik)
+        for h in range(num_heads):
+            for i in range(n_q):
+                out[b, h, i] = [mpmath.mpf(0)] * dv
+                lse[b, h, i] = mpmath.ninf
+            for r, i in enumerate(iq):
+                out[b, h, i] = o[0, h, r]
+                lse[b, h, i] = l[0, h, r]
+    return out, lse
+
+
 def alibi_attention_mp(
     query,
     key,
@@ -109,26 +140,34 @@ def alibi_attention_mp(
     scale=None,
     query_positions=None,
     key_positions=None,
+    attention_mask=None,
     dps: int = 30,
 ):
     """Exact ALiBi attention at ``dps`` digits (same arguments as
-    :func:`plsh_ref.attention.alibi_attention`, plus ``dps``).
+    :func:`plsh_ref.attention.alibi_attention`, padding included, plus ``dps``).
 
     The weights ``exp(-m_h |p_i - p_j|)`` are evaluated at the working precision from the
     binary64 slopes. Returns object arrays of ``mpmath.mpf``; raises as the float64 version
     and on ``dps < 15``.
     """
     causal = check_bool("causal", causal)
-    q, k, _ = validate_qkv(query, key, value)
+    q, k, v = validate_qkv(query, key, value)
     m = check_slopes(slopes, q.shape[1])
-    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
 
-    def weight(h, i, j):
-        if causal and kpos[j] > qpos[i]:
-            return mpmath.mpf(0)
-        return mpmath.exp(-mpmath.mpf(float(m[h])) * abs(int(qpos[i]) - int(kpos[j])))
+    def attend(b, qpos, kpos, iq, ik):
+        def weight(h, i, j):
+            if causal and kpos[j] > qpos[i]:
+                return mpmath.mpf(0)
+            return mpmath.exp(-mpmath.mpf(float(m[h])) * abs(int(qpos[i]) - int(kpos[j])))
 
-    return weighted_attention_mp(query, key, value, weight, scale=scale, dps=dps)
+        if b is None:
+            return weighted_attention_mp(q, k, v, weight, scale=scale, dps=dps)
+        sub = (q[b : b + 1][:, :, iq], k[b : b + 1][:, :, ik], v[b : b + 1][:, :, ik])
+        return weighted_attention_mp(*sub, weight, scale=check_scale(scale, q.shape[3]), dps=dps)
+
+    return _padded_mp(
+        attend, q, query_positions, key_positions, attention_mask, k.shape[2], v.shape[3]
+    )
 
 
 def plsh_attention_mp(
@@ -141,10 +180,11 @@ def plsh_attention_mp(
     scale=None,
     query_positions=None,
     key_positions=None,
+    attention_mask=None,
     dps: int = 30,
 ):
     """PLSH attention with weights ``M~ = C / s`` at ``dps`` digits (arguments as
-    :func:`plsh_ref.attention.plsh_attention`). Counts are exact integers; ``C / s`` is
+    :func:`plsh_ref.attention.plsh_attention`, padding included). Counts are exact integers; ``C / s`` is
     formed at the working precision.
 
     Raises
@@ -152,13 +192,21 @@ def plsh_attention_mp(
     TypeError, ValueError
         As :func:`plsh_ref.attention.plsh_attention`, and on ``dps < 15``.
     """
-    q, k, _ = validate_qkv(query, key, value)
+    q, k, v = validate_qkv(query, key, value)
     partition = check_partition(partition, q.shape[1])
-    qpos, kpos = resolve_positions(q.shape[2], k.shape[2], query_positions, key_positions)
-    cnt = counts(partition, qpos, kpos, causal=causal)
     s = partition.num_samples
 
-    def weight(h, i, j):
-        return mpmath.mpf(int(cnt[h, i, j])) / s
+    def attend(b, qpos, kpos, iq, ik):
+        cnt = counts(partition, qpos, kpos, causal=causal)
 
-    return weighted_attention_mp(query, key, value, weight, scale=scale, dps=dps)
+        def weight(h, i, j):
+            return mpmath.mpf(int(cnt[h, i, j])) / s
+
+        if b is None:
+            return weighted_attention_mp(q, k, v, weight, scale=scale, dps=dps)
+        sub = (q[b : b + 1][:, :, iq], k[b : b + 1][:, :, ik], v[b : b + 1][:, :, ik])
+        return weighted_attention_mp(*sub, weight, scale=check_scale(scale, q.shape[3]), dps=dps)
+
+    return _padded_mp(
+        attend, q, query_positions, key_positions, attention_mask, k.shape[2], v.shape[3]
+    )

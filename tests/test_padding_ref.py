@@ -183,3 +183,23 @@ def test_method_is_a_deprecated_spelling_of_backend():
         old = plsh_attention(q, k, v, PART, method="reduction")
     new = plsh_attention(q, k, v, PART, backend="reduction")
     np.testing.assert_array_equal(old[0], new[0])
+
+
+@pytest.mark.parametrize("kind", ["alibi", "plsh"])
+def test_mp_attention_pads_like_the_float64_reference(kind):
+    from plsh_ref.mp_attention import alibi_attention_mp, plsh_attention_mp
+
+    rng = np.random.default_rng(8)
+    q, k, v = _qkv(rng, 2, 4, 4, heads=2, heads_kv=1, d=2, dv=2)
+    part = draw_partition([2.0, 5.0], 3, seed=1)
+    mask, pos = _left_padded_batch(rng, [4, 2], 4, start=3)
+    kw = dict(causal=True, query_positions=pos, key_positions=pos, attention_mask=mask)
+    if kind == "alibi":
+        mp = alibi_attention_mp(q, k, v, slopes=[0.5, 0.25], dps=20, **kw)
+        ref = alibi_attention(q, k, v, slopes=[0.5, 0.25], **kw)
+    else:
+        mp = plsh_attention_mp(q, k, v, part, dps=20, **kw)
+        ref = plsh_attention(q, k, v, part, **kw)
+    np.testing.assert_allclose(mp[0].astype(float), ref[0], rtol=0, atol=1e-14)
+    np.testing.assert_array_equal(np.isneginf(mp[1].astype(float)), np.isneginf(ref[1]))
+    assert np.isneginf(ref[1][1, :, :2]).all()  # the pad query rows of sequence 1
