@@ -55,8 +55,8 @@ __all__ = [
 #: array libraries a kernel may take and return
 FRAMEWORKS = ("numpy", "torch")
 
-#: slope modes: ``given`` (the kernel receives ``slopes``, standard or random) or
-#: ``standard`` (no ``slopes`` argument: the kernel must compute Press et al.'s slopes)
+#: the slope modes, ``given`` (the kernel receives ``slopes``, standard or random) and
+#: ``standard`` (no ``slopes`` argument; the kernel must compute Press et al.'s slopes)
 SLOPES = ("given", "standard")
 
 #: what a kernel may declare it does not support (``kernel.supports = {name: False}``);
