@@ -22,12 +22,28 @@ the float64 exact reference come from :mod:`plsh_fast.peers`:
   merged by their LSE. Compiled FlexAttention on the CPU has no ``return_lse``, so it
   cannot provide the per-sample denominators that the merge needs.
 
-Reported per method: median wall time over ``--repeats`` calls after one warm-up call,
-peak memory, and the output error against float64 exact ALiBi attention (computed in
-query chunks): max absolute error and relative Frobenius error
+Timing: for every (n, s) all methods get one warm-up call, then ``--repeats`` rounds in
+which each method runs once, taking turns; reported is the median per method. On a shared
+machine the load changes from second to second; taking turns exposes every method to the
+same load, so ratios within one (n, s) are robust, absolute times are not. The
+s-independent peers (``sdpa_dense``, ``flex_exact``) run in the first s round only.
+
+Floor (SPEC section 7; issue 15): in the same rounds, ``gemm_tiles`` runs the GEMMs of our
+tile groups alone (same shapes, same worker threads, no bias, softmax or gathers) and gives
+the machine's GFLOP/s on the shapes the method uses; the floor is the window work
+``4 d n sum_h support_h`` (``support_h``: mean keys with a nonzero count per query) at that
+rate. Every method's time is reported as ``x floor``; forward+backward against 3.5 floors
+(7 GEMMs of the window instead of 2). A ``2048^3`` sgemm with torch's threads
+(``gemm_large``) is reported beside it.
+
+Reported per method: median wall time, ``x floor``, peak memory, and the output error
+against float64 exact ALiBi attention (computed in query chunks; on ``--error-rows``
+evenly spaced rows when n is larger): max absolute error and relative Frobenius error
 ``||out - exact||_F / ||exact||_F``. Forward+backward time is measured for ``plsh`` and
 for ``sdpa_dense`` up to ``--sdpa-backward-max`` (its backward keeps several ``n x n``
-float32 tensors); compiled FlexAttention has no backward on the CPU.
+float32 tensors); compiled FlexAttention has no backward on the CPU. ``flex_exact`` runs
+up to ``--flex-exact-max``, the reduction up to ``n * s <= --reduction-max``. Windowed
+block masks are built from block indices (:func:`window_block_mask`).
 
 Peak memory: tracemalloc does not see torch's allocations, so each (method, n, s) runs once
 more in a fresh subprocess that builds the inputs, warms the method up, resets the
@@ -37,7 +53,8 @@ kernel's peak-RSS counter (``echo 5 > /proc/self/clear_refs``) and reports
 excluded, what the method builds for the call included (the dense bias of
 ``sdpa_dense``; not the block mask of FlexAttention, which is built once, before the
 reset, and reused across calls); one warm-up call (compilation, thread pools, library
-initialisation) runs before the reset. ``--memory none`` skips this.
+initialisation) runs before the reset. ``--memory plsh`` measures ours only, ``--memory none``
+skips this.
 
 Results go to ``benchmarks/results/cpu_<date>_<host>_n<sizes>_t<threads>.json`` and ``.md``.
 """
@@ -95,12 +112,25 @@ def partition_for(s: int, seed: int = 1) -> PartitionSample:
     return draw_partition(1.0 / alibi_slopes(HEADS), s, seed=seed)
 
 
-def exact_alibi(q, k, v, slopes, chunk: int = 512) -> torch.Tensor:
-    """Causal exact ALiBi attention in float64, ``chunk`` query rows at a time."""
-    return peers.alibi_attention(q, k, v, slopes=slopes, chunk_size=chunk)
+def error_rows(n: int, limit: int):
+    """Query rows on which errors are measured: all (``None``) up to ``limit``, else ``limit``
+    evenly spaced rows (the float64 reference costs ``O(n^2)`` per row set)."""
+    if n <= limit:
+        return None
+    return torch.linspace(0, n - 1, limit).round().long().unique()
 
 
-def errors(out: torch.Tensor, exact: torch.Tensor) -> dict:
+def exact_alibi(q, k, v, slopes, chunk: int = 512, rows=None) -> torch.Tensor:
+    """Causal exact ALiBi attention in float64, ``chunk`` query rows at a time (on ``rows``)."""
+    if rows is None:
+        return peers.alibi_attention(q, k, v, slopes=slopes, chunk_size=chunk)
+    return peers.alibi_attention(
+        q[:, :, rows], k, v, slopes=slopes, chunk_size=chunk, query_positions=rows
+    )
+
+
+def errors(out: torch.Tensor, exact: torch.Tensor, rows=None) -> dict:
+    out = out if rows is None else out[:, :, rows]
     diff = out.double() - exact
     return {
         "max_abs_error": diff.abs().max().item(),
@@ -125,6 +155,44 @@ _CAUSAL = peers.causal_mask_mod()
 _CAUSAL_WINDOW = peers.window_mask_mod(_WINDOW, causal=True)
 
 
+def window_block_mask(n: int, window, block: int = 128):
+    """Causal per-head sliding-window ``BlockMask`` (``0 <= i - j < window[h]``) built from
+    block indices in ``O(H (n / block)^2)``; :func:`plsh_fast.peers.block_mask` evaluates all
+    ``H n^2`` pairs (17e9 at n = 64k). Key blocks wholly inside the window are *full* (no
+    ``mask_mod`` call), the others that meet it *partial*, as ``create_block_mask`` makes them.
+    """
+    from torch.nn.attention.flex_attention import BlockMask  # noqa: PLC0415
+
+    nb = (n + block - 1) // block
+    kv_num = torch.zeros(1, HEADS, nb, dtype=torch.int32)
+    kv_idx = torch.zeros(1, HEADS, nb, nb, dtype=torch.int32)
+    full_num = torch.zeros(1, HEADS, nb, dtype=torch.int32)
+    full_idx = torch.zeros(1, HEADS, nb, nb, dtype=torch.int32)
+    for h, w in enumerate(int(x) for x in window):
+        for qb in range(nb):
+            lo_q, hi_q = qb * block, min(qb * block + block, n) - 1  # query rows of the block
+            first = max(0, (lo_q - w + 1) // block)  # a key block meets the window
+            partial, full = [], []
+            for kb in range(first, qb + 1):
+                lo_k, hi_k = kb * block, min(kb * block + block, n) - 1
+                if lo_q - hi_k >= 0 and hi_q - lo_k < w:
+                    full.append(kb)
+                elif hi_q - lo_k >= 0 and lo_q - hi_k < w:
+                    partial.append(kb)
+            kv_num[0, h, qb], full_num[0, h, qb] = len(partial), len(full)
+            kv_idx[0, h, qb, : len(partial)] = torch.tensor(partial, dtype=torch.int32)
+            full_idx[0, h, qb, : len(full)] = torch.tensor(full, dtype=torch.int32)
+    return BlockMask.from_kv_blocks(
+        kv_num,
+        kv_idx,
+        full_num,
+        full_idx,
+        BLOCK_SIZE=block,
+        mask_mod=_CAUSAL_WINDOW,
+        seq_lengths=(n, n),
+    )
+
+
 def flex_runner(n: int, slopes, window=None):
     """Compiled FlexAttention exact ALiBi; ``window`` (per head, tokens) adds a sliding window."""
     assert np.array_equal(slopes, _SLOPES.double().numpy())
@@ -134,7 +202,7 @@ def flex_runner(n: int, slopes, window=None):
         return lambda q, k, v: f(q, k, v, score_mod=_ALIBI_SCORE, block_mask=block_mask)
     w = torch.as_tensor(window, dtype=torch.int64)
     _WINDOW.copy_(w)
-    block_mask = peers.block_mask(_CAUSAL_WINDOW, n, n, num_heads=HEADS)
+    block_mask = window_block_mask(n, w)
 
     def run_window(q, k, v):
         _WINDOW.copy_(w)
@@ -153,7 +221,7 @@ def support_width(partition: PartitionSample, n: int) -> tuple[list[float], list
     """Per head: mean keys with a nonzero count per query, and mean tile window (logits/row)."""
     pitch, offset = partition_tensors(partition, "cpu")
     pos = torch.arange(n)
-    plan = plsh_cpu._plan(pitch, offset, pos, pos, True, torch.float32)
+    plan = plsh_cpu.plan_cpu(pitch, offset, pos, pos, True, torch.float32)
     support = []
     for h in range(HEADS):
         start, end = plan.ranges(h)
@@ -165,6 +233,83 @@ def support_width(partition: PartitionSample, n: int) -> tuple[list[float], list
     for chunk in plan.chunks():
         logits[chunk.head] += chunk.bias.numel() / n
     return support, logits
+
+
+# ----------------------------------------------------------------------------- floor
+
+
+def tile_gemm_probe(partition: PartitionSample, n: int, threads: int):
+    """The GEMMs of our forward alone: ``(callable, flops)``.
+
+    For every tile group of the plan (``G`` tiles of ``T`` rows, window ``W``) one batched
+    ``(G, T, d) x (G, d, W)`` and one ``(G, T, W) x (G, W, d)`` product on random float32
+    data, dealt to ``threads`` workers of the CPU path's pool exactly like the tiles (each
+    worker with one OpenMP thread). No bias, no softmax, no gathers: the measured rate is
+    what this machine gives on the shapes the method uses.
+    """
+    pitch, offset = partition_tensors(partition, "cpu")
+    pos = torch.arange(n)
+    plan = plsh_cpu.plan_cpu(pitch, offset, pos, pos, True, torch.float32)
+    shapes = [
+        (spec[3].numel(), spec[1], spec[2]) for h in range(HEADS) for spec in plan.head_specs(h)
+    ]
+    shapes.sort(key=lambda gtw: -gtw[0] * gtw[1] * gtw[2])
+    g = torch.Generator().manual_seed(3)
+    big = max(gg * max(tt, ww) * max(HEAD_DIM, tt) for gg, tt, ww in shapes)
+    buf = [torch.randn(big, generator=g) for _ in range(3)]
+    flops = sum(4 * HEAD_DIM * gg * tt * ww for gg, tt, ww in shapes)
+
+    def one(shape):
+        gg, tt, ww = shape
+        a = buf[0][: gg * tt * HEAD_DIM].view(gg, tt, HEAD_DIM)
+        b = buf[1][: gg * ww * HEAD_DIM].view(gg, ww, HEAD_DIM)
+        p = buf[2][: gg * tt * ww].view(gg, tt, ww)
+        torch.matmul(a, b.transpose(-1, -2))
+        torch.matmul(p, b)
+
+    pool = plsh_cpu.executor(threads) if threads > 1 else None
+
+    def run():
+        if pool is None:
+            for shape in shapes:
+                one(shape)
+            return None
+
+        def deal(w):
+            with torch.no_grad():
+                for shape in shapes[w::threads]:
+                    one(shape)
+
+        for job in [pool.submit(deal, w) for w in range(threads)]:
+            job.result()
+        return None
+
+    return run, flops
+
+
+def large_gemm_probe(size: int = 2048):
+    """One ``size^3`` float32 GEMM with torch's intra-op threads: ``(callable, flops)``."""
+    g = torch.Generator().manual_seed(4)
+    a, b = torch.randn(size, size, generator=g), torch.randn(size, size, generator=g)
+    return (lambda: torch.mm(a, b)), 2 * size**3
+
+
+def interleaved_times(fns: dict, repeats: int) -> tuple[dict, dict]:
+    """Median wall time of every callable, measured taking turns.
+
+    One warm-up call each (compilation, allocator, pools; its result is returned), then
+    ``repeats`` rounds in which every method runs once, in the same order: load from other
+    processes affects all methods alike, so the ratios are robust even when absolute times
+    drift. Returns ``(median seconds, warm-up results)``.
+    """
+    results = {name: fn() for name, fn in fns.items()}
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}, results
 
 
 def method_fn(name: str, n: int, s: int, inputs, extra=None):
@@ -298,92 +443,111 @@ def machine() -> dict:
 
 
 def run(args) -> dict:
-    rows = []
+    rows, floors = [], []
+    threads = torch.get_num_threads()
     for n in args.n:
         inputs = make_inputs(n)
         q, k, v, slopes = inputs
+        sub = error_rows(n, args.error_rows)
         t0 = time.perf_counter()
-        exact = exact_alibi(q, k, v, slopes)
+        exact = exact_alibi(q, k, v, slopes, rows=sub)
         print(f"n={n}: exact float64 reference in {time.perf_counter() - t0:.1f} s", flush=True)
-        shared = {}  # s-independent peers, measured once per n
-
-        def record(name, s, fn_name=None, window=None, **info):
-            if name not in args.methods and name != "plsh":
-                return None
-            key = (fn_name or name, tuple(window) if window else None)
-            if key in shared:
-                row = dict(shared[key], s=s, **info)
-            else:
-                t, out = median_time(method_fn(name, n, s, inputs, window), args.repeats)
+        shared = {}  # s-independent peers: measured in the first s round, copied to the others
+        for si, s in enumerate(args.s):
+            partition = partition_for(s)
+            support, logits = support_width(partition, n)
+            fns, info = {}, {}
+            fns["gemm_tiles"], tile_flops = tile_gemm_probe(partition, n, threads)
+            fns["gemm_large"], large_flops = large_gemm_probe()
+            fns["plsh"] = method_fn("plsh", n, s, inputs)
+            ours_error = errors(fns["plsh"](), exact, sub)
+            if args.backward:
+                fns["plsh_fwd_bwd"] = backward_fn("plsh", n, s, inputs)
+            if si == 0 and "sdpa_dense" in args.methods and n <= args.sdpa_max:
+                fns["sdpa_dense"] = method_fn("sdpa_dense", n, s, inputs)
+                if args.backward and n <= args.sdpa_backward_max:
+                    fns["sdpa_dense_fwd_bwd"] = backward_fn("sdpa_dense", n, s, inputs)
+            if si == 0 and "flex_exact" in args.methods and n <= args.flex_exact_max:
+                fns["flex_exact"] = method_fn("flex_exact", n, s, inputs)
+            if "flex_window_width" in args.methods:
+                width = [max(1, math.ceil(w)) for w in support]
+                fns["flex_window_width"] = method_fn("flex_window_width", n, s, inputs, width)
+                info["flex_window_width"] = {"window": width}
+            if "flex_window_error" in args.methods:
+                sigma = 1.0 / slopes
+                for c in WINDOW_GRID:
+                    window = [max(1, math.ceil(c * sg)) for sg in sigma]
+                    fn = method_fn("flex_window_error", n, s, inputs, window)
+                    if errors(fn(), exact, sub)["rel_fro_error"] <= ours_error["rel_fro_error"]:
+                        fns["flex_window_error"] = fn
+                        info["flex_window_error"] = {"window": window, "window_sigmas": c}
+                        break
+            if "reduction" in args.methods and n * s <= args.reduction_max:
+                fns["reduction"] = method_fn("reduction", n, s, inputs)
+            times, outs = interleaved_times(fns, args.repeats)
+            window_flops = 4 * HEAD_DIM * n * sum(support)
+            rate = tile_flops / times["gemm_tiles"]
+            floor = window_flops / rate
+            floors.append(
+                {
+                    "n": n,
+                    "s": s,
+                    "window_gflop": window_flops / 1e9,
+                    "tile_gflop": tile_flops / 1e9,
+                    "tile_gemm_gflops": rate / 1e9,
+                    "large_gemm_gflops": large_flops / times["gemm_large"] / 1e9,
+                    "floor_s": floor,
+                    "widest_head_support": max(support),
+                }
+            )
+            print(
+                f" n={n} s={s}: floor {floor:.4f} s (window {window_flops / 1e9:.2f} GFLOP at"
+                f" {rate / 1e9:.1f} GFLOP/s on the tile GEMMs; 2048^3 sgemm"
+                f" {floors[-1]['large_gemm_gflops']:.1f} GFLOP/s)",
+                flush=True,
+            )
+            for name in [m for m in METHODS if m in fns]:
                 row = {
                     "method": name,
                     "n": n,
                     "s": s,
-                    "time_s": t,
-                    **errors(out, exact),
-                    "window": window,
-                    **info,
+                    "time_s": times[name],
+                    "x_floor": times[name] / floor,
+                    **errors(outs[name], exact, sub),
+                    "window": info.get(name, {}).get("window"),
+                    **{k_: v_ for k_, v_ in info.get(name, {}).items() if k_ != "window"},
                 }
-                if args.memory == "all":
-                    row["peak_mb"] = measure_memory(name, n, s, window, args.threads)
+                if name == "plsh":
+                    row["support_per_head"] = support
+                    row["logits_per_row_per_head"] = logits
+                if name + "_fwd_bwd" in times:
+                    row["fwd_bwd_time_s"] = times[name + "_fwd_bwd"]
+                    row["fwd_bwd_x_floor"] = times[name + "_fwd_bwd"] / (3.5 * floor)
+                if args.memory == "all" or (args.memory == "plsh" and name == "plsh"):
+                    row["peak_mb"] = measure_memory(name, n, s, row["window"], threads)
+                    if "fwd_bwd_time_s" in row:
+                        row["fwd_bwd_peak_mb"] = measure_memory(
+                            name, n, s, None, threads, backward=True
+                        )
                 if name in ("sdpa_dense", "flex_exact"):
-                    shared[key] = row
-            rows.append(row)
-            print(
-                f"  {name:18s} s={s:3d} {row['time_s']:8.3f} s  err={row['rel_fro_error']:.3e}"
-                f"  mem={row.get('peak_mb')}",
-                flush=True,
-            )
-            return row
-
-        for s in args.s:
-            ours = record("plsh", s)
-            support, logits = support_width(partition_for(s), n)
-            ours["support_per_head"] = support
-            ours["logits_per_row_per_head"] = logits
-            if n <= args.sdpa_max:
-                record("sdpa_dense", s)
-            record("flex_exact", s)
-            record("flex_window_width", s, window=[max(1, math.ceil(w)) for w in support])
-            sigma = 1.0 / slopes
-            chosen = None
-            for c in WINDOW_GRID if "flex_window_error" in args.methods else ():
-                window = [max(1, math.ceil(c * sg)) for sg in sigma]
-                out = method_fn("flex_window_error", n, s, inputs, window)()
-                if errors(out, exact)["rel_fro_error"] <= ours["rel_fro_error"]:
-                    chosen = (c, window)
-                    break
-            if chosen is not None:
-                record("flex_window_error", s, window=chosen[1], window_sigmas=chosen[0])
-            record("reduction", s)
-            if args.backward:
-                t, _ = median_time(backward_fn("plsh", n, s, inputs), args.repeats)
-                ours["fwd_bwd_time_s"] = t
-                if args.memory == "all":
-                    ours["fwd_bwd_peak_mb"] = measure_memory(
-                        "plsh", n, s, None, args.threads, backward=True
-                    )
-                if n <= args.sdpa_backward_max and "sdpa_dense" in args.methods:
-                    key = ("sdpa_dense_bwd", None)
-                    if key not in shared:
-                        t, _ = median_time(backward_fn("sdpa_dense", n, s, inputs), args.repeats)
-                        shared[key] = {"fwd_bwd_time_s": t}
-                        if args.memory == "all":
-                            shared[key]["fwd_bwd_peak_mb"] = measure_memory(
-                                "sdpa_dense", n, s, None, args.threads, backward=True
-                            )
-                    sdpa_rows = [
-                        r
-                        for r in rows
-                        if r["method"] == "sdpa_dense" and r["n"] == n and r["s"] == s
-                    ]
-                    for r in sdpa_rows:
-                        r.update(shared[key])
-                print(f"  fwd+bwd plsh {ours['fwd_bwd_time_s']:.3f} s", flush=True)
+                    shared[name] = row
+                rows.append(row)
+            for row in shared.values():
+                if row["s"] != s:
+                    rows.append(dict(row, s=s, measured_in_round_s=row["s"]))
+            for row in [r for r in rows if r["n"] == n and r["s"] == s]:
+                print(
+                    f"  {row['method']:18s} s={s:3d} {row['time_s']:8.3f} s"
+                    f" ({row['x_floor']:.2f}x floor)  fwd+bwd={row.get('fwd_bwd_time_s')}"
+                    f"  err={row['rel_fro_error']:.3e}  mem={row.get('peak_mb')}",
+                    flush=True,
+                )
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
+        "load_average": os.getloadavg(),
         "args": vars(args),
+        "floors": floors,
         "rows": rows,
     }
 
@@ -394,20 +558,47 @@ def _fmt(x, spec):
 
 def markdown(result: dict) -> str:
     m = result["machine"]
+    load = result.get("load_average")
     lines = [
         f"# CPU benchmark, {result['date']}",
         "",
         f"Machine: {m['cpu']} ({m['cores']} cores, {m['threads']} torch threads), "
-        f"torch {m['torch']}, Python {m['python']}, host `{m['host']}`.",
+        f"torch {m['torch']}, Python {m['python']}, host `{m['host']}`"
+        + (
+            f"; load average at the end {load[0]:.1f} (shared with other processes)."
+            if load
+            else "."
+        ),
         "",
         "Config: batch 1, 4 heads (sigma 4, 16, 64, 256), head_dim 64, float32, causal. "
+        "Methods take turns (one call each per round, median over rounds), so ratios within "
+        "one (n, s) are robust to the machine's load; absolute times are not. "
         "Time: median wall seconds; memory: extra peak RSS of one call (MB); error: "
-        "relative Frobenius error against float64 exact ALiBi. Command: "
+        "relative Frobenius error against float64 exact ALiBi"
+        f" ({'all rows' if result['args']['error_rows'] >= max(result['args']['n']) else 'on ' + str(result['args']['error_rows']) + ' evenly spaced rows where n is larger'}). "
+        "Command: "
         f"`python benchmarks/cpu_bench.py {' '.join(result['argv'])}`.",
         "",
-        "| n | s | method | time (s) | fwd+bwd (s) | peak MB | fwd+bwd MB | rel. error |"
-        " max abs error | window (tokens per head) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "Floor: the window FLOPs `4 d n sum_h support_h` (support: mean keys with a nonzero"
+        " count per query) divided by the GFLOP/s this machine reached, in the same round, on"
+        " the GEMMs of our tile groups alone (same shapes, same workers, no bias or softmax)."
+        " `x floor` = time / floor; forward+backward against 3.5x the floor (7 GEMMs instead"
+        " of 2).",
+        "",
+        "| n | s | window GFLOP | tile GFLOP | tile GEMM GFLOP/s | 2048^3 sgemm GFLOP/s |"
+        " floor (s) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in result["floors"]:
+        lines.append(
+            f"| {f['n']} | {f['s']} | {f['window_gflop']:.2f} | {f['tile_gflop']:.2f} | "
+            f"{f['tile_gemm_gflops']:.1f} | {f['large_gemm_gflops']:.1f} | {f['floor_s']:.4f} |"
+        )
+    lines += [
+        "",
+        "| n | s | method | time (s) | x floor | fwd+bwd (s) | fwd+bwd / fwd | peak MB |"
+        " fwd+bwd MB | rel. error | max abs error | window (tokens per head) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         window = r.get("window")
@@ -420,9 +611,14 @@ def markdown(result: dict) -> str:
             )
         elif r["method"] == "flex_window_error":
             window = f"{r['window_sigmas']} sigma = {window}"
+        if "measured_in_round_s" in r:
+            window = f"(measured in the s = {r['measured_in_round_s']} round) " + (window or "")
+        fb = r.get("fwd_bwd_time_s")
         lines.append(
             f"| {r['n']} | {r['s']} | {r['method']} | {_fmt(r['time_s'], '.4f')} | "
-            f"{_fmt(r.get('fwd_bwd_time_s'), '.4f')} | {_fmt(r.get('peak_mb'), '.0f')} | "
+            f"{_fmt(r.get('x_floor'), '.2f')} | {_fmt(fb, '.4f')} | "
+            f"{_fmt(None if fb is None else fb / r['time_s'], '.2f')} | "
+            f"{_fmt(r.get('peak_mb'), '.0f')} | "
             f"{_fmt(r.get('fwd_bwd_peak_mb'), '.0f')} | {r['rel_fro_error']:.3e} | "
             f"{r['max_abs_error']:.3e} | {window or '-'} |"
         )
@@ -432,8 +628,24 @@ def markdown(result: dict) -> str:
         by.setdefault((r["n"], r["s"]), {})[r["method"]] = r
     for (n, s), d in sorted(by.items()):
         ours = d["plsh"]["time_s"]
-        parts = [f"{name} {d[name]['time_s'] / ours:.1f}x" for name in d if name != "plsh"]
+        parts = [f"{name} {d[name]['time_s'] / ours:.2f}x" for name in d if name != "plsh"]
         lines.append(f"- n={n}, s={s}: " + ", ".join(parts))
+    lines += [
+        "",
+        "Growth from the smallest to the largest s (plsh forward time; widest head's support):",
+        "",
+    ]
+    floors = {(f["n"], f["s"]): f for f in result["floors"]}
+    for n in sorted({n for n, _ in by}):
+        ss = sorted(s for nn, s in by if nn == n)
+        if len(ss) > 1:
+            a, b = by[(n, ss[0])]["plsh"], by[(n, ss[-1])]["plsh"]
+            sa, sb = floors[(n, ss[0])], floors[(n, ss[-1])]
+            lines.append(
+                f"- n={n}, s={ss[0]} -> {ss[-1]}: time {b['time_s'] / a['time_s']:.2f}x"
+                f" (not across rounds robust), support"
+                f" {sb['widest_head_support'] / sa['widest_head_support']:.2f}x"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -444,7 +656,12 @@ def main(argv=None):
     p.add_argument("--s", type=int, nargs="+", default=[4, 16, 64])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--memory", choices=["all", "none"], default="all")
+    p.add_argument(
+        "--memory",
+        choices=["all", "plsh", "none"],
+        default="all",
+        help="peak memory of every method, of plsh only, or none (one subprocess each)",
+    )
     p.add_argument(
         "--methods",
         nargs="+",
@@ -460,6 +677,21 @@ def main(argv=None):
         help="largest n for SDPA with a dense bias (memory ~ 4 H n^2 bytes)",
     )
     p.add_argument("--sdpa-backward-max", type=int, default=4096)
+    p.add_argument(
+        "--flex-exact-max", type=int, default=16384, help="largest n for compiled Flex exact"
+    )
+    p.add_argument(
+        "--reduction-max",
+        type=int,
+        default=1 << 20,
+        help="largest n * s for the reduction (s passes of the CPU path per call)",
+    )
+    p.add_argument(
+        "--error-rows",
+        type=int,
+        default=16384,
+        help="errors on this many evenly spaced query rows when n is larger (float64 reference)",
+    )
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     p.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
