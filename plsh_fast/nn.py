@@ -34,6 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from plsh_ref.partition import PartitionSample, draw_partition
+from plsh_ref.samplers import resolve_group_size
 from plsh_ref.validation import check_bool, check_int, check_positive_float, check_scale
 
 from . import _validation as V
@@ -273,6 +274,11 @@ class PLSHAttention(nn.Module):
         Passed to :func:`plsh_fast.plsh_attention`: eager-mode checks that read tensor
         values (NaN/inf inputs, position and bin range). ``False`` removes the device
         synchronisations they cost on CUDA.
+    sampler : {"iid", "stratified", "shared"}
+        Partition sampler of every draw (eval and training), passed to
+        :func:`plsh_ref.partition.draw_partition` (``proofs_notes/samplers.md``).
+    group_size : int, optional
+        Its group size ``s'`` (default :func:`plsh_ref.samplers.default_group_size`).
 
     Attributes
     ----------
@@ -320,10 +326,14 @@ class PLSHAttention(nn.Module):
         exact: bool = False,
         backend: str = "auto",
         check_finite: bool = True,
+        sampler: str = "iid",
+        group_size: int | None = None,
     ):
         super().__init__()
         num_heads = check_int("num_heads", num_heads, minimum=1)
         num_samples = V.check_num_samples(num_samples)
+        self.sampler = sampler
+        self.group_size = resolve_group_size(sampler, num_samples, group_size)
         m = V.check_slopes(slopes, num_heads)
         if scale is not None:
             scale = check_positive_float("scale", scale)
@@ -352,7 +362,7 @@ class PLSHAttention(nn.Module):
         # module's device), advanced in place by plsh::training_partition.
         self.register_buffer("draw_counter", torch.zeros((), dtype=torch.int64), persistent=False)
         self.register_buffer("slopes", torch.from_numpy(m.copy()))
-        part = draw_partition(1.0 / m, num_samples, self.seed)
+        part = draw_partition(1.0 / m, num_samples, self.seed, **self._sampler_kwargs())
         self.register_buffer("pitch", torch.from_numpy(part.pitch.copy()))
         self.register_buffer("offset", torch.from_numpy(part.offset.copy()))
 
@@ -377,8 +387,16 @@ class PLSHAttention(nn.Module):
             If ``seed`` is not an integer ``>= 0``.
         """
         self.seed = check_int("seed", seed, minimum=0)
-        self.set_partition(draw_partition(self.sigma, self.num_samples, self.seed))
+        self.set_partition(
+            draw_partition(self.sigma, self.num_samples, self.seed, **self._sampler_kwargs())
+        )
         self.num_draws = 0
+
+    def _sampler_kwargs(self) -> dict:
+        """``sampler``/``group_size`` keywords of :func:`plsh_ref.partition.draw_partition`."""
+        if self.sampler == "iid":
+            return {}
+        return {"sampler": self.sampler, "group_size": self.group_size}
 
     @property
     def num_samples(self) -> int:
@@ -394,7 +412,7 @@ class PLSHAttention(nn.Module):
     def partition(self) -> PartitionSample:
         """The module's own (eval) partition as a :class:`plsh_ref.PartitionSample`."""
         return PartitionSample(
-            self.pitch.detach().cpu().numpy(), self.offset.detach().cpu().numpy()
+            self.pitch.detach().cpu().numpy(), self.offset.detach().cpu().numpy(), self.sampler
         )
 
     def set_partition(self, partition: PartitionSample) -> None:
@@ -421,7 +439,9 @@ class PLSHAttention(nn.Module):
     def training_partition(self, draw: int) -> PartitionSample:
         """The ``draw``-th partition of the training stream (reproducible from ``seed``)."""
         draw = check_int("draw", draw, minimum=0)
-        return draw_partition(self.sigma, self.num_samples, derived_seed(self.seed, draw))
+        return draw_partition(
+            self.sigma, self.num_samples, derived_seed(self.seed, draw), **self._sampler_kwargs()
+        )
 
     def get_extra_state(self):
         return {"seed": self.seed, "num_draws": self.num_draws}
@@ -482,6 +502,7 @@ class PLSHAttention(nn.Module):
         return (
             f"num_heads={self.num_heads}, {kind}, causal={self.causal}, "
             f"resample={self.resample!r}, backend={self.backend!r}, seed={self.seed}"
+            + ("" if self.sampler == "iid" else f", sampler={self.sampler!r}")
         )
 
     # ---------------------------------------------------------------- forward
@@ -501,7 +522,12 @@ class PLSHAttention(nn.Module):
                 )
             from .ops import training_partition  # noqa: PLC0415 (registers the operator)
 
-            return training_partition(self.slopes, self.draw_counter, self.seed, self.pitch)
+            if self.sampler == "iid":
+                return training_partition(self.slopes, self.draw_counter, self.seed, self.pitch)
+            return training_partition(
+                self.slopes, self.draw_counter, self.seed, self.pitch, self.sampler,
+                self.group_size,
+            )  # fmt: skip
         return self.pitch, self.offset
 
     def forward(

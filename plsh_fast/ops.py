@@ -181,7 +181,12 @@ attention.register_autograd(_backward, setup_context=_setup_context)
 
 @torch.library.custom_op("plsh::training_partition", mutates_args=("draw_counter",))
 def training_partition(
-    slopes: torch.Tensor, draw_counter: torch.Tensor, seed: int, like: torch.Tensor
+    slopes: torch.Tensor,
+    draw_counter: torch.Tensor,
+    seed: int,
+    like: torch.Tensor,
+    sampler: str = "iid",
+    group_size: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(pitch, offset)`` of training draw ``k = draw_counter`` of a module; ``k += 1``.
 
@@ -191,7 +196,8 @@ def training_partition(
     drawn on the host (numpy, SPEC section 2) and returned as float64 tensors on
     ``like``'s device. ``draw_counter`` is an int64 CPU scalar tensor, advanced in place;
     as an operator the draw runs inside a compiled graph, once per call, and the counter
-    never becomes a constant of the graph.
+    never becomes a constant of the graph. ``sampler``/``group_size``: those of the module
+    (``group_size`` ignored for ``"iid"``).
     """
     from plsh_ref.partition import draw_partition
 
@@ -201,10 +207,11 @@ def training_partition(
     draw = int(draw_counter)
     draw_counter.add_(1)
     sigma = 1.0 / slopes.detach().cpu().numpy()
-    sample = draw_partition(sigma, like.shape[1], derived_seed(seed, draw))
+    kw = {} if sampler == "iid" else {"sampler": sampler, "group_size": group_size}
+    sample = draw_partition(sigma, like.shape[1], derived_seed(seed, draw), **kw)
     return partition_tensors(sample, like.device)
 
 
 @training_partition.register_fake
-def _training_partition_fake(slopes, draw_counter, seed, like):
+def _training_partition_fake(slopes, draw_counter, seed, like, sampler="iid", group_size=1):
     return torch.empty_like(like, dtype=torch.float64), torch.empty_like(like, dtype=torch.float64)

@@ -549,3 +549,42 @@ def test_numbers_quoted_in_the_note():
     for s, pct in ((16, 8.5), (64, 4.5), (256, -1.0), (1024, -6.3)):
         w = S.window_width(16.0, s, sampler="stratified") / expected_window_width(16.0, s)
         assert 100 * (w - 1) == pytest.approx(pct, abs=0.05)
+
+
+# --------------------------------------------------------------------------------------
+# plsh_fast.nn and plsh train-lm can choose the sampler
+# --------------------------------------------------------------------------------------
+
+
+def test_plsh_attention_module_draws_with_its_sampler():
+    from plsh_fast.nn import PLSHAttention, derived_seed
+
+    core = PLSHAttention(4, 8, seed=3, sampler="stratified", group_size=2, backend="dense")
+    want = draw_partition(core.sigma, 8, 3, sampler="stratified", group_size=2)
+    assert core.partition == want and core.partition.sampler == "stratified"
+    assert core.training_partition(5) == draw_partition(
+        core.sigma, 8, derived_seed(3, 5), sampler="stratified", group_size=2
+    )
+    assert "sampler='stratified'" in repr(core)
+    core.train()
+    q = torch.randn(1, 4, 12, 8, dtype=torch.float64)
+    out = core(q, q, q)  # training draw through the plsh::training_partition operator
+    assert core.num_draws == 1 and torch.isfinite(out).all()
+    from plsh_ref.attention import plsh_attention as reference
+
+    ref, _ = reference(*(x.numpy() for x in (q, q, q)), core.training_partition(0), causal=True)
+    np.testing.assert_allclose(out.detach().numpy(), ref, rtol=1e-10, atol=1e-12)
+    iid = PLSHAttention(4, 8, seed=3)
+    assert iid.partition == draw_partition(iid.sigma, 8, 3)  # default unchanged
+    with pytest.raises(ValueError, match="^group_size"):
+        PLSHAttention(4, 8, sampler="stratified", group_size=3)
+
+
+def test_train_lm_sampler_option(tmp_path, capsys):
+    from plsh_fast.experiments.model import ByteLM
+    from plsh_ref.cli import main
+
+    model = ByteLM("plsh-4", d_model=16, num_layers=2, num_heads=2, sampler="stratified")
+    assert {core.sampler for core in model.attention_cores()} == {"stratified"}
+    assert main(["train-lm", "--sampler", "lhs"]) == 2
+    assert capsys.readouterr().err.startswith("plsh train-lm: error: sampler")

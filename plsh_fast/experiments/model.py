@@ -133,13 +133,16 @@ def make_attention(
     backend: str = "auto",
     block_sizes=None,
     resample: str = "every_forward",
+    sampler: str = "iid",
 ) -> nn.Module:
     """The attention core of one layer for ``variant`` (see :func:`parse_variant`)."""
     kind, s = parse_variant(variant)
     if kind == "alibi":
         return PLSHAttention(num_heads, 1, exact=True, seed=seed)
     if kind == "plsh":
-        return PLSHAttention(num_heads, s, seed=seed, backend=backend, resample=resample)
+        return PLSHAttention(
+            num_heads, s, seed=seed, backend=backend, resample=resample, sampler=sampler
+        )
     if kind == "none":
         return NoBiasAttention(num_heads)
     return FixedBlockAttention(num_heads, block_sizes or default_block_sizes(num_heads))
@@ -181,6 +184,8 @@ class ByteLM(nn.Module):
         Per-head block sizes of the ``blocks`` variant.
     resample : {"every_forward", "fixed"}
         Training partitions of the PLSH variants (see :class:`plsh_fast.nn.PLSHAttention`).
+    sampler : {"iid", "stratified", "shared"}
+        Partition sampler of the PLSH variants (``proofs_notes/samplers.md``).
 
     Notes
     -----
@@ -200,6 +205,7 @@ class ByteLM(nn.Module):
         backend: str = "auto",
         block_sizes=None,
         resample: str = "every_forward",
+        sampler: str = "iid",
     ):
         super().__init__()
         parse_variant(variant)
@@ -216,6 +222,7 @@ class ByteLM(nn.Module):
                     backend=backend,
                     block_sizes=block_sizes,
                     resample=resample,
+                    sampler=sampler,
                 ),
                 mlp_ratio,
             )
