@@ -32,7 +32,7 @@ from .tiling import (
     sum_combine,
     tile_counts,
 )
-from .triton_forward import LENGTHS, LOG2E, default_blocks, dot_precision, pow2
+from .triton_forward import LENGTHS, LOG2E, default_blocks, dot_precision, head_dim_split, pow2
 
 __all__ = ["plsh_backward_triton"]
 
@@ -83,11 +83,22 @@ def _delta_kernel(
 
 
 @triton.jit
-def _probabilities(
-    q, k_t, counts, live, lse2, scale_log2, DOT_PREC: tl.constexpr, VARIANT: tl.constexpr
-):
+def _tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, UPCAST: tl.constexpr):
+    """``base[rows, cols]`` (masked, 0 outside), upcast to float32 in the interpreter."""
+    x = tl.load(
+        base + rows[:, None] * row_stride + cols[None, :] * col_stride,
+        mask=row_valid[:, None] & col_valid[None, :],
+        other=0.0,
+    )
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _probabilities(logits, counts, live, lse2, scale_log2, VARIANT: tl.constexpr):
     """``P = C exp2(x log2 e - lse2)`` on admissible pairs (``C > 0``, live row), else 0."""
-    logits = tl.dot(q, k_t, input_precision=DOT_PREC) * scale_log2
+    logits = logits * scale_log2
     weight = counts.to(tl.float32)  # one layout conversion (to the MMA layout)
     admissible = (weight > 0.0) & live[:, None]
     if VARIANT != 0:  # negative control: counts ignored (mask only), forward/backward mismatch
@@ -169,6 +180,8 @@ def _bwd_dq_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_D1: tl.constexpr,
+    BLOCK_DV1: tl.constexpr,
     S_BLOCK: tl.constexpr,
     MULTI_CHUNK: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -202,6 +215,17 @@ def _bwd_dq_kernel(
     if UPCAST:
         q = q.to(tl.float32)
         do = do.to(tl.float32)
+    q_base = Q + b * sqb + h.to(tl.int64) * sqh
+    do_base = DOut + b * sdb + h.to(tl.int64) * sdh
+    if BLOCK_D1 > 0:  # second column chunk of head_dim (triton_forward.head_dim_split)
+        offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D1)
+        d1_valid = offs_d1 < D
+        q1 = _tile(q_base, offs_m, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
+        dq1 = tl.zeros([BLOCK_M, BLOCK_D1], dtype=tl.float32)
+    if BLOCK_DV1 > 0:
+        offs_dv1 = BLOCK_DV + tl.arange(0, BLOCK_DV1)
+        dv1_valid = offs_dv1 < DV
+        do1 = _tile(do_base, offs_m, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
     row = bh * n_q + offs_m
     lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
     delta = tl.load(Delta + row, mask=m_valid, other=0.0)
@@ -229,15 +253,33 @@ def _bwd_dq_kernel(
             RowStart, RowWidth, h, start_n, offs_m, m_valid, n_q, num_samples, BLOCK_M,
             BLOCK_N, S_BLOCK, MULTI_CHUNK,
         )  # fmt: skip
-        p = _probabilities(q, tl.trans(k), counts, live, lse2, scale_log2, DOT_PREC, VARIANT)
+        logits = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+        if BLOCK_D1 > 0:
+            k1 = _tile(K + b * skb + hk * skh, offs_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST)
+            logits = tl.dot(q1, tl.trans(k1), logits, input_precision=DOT_PREC)
+        p = _probabilities(logits, counts, live, lse2, scale_log2, VARIANT)
         dp = tl.dot(do, v_t, input_precision=DOT_PREC)
+        if BLOCK_DV1 > 0:
+            v1 = _tile(
+                V + b * svb + hk * svh, offs_n, svn, offs_dv1, svd, n_valid, dv1_valid, UPCAST
+            )
+            dp = tl.dot(do1, tl.trans(v1), dp, input_precision=DOT_PREC)
         ds = p * (dp - delta[:, None])
         dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PREC)
+        if BLOCK_D1 > 0:
+            dq1 += tl.dot(ds.to(k1.dtype), k1, input_precision=DOT_PREC)
+    dq_base = DQ + b * sgb + h.to(tl.int64) * sgh
     tl.store(
-        DQ + b * sgb + h.to(tl.int64) * sgh + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
+        dq_base + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
         (dq * scale).to(DQ.dtype.element_ty),
         mask=m_valid[:, None] & d_valid[None, :],
     )
+    if BLOCK_D1 > 0:
+        tl.store(
+            dq_base + offs_m[:, None] * sgm + offs_d1[None, :] * sgd,
+            (dq1 * scale).to(DQ.dtype.element_ty),
+            mask=m_valid[:, None] & d1_valid[None, :],
+        )
 
 
 @triton.jit(do_not_specialize=LENGTHS + ["num_heads_kv", "n_k_tiles"])
@@ -295,6 +337,8 @@ def _bwd_dkdv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_D1: tl.constexpr,
+    BLOCK_DV1: tl.constexpr,
     S_BLOCK: tl.constexpr,
     MULTI_CHUNK: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -329,6 +373,34 @@ def _bwd_dkdv_kernel(
         v = v.to(tl.float32)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
+    if BLOCK_D1 > 0:  # second column chunk of head_dim (triton_forward.head_dim_split)
+        offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D1)
+        d1_valid = offs_d1 < D
+        k1 = _tile(
+            K + b * skb + hk.to(tl.int64) * skh,
+            offs_n,
+            skn,
+            offs_d1,
+            skd,
+            n_valid,
+            d1_valid,
+            UPCAST,
+        )
+        dk1 = tl.zeros([BLOCK_N, BLOCK_D1], dtype=tl.float32)
+    if BLOCK_DV1 > 0:
+        offs_dv1 = BLOCK_DV + tl.arange(0, BLOCK_DV1)
+        dv1_valid = offs_dv1 < DV
+        v1 = _tile(
+            V + b * svb + hk.to(tl.int64) * svh,
+            offs_n,
+            svn,
+            offs_dv1,
+            svd,
+            n_valid,
+            dv1_valid,
+            UPCAST,
+        )
+        dv1 = tl.zeros([BLOCK_N, BLOCK_DV1], dtype=tl.float32)
     for g in range(group):
         h = hk * group + g
         rng = QueryRange + (h.to(tl.int64) * n_k_tiles + n_tile) * 2
@@ -363,7 +435,15 @@ def _bwd_dkdv_kernel(
             )  # fmt: skip
             live = lse > float("-inf")
             lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
-            logits_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * scale_log2
+            logits_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)
+            q_base = Q + b * sqb + h.to(tl.int64) * sqh
+            do_base = DOut + b * sdb + h.to(tl.int64) * sdh
+            if BLOCK_D1 > 0:
+                q1 = _tile(q_base, offs_m, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
+                logits_t = tl.dot(k1, tl.trans(q1), logits_t, input_precision=DOT_PREC)
+            if BLOCK_DV1 > 0:
+                do1 = _tile(do_base, offs_m, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
+            logits_t = logits_t * scale_log2
             weight_t = counts_t.to(tl.float32)
             admissible_t = (weight_t > 0.0) & (m_valid & live)[None, :]
             if VARIANT != 0:  # negative control: counts ignored (mask only)
@@ -371,8 +451,13 @@ def _bwd_dkdv_kernel(
             p_t = tl.where(admissible_t, tl.exp2(logits_t - lse2[None, :]) * weight_t, 0.0)
             dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PREC)
             dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+            if BLOCK_DV1 > 0:
+                dv1 += tl.dot(p_t.to(do1.dtype), do1, input_precision=DOT_PREC)
+                dp_t = tl.dot(v1, tl.trans(do1), dp_t, input_precision=DOT_PREC)
             ds_t = p_t * (dp_t - delta[None, :])
             dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PREC)
+            if BLOCK_D1 > 0:
+                dk1 += tl.dot(ds_t.to(q1.dtype), q1, input_precision=DOT_PREC)
     tl.store(
         DK + b * skgb + hk.to(tl.int64) * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
         (dk * scale).to(DK.dtype.element_ty),
@@ -383,6 +468,26 @@ def _bwd_dkdv_kernel(
         dv.to(DV_.dtype.element_ty),
         mask=n_valid[:, None] & dv_valid[None, :],
     )
+    if BLOCK_D1 > 0:
+        tl.store(
+            DK
+            + b * skgb
+            + hk.to(tl.int64) * skgh
+            + offs_n[:, None] * skgn
+            + offs_d1[None, :] * skgd,
+            (dk1 * scale).to(DK.dtype.element_ty),
+            mask=n_valid[:, None] & d1_valid[None, :],
+        )
+    if BLOCK_DV1 > 0:
+        tl.store(
+            DV_
+            + b * svgb
+            + hk.to(tl.int64) * svgh
+            + offs_n[:, None] * svgn
+            + offs_dv1[None, :] * svgd,
+            dv1.to(DV_.dtype.element_ty),
+            mask=n_valid[:, None] & dv1_valid[None, :],
+        )
 
 
 def plsh_backward_triton(
@@ -508,7 +613,10 @@ def plsh_backward_triton(
     lse = lse.to(torch.float32).contiguous()
     grad_out = grad_out.to(query.dtype)
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
-    block_d, block_dv = pow2(head_dim), pow2(head_dim_v)
+    (block_d, block_d1), (block_dv, block_dv1) = (
+        head_dim_split(head_dim),
+        head_dim_split(head_dim_v),
+    )
     _delta_kernel[(n_q_tiles * batch * num_heads,)](
         out,
         grad_out,
@@ -520,7 +628,7 @@ def plsh_backward_triton(
         n_q_tiles,
         DV=head_dim_v,
         BLOCK_M=block_m,
-        BLOCK_DV=block_dv,
+        BLOCK_DV=pow2(head_dim_v),
     )
     interp = type(_bwd_dq_kernel).__name__ == "InterpretedFunction"
     upcast = query.dtype == torch.bfloat16 and interp
@@ -532,6 +640,8 @@ def plsh_backward_triton(
         BLOCK_N=block_n,
         BLOCK_D=block_d,
         BLOCK_DV=block_dv,
+        BLOCK_D1=block_d1,
+        BLOCK_DV1=block_dv1,
         S_BLOCK=s_block,
         MULTI_CHUNK=multi,
         UPCAST=upcast,

@@ -31,7 +31,7 @@ import triton.language as tl
 from .ordering import position_order, sort_positions, take_rows
 from .tiling import make_plan, max_combine, sample_block, sum_combine, tile_counts
 
-__all__ = ["plsh_forward_triton", "default_blocks", "dot_precision", "pow2"]
+__all__ = ["plsh_forward_triton", "default_blocks", "dot_precision", "head_dim_split", "pow2"]
 
 LOG2E = 1.4426950408889634
 
@@ -83,6 +83,8 @@ def _fwd_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_D1: tl.constexpr,
+    BLOCK_DV1: tl.constexpr,
     S_BLOCK: tl.constexpr,
     MULTI_CHUNK: tl.constexpr,
     UPCAST: tl.constexpr,
@@ -90,6 +92,8 @@ def _fwd_kernel(
     VARIANT: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
+    # Head dimensions that are not powers of two are split in two power-of-two column
+    # chunks (80 = 64 + 16, 96 = 64 + 32; head_dim_split): BLOCK_D (+ BLOCK_D1 if > 0).
     pid = tl.program_id(0)
     m_tile = n_q_tiles - 1 - pid % n_q_tiles  # last (causally longest) query tiles first
     rest = pid // n_q_tiles
@@ -112,6 +116,20 @@ def _fwd_kernel(
     )
     if UPCAST:
         q = q.to(tl.float32)
+    if BLOCK_D1 > 0:
+        offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D1)
+        d1_valid = offs_d1 < D
+        q1 = tl.load(
+            Q + b64 * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm + offs_d1[None, :] * sqd,
+            mask=m_valid[:, None] & d1_valid[None, :],
+            other=0.0,
+        )
+        if UPCAST:
+            q1 = q1.to(tl.float32)
+    if BLOCK_DV1 > 0:
+        offs_dv1 = BLOCK_DV + tl.arange(0, BLOCK_DV1)
+        dv1_valid = offs_dv1 < DV
+        acc1 = tl.zeros([BLOCK_M, BLOCK_DV1], dtype=tl.float32)
     if VARIANT == 3:
         causal_end = tl.load(CausalEnd + offs_m, mask=m_valid, other=0)
 
@@ -141,6 +159,22 @@ def _fwd_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
+        if BLOCK_D1 > 0:
+            k1 = tl.load(
+                k_base + offs_n[None, :] * skn + offs_d1[:, None] * skd,
+                mask=n_valid[None, :] & d1_valid[:, None],
+                other=0.0,
+            )
+            if UPCAST:
+                k1 = k1.to(tl.float32)
+        if BLOCK_DV1 > 0:
+            v1 = tl.load(
+                v_base + offs_n[:, None] * svn + offs_dv1[None, :] * svd,
+                mask=n_valid[:, None] & dv1_valid[None, :],
+                other=0.0,
+            )
+            if UPCAST:
+                v1 = v1.to(tl.float32)
         if VARIANT == 3:  # ablation: no counts (planned range and causal mask only)
             cols = start_n + tl.arange(0, BLOCK_N)
             admissible = cols[None, :] < causal_end[:, None]
@@ -164,7 +198,10 @@ def _fwd_kernel(
                 weight = 1.0 / tl.maximum(weight, 1.0)
             elif VARIANT == 2:  # negative control: counts ignored (block mask only)
                 weight = tl.where(admissible, 1.0, 0.0)
-        logits = tl.dot(q, k, input_precision=DOT_PREC) * scale_log2
+        logits = tl.dot(q, k, input_precision=DOT_PREC)
+        if BLOCK_D1 > 0:
+            logits = tl.dot(q1, k1, logits, input_precision=DOT_PREC)
+        logits = logits * scale_log2
         logits = tl.where(admissible, logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(logits, 1, max_combine))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -172,6 +209,8 @@ def _fwd_kernel(
         alpha = tl.exp2(m_i - m_use)
         l_i = l_i * alpha + tl.reduce(p, 1, sum_combine)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+        if BLOCK_DV1 > 0:
+            acc1 = acc1 * alpha[:, None] + tl.dot(p.to(v1.dtype), v1, input_precision=DOT_PREC)
         m_i = m_new
 
     nonempty = l_i > 0.0
@@ -183,12 +222,36 @@ def _fwd_kernel(
         out.to(Out.dtype.element_ty),
         mask=m_valid[:, None] & dv_valid[None, :],
     )
+    if BLOCK_DV1 > 0:
+        out1 = tl.where(nonempty[:, None], acc1 / l_safe[:, None], 0.0)
+        tl.store(
+            Out
+            + b64 * sob
+            + h.to(tl.int64) * soh
+            + offs_m[:, None] * som
+            + offs_dv1[None, :] * sod,
+            out1.to(Out.dtype.element_ty),
+            mask=m_valid[:, None] & dv1_valid[None, :],
+        )
     tl.store(Lse + (b64 * num_heads + h) * n_q + offs_m, lse, mask=m_valid)
 
 
 def pow2(x: int, minimum: int = 16) -> int:
     """Smallest power of two ``>= max(x, minimum)`` (tile widths of ``tl.arange``)."""
     return max(minimum, triton.next_power_of_2(max(int(x), 1)))
+
+
+def head_dim_split(head_dim: int) -> tuple[int, int]:
+    """Column chunks ``(BLOCK_D, BLOCK_D1)`` covering ``head_dim``: one power of two when
+    that wastes nothing or the split would not save work (``BLOCK_D1 = 0``), else the
+    largest power of two ``<= head_dim`` and the power of two covering the rest (80 -> 64 +
+    16, 96 -> 64 + 32, 200 -> 128 + 128 is no saving: 256)."""
+    full = pow2(head_dim)
+    low = max(16, 1 << (max(int(head_dim), 1).bit_length() - 1))
+    if low >= head_dim:
+        return full, 0
+    rest = pow2(head_dim - low)
+    return (low, rest) if low + rest < full else (full, 0)
 
 
 def default_blocks(
@@ -364,6 +427,7 @@ def plsh_forward_triton(
     interp = _interpreting()
     upcast = query.dtype == torch.bfloat16 and interp
     s_block, multi = sample_block(num_samples)
+    split_d, split_dv = head_dim_split(head_dim), head_dim_split(head_dim_v)
     grid = (n_q_tiles * batch * num_heads,)
     assert grid[0] < 2**31
     _fwd_kernel[grid](
@@ -394,8 +458,10 @@ def plsh_forward_triton(
         DV=head_dim_v,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
-        BLOCK_D=pow2(head_dim),
-        BLOCK_DV=pow2(head_dim_v),
+        BLOCK_D=split_d[0],
+        BLOCK_DV=split_dv[0],
+        BLOCK_D1=split_d[1],
+        BLOCK_DV1=split_dv[1],
         S_BLOCK=s_block,
         MULTI_CHUNK=multi,
         UPCAST=upcast,

@@ -402,3 +402,19 @@ def test_mode_follows_the_device():
         assert kind == "JITFunction" and _triton_interp.DEVICE.type == "cuda"
     else:
         assert kind == "InterpretedFunction" and _triton_interp.DEVICE.type == "cpu"
+
+
+@pytest.mark.parametrize("head_dims", [(48, 80), (96, 20)])
+def test_head_dims_split_in_two_column_chunks(head_dims):
+    """head_dim 48 = 32 + 16, 80 = 64 + 16, 96 = 64 + 32: two column chunks, not padding
+    to the next power of two; the reference all the same."""
+    d, dv = head_dims
+    assert triton_forward.head_dim_split(max(d, dv))[1] > 0
+    rng = np.random.default_rng(d + dv)
+    partition = draw_partition(np.array([4.0, 15.0]), 3, seed=d)
+    pos = np.arange(30)
+    q, k = (torch.from_numpy(rng.standard_normal((1, 2, 30, d))).half() for _ in range(2))
+    v = torch.from_numpy(rng.standard_normal((1, 2, 30, dv))).half()
+    ref, base = _reference(q, k, v, partition, pos, pos, True, 0.15, "float16")
+    out, lse = _run(q, k, v, partition, pos, pos, True, 0.15)
+    _check(out, lse, ref, base, "float16")
