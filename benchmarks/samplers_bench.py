@@ -73,9 +73,9 @@ def matrix_part(n, s, sigmas, reps, seed):
     return out
 
 
-def output_part(samples, reps, seed):
+def output_part(samples, reps, seed, max_tokens=None):
     data = load_qkv(None)
-    q, k, v = data["query"], data["key"], data["value"]
+    q, k, v = (data[x][:, :, :max_tokens] for x in ("query", "key", "value"))
     slopes = alibi_slopes(q.shape[1])
     sigma = sigma_from_slopes(slopes)
     n = k.shape[2]
@@ -200,6 +200,7 @@ def main(argv=None) -> int:
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--output-samples", type=int, nargs="+", default=[16, 64])
     parser.add_argument("--output-reps", type=int, default=5)
+    parser.add_argument("--max-tokens", type=int, default=None, help="first N tokens only")
     parser.add_argument("--seed", type=int, default=0, help="base seed (default: 0)")
     parser.add_argument("--out", type=Path, default=Path("."), help="output directory")
     args = parser.parse_args(argv)
@@ -211,7 +212,7 @@ def main(argv=None) -> int:
         return 2
     t0 = time.perf_counter()
     mat = matrix_part(args.n, args.num_samples, args.sigma, args.reps, args.seed)
-    outp = output_part(args.output_samples, args.output_reps, args.seed)
+    outp = output_part(args.output_samples, args.output_reps, args.seed, args.max_tokens)
     seconds = time.perf_counter() - t0
     meta = run_metadata()
     date = dt.datetime.now(dt.timezone.utc).date().isoformat()

@@ -588,3 +588,24 @@ def test_train_lm_sampler_option(tmp_path, capsys):
     assert {core.sampler for core in model.attention_cores()} == {"stratified"}
     assert main(["train-lm", "--sampler", "lhs"]) == 2
     assert capsys.readouterr().err.startswith("plsh train-lm: error: sampler")
+
+
+def test_samplers_bench_runs_and_reports(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "samplers_bench.py"
+    spec = importlib.util.spec_from_file_location("samplers_bench", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    argv = ["--n", "48", "--num-samples", "16", "--sigma", "4", "--reps", "3"]
+    argv += ["--output-samples", "4", "--output-reps", "2", "--max-tokens", "32"]
+    assert bench.main([*argv, "--out", str(tmp_path)]) == 0
+    (md,) = tmp_path.glob("samplers_*.md")
+    (js,) = tmp_path.glob("samplers_*.json")
+    assert "| 4 |" in md.read_text() and "other processes shared the machine" in md.read_text()
+    record = json.loads(js.read_text())
+    exact = record["matrix"]["stratified"]["frobenius_square_exact"][0]
+    assert exact == pytest.approx(S.frobenius_error_square(4.0, 48, 16, sampler="stratified"))
+    assert np.array(record["output"]["iid"]["rel_fro"]).shape == (1, 2)
