@@ -8,8 +8,8 @@ the forward's groups and the CPU path's key-range plan (sorted positions, tiles,
 ranges, tile groups) are kept on the autograd context and reused by the backward instead
 of being recomputed. Under ``torch.compile`` the same two functions run inside the
 ``plsh::attention`` custom operator (:mod:`plsh_fast.ops`); custom operators pass only
-tensors between forward and backward, so there the backward plans again (host work of
-``O(s n)``, no extra pass over query/key/value).
+tensors between forward and backward, so there the CPU plans travel as one int64 tensor
+(:func:`plans_to_tensor`, :func:`attach_plans`) and are reused all the same.
 
 A gradient flowing into the returned LSE is supported on both backends without a second
 kernel: ``d lse_i / d S_ij = P_ij``, and the backends compute ``dS = P o (dO V^T - delta)``
@@ -34,7 +34,15 @@ from torch.autograd.function import once_differentiable
 
 from .padding import group_batch
 
-__all__ = ["PLSHAttentionFunction", "attention_backward", "attention_forward", "kernels"]
+__all__ = [
+    "PLSHAttentionFunction",
+    "attach_plans",
+    "attention_backward",
+    "attention_forward",
+    "kernels",
+    "lse_dtype",
+    "plans_to_tensor",
+]
 
 
 def kernels(backend: str):
@@ -142,16 +150,20 @@ def attention_backward(
     causal: bool,
     backend: str,
     groups=None,
+    plans=None,
 ):
     """``(grad_query, grad_key, grad_value)`` of :func:`attention_forward`.
 
     ``grad_out`` or ``grad_lse`` may be ``None`` (no gradient flows into that output).
-    ``groups``: the forward's (with their plans); recomputed when ``None``. Pad query
+    ``groups``: the forward's (with their plans); recomputed when ``None``, then given
+    the plans of ``plans`` (:func:`plans_to_tensor`) if passed. Pad query
     rows, pad keys and keys no query reaches get exactly zero gradient.
     """
     _, backward, _ = kernels(backend)
     if groups is None:
         groups = group_batch(query_positions, key_positions, attention_mask, query.shape[0])
+        if plans is not None and backend == "cpu":
+            attach_plans(groups, plans, pitch, offset, causal, query.dtype)
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     grad_out = grad_out.to(out.dtype)
@@ -197,6 +209,45 @@ def attention_backward(
     if augmented:
         grad_value = grad_value[..., :-1]
     return grad_query, grad_key, grad_value
+
+
+def plans_to_tensor(groups) -> torch.Tensor:
+    """The CPU plans of the forward's ``groups`` as one int64 1-D CPU tensor.
+
+    ``[number of groups, (size, plan tensor of :func:`plsh_fast.cpu.plan_to_tensor`) per
+    group]``, a size-1 ``[-2]`` for a group without a plan (Triton, or nothing admissible).
+    The compiled backward reads it back with :func:`attach_plans`.
+    """
+    from .cpu import plan_to_tensor
+
+    parts = [torch.tensor([len(groups)], dtype=torch.int64)]
+    for group in groups:
+        blob = (
+            plan_to_tensor(group.plan)
+            if group.plan is not None
+            else torch.full((1,), -2, dtype=torch.int64)
+        )
+        parts += [torch.tensor([blob.numel()], dtype=torch.int64), blob]
+    return torch.cat(parts)
+
+
+def attach_plans(groups, plans: torch.Tensor, pitch, offset, causal: bool, dtype) -> None:
+    """Give ``groups`` (recomputed by the backward, same order) the plans of
+    :func:`plans_to_tensor`; leaves them without when the group count differs."""
+    from .cpu import plan_from_tensor
+
+    if plans.numel() == 0 or int(plans[0]) != len(groups):
+        return
+    at = 1
+    for group in groups:
+        size = int(plans[at])
+        part = plans[at + 1 : at + 1 + size]
+        at += 1 + size
+        if size == 1 and int(part[0]) == -2:
+            continue
+        group.plan = plan_from_tensor(
+            part, pitch, offset, group.query_positions, group.key_positions, causal, dtype
+        )
 
 
 class PLSHAttentionFunction(torch.autograd.Function):

@@ -39,9 +39,12 @@ matrix:
    result is bit-identical to counting every row.
 6. Softmax with that bias, its LSE and the gradients are computed by torch's fused CPU
    flash-attention kernel (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its
-   backward) on the stacked tiles, in float32 (float64 for float64 inputs); when that
-   operator is missing or the value head_dim differs from the query's, a plain torch
-   implementation of the same formulas is used (:data:`USE_FUSED_TILES`). The backward
+   backward) on the stacked tiles, in float32 (float64 for float64 inputs; a value
+   head_dim different from the query's is zero-padded). That operator is private, so it is
+   used only on the torch releases it was verified on and after a once-per-process
+   self-check against the plain implementation (:func:`fused_tiles_available`); otherwise
+   a plain torch implementation of the same formulas (public operators only) runs
+   (:data:`USE_FUSED_TILES`). The backward
    recomputes the probabilities from the saved LSE (``proofs_notes/backward.md``).
 
 Memory is ``O(batch * CHUNK_ELEMENTS)`` per tile group in flight plus ``O(s n)`` int64
@@ -89,11 +92,15 @@ from .partition import bins
 
 __all__ = [
     "CHUNK_ELEMENTS",
+    "FUSED_TORCH_VERSIONS",
     "PATTERN_ROWS_FRACTION",
     "USE_FUSED_TILES",
     "executor",
+    "fused_tiles_available",
     "per_thread_limits_available",
     "plan_cpu",
+    "plan_from_tensor",
+    "plan_to_tensor",
     "plsh_backward_cpu",
     "plsh_forward_cpu",
     "tile_size",
@@ -116,6 +123,12 @@ USE_FUSED_TILES = True
 
 _MIN_TILE = 16
 _MAX_TILE = 128
+#: ``[first, last)`` torch ``(major, minor)`` releases on which the private fused operator
+#: was verified (:func:`fused_tiles_available`); 2.13 is the pinned one.
+FUSED_TORCH_VERSIONS = ((2, 3), (2, 14))
+
+_FUSED_OK: bool | None = None  # result of the version check and self-check, once
+_FUSED_LOCK = threading.Lock()
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 _FUSED_BACKWARD = getattr(
     torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
@@ -614,8 +627,51 @@ def _pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
     return x if x.shape[-1] == size else torch.nn.functional.pad(x, (0, size - x.shape[-1]))
 
 
-def _use_fused() -> bool:
-    return USE_FUSED_TILES and _FUSED is not None and _FUSED_BACKWARD is not None
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split("+")[0].split(".")[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def fused_tiles_available() -> bool:
+    """Whether the tiles run on torch's private fused CPU flash-attention operator.
+
+    ``aten::_scaled_dot_product_flash_attention_for_cpu`` (and its backward) is private:
+    its presence, signature, LSE convention and mask semantics may change between torch
+    releases. It is used only when :data:`USE_FUSED_TILES` is set, both operators exist,
+    the torch version lies in :data:`FUSED_TORCH_VERSIONS` (the releases it was verified
+    on), and a self-check passes once per process: on a small seeded problem with masked
+    (``-inf``) and finite bias entries its output, LSE and gradients must match the plain
+    torch implementation to float32 rounding. Otherwise the plain implementation runs
+    (same formulas, module step 6). The self-check uses its own generator (the global RNG
+    is untouched) and runs under ``no_grad``.
+    """
+    global _FUSED_OK
+    if not USE_FUSED_TILES or _FUSED is None or _FUSED_BACKWARD is None:
+        return False
+    if _FUSED_OK is None:
+        with _FUSED_LOCK:
+            if _FUSED_OK is None:
+                low, high = FUSED_TORCH_VERSIONS
+                _FUSED_OK = low <= _torch_version() < high and _fused_self_check()
+    return _FUSED_OK
+
+
+def _fused_self_check() -> bool:
+    """The fused operator agrees with :func:`_plain_tiles_forward` / backward (see above)."""
+    g = torch.Generator().manual_seed(20261201)
+    q, k, v, dout = (torch.randn(1, 2, m, 8, generator=g) for m in (5, 7, 7, 5))
+    bias = torch.log(torch.randint(0, 4, (1, 2, 5, 7), generator=g).float() / 3.0)
+    bias[..., 0] = 0.0  # every row has an admissible key
+    try:
+        with torch.no_grad():
+            out, lse = _fused_tiles_forward(q, k, v, bias, 0.3)
+            ref_out, ref_lse = _plain_tiles_forward(q, k, v, bias, 0.3)
+            grads = _fused_tiles_backward(dout, q, k, v, out, lse, bias, 0.3)
+            ref_grads = _plain_tiles_backward(dout, q, k, v, ref_out, ref_lse, bias, 0.3)
+    except (RuntimeError, TypeError, ValueError):
+        return False
+    pairs = [(out, ref_out), (lse, ref_lse), *zip(grads, ref_grads)]
+    return all(a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in pairs)
 
 
 def _tiles_forward(q, k, v, bias, scale):
@@ -624,16 +680,24 @@ def _tiles_forward(q, k, v, bias, scale):
     ``q`` (B, G, T, d), ``k`` (B, G, W, d), ``v`` (B, G, W, dv), ``bias`` (B, G, T, W).
     Rows whose bias is masked everywhere give meaningless results (the caller resets them).
     """
-    if _use_fused():
-        width = max(q.shape[-1], v.shape[-1])
-        out, lse = _FUSED(
-            _pad_last(q, width),
-            _pad_last(k, width),
-            _pad_last(v, width),
-            attn_mask=bias,
-            scale=scale,
-        )
-        return out[..., : v.shape[-1]], lse.to(q.dtype)
+    if fused_tiles_available():
+        return _fused_tiles_forward(q, k, v, bias, scale)
+    return _plain_tiles_forward(q, k, v, bias, scale)
+
+
+def _fused_tiles_forward(q, k, v, bias, scale):
+    width = max(q.shape[-1], v.shape[-1])
+    out, lse = _FUSED(
+        _pad_last(q, width),
+        _pad_last(k, width),
+        _pad_last(v, width),
+        attn_mask=bias,
+        scale=scale,
+    )
+    return out[..., : v.shape[-1]], lse.to(q.dtype)
+
+
+def _plain_tiles_forward(q, k, v, bias, scale):
     logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
     row_max = logits.amax(dim=-1, keepdim=True)
     probs = logits.sub_(row_max).exp_()
@@ -644,23 +708,31 @@ def _tiles_forward(q, k, v, bias, scale):
 
 def _tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
     """Gradients of :func:`_tiles_forward` given its output and LSE (finite on every row)."""
-    if _use_fused():
-        width = max(q.shape[-1], v.shape[-1])
-        dv = v.shape[-1]
-        gq, gk, gv = _FUSED_BACKWARD(
-            _pad_last(grad_out, width),
-            _pad_last(q, width),
-            _pad_last(k, width),
-            _pad_last(v, width),
-            _pad_last(out, width),
-            lse.to(torch.float32) if q.dtype != torch.float64 else lse,
-            0.0,
-            False,
-            attn_mask=bias,
-            scale=scale,
-        )
-        d = q.shape[-1]
-        return gq[..., :d], gk[..., :d], gv[..., :dv]
+    if fused_tiles_available():
+        return _fused_tiles_backward(grad_out, q, k, v, out, lse, bias, scale)
+    return _plain_tiles_backward(grad_out, q, k, v, out, lse, bias, scale)
+
+
+def _fused_tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
+    width = max(q.shape[-1], v.shape[-1])
+    dv = v.shape[-1]
+    gq, gk, gv = _FUSED_BACKWARD(
+        _pad_last(grad_out, width),
+        _pad_last(q, width),
+        _pad_last(k, width),
+        _pad_last(v, width),
+        _pad_last(out, width),
+        lse.to(torch.float32) if q.dtype != torch.float64 else lse,
+        0.0,
+        False,
+        attn_mask=bias,
+        scale=scale,
+    )
+    d = q.shape[-1]
+    return gq[..., :d], gk[..., :d], gv[..., :dv]
+
+
+def _plain_tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
     logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
     probs = logits.sub_(lse[..., None]).exp_()
     delta = (grad_out * out).sum(dim=-1, keepdim=True)
@@ -679,6 +751,60 @@ def plan_cpu(pitch, offset, query_positions, key_positions, causal: bool, dtype)
     a forward and its backward plan once; its tile groups are computed on first use.
     """
     return _plan(pitch, offset, query_positions, key_positions, causal, _compute_dtype(dtype))
+
+
+_SPEC_HEADER = 6  # head, tile, width, tiles in the group, samples, has causal cut
+
+
+def plan_to_tensor(plan: _Plan) -> torch.Tensor:
+    """The plan's tile groups as one int64 1-D CPU tensor (for :func:`plan_from_tensor`).
+
+    Custom operators pass only tensors from a forward to its backward
+    (:mod:`plsh_fast.ops`); this is how the compiled backward reuses the forward's plan.
+    ``[-1]`` when the forward built no tile groups (empty inputs).
+    """
+    if plan.specs is None:
+        return torch.full((1,), -1, dtype=torch.int64)
+    parts = [torch.tensor([len(plan.specs)], dtype=torch.int64)]
+    for h, tile, w, sel, lo, st, en, cut, new in plan.specs:
+        header = [h, tile, w, sel.numel(), st.shape[0], cut is not None]
+        parts += [torch.tensor(header, dtype=torch.int64), sel, lo, st.reshape(-1), en.reshape(-1)]
+        if cut is not None:
+            parts.append(cut.reshape(-1))
+        parts.append(new.reshape(-1).to(torch.int64))
+    return torch.cat(parts)
+
+
+def plan_from_tensor(
+    blob: torch.Tensor, pitch, offset, query_positions, key_positions, causal: bool, dtype
+) -> _Plan:
+    """The plan of :func:`plan_cpu` with the tile groups decoded from :func:`plan_to_tensor`.
+
+    Sort orders and tile heights are recomputed (``O(n)``); the block ranges and tile
+    groups (the expensive part) are read from ``blob``.
+    """
+    plan = plan_cpu(pitch, offset, query_positions, key_positions, causal, dtype)
+    count = int(blob[0])
+    if count < 0:
+        return plan
+    specs, at = [], 1
+    for _ in range(count):
+        h, tile, w, g, s, has_cut = blob[at : at + _SPEC_HEADER].tolist()
+        at += _SPEC_HEADER
+
+        def take(size, shape):
+            nonlocal at
+            out = blob[at : at + size].view(shape)
+            at += size
+            return out
+
+        sel, lo = take(g, (g,)), take(g, (g,))
+        st, en = take(s * g * tile, (s, g, tile)), take(s * g * tile, (s, g, tile))
+        cut = take(g * tile, (g, tile)) if has_cut else None
+        new = take(g * tile, (g, tile)).bool()
+        specs.append((h, tile, w, sel, lo, st, en, cut, new))
+    plan.specs = specs
+    return plan
 
 
 def _prepare(query, key, value, pitch, offset, query_positions, key_positions, causal, plan):

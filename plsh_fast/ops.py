@@ -14,8 +14,11 @@ Everything the kernels need is a tensor or a constant: the partition's ``pitch``
 ``(batch, n)``), the optional key-padding mask; ``scale``, ``causal`` and ``backend`` are
 constants of the graph (changing them compiles again).
 
-Differences from eager mode: the backward plans again instead of reusing the forward's
-plan (operators pass tensors only); the checks that read tensor values in
+The forward also returns the CPU path's plan (block ranges and tile groups) as an int64
+tensor of data-dependent length, saved for the backward, which reuses it as the eager
+backward does (:func:`plsh_fast.autograd.plans_to_tensor`).
+
+Differences from eager mode: the checks that read tensor values in
 :func:`plsh_fast.plsh_attention` (finiteness, position and bin range, partition values)
 are skipped while compiling; the mask's 0/1 values and per-sequence position ranges are
 still checked, at run time, inside the operator (:func:`plsh_fast.padding.group_batch`).
@@ -32,7 +35,7 @@ import torch
 
 from .autograd import attention_backward as _backward_impl
 from .autograd import attention_forward as _forward_impl
-from .autograd import lse_dtype
+from .autograd import lse_dtype, plans_to_tensor
 
 __all__ = ["attention", "attention_backward", "training_partition"]
 
@@ -50,14 +53,16 @@ def attention(
     scale: float,
     causal: bool,
     backend: str,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(out, lse)``: :func:`plsh_fast.autograd.attention_forward` as an operator.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, lse, plans)``: :func:`plsh_fast.autograd.attention_forward` as an operator.
 
     Arguments validated by :func:`plsh_fast.plsh_attention` (shapes there). Returns
-    ``out`` ``(batch, num_heads, n_q, head_dim_v)`` in the query dtype and ``lse``
-    ``(batch, num_heads, n_q)`` float32 (float64 for float64 inputs).
+    ``out`` ``(batch, num_heads, n_q, head_dim_v)`` in the query dtype, ``lse``
+    ``(batch, num_heads, n_q)`` float32 (float64 for float64 inputs), and the CPU plans
+    as an int64 CPU tensor of data-dependent length (:func:`plsh_fast.autograd.plans_to_tensor`;
+    for the backward, not differentiable).
     """
-    out, lse, _ = _forward_impl(
+    out, lse, groups = _forward_impl(
         query,
         key,
         value,
@@ -70,7 +75,8 @@ def attention(
         causal,
         backend,
     )
-    return out.contiguous(), lse.to(lse_dtype(query.dtype)).contiguous()
+    plans = plans_to_tensor(groups) if backend == "cpu" else torch.zeros(0, dtype=torch.int64)
+    return out.contiguous(), lse.to(lse_dtype(query.dtype)).contiguous(), plans
 
 
 @attention.register_fake
@@ -81,7 +87,8 @@ def _attention_fake(
     batch, num_heads, n_q, _ = query.shape
     out = query.new_empty(batch, num_heads, n_q, value.shape[3])
     lse = query.new_empty(batch, num_heads, n_q, dtype=lse_dtype(query.dtype))
-    return out, lse
+    plans = torch.empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
+    return out, lse, plans
 
 
 @torch.library.custom_op("plsh::attention_backward", mutates_args=())
@@ -98,11 +105,13 @@ def attention_backward(
     query_positions: torch.Tensor,
     key_positions: torch.Tensor,
     attention_mask: torch.Tensor | None,
+    plans: torch.Tensor,
     scale: float,
     causal: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(grad_query, grad_key, grad_value)``: :func:`plsh_fast.autograd.attention_backward`."""
+    """``(grad_query, grad_key, grad_value)``: :func:`plsh_fast.autograd.attention_backward`
+    with the forward's ``plans``."""
     grads = _backward_impl(
         query,
         key,
@@ -119,6 +128,7 @@ def attention_backward(
         scale,
         causal,
         backend,
+        plans=plans,
     )
     # Contiguous, as the fake implementation promises, and never aliasing an input.
     return tuple(
@@ -144,16 +154,17 @@ def _attention_backward_fake(grad_out, grad_lse, query, key, value, *_):
 
 def _setup_context(ctx, inputs, output):
     (query, key, value, pitch, offset, qpos, kpos, mask, scale, causal, backend) = inputs
-    out, lse = output
-    ctx.save_for_backward(query, key, value, out, lse, pitch, offset, qpos, kpos, mask)
+    out, lse, plans = output
+    ctx.mark_non_differentiable(plans)
+    ctx.save_for_backward(query, key, value, out, lse, pitch, offset, qpos, kpos, mask, plans)
     ctx.scale, ctx.causal, ctx.backend = scale, causal, backend
     # An unused output then gets ``None`` instead of a zeros tensor: no LSE column is
     # appended when only ``out`` is used (the eager Function does the same).
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out, grad_lse):
-    query, key, value, out, lse, pitch, offset, qpos, kpos, mask = ctx.saved_tensors
+def _backward(ctx, grad_out, grad_lse, _grad_plans):
+    query, key, value, out, lse, pitch, offset, qpos, kpos, mask, plans = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     gq, gk, gv = attention_backward(
@@ -169,6 +180,7 @@ def _backward(ctx, grad_out, grad_lse):
         qpos,
         kpos,
         mask,
+        plans,
         ctx.scale,
         ctx.causal,
         ctx.backend,

@@ -206,3 +206,51 @@ def test_tensor_partitions_are_checked_in_eager_mode():
         with pytest.raises(error, match="^partition:"):
             plsh_attention(q, q, q, partition=partition)
     plsh_attention(q, q, q, partition=(-core.pitch, core.offset), check_finite=False)  # opted out
+
+
+def test_compiled_backward_reuses_the_forward_plan(monkeypatch):
+    """The CPU plan travels from the forward operator to the backward one as a tensor."""
+    import plsh_fast.cpu as cpu
+
+    planned = []
+    real = cpu._Plan.head_specs
+
+    def counting(self, h):
+        planned.append(h)
+        return real(self, h)
+
+    monkeypatch.setattr(cpu._Plan, "head_specs", counting)
+    layer = PLSHSelfAttention(16, 4, num_samples=4, seed=5, resample="fixed")
+    compiled = torch.compile(layer, fullgraph=True, backend=Counting())
+    x = torch.randn(2, 24, 16)
+    y, gx = _grads(compiled, x)
+    assert sorted(planned) == [0, 1, 2, 3]  # each head planned once, by the forward
+    planned.clear()
+    y_eager, gx_eager = _grads(layer, x)
+    assert sorted(planned) == [0, 1, 2, 3]  # the same in eager mode
+    torch.testing.assert_close(gx, gx_eager, rtol=0, atol=0)
+    # negative control: a backward without the plans plans again
+    planned.clear()
+    cpu.plan_from_tensor(torch.tensor([-1]), layer.attention.pitch, layer.attention.offset,
+                         torch.arange(24), torch.arange(24), True, torch.float32)  # fmt: skip
+    plan = cpu.plan_cpu(layer.attention.pitch, layer.attention.offset, torch.arange(24),
+                        torch.arange(24), True, torch.float32)  # fmt: skip
+    cpu._chunk_specs(plan, 1)
+    assert sorted(planned) == [0, 1, 2, 3]
+
+
+def test_plan_tensor_round_trip():
+    import plsh_fast.cpu as cpu
+
+    core = PLSHAttention(4, 5, seed=9)
+    pos = torch.arange(300)
+    plan = cpu.plan_cpu(core.pitch, core.offset, pos, pos, True, torch.float32)
+    specs = cpu._chunk_specs(plan, 1)
+    back = cpu.plan_from_tensor(
+        cpu.plan_to_tensor(plan), core.pitch, core.offset, pos, pos, True, torch.float32
+    )
+    assert len(back.specs) == len(specs) > 1
+    for a, b in zip(specs, back.specs):
+        assert a[:3] == b[:3]
+        for x, y in zip(a[3:], b[3:]):
+            assert (x is None and y is None) or torch.equal(x, y)
