@@ -275,3 +275,21 @@ def test_verify_slopes_catches_rounding_only_from_nine_heads():
     report = check_slopes_function(lambda h: round_to_dtype(alibi_slopes(h), "bfloat16"), 16)
     assert report.wrong == list(range(9, 17)) and not report.passed()
     assert 0 < report.max_relative_error <= 2.0**-8  # round to nearest: half a bf16 ulp
+
+
+def test_a_run_where_every_case_is_skipped_fails(capsys):
+    def kernel(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+        raise AssertionError("never called")
+
+    kernel.supports = {"causal": False, "bidirectional": False}
+    from plsh_ref.testing.battery import battery
+
+    results = [check_case(kernel, spec.build()) for _, spec in battery()]
+    assert all(r.skipped and not r.passed and r.status == "skip" for r in results)
+
+
+def test_cli_run_where_every_case_is_skipped_exits_1(capsys):
+    code, out, _ = verify(
+        capsys, f"{EX}:numpy_alibi", "--unsupported", "causal,bidirectional", "--cases", "5"
+    )
+    assert code == 1 and "FAIL: no case ran (every case was skipped)" in out

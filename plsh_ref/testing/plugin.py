@@ -97,11 +97,11 @@ def plsh_kernel(request):
     target = request.config.getoption("--plsh-kernel")
     if target is None:
         pytest.skip("no --plsh-kernel MODULE:FUNCTION given")
-    from .suite import KernelContractError, check_signature, load_kernel
+    from .suite import KernelContractError, check_signature, load_kernel, slope_mode
 
     try:
         kernel = load_kernel(target)
-        check_signature(kernel, request.config.getoption("--plsh-kind"))
+        check_signature(kernel, request.config.getoption("--plsh-kind"), slope_mode(kernel))
     except KernelContractError as exc:
         pytest.fail(str(exc), pytrace=False)
     return kernel
