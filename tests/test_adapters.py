@@ -114,3 +114,28 @@ def test_adapter_bad_arguments():
 
     result = check_case(from_bias_builder(needs_unknown), ProblemSpec().build(), framework="torch")
     assert not result.passed and "cannot supply argument(s) ['window']" in result.message
+
+
+def test_score_mod_through_the_real_flex_attention():
+    pytest.importorskip("torch.nn.attention.flex_attention")
+
+    def factory(num_heads, query_positions, key_positions):
+        m = torch.from_numpy(alibi_slopes(num_heads)).float()
+
+        def alibi(score, b, h, q_idx, kv_idx):
+            return score - m[h] * (query_positions[b, q_idx] - key_positions[b, kv_idx]).abs()
+
+        return alibi
+
+    def by_index(score, b, h, q_idx, kv_idx):  # FlexAttention indices, not positions
+        return score - torch.exp2(-(h + 1) * 8.0 / 4) * (q_idx - kv_idx).abs()
+
+    good = from_score_mod(factory=factory, flex=True)
+    bad = from_score_mod(by_index, flex=True)
+    cases = dict(battery(dtypes=DTYPES, slopes="standard"))
+    for name in ("decode_chunk", "gqa_grouped", "left_padding_masked", "no_keys"):
+        result = check_case(good, cases[name].build(), framework="torch")
+        assert result.passed, (name, result.message)
+    assert not check_case(bad, cases["decode_chunk"].build(), framework="torch").passed
+    with pytest.raises(TypeError, match="^flex"):
+        from_score_mod(by_index, flex="yes")

@@ -33,6 +33,7 @@ Arguments a bias builder or score_mod factory may ask for (by parameter name):
 from __future__ import annotations
 
 import inspect
+import warnings
 
 __all__ = ["from_bias_builder", "from_hf_attention", "from_score_mod"]
 
@@ -247,7 +248,13 @@ def from_bias_builder(build, *, slopes: str = "standard", supports=None, name=No
 
 
 def from_score_mod(
-    score_mod=None, *, factory=None, slopes: str = "standard", supports=None, name=None
+    score_mod=None,
+    *,
+    factory=None,
+    slopes: str = "standard",
+    flex: bool = False,
+    supports=None,
+    name=None,
 ):
     """A kernel from a FlexAttention ``score_mod`` (or a factory building one per problem).
 
@@ -266,6 +273,10 @@ def from_score_mod(
         Exactly one of ``score_mod`` and ``factory``.
     slopes, supports, name
         As :func:`from_bias_builder`.
+    flex : bool
+        Run the real ``torch.nn.attention.flex_attention.flex_attention`` (eager) with the
+        ``score_mod`` and a ``mask_mod`` for the causal and padding masks, instead of the
+        broadcast evaluation.
 
     Returns
     -------
@@ -275,7 +286,8 @@ def from_score_mod(
     Raises
     ------
     TypeError
-        If neither or both of ``score_mod`` and ``factory`` are given, or not callable.
+        If neither or both of ``score_mod`` and ``factory`` are given, or not callable, or
+        ``flex`` is not a bool.
     ValueError
         On an unknown ``slopes``.
     """
@@ -284,12 +296,16 @@ def from_score_mod(
     fn = score_mod if score_mod is not None else factory
     if not callable(fn):
         raise TypeError(f"score_mod: must be callable, got {type(fn).__name__}")
+    if not isinstance(flex, bool):
+        raise TypeError(f"flex: must be a bool, got {type(flex).__name__}")
 
     def run(query, key, value, slope_values, causal, scale, qpos, kpos, mask):
         import torch
 
         context = _context(query, key, slope_values, qpos, kpos, mask)
         mod = score_mod if score_mod is not None else _call_with_context(factory, context)
+        if flex:
+            return _flex(query, key, value, mod, context, causal, scale)
         batch, h, n_q, n_k = (context[k] for k in ("batch", "num_heads", "n_q", "n_k"))
         dev = query.device
         k = _expand_kv(key, h).float()
@@ -309,6 +325,39 @@ def from_score_mod(
         return (weights @ _expand_kv(value, h).float()).to(query.dtype)
 
     return _kernel(run, slopes, supports, name or getattr(fn, "__name__", "score_mod"))
+
+
+def _flex(query, key, value, mod, context, causal, scale):
+    """The real FlexAttention (eager) with a mask_mod for causal-by-position and padding."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    qpos, kpos = context["query_positions"], context["key_positions"]
+    keep = context["attention_mask"] != 0
+    batch, h, n_q, n_k = (context[k] for k in ("batch", "num_heads", "n_q", "n_k"))
+    if n_q == 0 or n_k == 0:
+        return query.new_zeros(batch, h, n_q, value.shape[3])
+
+    def mask_mod(b, hh, q_idx, kv_idx):
+        ok = keep[b, kv_idx]
+        if causal:
+            ok = ok & (kpos[b, kv_idx] <= qpos[b, q_idx])
+        return ok
+
+    block_mask = create_block_mask(mask_mod, batch, None, n_q, n_k, device=str(query.device))
+    with warnings.catch_warnings():
+        # eager FlexAttention warns that it is unfused; the values are what is checked
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        out = flex_attention(
+            query,
+            key,
+            value,
+            score_mod=mod,
+            block_mask=block_mask,
+            scale=scale,
+            enable_gqa=key.shape[1] != h,
+        )
+    empty = ~_admissible(context, causal).any(dim=-1, keepdim=True)
+    return out.masked_fill(empty, 0.0)
 
 
 class _AttentionModule:
