@@ -193,3 +193,29 @@ CORRECT = {
     "correct_given": make_kernel("correct_given"),
     "correct_standard": make_kernel("correct_standard", standard=True),
 }
+
+
+def torch_positions_in_input_dtype(
+    query, key, value, *, slopes, causal, scale, query_positions, key_positions
+):
+    """torch, broken: positions cast to the dtype of ``query`` before the distance."""
+    import torch
+
+    n_q, n_k = query.shape[2], key.shape[2]
+    kp = torch.arange(n_k) if key_positions is None else key_positions
+    qp = torch.arange(n_q) + (n_k - n_q) if query_positions is None else query_positions
+    qp, kp = qp.to(query.dtype).float(), kp.to(query.dtype).float()  # the bug
+    bias = -slopes.float()[:, None, None] * (qp[:, None] - kp[None, :]).abs()
+    if causal:
+        bias = bias.masked_fill(kp[None, None, :] > qp[None, :, None], float("-inf"))
+    group = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(group, dim=1).float()
+    v = value.repeat_interleave(group, dim=1).float()
+    c = query.shape[-1] ** -0.5 if scale is None else scale
+    logits = (query.float() @ k.transpose(-1, -2)) * c + bias
+    empty = torch.isneginf(logits).all(dim=-1, keepdim=True)
+    w = torch.softmax(logits, dim=-1).nan_to_num(0.0).masked_fill(empty, 0.0)
+    return (w @ v).to(query.dtype)
+
+
+torch_positions_in_input_dtype.supports = {"batch_positions": False}

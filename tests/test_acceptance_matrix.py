@@ -90,3 +90,20 @@ def test_default_run_passes_correct_kernels(tmp_path, capsys, name):
     assert code == 0 and report["failed"] == 0 and report["skipped"] == 0, report
     assert report["passed"] == len(report["cases"]) >= 50 + 25
     assert seconds < 60, seconds
+
+
+def test_torch_positions_in_the_input_dtype_are_caught_on_every_seed():
+    """A torch kernel casting positions to the input dtype is exact in float32; the
+    bfloat16 battery cases with positions beyond 256 catch it on every seed."""
+    pytest.importorskip("torch")
+    dtypes = ("float16", "bfloat16", "float32")
+    kernel = K.torch_positions_in_input_dtype
+    for seed in SEEDS:
+        results = {
+            name: check_case(kernel, spec.build(), framework="torch")
+            for name, spec in battery(seed=seed, dtypes=dtypes)
+        }
+        failed = [name for name, r in results.items() if r.status == "FAIL"]
+        assert "positions_beyond_256_bfloat16" in failed, (seed, failed)
+        assert "positions_far_from_zero_bfloat16" in failed
+        assert "positions_beyond_256" not in failed  # float32 positions are exact there

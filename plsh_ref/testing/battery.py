@@ -34,6 +34,8 @@ case                               bug class it targets
 ``scale_not_default``              a kernel that ignores ``scale``
 ``default_scale``                  a wrong default scale (``1``, ``1/d``)
 ``random_slopes``                  a kernel that ignores the slopes it is given
+``positions_beyond_256_<half>``,   positions cast to the input dtype (bf16 is inexact
+``positions_far_from_zero_<half>`` beyond 256, fp16 overflows at 65504)
 ``peaked_softmax_<half>``          unstable softmax in low precision
 =================================  ===================================================
 
@@ -138,6 +140,8 @@ def battery(
     if half is not None:
         cases += [
             (f"heads_16_{half}", dict(num_heads=16, num_heads_kv=16, n_q=24, n_k=24, dtype=half)),
+            (f"positions_beyond_256_{half}", dict(offset=300, n_q=8, n_k=8, dtype=half)),
+            (f"positions_far_from_zero_{half}", dict(offset=2**20 - 3, n_q=8, n_k=8, dtype=half)),
             (
                 f"peaked_softmax_{half}",
                 dict(dtype=half, head_dim=16, head_dim_v=16, amplitude=4.0, n_q=16, n_k=16),
