@@ -12,7 +12,7 @@
   against plain attention in the kernel's dtype, :func:`plain_attention_numpy` and
   :func:`plain_attention_torch` (:mod:`plsh_ref.testing.baseline`);
 * the deterministic edge battery, one named case per known bug class
-  (:func:`battery`, :mod:`plsh_ref.testing.battery`);
+  (:func:`plsh_ref.testing.battery.battery`);
 * adapters for bias builders, FlexAttention score_mods and HF attention functions
   (:func:`from_bias_builder`, :func:`from_score_mod`, :func:`from_hf_attention`,
   :mod:`plsh_ref.testing.adapters`);
@@ -54,7 +54,6 @@ _EXPORTS = {
     "check_case": "suite",
     "check_signature": "suite",
     "load_kernel": "suite",
-    "battery": "battery",
     "from_bias_builder": "adapters",
     "from_hf_attention": "adapters",
     "from_score_mod": "adapters",
