@@ -316,3 +316,16 @@ def test_activation_checkpointing_with_a_fixed_partition_gives_the_same_gradient
         y.square().sum().backward()
         grads.append(layer.q_proj.weight.grad.clone())
     assert torch.equal(grads[0], grads[1])
+
+
+def test_deprecated_names_still_work_with_a_warning():
+    """backend="fast" is "auto" and bias= is projection_bias, for one release."""
+    with pytest.warns(DeprecationWarning, match="^backend:"):
+        core = PLSHAttention(4, 4, seed=0, backend="fast")
+    assert core.backend == "auto"
+    with pytest.warns(DeprecationWarning, match="^bias:"):
+        layer = PLSHSelfAttention(16, 4, bias=True, attention=PLSHAttention(4, 4, seed=0))
+    assert layer.q_proj.bias is not None
+    assert PLSHSelfAttention(16, 4, projection_bias=False).q_proj.bias is None
+    with pytest.raises(TypeError, match="^projection_bias:"):
+        PLSHSelfAttention(16, 4, projection_bias="yes")
