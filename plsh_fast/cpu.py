@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -473,6 +474,7 @@ def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) ->
 
 
 _POOL: ThreadPoolExecutor | None = None
+_POOL_PID: int | None = None  # process that created the pool (a forked child makes its own)
 _POOL_LOCK = threading.Lock()
 _LIMITS: tuple | None = None  # (omp_set_num_threads, mkl_set_num_threads_local or None)
 _LIMITS_FOUND = False
@@ -534,18 +536,22 @@ def executor(workers: int) -> ThreadPoolExecutor | None:
     """The module's worker pool with at least ``workers`` threads, or ``None``.
 
     Created lazily on first use and reused by every call; replaced by a larger pool when a
-    call wants more workers (the old one finishes its queued work and exits). ``None``
+    call wants more workers (the old one finishes its queued work and exits), and made
+    anew in a process forked after its creation (whose copy has no threads). ``None``
     when per-thread thread limits are unavailable (:func:`per_thread_limits_available`).
     """
-    global _POOL
+    global _POOL, _POOL_PID
     if not per_thread_limits_available():
         return None
     with _POOL_LOCK:
+        if _POOL is not None and _POOL_PID != os.getpid():
+            _POOL = None  # inherited through fork: its threads do not exist in this process
         if _POOL is None or _POOL._max_workers < workers:
             old = _POOL
             _POOL = ThreadPoolExecutor(
                 workers, thread_name_prefix="plsh-cpu", initializer=_limit_this_thread
             )
+            _POOL_PID = os.getpid()
             if old is not None:
                 old.shutdown(wait=False)
         return _POOL

@@ -116,3 +116,26 @@ def _partition():
 
     core = PLSHAttention(4, 4, seed=0)
     return core.pitch, core.offset
+
+
+def test_a_forked_child_gets_its_own_pool(two_threads):
+    """A pool inherited through fork has no threads: the child must not wait on it."""
+    import multiprocessing
+
+    plsh_attention(*_inputs(), seed=0, num_samples=4)  # the parent's pool exists
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_child_call, args=(queue,))
+    child.start()
+    child.join(timeout=120)
+    if child.is_alive():  # the bug: the child waits for ever on the inherited pool
+        child.kill()
+        child.join()
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) is True
+
+
+def _child_call(queue):
+    torch.set_num_threads(2)
+    out = plsh_attention(*_inputs(), seed=0, num_samples=4)
+    queue.put(bool(torch.isfinite(out).all()))
