@@ -4,40 +4,40 @@
 the bugs seen in real kernels does not depend on what Hypothesis happens to draw. Each
 case is named after the bug class it targets (the report prints the name):
 
-=================================  ===================================================
-case                               bug class it targets
-=================================  ===================================================
-``heads_6``, ``_12``, ``_20``,     Press et al.'s rule for a number of heads that is
-``_40``                            not a power of two (wrong order, wrong interleave)
-``heads_16_float32``               slopes rounded to bf16/fp16 (inexact for H >= 9);
-                                   named after the main dtype (float32 if allowed)
-``heads_16_<half>``                H >= 9 with bfloat16/float16 inputs
-``gqa_grouped``                    GQA with 1 < H_kv < H (``h % H_kv`` instead of
-                                   ``h // group``)
-``gqa_single_kv``                  multi-query, H_kv = 1
-``decode_one_query``,              decode shapes 1 <= n_q < n_k, causal alignment of
-``decode_chunk``                   queries to the end of the keys
-``longer_queries``                 n_q > n_k: causal rows without an admissible key
-``bidirectional``,                 non-causal attention, sign of the bias on both sides
-``bidirectional_decode``           (``-m (p_i - p_j)`` without the absolute value)
-``no_keys``                        n_k = 0: every row empty (output 0, LSE -inf)
-``positions_beyond_256``           positions held in bfloat16 (inexact beyond 256)
-``positions_far_from_zero``        positions around 2**20 (fp16/bf16/fp32 positions)
-``sequence_longer_than_256``       bias tables or caches capped at 256 tokens
-``positions_with_gaps``            a kernel that ignores the positions it is given
-``per_sequence_positions``         batch > 1 with different positions per sequence
-``left_padding_masked``            HF left padding: pad keys masked, pad rows empty
-``padded_decode``                  padding with n_q < n_k
-``head_dim_not_power_of_two``      default scale from a padded head_dim
-``value_head_dim_differs``         value head_dim != key head_dim
-``batch``                          batch > 1, shared positions
-``scale_not_default``              a kernel that ignores ``scale``
-``default_scale``                  a wrong default scale (``1``, ``1/d``)
-``random_slopes``                  a kernel that ignores the slopes it is given
-``positions_beyond_256_<half>``,   positions cast to the input dtype (bf16 is inexact
-``positions_far_from_zero_<half>`` beyond 256, fp16 overflows at 65504)
-``peaked_softmax_<half>``          unstable softmax in low precision
-=================================  ===================================================
+====================================  ===================================================
+case                                  bug class it targets
+====================================  ===================================================
+``heads_6``, ``_12``, ``_20``,        Press et al.'s rule for a number of heads that is
+``_40``                               not a power of two (wrong order, wrong interleave)
+``heads_16_float32``                  slopes rounded to bf16/fp16 (inexact for H >= 9);
+                                      named after the main dtype (float32 if allowed)
+``heads_16_<half>``                   H >= 9 with bfloat16/float16 inputs
+``gqa_grouped``                       GQA with 1 < H_kv < H (``h % H_kv`` instead of
+                                      ``h // group``)
+``gqa_single_kv``                     multi-query, H_kv = 1
+``decode_one_query``,                 decode shapes 1 <= n_q < n_k, causal alignment of
+``decode_chunk``                      queries to the end of the keys
+``longer_queries``                    n_q > n_k: causal rows without an admissible key
+``bidirectional``,                    non-causal attention, sign of the bias on both sides
+``bidirectional_decode``              (``-m (p_i - p_j)`` without the absolute value)
+``no_keys``                           n_k = 0: every row empty (output 0, LSE -inf)
+``positions_beyond_256``              positions held in bfloat16 (inexact beyond 256)
+``positions_far_from_zero``           positions around 2**20 (fp16/bf16/fp32 positions)
+``sequence_longer_than_256``          bias tables or caches capped at 256 tokens
+``positions_with_gaps``               a kernel that ignores the positions it is given
+``per_sequence_positions``            batch > 1 with different positions per sequence
+``left_padding_masked``               HF left padding: pad keys masked, pad rows empty
+``padded_decode``                     padding with n_q < n_k
+``head_dim_not_power_of_two``         default scale from a padded head_dim
+``value_head_dim_differs``            value head_dim != key head_dim
+``batch``                             batch > 1, shared positions
+``scale_not_default``                 a kernel that ignores ``scale``
+``default_scale``                     a wrong default scale (``1``, ``1/d``)
+``random_slopes``                     a kernel that ignores the slopes it is given
+``positions_beyond_256_<half>``,      positions cast to the input dtype (bf16 is inexact
+``positions_far_from_zero_<half>``    beyond 256, fp16 overflows at 65504)
+``peaked_softmax_<half>``             unstable softmax in low precision
+====================================  ===================================================
 
 All problems are small (at most 300 tokens, one or two heads for the long ones), so
 the battery runs in a second or two against a numpy kernel.
