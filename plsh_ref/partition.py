@@ -259,21 +259,32 @@ def draw_partition(
     m = s // group
     pitch = np.empty((sig.shape[0], s))
     offset = np.empty((sig.shape[0], s))
-    for h, sigma_h in enumerate(sig):
-        rng = head_rng(seed, head_start + h)
-        if sampler == "iid":
+    if sampler == "iid":
+        for h, sigma_h in enumerate(sig):
+            rng = head_rng(seed, head_start + h)
             pitch[h] = rng.gamma(2.0, scale=sigma_h, size=s)
             offset[h] = pitch[h] * rng.random(s)
-            continue
-        if sampler == "stratified":
-            group_pitch = stratified_pitch(rng.random(m), sigma_h)
+        return PartitionSample(pitch, offset, sampler)
+    stratified = sampler == "stratified"
+    group_pitch = np.empty((sig.shape[0], m))
+    uniform = np.empty((sig.shape[0], m))
+    phase = np.empty((sig.shape[0], m))
+    order = np.empty((sig.shape[0], m), dtype=np.int64)
+    for h, sigma_h in enumerate(sig):
+        rng = head_rng(seed, head_start + h)
+        if stratified:
+            uniform[h] = rng.random(m)
         else:
-            group_pitch = rng.gamma(2.0, scale=sigma_h, size=m)
-        phase = (rng.random(m)[:, None] + np.arange(group)[None, :] / group) % 1.0
-        group_offset = group_pitch[:, None] * phase
-        order = rng.permutation(m) if sampler == "stratified" else np.arange(m)
-        pitch[h] = np.repeat(group_pitch[order], group)
-        offset[h] = group_offset[order].ravel()
+            group_pitch[h] = rng.gamma(2.0, scale=sigma_h, size=m)
+        phase[h] = rng.random(m)
+        order[h] = rng.permutation(m) if stratified else np.arange(m)
+    if stratified:  # F^-1 of Gamma(2, sigma) is sigma times that of Gamma(2, 1)
+        group_pitch = sig[:, None] * stratified_pitch(uniform, 1.0)
+    grid = (phase[:, :, None] + np.arange(group)[None, None, :] / group) % 1.0
+    group_offset = group_pitch[:, :, None] * grid
+    rows = np.arange(sig.shape[0])[:, None]
+    pitch[:] = np.repeat(group_pitch[rows, order], group, axis=1)
+    offset[:] = group_offset[rows, order].reshape(sig.shape[0], s)
     return PartitionSample(pitch, offset, sampler)
 
 

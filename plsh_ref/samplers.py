@@ -214,30 +214,33 @@ def stratified_pitch(uniform, sigma) -> np.ndarray:
 
     Parameters
     ----------
-    uniform : array_like of float, shape ``(m,)``
-        ``U_k`` in ``[0, 1)``.
+    uniform : array_like of float, shape ``(..., m)``
+        ``U_k`` in ``[0, 1)`` (strata on the last axis).
     sigma : float
         Scale, > 0 (tokens).
 
     Returns
     -------
     numpy.ndarray
-        float64 ``(m,)``, increasing, finite and > 0 (tokens).
+        float64, the shape of ``uniform``, increasing along the last axis, finite and > 0
+        (tokens).
 
     Raises
     ------
     ValueError, TypeError
-        ``uniform`` not one-dimensional or outside ``[0, 1)``; bad ``sigma``.
+        ``uniform`` zero-dimensional or outside ``[0, 1)``; bad ``sigma``.
 
     References
     ----------
     ``proofs_notes/samplers.md`` (unbiasedness).
     """
-    u = np.array(as_float_array("uniform", uniform, ndim=1), dtype=np.float64)
+    u = np.array(as_float_array("uniform", uniform), dtype=np.float64)
+    if u.ndim < 1:
+        raise ValueError("uniform: must have at least one dimension (strata last)")
     if np.any((u < 0) | (u >= 1)):
         raise ValueError("uniform: values must lie in [0, 1)")
     u[u == 0.0] = 2.0**-54
-    m = u.shape[0]
+    m = u.shape[-1]
     k = np.arange(m, dtype=np.float64)
     return gamma2_quantile((k + u) / m, ((m - k) - u) / m, sigma)
 
