@@ -626,3 +626,26 @@ def test_samplers_bench_runs_and_reports(tmp_path):
     exact = record["matrix"]["stratified"]["frobenius_square_exact"][0]
     assert exact == pytest.approx(S.frobenius_error_square(4.0, 48, 16, sampler="stratified"))
     assert np.array(record["output"]["iid"]["rel_fro"]).shape == (1, 2)
+
+
+def test_every_column_is_marginally_a_paper_hash():
+    # Kolmogorov-Smirnov of column 0's pitch over 6000 replicas against Gamma(2, sigma):
+    # P(D > 0.0316) <= 2 exp(-2 N 0.0316^2) = 1.3e-5 (DKW-Massart), the false-failure bound.
+    # Negative control: without the random group order column 0 would hold the lowest
+    # stratum's pitch (the smallest pitch of the replica), which the same test rejects.
+    sigma, s, g, reps = 4.0, 16, 4, 6000
+    part = replicas(sigma, s, reps, 12, sampler="stratified", group_size=g)
+    crit = math.sqrt(math.log(2 / 1.3e-5) / (2 * reps))
+
+    def ks(x):
+        x = np.sort(x)
+        cdf = 1 - pitch_sf(x, sigma)
+        i = np.arange(1, x.size + 1)
+        return max(np.max(i / x.size - cdf), np.max(cdf - (i - 1) / x.size))
+
+    assert ks(part.pitch[:, 0]) < crit
+    assert ks(part.pitch.min(axis=1)) > crit
+    # its offset is uniform on [0, pitch): phase = offset / pitch against U[0, 1)
+    u = np.sort(part.offset[:, 0] / part.pitch[:, 0])
+    i = np.arange(1, reps + 1)
+    assert max(np.max(i / reps - u), np.max(u - (i - 1) / reps)) < crit
