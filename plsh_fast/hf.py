@@ -241,6 +241,14 @@ def plsh_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _check_not_evicting(key):
+    if getattr(key, "plsh_partition", None) is not None:
+        raise ValueError(
+            "key: comes from a PLSHCache, whose evicted keys exact ALiBi still weights; "
+            "use DynamicCache with the 'alibi' attention"
+        )
+
+
 def _alibi_core(query, key, value, slopes, qpos, kpos, kmask, causal, scaling):
     """Exact ALiBi through SDPA with a dense bias; rows without keys give 0."""
     batch, num_heads, n_q, head_dim = query.shape
@@ -266,9 +274,11 @@ def alibi_attention_forward(
 
     Arguments, returns and errors as :func:`plsh_attention_forward`; the bias is
     ``-m_h |p_i - p_j|`` with the slopes of :func:`plsh_ref.alibi.alibi_slopes`
-    ``(num_heads)`` (Press et al. 2022; SPEC section 1).
+    ``(num_heads)`` (Press et al. 2022; SPEC section 1). Keys from a :class:`PLSHCache`
+    are refused (``ValueError`` naming ``key``): exact ALiBi still weights the keys it evicted.
     """
     _check_dropout(module, dropout)
+    _check_not_evicting(key)
     batch, num_heads, n_q, _ = query.shape
     n_k = key.shape[2]
     mask = _padding_mask(attention_mask, batch, n_k, query.device)
@@ -407,6 +417,8 @@ def set_alibi_attention(
     all_layers = sorted({i for i, _ in modules})
     chosen = set(all_layers) if layers is None else set()
     if layers is not None:
+        if isinstance(layers, (str, bytes)) or not hasattr(layers, "__iter__"):
+            raise TypeError(f"layers: must be an iterable of ints, got {type(layers).__name__}")
         for layer in layers:
             if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)):
                 raise TypeError(f"layers: must hold ints, got {type(layer).__name__}")
@@ -480,6 +492,7 @@ def _bloom_forward(
     if self.training and self.attention_dropout.p > 0:
         raise ValueError("dropout: attention dropout is not supported by the swapped attention")
     if self.plsh_attn_implementation == "alibi":
+        _check_not_evicting(key)
         out = _alibi_core(
             query,
             key,
@@ -689,7 +702,10 @@ class PLSHCache(Cache):
     Raises
     ------
     ValueError
-        A model without recognisable attention modules.
+        A model without recognisable attention modules, or one whose attention is not
+        ``"plsh"`` (exact ALiBi, SDPA, BLOOM's own: they still weight the evicted keys).
+    TypeError
+        ``model`` is not a ``torch.nn.Module``.
 
     Notes
     -----
@@ -706,11 +722,23 @@ class PLSHCache(Cache):
     def __init__(self, model):
         from transformers.models.bloom.modeling_bloom import BloomAttention
 
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model: must be a transformers model, got {type(model).__name__}")
         modules = [m for m in model.modules() if isinstance(m, BloomAttention)]
-        if not modules:
+        if modules:
+            impls = {getattr(m, "plsh_attn_implementation", "bloom") for m in modules}
+        else:
             modules = [m for _, m in sorted(_attention_modules(model), key=lambda x: x[0])]
+            impls = {getattr(model.config, "_attn_implementation", None)}
         if not modules:
             raise ValueError(f"model: no attention modules in {type(model).__name__}")
+        if impls != {"plsh"}:
+            # the evicted keys still carry weight under any other attention (exact ALiBi, SDPA)
+            raise ValueError(
+                f"model: PLSHCache is exact only for PLSH attention, the model uses "
+                f"{sorted(map(str, impls))}; call set_alibi_attention(model, 'plsh') or "
+                "swap_bloom_attention(model, 'plsh') first, or use DynamicCache"
+            )
         num_heads = int(getattr(model.config, "num_attention_heads", 0) or model.config.n_head)
         layers = [PLSHCacheLayer(layer_partition(m, num_heads)) for m in modules]
         super().__init__(layers=layers)

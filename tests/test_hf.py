@@ -270,3 +270,28 @@ def test_bad_input():
         layer.update(kv[:, :, :1], kv[:, :, :1], kwargs={"position_ids": torch.tensor([[1]])})
     with pytest.raises(ValueError, match="^position_ids"):
         layer.update(kv[:, :, :1], kv[:, :, :1])
+
+
+def test_plsh_cache_refuses_models_whose_attention_reads_evicted_keys():
+    # exact ALiBi (and SDPA, BLOOM's own attention) still weight the keys PLSHCache evicts:
+    # with small pitches generate() gave other tokens than DynamicCache, silently
+    model = hf.set_alibi_attention(_llama(), "alibi")
+    with pytest.raises(ValueError, match="^model: PLSHCache is exact only for PLSH"):
+        hf.PLSHCache(model)
+    with pytest.raises(ValueError, match="^model: PLSHCache is exact only for PLSH"):
+        hf.PLSHCache(_llama())  # sdpa
+    with pytest.raises(ValueError, match="^model: PLSHCache is exact only for PLSH"):
+        hf.PLSHCache(hf.swap_bloom_attention(_bloom(), "alibi"))
+    with pytest.raises(ValueError, match="^model: PLSHCache is exact only for PLSH"):
+        hf.PLSHCache(_bloom())
+    with pytest.raises(TypeError, match="^model"):
+        hf.PLSHCache(None)
+    # a cache built for "plsh", then the model switched to "alibi"
+    plsh = hf.set_alibi_attention(_llama(), "plsh", num_samples=4, seed=0)
+    cache = hf.PLSHCache(plsh)
+    plsh.set_attn_implementation("alibi")
+    ids, mask = _batch()
+    with pytest.raises(ValueError, match="^key: comes from a PLSHCache"):
+        plsh(ids, attention_mask=mask, cache=cache, use_cache=True)
+    with pytest.raises(TypeError, match="^layers"):
+        hf.set_alibi_attention(_llama(), "plsh", layers=1)
