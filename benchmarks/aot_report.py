@@ -386,6 +386,34 @@ def markdown_table(rows) -> str:
     return "\n".join(lines)
 
 
+def counts_cost(rows) -> str:
+    """SASS instructions per sample of the straight-line counts (forward, bf16, d = 128,
+    sm_90): the difference of two compiled sample blocks (s = 16 and s = 64) over 48, i.e.
+    the static instructions one more sample adds to each key-tile step. Empty if the rows
+    are not in the report."""
+
+    def find(s):
+        for r in rows:
+            if (
+                (r.get("kernel"), r.get("dtype"), r.get("head_dim"), r.get("arch"))
+                == ("_fwd_kernel", "bfloat16", 128, 90)
+                and (r.get("num_samples"), r.get("head_dim_v"), r.get("group"), r.get("causal"))
+                == (s, None, 1, True)
+                and r.get("sass")
+            ):
+                return r["sass"]
+        return None
+
+    lo, hi = find(16), find(64)
+    if lo is None or hi is None:
+        return ""
+    return (
+        f"Counts cost (forward, bf16, d = 128, sm_90): {(hi - lo) / 48:.1f} SASS instructions "
+        f"per mixed sample and key-tile step (s = 64: {hi}, s = 16: {lo} instructions); "
+        "samples covering or missing the whole tile pair skip them (a uniform branch each).\n\n"
+    )
+
+
 def main(argv=None) -> int:
     os.environ.pop("TRITON_INTERPRET", None)
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton <= 3.9 default, silenced
@@ -418,7 +446,7 @@ def main(argv=None) -> int:
     table = markdown_table(rows)
     print(table)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
-        f.write(header + table + "\n")
+        f.write(header + counts_cost(rows) + table + "\n")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
         json.dump(dict(date=date, triton=triton.__version__, rows=rows), f, indent=1)
     return 0 if all("error" not in r for r in rows) else 1

@@ -21,7 +21,10 @@ and without a host synchronisation, the **interval form** of the counts:
   bin, read on the sorted key index), which a kernel evaluates from two int32 per row and
   sample (``row_start`` ``a_t(i)`` and ``row_width`` ``b_t(i) - a_t(i)``, both
   ``(num_heads, num_samples, n_q)``) with one subtraction and one comparison per element
-  and sample, directly in the layout of the attention tile (:func:`tile_counts`);
+  and sample, directly in the layout of the attention tile (:func:`tile_counts`), and only
+  for the samples whose bins split the tile pair: per (query tile, key tile) a sample is
+  *full* (every pair collides: count +1, no comparison), *disjoint* or *mixed*, decided
+  from the ranges of the tile's first and last rows;
 * per (head, query tile), the key range ``[start, end)`` the tile can reach: the hull of its
   rows' ranges, ``start`` rounded down to a multiple of ``BLOCK_N`` (causal tile skipping is
   part of it, since the ranges are capped); per (head, key tile), the query range used by
@@ -51,6 +54,7 @@ __all__ = [
     "plan_query_range",
     "sample_block",
     "tile_counts",
+    "tile_counts_all",
     "max_combine",
     "sum_combine",
 ]
@@ -319,44 +323,105 @@ def tile_counts(
     n0,
     offs_m,
     m_valid,
+    m_first,
+    m_last,
     n_q,
     num_samples,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     S_BLOCK: tl.constexpr,
     TRANSPOSED: tl.constexpr = False,
+    CLASSIFY: tl.constexpr = True,
 ):
     """Counts ``C_ij = sum_t [a_t(i) <= j < a_t(i) + w_t(i)]`` of samples ``c0 ..
     c0 + S_BLOCK - 1`` for one (query tile, key tile ``[n0, n0 + BLOCK_N)``) pair, int32
     ``(BLOCK_M, BLOCK_N)``.
 
-    Straight-line code (a static loop over the samples, no branch, no data-dependent
-    loop), so that the counts are built directly in the layout of the attention tile and
-    the caller's key loop stays software-pipelined: per sample two int32 loads per row and,
-    per element, one subtraction and one unsigned comparison
-    (``(j - a) mod 2**32 < w`` is ``a <= j < a + w`` for ``0 <= w < 2**31``).
-    Rows with ``m_valid`` false and samples past ``num_samples`` count nothing.
+    ``CLASSIFY``: samples whose range covers the whole tile pair for every row (from the
+    ranges of the tile's first and last valid rows ``m_first``, ``m_last``, since ranges
+    are non-decreasing in the row) add 1 without comparisons, samples that miss it add
+    nothing, and only the others ("mixed") are compared element-wise; ``CLASSIFY=False``
+    compares every sample (exactness test). The sample loop is static (unrolled, one
+    uniform branch per sample, no data-dependent loop), so the counts are built in the
+    layout the caller uses them in (the MMA layout of the logits) and the caller's key loop
+    stays software-pipelined. Per mixed sample: two int32 loads per row and, per element,
+    one subtraction and one unsigned comparison (``(j - a) mod 2**32 < w`` is
+    ``a <= j < a + w`` for ``0 <= w < 2**31``). Rows with ``m_valid`` false may receive
+    the full-sample count (callers mask them); samples past ``num_samples`` count nothing.
     ``TRANSPOSED``: the transposed tile ``(BLOCK_N, BLOCK_M)`` (keys along the rows), for
     the key/value-gradient kernel.
     """
     cols = n0 + tl.arange(0, BLOCK_N)  # int32 key indices
-    if TRANSPOSED:
-        counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)
-    else:
-        counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
     n_q64 = n_q.to(tl.int64)
     # ``n0 >> 31`` is 0 (n0 >= 0) but not provably so: it keeps the row loads inside the
     # caller's key loop (L1 hits) instead of hoisting 2 * S_BLOCK row vectors, broadcast
     # to tiles, into registers for the whole loop (register spills).
     row = (h.to(tl.int64) * num_samples + c0) * n_q64 + offs_m + (n0 >> 31)
+    if CLASSIFY:
+        # Ranges are non-decreasing in the row: the tile's first and last valid rows decide
+        # which samples cover the whole tile pair (full), miss it (disjoint) or split it.
+        lane = tl.arange(0, S_BLOCK)
+        lane_valid = (c0 + lane) < num_samples
+        srow = (h.to(tl.int64) * num_samples + c0 + lane) * n_q64
+        a_first = tl.load(RowStart + srow + m_first, mask=lane_valid, other=2**30)
+        b_first = a_first + tl.load(RowWidth + srow + m_first, mask=lane_valid, other=0)
+        a_last = tl.load(RowStart + srow + m_last, mask=lane_valid, other=2**30)
+        b_last = a_last + tl.load(RowWidth + srow + m_last, mask=lane_valid, other=0)
+        full = (a_last <= n0) & (b_first >= n0 + BLOCK_N)
+        touch = (b_last > n0) & (a_first < n0 + BLOCK_N)
+        mixed = touch & (~full)
+        n_full = tl.reduce(full.to(tl.int32), 0, sum_combine)
+        bits = tl.reduce(
+            tl.where(mixed, tl.full([S_BLOCK], 1, tl.int64) << lane.to(tl.int64), 0),
+            0,
+            sum_combine,
+        )
+    else:
+        n_full = 0
+    if TRANSPOSED:
+        counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32) + n_full
+    else:
+        counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32) + n_full
     for t in tl.static_range(S_BLOCK):
-        valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
-        a = tl.load(RowStart + row + t * n_q64, mask=valid, other=0)
-        w = tl.load(RowWidth + row + t * n_q64, mask=valid, other=0)
-        if TRANSPOSED:
-            d = (cols[:, None] - a[None, :]).to(tl.uint32, bitcast=True)
-            counts += (d < w.to(tl.uint32, bitcast=True)[None, :]).to(tl.int32)
+        if CLASSIFY:
+            on = ((bits >> t) & 1) != 0
         else:
-            d = (cols[None, :] - a[:, None]).to(tl.uint32, bitcast=True)
-            counts += (d < w.to(tl.uint32, bitcast=True)[:, None]).to(tl.int32)
+            on = True
+        if on:
+            valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
+            a = tl.load(RowStart + row + t * n_q64, mask=valid, other=0)
+            w = tl.load(RowWidth + row + t * n_q64, mask=valid, other=0)
+            if TRANSPOSED:
+                d = (cols[:, None] - a[None, :]).to(tl.uint32, bitcast=True)
+                counts += (d < w.to(tl.uint32, bitcast=True)[None, :]).to(tl.int32)
+            else:
+                d = (cols[None, :] - a[:, None]).to(tl.uint32, bitcast=True)
+                counts += (d < w.to(tl.uint32, bitcast=True)[:, None]).to(tl.int32)
+    return counts
+
+
+@triton.jit
+def tile_counts_all(
+    RowStart, RowWidth, h, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
+    MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr,
+):  # fmt: skip
+    """:func:`tile_counts` over all ``num_samples`` samples: one unrolled pass of
+    ``S_BLOCK`` samples, or (``MULTI_CHUNK``, ``s > MAX_SAMPLE_BLOCK``) a loop of passes
+    (then the caller's key loop is not software-pipelined)."""
+    if MULTI_CHUNK:
+        if TRANSPOSED:
+            counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)
+        else:
+            counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        for c0 in range(0, num_samples, S_BLOCK):
+            counts += tile_counts(
+                RowStart, RowWidth, h, c0, n0, offs_m, m_valid, m_first, m_last, n_q,
+                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY,
+            )  # fmt: skip
+    else:
+        counts = tile_counts(
+            RowStart, RowWidth, h, 0, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
+            BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY,
+        )  # fmt: skip
     return counts

@@ -30,7 +30,7 @@ from .tiling import (
     plan_query_range,
     sample_block,
     sum_combine,
-    tile_counts,
+    tile_counts_all,
 )
 from .triton_forward import LENGTHS, LOG2E, default_blocks, dot_precision, head_dim_split, pow2
 
@@ -106,31 +106,6 @@ def _probabilities(logits, counts, live, lse2, scale_log2, VARIANT: tl.constexpr
     return tl.where(admissible, tl.exp2(logits - lse2[:, None]) * weight, 0.0)
 
 
-@triton.jit
-def _tile_counts_any(
-    RowStart, RowWidth, h, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr, MULTI_CHUNK: tl.constexpr,
-    TRANSPOSED: tl.constexpr = False,
-):  # fmt: skip
-    """:func:`plsh_fast.tiling.tile_counts` over all samples (several passes if needed)."""
-    if MULTI_CHUNK:
-        if TRANSPOSED:
-            counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)
-        else:
-            counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-        for c0 in range(0, num_samples, S_BLOCK):
-            counts += tile_counts(
-                RowStart, RowWidth, h, c0, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M,
-                BLOCK_N, S_BLOCK, TRANSPOSED,
-            )  # fmt: skip
-    else:
-        counts = tile_counts(
-            RowStart, RowWidth, h, 0, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M, BLOCK_N,
-            S_BLOCK, TRANSPOSED,
-        )  # fmt: skip
-    return counts
-
-
 @triton.jit(do_not_specialize=LENGTHS)
 def _bwd_dq_kernel(
     Q,
@@ -187,6 +162,7 @@ def _bwd_dq_kernel(
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
     VARIANT: tl.constexpr,
+    CLASSIFY: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -200,6 +176,8 @@ def _bwd_dq_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     m_valid = offs_m < n_q
+    m_first = m_tile.to(tl.int64) * BLOCK_M
+    m_last = tl.minimum(m_first + BLOCK_M, n_q) - 1
     d_valid = offs_d < D
     dv_valid = offs_dv < DV
     q = tl.load(
@@ -249,9 +227,9 @@ def _bwd_dq_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v_t = v_t.to(tl.float32)
-        counts = _tile_counts_any(
-            RowStart, RowWidth, h, start_n, offs_m, m_valid, n_q, num_samples, BLOCK_M,
-            BLOCK_N, S_BLOCK, MULTI_CHUNK,
+        counts = tile_counts_all(
+            RowStart, RowWidth, h, start_n, offs_m, m_valid, m_first, m_last, n_q,
+            num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY,
         )  # fmt: skip
         logits = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         if BLOCK_D1 > 0:
@@ -344,6 +322,7 @@ def _bwd_dkdv_kernel(
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
     VARIANT: tl.constexpr,
+    CLASSIFY: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -429,9 +408,10 @@ def _bwd_dkdv_kernel(
                 do = do.to(tl.float32)
             # Transposed tiles (keys along the rows): every dot has BLOCK_N rows, so that
             # BLOCK_M can be small (registers) while the MMAs stay warpgroup-sized.
-            counts_t = _tile_counts_any(
-                RowStart, RowWidth, h, n0, offs_m, m_valid, n_q, num_samples, BLOCK_M,
-                BLOCK_N, S_BLOCK, MULTI_CHUNK, True,
+            counts_t = tile_counts_all(
+                RowStart, RowWidth, h, n0, offs_m, m_valid, start_m,
+                tl.minimum(start_m + BLOCK_M, n_q) - 1, n_q, num_samples,
+                BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, True, CLASSIFY,
             )  # fmt: skip
             live = lse > float("-inf")
             lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
@@ -512,6 +492,7 @@ def plsh_backward_triton(
     _num_warps=None,
     _num_stages=None,
     _dkdv_block_m: int | None = None,
+    _classify: bool = True,
 ):
     """Gradients of PLSH attention with respect to query, key and value (Triton).
 
@@ -560,6 +541,7 @@ def plsh_backward_triton(
         _num_warps=_num_warps,
         _num_stages=_num_stages,
         _dkdv_block_m=_dkdv_block_m,
+        _classify=_classify,
     )
     if plan is None and not positions_sorted:
         q_order, q_inverse = position_order(query_positions)
@@ -647,6 +629,7 @@ def plsh_backward_triton(
         UPCAST=upcast,
         DOT_PREC=dot_precision(query.dtype, interp or upcast),
         VARIANT=int(_variant),
+        CLASSIFY=bool(_classify),
         NUM_STAGES=num_stages,
         num_warps=num_warps,
         num_stages=num_stages,

@@ -29,7 +29,7 @@ import triton
 import triton.language as tl
 
 from .ordering import position_order, sort_positions, take_rows
-from .tiling import make_plan, max_combine, sample_block, sum_combine, tile_counts
+from .tiling import make_plan, max_combine, sample_block, sum_combine, tile_counts_all
 
 __all__ = ["plsh_forward_triton", "default_blocks", "dot_precision", "head_dim_split", "pow2"]
 
@@ -90,6 +90,7 @@ def _fwd_kernel(
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
     VARIANT: tl.constexpr,
+    CLASSIFY: tl.constexpr,
     NUM_STAGES: tl.constexpr,
 ):
     # Head dimensions that are not powers of two are split in two power-of-two column
@@ -108,6 +109,8 @@ def _fwd_kernel(
     m_valid = offs_m < n_q
     d_valid = offs_d < D
     dv_valid = offs_dv < DV
+    m_first = m_tile.to(tl.int64) * BLOCK_M
+    m_last = tl.minimum(m_first + BLOCK_M, n_q) - 1
 
     q = tl.load(
         Q + b64 * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
@@ -180,18 +183,10 @@ def _fwd_kernel(
             admissible = cols[None, :] < causal_end[:, None]
             weight = tl.full([BLOCK_M, BLOCK_N], 1.0, dtype=tl.float32)
         else:
-            if MULTI_CHUNK:
-                counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
-                for c0 in range(0, num_samples, S_BLOCK):
-                    counts += tile_counts(
-                        RowStart, RowWidth, h, c0, start_n, offs_m, m_valid, n_q,
-                        num_samples, BLOCK_M, BLOCK_N, S_BLOCK,
-                    )  # fmt: skip
-            else:
-                counts = tile_counts(
-                    RowStart, RowWidth, h, 0, start_n, offs_m, m_valid, n_q, num_samples,
-                    BLOCK_M, BLOCK_N, S_BLOCK,
-                )  # fmt: skip
+            counts = tile_counts_all(
+                RowStart, RowWidth, h, start_n, offs_m, m_valid, m_first, m_last, n_q,
+                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY,
+            )  # fmt: skip
             weight = counts.to(tl.float32)  # one layout conversion (to the MMA layout)
             admissible = weight > 0.0
             if VARIANT == 1:  # negative control: bias -log C instead of +log C
@@ -318,6 +313,7 @@ def plsh_forward_triton(
     _variant: int = 0,
     _num_warps=None,
     _num_stages=None,
+    _classify: bool = True,
 ):
     """PLSH attention forward on the fused Triton kernel.
 
@@ -380,6 +376,7 @@ def plsh_forward_triton(
         _variant=_variant,
         _num_warps=_num_warps,
         _num_stages=_num_stages,
+        _classify=_classify,
     )
     if not positions_sorted:
         q_order, q_inverse = position_order(query_positions)
@@ -467,6 +464,7 @@ def plsh_forward_triton(
         UPCAST=upcast,
         DOT_PREC=dot_precision(query.dtype, interp or upcast),
         VARIANT=int(_variant),
+        CLASSIFY=bool(_classify),
         NUM_STAGES=num_stages,
         num_warps=num_warps,
         num_stages=num_stages,

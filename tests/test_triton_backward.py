@@ -208,6 +208,18 @@ def test_many_samples_use_several_sample_blocks():
     _check_grads(q, k, v, g, partition, pos, pos, 0.6, True, "float32")
 
 
+def test_tile_classification_gives_the_same_gradients():
+    """Skipping full/disjoint samples per tile pair: bit-identical gradients."""
+    rng = np.random.default_rng(6)
+    partition, q, k, v, g = _case(
+        rng, 1, 2, 1, 35, 35, 6, 6, 5, torch.float32, np.array([2.0, 25.0]), 6
+    )
+    pos = np.arange(35)
+    fast = _kernel_grads(q, k, v, g, partition, pos, pos, 0.5, True)
+    slow = _kernel_grads(q, k, v, g, partition, pos, pos, 0.5, True, _classify=False)
+    assert all(torch.equal(a, b) for a, b in zip(fast, slow))
+
+
 def test_negative_control_counts_ignored_fails():
     """Backward probabilities without the count weights must fail the same check."""
     rng = np.random.default_rng(2)

@@ -217,6 +217,21 @@ def test_interval_form_counts_equal_reference_counts(mode, causal, n_q, n_k, s, 
     assert tiling.sample_block(s) == (min(64, max(2, 1 << (s - 1).bit_length())), s > 64)
 
 
+@pytest.mark.parametrize("s", [6, 70])
+def test_tile_classification_is_exact(s):
+    """Skipping full/disjoint samples per tile pair gives bit-identical results to comparing
+    every sample (one sample block, and two for s = 70)."""
+    rng = np.random.default_rng(8)
+    partition = draw_partition(np.array([1.5, 9.0, 40.0]), s, seed=8)
+    qpos, kpos = np.arange(50) + 4, np.arange(54)
+    q = torch.from_numpy(rng.standard_normal((1, 3, 50, 6))).float()
+    k, v = (torch.from_numpy(rng.standard_normal((1, 3, 54, 6))).float() for _ in range(2))
+    for causal in (True, False):
+        fast = _run(q, k, v, partition, qpos, kpos, causal, 0.6)
+        slow = _run(q, k, v, partition, qpos, kpos, causal, 0.6, _classify=False)
+        assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
+
+
 def test_many_samples_use_several_sample_blocks():
     """s = 70 > 64: the counts loop runs over two sample blocks; still the reference."""
     q, k, v, partition, qpos, kpos, causal = _fixed_case(n=24, s=70)
