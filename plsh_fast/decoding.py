@@ -85,6 +85,14 @@ class PLSHDecodingCache:
         :func:`cache_bound` of the partition: no sequence ever holds more keys than this
         after a call (checked on every call; a violation is a ``RuntimeError``).
 
+    Raises
+    ------
+    TypeError
+        ``partition`` not a :class:`~plsh_ref.partition.PartitionSample`; ``scale`` not a
+        real number.
+    ValueError
+        ``scale`` not finite and > 0.
+
     Notes
     -----
     Positions must increase strictly along each sequence, across calls: the eviction rule
@@ -115,9 +123,7 @@ class PLSHDecodingCache:
     def __init__(self, partition: PartitionSample, *, scale=None):
         self.bound = cache_bound(partition)
         self.partition = partition
-        self.scale = None if scale is None else float(scale)
-        if self.scale is not None and not (math.isfinite(self.scale) and self.scale > 0):
-            raise ValueError(f"scale: must be a finite float > 0, got {scale!r}")
+        self.scale = None if scale is None else check_scale(scale, 1)
         self._pitch: torch.Tensor | None = None
         self._offset: torch.Tensor | None = None
         self._key: list[torch.Tensor] = []  # per sequence (num_heads_kv, L_b, head_dim)
@@ -259,7 +265,10 @@ class PLSHDecodingCache:
                 )
         if positions is not None:
             if not isinstance(positions, torch.Tensor):
-                positions = torch.as_tensor(np.asarray(positions))
+                try:
+                    positions = torch.as_tensor(np.asarray(positions))
+                except (TypeError, ValueError) as exc:
+                    raise TypeError(f"positions: must be integers, got {positions!r}") from exc
             if positions.dtype.is_floating_point or positions.dtype == torch.bool:
                 raise TypeError(f"positions: must be integers, got {positions.dtype}")
             positions = positions.to("cpu", torch.int64)
@@ -327,7 +336,7 @@ class PLSHDecodingCache:
             Wrong ranks or shapes, head counts that do not divide, a batch size, head count,
             head_dim, dtype or device other than the cache's, a ``partition`` other than the
             cache's, positions that do not increase strictly along a sequence (a decode step
-            out of order), ``|p| >= 2**53``.
+            out of order), ``|p| >= 2**53``. A refused call leaves the cache unchanged.
 
         References
         ----------
@@ -338,6 +347,26 @@ class PLSHDecodingCache:
         batch, m, shape, mask, positions = self._check_call(
             query, key, value, positions, attention_mask, partition
         )
+        scale = check_scale(None, shape[2]) if self.scale is None else self.scale
+        # positions of the new tokens, per sequence, on the host; then order checks (before
+        # the cache changes: a refused call leaves it as it was)
+        last = self._last if self._shape is not None else [None] * batch
+        new_pos = []
+        for b in range(batch):
+            keep = torch.ones(m, dtype=torch.bool) if mask is None else mask[b]
+            if positions is not None:
+                pos = positions[b][keep]
+            else:
+                start = 0 if last[b] is None else last[b] + 1
+                pos = start + torch.arange(int(keep.sum()), dtype=torch.int64)
+            if pos.numel() > 1 and bool((pos[1:] <= pos[:-1]).any()):
+                raise ValueError(f"positions: must increase strictly along sequence {b}")
+            if pos.numel() and last[b] is not None and int(pos[0]) <= last[b]:
+                raise ValueError(
+                    f"positions: decode step out of order for sequence {b}: position "
+                    f"{int(pos[0])} after {last[b]}"
+                )
+            new_pos.append((keep, pos))
         device = query.device
         if self._shape is None:
             self._shape = shape
@@ -354,24 +383,6 @@ class PLSHDecodingCache:
                 for _ in range(batch)
             ]
             self._last = [None] * batch
-        scale = check_scale(None, shape[2]) if self.scale is None else self.scale
-        # positions of the new tokens, per sequence, on the host; then order checks
-        new_pos = []
-        for b in range(batch):
-            keep = torch.ones(m, dtype=torch.bool) if mask is None else mask[b]
-            if positions is not None:
-                pos = positions[b][keep]
-            else:
-                start = 0 if self._last[b] is None else self._last[b] + 1
-                pos = start + torch.arange(int(keep.sum()), dtype=torch.int64)
-            if pos.numel() > 1 and bool((pos[1:] <= pos[:-1]).any()):
-                raise ValueError(f"positions: must increase strictly along sequence {b}")
-            if pos.numel() and self._last[b] is not None and int(pos[0]) <= self._last[b]:
-                raise ValueError(
-                    f"positions: decode step out of order for sequence {b}: position "
-                    f"{int(pos[0])} after {self._last[b]}"
-                )
-            new_pos.append((keep, pos))
         out = query.new_zeros((batch, shape[0], m, shape[3]))
         lse_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
         lse = torch.full((batch, shape[0], m), -math.inf, dtype=lse_dtype, device=device)

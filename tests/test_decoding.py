@@ -198,3 +198,28 @@ def test_bad_input():
     # nothing was changed by the refused calls
     assert int(cache.cached_positions(0)[-1]) == 3
     assert math.isfinite(cache.bound)
+
+
+def test_refused_first_call_leaves_the_cache_unset():
+    # a first call refused for its positions used to fix the cache's batch, dtype and
+    # device already, so the corrected call was refused too
+    part = draw_partition([4.0, 8.0], num_samples=4, seed=0)
+    cache = PLSHDecodingCache(part)
+    q, k, v = _inputs(2, 2, 2, 3, 4, torch.float64)
+    with pytest.raises(ValueError, match="^positions: must increase"):
+        cache.update(q, k, v, positions=[2, 1, 0])
+    assert cache.batch_size == 0
+    q, k, v = _inputs(1, 2, 1, 3, 4, torch.float32)
+    out = cache.update(q, k, v)  # another batch, kv heads and dtype: a fresh cache
+    assert out.dtype == torch.float32 and cache.cached_positions(0).tolist() == [0, 1, 2]
+
+
+def test_bad_scale_and_positions_name_the_argument():
+    part = draw_partition([4.0, 8.0], num_samples=4, seed=0)
+    with pytest.raises(TypeError, match="^scale"):
+        PLSHDecodingCache(part, scale="a")
+    with pytest.raises(TypeError, match="^scale"):
+        PLSHDecodingCache(part, scale=True)
+    q, k, v = _inputs(1, 2, 2, 3, 4, torch.float32)
+    with pytest.raises(TypeError, match="^positions"):
+        PLSHDecodingCache(part).update(q, k, v, positions="abc")
