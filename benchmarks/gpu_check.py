@@ -743,11 +743,13 @@ VARIANTS = [  # (block_m, block_n, num_warps, num_stages, variant): forward-kern
     (64, 32, 4, 3, 0),
     (32, 64, 4, 3, 0),
     (64, 64, 4, 3, 3),  # no-counts ablation (not PLSH): what the counts cost
+    (64, 64, 4, 3, 4),  # every sample compared (no full/disjoint classification)
 ]
 
 
 def _variant_name(bm, bn, warps, stages, variant):
-    return f"BM{bm}_BN{bn}_w{warps}_st{stages}" + ("_nocounts" if variant == 3 else "")
+    suffix = {3: "_nocounts", 4: "_noclassify"}.get(variant, "")
+    return f"BM{bm}_BN{bn}_w{warps}_st{stages}" + suffix
 
 
 def bench_variants(device, n, s, args):
@@ -788,7 +790,8 @@ def bench_variants(device, n, s, args):
                     _block_n=bn,
                     _num_warps=warps,
                     _num_stages=stages,
-                    _variant=variant,
+                    _variant=variant if variant != 4 else 0,
+                    _classify=variant != 4,
                     positions_sorted=True,
                 )
 
