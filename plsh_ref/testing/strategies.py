@@ -15,11 +15,7 @@ Hypothesis version).
 
 from __future__ import annotations
 
-import tempfile
-
 import numpy as np
-from hypothesis import HealthCheck, Phase, given, settings
-from hypothesis import seed as hypothesis_seed
 from hypothesis import strategies as st
 
 from ..alibi import alibi_slopes
@@ -245,9 +241,46 @@ _MANY_HEADS = (6, 8, 12, 16, 20)
 _OFFSETS = (0, 0, 300, 2**20 - 3)
 
 
-@st.composite
-def _specs(
-    draw,
+class _HypothesisChoices:
+    """The choices of :func:`_spec_from` drawn by Hypothesis (shrinking toward the first)."""
+
+    def __init__(self, draw):
+        self.draw = draw
+
+    def integers(self, low, high):
+        return self.draw(st.integers(low, high))
+
+    def sampled_from(self, values):
+        return self.draw(st.sampled_from(values))
+
+    def booleans(self):
+        return self.draw(st.booleans())
+
+    def floats(self, low, high):
+        return self.draw(st.floats(low, high))
+
+
+class _GeneratorChoices:
+    """The same choices from a numpy ``Generator`` (for :func:`sample_specs`)."""
+
+    def __init__(self, rng):
+        self.rng = rng
+
+    def integers(self, low, high):
+        return int(self.rng.integers(low, high + 1))
+
+    def sampled_from(self, values):
+        return values[int(self.rng.integers(len(values)))]
+
+    def booleans(self):
+        return bool(self.rng.integers(2))
+
+    def floats(self, low, high):
+        return float(self.rng.uniform(low, high))
+
+
+def _spec_from(
+    choose,
     kind,
     max_batch,
     max_heads,
@@ -261,57 +294,65 @@ def _specs(
     max_amplitude,
     slope_modes,
 ):
+    """One spec from ``choose`` (Hypothesis draws or a numpy Generator): the distribution."""
     many = [h for h in _MANY_HEADS if h <= max_heads]
-    small = st.integers(1, min(4, max_heads))
-    num_heads = draw(st.one_of(small, st.sampled_from(many)) if many else small)
+    if many and choose.booleans():
+        num_heads = choose.sampled_from(many)
+    else:
+        num_heads = choose.integers(1, min(4, max_heads))
     divisors = [g for g in range(1, num_heads + 1) if num_heads % g == 0]
     groups = [g for g in divisors if 1 < g < num_heads]
     choices = ["mha"] + (["gqa", "gqa"] if gqa and groups else []) + (["mqa"] if gqa else [])
-    grouping = draw(st.sampled_from(choices)) if num_heads > 1 else "mha"
+    grouping = choose.sampled_from(choices) if num_heads > 1 else "mha"
     num_heads_kv = {
         "mha": num_heads,
         "mqa": 1,
-        "gqa": draw(st.sampled_from(groups)) if groups else num_heads,
+        "gqa": choose.sampled_from(groups) if groups else num_heads,
     }[grouping]
     # Few empty problems: n_k = 0 about one case in 16; decode (1 <= n_q < n_k) and
     # n_q > n_k as often as n_q = n_k.
-    low = 0 if draw(st.integers(0, 15)) == 0 else 1
-    n_k = draw(st.integers(min(low, max_seq_len), max_seq_len))
-    shape = draw(st.sampled_from(["square", "decode", "longer_queries"]))
+    low = 0 if choose.integers(0, 15) == 0 else 1
+    n_k = choose.integers(min(low, max_seq_len), max_seq_len)
+    shape = choose.sampled_from(["square", "decode", "longer_queries"])
     if shape == "decode" and n_k >= 2:
-        n_q = draw(st.integers(1, n_k - 1))
+        n_q = choose.integers(1, n_k - 1)
     elif shape == "longer_queries" and n_k < max_seq_len:
-        n_q = draw(st.integers(n_k + 1, max_seq_len))
+        n_q = choose.integers(n_k + 1, max_seq_len)
     else:
         n_q = n_k
-    head_dim = draw(st.integers(1, max_head_dim))
-    head_dim_v = draw(st.one_of(st.just(head_dim), st.integers(1, max_head_dim)))
-    positions = draw(st.sampled_from(position_modes))
+    head_dim = choose.integers(1, max_head_dim)
+    head_dim_v = choose.integers(1, max_head_dim) if choose.booleans() else head_dim
+    positions = choose.sampled_from(position_modes)
     if positions == "padded":
         n_q = min(n_q, n_k)
-    offset = draw(st.sampled_from(_OFFSETS))
+    offset = choose.sampled_from(_OFFSETS)
     return ProblemSpec(
         kind=kind,
-        batch=draw(st.integers(1, max_batch)),
+        batch=choose.integers(1, max_batch),
         num_heads=num_heads,
         num_heads_kv=num_heads_kv,
         n_q=n_q,
         n_k=n_k,
         head_dim=head_dim,
         head_dim_v=head_dim_v,
-        dtype=draw(st.sampled_from(dtype_names)),
-        causal=draw(st.booleans()) if causal is None else causal,
+        dtype=choose.sampled_from(dtype_names),
+        causal=choose.booleans() if causal is None else causal,
         positions=positions,
-        pad=draw(st.integers(0, max_seq_len)),
+        pad=choose.integers(0, max_seq_len),
         offset=offset,
-        slopes=draw(st.sampled_from(slope_modes)),
+        slopes=choose.sampled_from(slope_modes),
         # Only PLSH problems use num_samples; drawing it for ALiBi made distinct specs of
         # identical problems (two equal cases in one `plsh verify` run).
-        num_samples=draw(st.integers(1, max_samples)) if kind == "plsh" else 1,
-        scale=draw(st.one_of(st.none(), st.floats(0.05, 2.0))),
-        amplitude=draw(st.floats(0.25, max_amplitude)),
-        data_seed=draw(st.integers(0, 2**32 - 1)),
+        num_samples=choose.integers(1, max_samples) if kind == "plsh" else 1,
+        scale=choose.floats(0.05, 2.0) if choose.booleans() else None,
+        amplitude=choose.floats(0.25, max_amplitude),
+        data_seed=choose.integers(0, 2**32 - 1),
     )
+
+
+@st.composite
+def _specs(draw, *args):
+    return _spec_from(_HypothesisChoices(draw), *args)
 
 
 def problem_specs(
@@ -369,6 +410,40 @@ def problem_specs(
     TypeError, ValueError
         On invalid bounds or choices (message starts with the argument name).
     """
+    return _specs(
+        *_bound_args(
+            kind,
+            max_batch=max_batch,
+            max_heads=max_heads,
+            max_seq_len=max_seq_len,
+            max_head_dim=max_head_dim,
+            dtypes=dtypes,
+            causal=causal,
+            gqa=gqa,
+            positions=positions,
+            max_samples=max_samples,
+            max_amplitude=max_amplitude,
+            slopes=slopes,
+        )
+    )
+
+
+def _bound_args(
+    kind="alibi",
+    *,
+    max_batch=2,
+    max_heads=16,
+    max_seq_len=16,
+    max_head_dim=8,
+    dtypes=DEFAULT_DTYPES,
+    causal=None,
+    gqa=True,
+    positions=POSITION_MODES,
+    max_samples=8,
+    max_amplitude=3.0,
+    slopes=SLOPE_MODES,
+) -> tuple:
+    """The validated arguments of :func:`_spec_from` (defaults as :func:`problem_specs`)."""
     if kind not in KINDS:
         raise ValueError(f"kind: must be one of {KINDS}, got {kind!r}")
     max_batch = check_int("max_batch", max_batch, minimum=1)
@@ -384,7 +459,7 @@ def problem_specs(
     if causal is not None:
         causal = check_bool("causal", causal)
     gqa = check_bool("gqa", gqa)
-    return _specs(
+    return (
         kind,
         max_batch,
         max_heads,
@@ -442,12 +517,15 @@ def _problem_key(spec: ProblemSpec):
 def sample_specs(
     kind: str = "alibi", *, seed: int = 0, num_cases: int = 50, **bounds
 ) -> list[ProblemSpec]:
-    """A fixed list of ``num_cases`` specs generated by Hypothesis from ``seed``.
+    """A fixed list of ``num_cases`` specs drawn from ``seed``, with the distribution of
+    :func:`problem_specs`.
 
-    Runs Hypothesis' generation phase only (no shrinking, no example database, nothing
-    written to disk), so the list depends on ``seed``, ``kind``, ``bounds`` and the
-    Hypothesis version only. Specs that describe the same problem are kept once, and at
-    most two empty ones (``n_q = 0`` or ``n_k = 0``; the battery has its own).
+    The choices come from ``numpy.random.default_rng(seed)``, not from Hypothesis: the
+    list depends on ``seed``, ``kind`` and ``bounds`` only (Hypothesis mixes constants of
+    the modules loaded from the current folder into its draws, so its examples depend on
+    where and with what it runs). Nothing is written to disk. Specs that describe the
+    same problem are kept once, and at most two empty ones (``n_q = 0`` or ``n_k = 0``;
+    the battery has its own).
 
     Parameters
     ----------
@@ -477,41 +555,22 @@ def sample_specs(
     """
     seed = check_int("seed", seed, minimum=0)
     num_cases = check_int("num_cases", num_cases, minimum=1)
-    strategy = problem_specs(kind, **bounds)
+    args = _bound_args(kind, **bounds)
+    choose = _GeneratorChoices(np.random.default_rng(np.random.SeedSequence([seed, 11])))
     found: list[ProblemSpec] = []
-
     seen: set = set()
-
-    @hypothesis_seed(seed)
-    @settings(
-        max_examples=4 * num_cases,
-        database=None,
-        derandomize=False,
-        deadline=None,
-        phases=[Phase.generate],
-        suppress_health_check=list(HealthCheck),
-        report_multiple_bugs=False,
-    )
-    @given(strategy)
-    def collect(spec):
+    empty = 0
+    for _ in range(50 * num_cases):  # the space may be smaller than num_cases
+        if len(found) == num_cases:
+            break
+        spec = _spec_from(choose, *args)
         key = _problem_key(spec)
-        empty = spec.n_q == 0 or spec.n_k == 0
-        # Hypothesis starts from its simplest (empty) problems: keep two of them at most
-        if empty and sum(s.n_q == 0 or s.n_k == 0 for s in found) >= 2:
-            return
-        if len(found) < num_cases and key not in seen:
-            seen.add(key)
-            found.append(spec)
-
-    # Hypothesis caches constants under ./.hypothesis: point it at a temporary folder, so
-    # that `plsh verify` writes nothing into the user's current folder.
-    from hypothesis import configuration
-
-    previous = configuration.storage_directory(intent_to_write=False).home_directory
-    with tempfile.TemporaryDirectory(prefix="plsh-hypothesis-") as home:
-        configuration.set_hypothesis_home_dir(home)
-        try:
-            collect()
-        finally:
-            configuration.set_hypothesis_home_dir(previous)
+        if key in seen:
+            continue
+        if spec.n_q == 0 or spec.n_k == 0:
+            if empty == 2:
+                continue
+            empty += 1
+        seen.add(key)
+        found.append(spec)
     return found

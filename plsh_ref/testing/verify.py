@@ -11,7 +11,7 @@ the slope mode is read from the signature by default), optionally with an
 ``attention_mask`` keyword (padded batches are then checked too), and returns ``output``
 or ``(output, lse)``. First the deterministic edge battery
 (:func:`plsh_ref.testing.battery.battery`, one named case per known bug class), then
-``--cases`` random problems drawn by Hypothesis from ``--seed``
+``--cases`` random problems drawn from ``--seed``
 (:func:`plsh_ref.testing.strategies.sample_specs`); each is judged by
 :func:`plsh_ref.testing.suite.check_case`. Cases needing an input the kernel declares
 unsupported (``kernel.supports`` or ``--unsupported``) are skipped and listed, never
@@ -19,7 +19,7 @@ counted as passed. The report lists the failures, what they share (for each axis
 share among failures against its share among passes), the worst cases with the command
 that reruns each one alone (``--seed S --case K``), and optionally a JSON report.
 
-Nothing is written to the current folder (Hypothesis' cache goes to a temporary folder)
+Nothing is written to the current folder
 unless ``--json PATH`` asks for it. Exit status: 0 all cases pass, 1 some case fails
 (or none ran), 2 bad input (the kernel cannot be imported, has the wrong signature,
 declares an unknown capability, returns the wrong type/shape/dtype, its framework cannot
@@ -59,7 +59,7 @@ SUMMARY = "check a user's attention kernel against the reference"
 #: one-line description of the subcommand, shown by ``plsh verify --help``
 HELP = (
     "Check an attention kernel MODULE:FUNCTION against the float64 reference: an edge "
-    "battery of known bug classes, then Hypothesis-generated problems (exact ALiBi or "
+    "battery of known bug classes, then random problems drawn from a seed (exact ALiBi or "
     "positional LSH)."
 )
 
@@ -117,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cases", type=int, default=50, help="number of random problems (default: 50)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="Hypothesis seed (default: 0)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random cases (default: 0)")
     parser.add_argument(
         "--case",
         default=None,
@@ -492,7 +492,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if args.case is not None:
             print(
-                "  the same case in Python, without Hypothesis:\n"
+                "  the same case in Python:\n"
                 "    from plsh_ref.testing import ProblemSpec, check_case\n"
                 f"    check_case(kernel, {spec!r}.build(),\n"
                 f"               framework={framework!r}, device={args.device!r})"
