@@ -306,6 +306,7 @@ def plsh_forward_triton(
     scale: float,
     causal: bool,
     *,
+    plan=None,
     positions_sorted: bool | None = None,
     return_plan: bool = False,
     _block_m: int | None = None,
@@ -341,6 +342,9 @@ def plsh_forward_triton(
         default ``arange`` positions), so no check runs and the forward pass has **no host
         synchronisation**. ``None`` (default): checked (one synchronisation) and unsorted
         rows are sorted and put back (:mod:`plsh_fast.ordering`).
+    plan : plsh_fast.tiling.TilePlan or None
+        A plan of an earlier call on the same (sorted) positions, partition and ``causal``
+        (``return_plan=True``): reused, no planning and no check of the positions.
     return_plan : bool
         Also return the :class:`plsh_fast.tiling.TilePlan` (for
         :func:`plsh_fast.triton_backward.plsh_backward_triton`'s ``plan``); ``None`` when
@@ -378,7 +382,7 @@ def plsh_forward_triton(
         _num_stages=_num_stages,
         _classify=_classify,
     )
-    if not positions_sorted:
+    if plan is None and not positions_sorted:
         q_order, q_inverse = position_order(query_positions)
         k_order, _ = position_order(key_positions)
         if q_order is not None or k_order is not None:
@@ -411,15 +415,17 @@ def plsh_forward_triton(
     block_n = _block_n or block_n
     num_warps = _num_warps or num_warps
     num_stages = _num_stages or num_stages
-    plan = make_plan(
-        query_positions,
-        key_positions,
-        pitch,
-        offset,
-        causal=causal,
-        block_m=block_m,
-        block_n=block_n,
-    )
+    if plan is None:
+        plan = make_plan(
+            query_positions,
+            key_positions,
+            pitch,
+            offset,
+            causal=causal,
+            block_m=block_m,
+            block_n=block_n,
+        )
+    assert (plan.block_m, plan.block_n, plan.causal, plan.n_k) == (block_m, block_n, causal, n_k)
     n_q_tiles = triton.cdiv(n_q, block_m)
     interp = _interpreting()
     upcast = query.dtype == torch.bfloat16 and interp

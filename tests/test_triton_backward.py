@@ -157,7 +157,8 @@ def test_bfloat16():
 
 
 def test_plan_saved_by_the_forward_gives_the_same_gradients(monkeypatch):
-    """Backward with the forward's plan (no second planning pass) is bit-identical."""
+    """Backward with the forward's plan (no second planning pass) is bit-identical, and so
+    is a forward given that plan."""
     rng = np.random.default_rng(6)
     partition, q, k, v, g = _case(
         rng, 1, 2, 1, 35, 35, 6, 6, 5, torch.float32, np.array([2.0, 25.0]), 6
@@ -182,6 +183,11 @@ def test_plan_saved_by_the_forward_gives_the_same_gradients(monkeypatch):
     )  # fmt: skip
     assert planned == []  # no planning in the backward pass
     assert all(torch.equal(a, b) for a, b in zip(fresh, saved))
+    again = call(
+        triton_forward.plsh_forward_triton,
+        q, k, v, pitch, offset, pos, pos, 0.5, True, plan=plan, **blocks,
+    )  # fmt: skip
+    assert torch.equal(again[0], out) and torch.equal(again[1], lse)
 
 
 def test_key_value_gradients_with_smaller_query_tiles():
