@@ -84,7 +84,23 @@ def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     Query head ``h`` reads kv head ``h // (num_heads // num_heads_kv)`` (grouped-query
     attention); ``x`` itself when there is nothing to repeat. The torch form of
     :func:`plsh_ref.attention.expand_kv`.
+
+    Raises
+    ------
+    TypeError
+        ``x`` not a 4-D ``torch.Tensor``; ``num_heads`` not an int.
+    ValueError
+        ``num_heads`` not a positive multiple of ``num_heads_kv`` (it silently returned
+        ``num_heads_kv`` or 0 heads before).
     """
+    if not isinstance(x, torch.Tensor) or x.dim() != 4:
+        raise TypeError(f"x: must be a 4-D torch.Tensor, got {type(x).__name__}")
+    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer, torch.SymInt)):
+        raise TypeError(f"num_heads: must be an int, got {type(num_heads).__name__}")
+    if x.shape[1] < 1 or num_heads < 1 or num_heads % x.shape[1]:
+        raise ValueError(
+            f"num_heads: {num_heads} is not a multiple of num_heads_kv={x.shape[1]} of x"
+        )
     group = num_heads // x.shape[1]
     return x if group == 1 else x.repeat_interleave(group, dim=1)
 

@@ -336,3 +336,20 @@ def test_flex_reduction_peer_matches_reference(mask):
     pos = np.arange(n)
     bias = count_bias(counts(partition, pos, pos, causal=True), s)
     _check(out, q, k, v, bias, ref, "float32", lse=lse, ref_lse=ref_lse)
+
+
+def test_expand_kv_repeats_groups_and_refuses_non_multiples():
+    # num_heads not a multiple of num_heads_kv used to return num_heads_kv heads (3 -> 2)
+    # or none at all (1 -> 0) without a word
+    x = torch.arange(2 * 3, dtype=torch.float32).reshape(1, 2, 3, 1)
+    out = peers.expand_kv(x, 4)
+    assert out.shape == (1, 4, 3, 1)
+    assert torch.equal(out[:, 1], x[:, 0]) and torch.equal(out[:, 2], x[:, 1])
+    assert peers.expand_kv(x, 2) is x
+    for heads in (3, 1, 0, -2):
+        with pytest.raises(ValueError, match="^num_heads"):
+            peers.expand_kv(x, heads)
+    with pytest.raises(TypeError, match="^num_heads"):
+        peers.expand_kv(x, 2.0)
+    with pytest.raises(TypeError, match="^x"):
+        peers.expand_kv(x.numpy(), 2)
