@@ -649,3 +649,23 @@ def test_every_column_is_marginally_a_paper_hash():
     u = np.sort(part.offset[:, 0] / part.pitch[:, 0])
     i = np.arange(1, reps + 1)
     assert max(np.max(i / reps - u), np.max(u - (i - 1) / reps)) < crit
+
+
+def test_reproduce_stratified_errors_recomputed_from_the_draws():
+    # each s is a fresh stratified draw with seed + 1000 r; all three norms recomputed
+    from plsh_ref.experiments.reproduce import matrix_error_experiment
+
+    n, sig, samples = 40, [3.0, 9.0], [4, 8]
+    res = matrix_error_experiment(n, sig, samples, reps=2, seed=4, sampler="stratified")
+    pos = np.arange(n)
+    lstar = np.exp(-np.abs(pos[:, None] - pos[None, :]) / np.array(sig)[:, None, None])
+    for r in range(2):
+        for k, s in enumerate(samples):
+            part = draw_partition(sig, s, 4 + 1000 * r, sampler="stratified")
+            diff = empirical_mean(part, pos, pos) - lstar
+            for h in range(2):
+                np.testing.assert_allclose(
+                    res["spectral"][h, k, r], np.linalg.norm(diff[h], 2), rtol=1e-12
+                )
+                assert res["max"][h, k, r] == np.abs(diff[h]).max()
+                np.testing.assert_allclose(res["frobenius"][h, k, r], np.linalg.norm(diff[h]))

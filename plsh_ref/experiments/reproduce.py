@@ -235,9 +235,10 @@ def fit_loglog_slope(samples, errors) -> float:
 
 
 def _spectral_norm_symmetric(e: np.ndarray) -> float:
-    lo = scipy.linalg.eigvalsh(e, subset_by_index=[0, 0])[0]
-    hi = scipy.linalg.eigvalsh(e, subset_by_index=[e.shape[0] - 1, e.shape[0] - 1])[0]
-    return float(max(abs(lo), abs(hi)))
+    # One full eigvalsh (one tridiagonalisation) is about 2x faster than two
+    # subset_by_index calls, which tridiagonalise twice; same extreme eigenvalues.
+    w = scipy.linalg.eigvalsh(e)
+    return float(max(abs(w[0]), abs(w[-1])))
 
 
 def _group_size_for(s: int, group_size) -> int:
