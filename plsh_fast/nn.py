@@ -773,12 +773,16 @@ class PLSHSelfAttention(nn.Module):
 
         Raises
         ------
+        TypeError
+            If ``x`` is not a floating-point ``torch.Tensor``.
         ValueError
             If ``x`` is not ``(batch, seq_len, embed_dim)``.
         """
-        if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[2] != self.embed_dim:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"x: must be (batch, seq_len, {self.embed_dim}), got {shape}")
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+            kind = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"x: must be a floating-point torch.Tensor, got {kind}")
+        if x.dim() != 3 or x.shape[2] != self.embed_dim:
+            raise ValueError(f"x: must be (batch, seq_len, {self.embed_dim}), got {tuple(x.shape)}")
         b, n, _ = x.shape
 
         def heads(t, h):

@@ -329,3 +329,16 @@ def test_deprecated_names_still_work_with_a_warning():
     assert PLSHSelfAttention(16, 4, projection_bias=False).q_proj.bias is None
     with pytest.raises(TypeError, match="^projection_bias:"):
         PLSHSelfAttention(16, 4, projection_bias="yes")
+
+
+def test_self_attention_refuses_non_float_x_by_name():
+    # an integer x used to end in torch's "expected m1 and m2 to have the same dtype"
+    # (RuntimeError), an array in a ValueError about its shape
+    layer = PLSHSelfAttention(16, 4, num_samples=4, seed=0)
+    x = torch.randn(2, 5, 16)
+    for bad in (x.long(), x.numpy()):
+        with pytest.raises(TypeError, match="^x: must be a floating-point torch.Tensor"):
+            layer(bad)
+    with pytest.raises(ValueError, match=r"^x: must be \(batch, seq_len, 16\)"):
+        layer(x[0])
+    assert layer(x).shape == x.shape
