@@ -433,3 +433,25 @@ def test_head_dims_split_in_two_column_chunks(head_dims):
     ref, base = _reference(q, k, v, partition, pos, pos, True, 0.15, "float16")
     out, lse = _run(q, k, v, partition, pos, pos, True, 0.15)
     _check(out, lse, ref, base, "float16")
+
+
+@pytest.mark.skipif(not _triton_interp.COMPILED, reason="needs CUDA (compiled kernels)")
+def test_forward_with_sorted_positions_never_synchronises():
+    """positions_sorted=True: planning and kernels are device work only (no host sync)."""
+    rng = np.random.default_rng(1)
+    partition = draw_partition(np.array([3.0, 40.0]), 16, seed=1)
+    dev = _triton_interp.DEVICE
+    q, k, v = (
+        torch.from_numpy(rng.standard_normal((1, 2, 300, 64))).half().to(dev) for _ in range(3)
+    )
+    pitch, offset = (t.to(dev) for t in _tensors(partition))
+    pos = torch.arange(300, device=dev)
+    triton_forward.plsh_forward_triton(q, k, v, pitch, offset, pos, pos, 0.1, True)  # warm-up
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        triton_forward.plsh_forward_triton(
+            q, k, v, pitch, offset, pos, pos, 0.1, True, positions_sorted=True
+        )
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
