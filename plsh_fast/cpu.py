@@ -439,14 +439,22 @@ def _block_ranges_unit_steps(pitch, offset, bq, kpos):
     if bq.shape[-1] == 0:
         return bq.clone(), bq.clone()
     lowest = bq.amin(dim=-1, keepdim=True)
-    span = int((bq.amax(dim=-1, keepdim=True) - lowest).max()) + 2
-    if span <= 2 * bq.shape[-1] + 2:
-        # At most about twice as many bins as queries: evaluate the boundary of every bin
-        # once (one evaluation per bin instead of two per query) and gather.
-        first = _first_position(pitch, offset, lowest + torch.arange(span))
+    spans = (bq.amax(dim=-1, keepdim=True) - lowest + 2).reshape(-1)  # bins + 1, per sample
+    total = int(spans.sum())
+    if total <= spans.numel() * (2 * bq.shape[-1] + 2):
+        # At most about twice as many bins as queries in all: evaluate the boundary of
+        # every bin once (one evaluation per bin instead of two per query) and gather. Each
+        # sample's table covers its own bins only (one flat, ragged table): with s = 64
+        # the smallest pitch would otherwise size every sample's table.
+        base = spans.cumsum(0).sub_(spans)  # start of each sample's table
+        sample = torch.repeat_interleave(torch.arange(spans.numel()), spans)
+        b = lowest.reshape(-1)[sample] + (torch.arange(total) - base[sample])
+        first = _first_position(pitch.reshape(-1)[sample], offset.reshape(-1)[sample], b[:, None])[
+            :, 0
+        ]
         first = (first - k0).clamp_(0, n_k)
-        rel = bq - lowest
-        return first.gather(-1, rel), first.gather(-1, rel + 1)
+        rel = (bq - lowest).add_(base.view(lowest.shape))
+        return first[rel], first[rel + 1]
     start = (_first_position(pitch, offset, bq) - k0).clamp_(0, n_k)
     end = (_first_position(pitch, offset, bq + 1) - k0).clamp_(0, n_k)
     return start, end

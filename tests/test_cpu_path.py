@@ -82,6 +82,26 @@ def test_block_ranges_by_arithmetic_equal_searchsorted(seed, n_k, n_q, k0, log2_
     assert torch.equal(end, torch.searchsorted(bk, bq, right=True))
 
 
+@pytest.mark.parametrize("k0", [0, -5, 2**39])
+def test_block_ranges_ragged_bin_table_equal_searchsorted(k0):
+    """One tiny pitch among large ones (the s = 64 case): each sample's bin table covers its
+    own bins (one ragged table; the tiny pitch alone has more bins than 2n), and the ranges
+    still equal binary search."""
+    rng = np.random.default_rng(3)
+    pitch = torch.tensor([[0.3, 50.0, 61.5, 47.25, 80.0, 55.0, 52.0]], dtype=torch.float64)
+    offset = pitch * torch.from_numpy(rng.random(pitch.shape))
+    n = 400
+    kpos = torch.arange(n) + k0
+    qpos = torch.sort(torch.from_numpy(rng.integers(k0 - 30, k0 + n + 30, size=n))).values
+    bq = torch_bins(pitch, offset, qpos)
+    spans = bq.amax(-1) - bq.amin(-1) + 2
+    assert int(spans.max()) > 2 * n + 2 and int(spans.sum()) <= spans.numel() * (2 * n + 2)
+    start, end = cpu._block_ranges_unit_steps(pitch, offset, bq, kpos)
+    bk = torch_bins(pitch, offset, kpos).contiguous()
+    assert torch.equal(start, torch.searchsorted(bk, bq))
+    assert torch.equal(end, torch.searchsorted(bk, bq, right=True))
+
+
 @given(problems())
 def test_matches_reference(problem):
     out, lse = plsh_attention(
