@@ -204,7 +204,10 @@ def plsh_attention_forward(
     dropout : float
         Must be 0 while training (not supported).
     **kwargs
-        Ignored (``position_ids`` included: positions come from the mask).
+        ``sliding_window`` (transformers' window, Mistral/Qwen3): accepted when no key
+        outside it can share a bin with the query (``cache_bound(partition) <=
+        sliding_window``), refused otherwise. The rest is ignored (``position_ids``
+        included: positions come from the mask).
 
     Returns
     -------
@@ -215,7 +218,7 @@ def plsh_attention_forward(
     ------
     ValueError
         A 4-D mask, keys from a :class:`PLSHCache` whose positions disagree with the mask,
-        attention dropout.
+        attention dropout, a ``sliding_window`` narrower than the partition's reach.
 
     References
     ----------
@@ -226,6 +229,7 @@ def plsh_attention_forward(
     n_k = key.shape[2]
     mask = _padding_mask(attention_mask, batch, n_k, query.device)
     part = layer_partition(module, num_heads)
+    _check_sliding_window(kwargs.get("sliding_window"), part)
     qpos, kpos, kmask = _positions(mask, n_q, n_k, key, part)
     out = plsh_attention(
         query,
@@ -241,6 +245,26 @@ def plsh_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _check_sliding_window(window, part):
+    """PLSH with a sliding window: accepted only where the window cannot change a count.
+
+    A nonzero count needs a shared bin, so ``p_query - p_key <= cache_bound(part) - 1``
+    (``proofs_notes/decoding_cache.md``); with ``bound <= window`` every such key is inside
+    transformers' window (``p_query - p_key < window``) and the window is a no-op. A
+    narrower window is refused: PLSH attention has no per-query key window, and ignoring it
+    made generate() (whose cache keeps only the window) disagree with the full forward.
+    """
+    if window is None:
+        return
+    bound = cache_bound(part)
+    if bound > int(window):
+        raise ValueError(
+            f"sliding_window: {window} is narrower than this layer's PLSH reach ({bound} "
+            "positions, cache_bound of its partition); set config.sliding_window = None "
+            "(or use larger windows / smaller pitches)"
+        )
+
+
 def _check_not_evicting(key):
     if getattr(key, "plsh_partition", None) is not None:
         raise ValueError(
@@ -249,8 +273,11 @@ def _check_not_evicting(key):
         )
 
 
-def _alibi_core(query, key, value, slopes, qpos, kpos, kmask, causal, scaling):
-    """Exact ALiBi through SDPA with a dense bias; rows without keys give 0."""
+def _alibi_core(query, key, value, slopes, qpos, kpos, kmask, causal, scaling, window=None):
+    """Exact ALiBi through SDPA with a dense bias; rows without keys give 0.
+
+    ``window``: transformers' sliding window, key kept iff ``p_query - p_key < window``.
+    """
     batch, num_heads, n_q, head_dim = query.shape
     slopes_t = torch.as_tensor(slopes, dtype=torch.float32, device=query.device)
     dist = (qpos[:, None, :, None] - kpos[:, None, None, :]).to(torch.float32)
@@ -258,6 +285,8 @@ def _alibi_core(query, key, value, slopes, qpos, kpos, kmask, causal, scaling):
     keep = kmask[:, None, None, :]
     if causal:
         keep = keep & (kpos[:, None, None, :] <= qpos[:, None, :, None])
+    if window is not None:
+        keep = keep & (kpos[:, None, None, :] > qpos[:, None, :, None] - int(window))
     bias = bias.masked_fill(~keep, -math.inf)
     empty = ~keep.any(dim=-1, keepdim=True)
     bias = bias.masked_fill(empty, 0.0).to(query.dtype)
@@ -276,6 +305,8 @@ def alibi_attention_forward(
     ``-m_h |p_i - p_j|`` with the slopes of :func:`plsh_ref.alibi.alibi_slopes`
     ``(num_heads)`` (Press et al. 2022; SPEC section 1). Keys from a :class:`PLSHCache`
     are refused (``ValueError`` naming ``key``): exact ALiBi still weights the keys it evicted.
+    A ``sliding_window`` keyword (Mistral, Qwen3) is honoured: key kept iff
+    ``p_query - p_key < sliding_window``, as transformers' own masks and its sliding cache.
     """
     _check_dropout(module, dropout)
     _check_not_evicting(key)
@@ -293,6 +324,7 @@ def alibi_attention_forward(
         kmask,
         bool(getattr(module, "is_causal", True)),
         scaling,
+        kwargs.get("sliding_window"),
     )
     return out.transpose(1, 2).contiguous(), None
 

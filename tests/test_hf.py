@@ -18,6 +18,7 @@ from transformers import (  # noqa: E402
 )
 
 import plsh_fast.hf as hf  # noqa: E402
+from plsh_fast.decoding import cache_bound  # noqa: E402
 from plsh_ref import alibi_slopes, draw_partition  # noqa: E402
 from plsh_ref.attention import alibi_attention as ref_alibi  # noqa: E402
 from plsh_ref.attention import plsh_attention as ref_plsh  # noqa: E402
@@ -295,3 +296,51 @@ def test_plsh_cache_refuses_models_whose_attention_reads_evicted_keys():
         plsh(ids, attention_mask=mask, cache=cache, use_cache=True)
     with pytest.raises(TypeError, match="^layers"):
         hf.set_alibi_attention(_llama(), "plsh", layers=1)
+
+
+def _mistral(sliding_window):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(3)
+    cfg = MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=4096,
+        sliding_window=sliding_window,
+    )
+    return MistralForCausalLM(cfg).eval()
+
+
+def test_sliding_window_honoured_by_alibi_and_guarded_for_plsh():
+    # transformers' cache keeps only the window of a sliding-window model (Mistral's
+    # default is 4096); the attention functions ignored the window, so generate() with the
+    # default cache silently disagreed with the full forward (0.36 in the logits here)
+    ids, mask = _batch(n=10, pad=3)
+    kw = dict(attention_mask=mask, max_new_tokens=12, min_new_tokens=12, do_sample=False)
+    kw.update(output_scores=True, return_dict_in_generate=True)
+    model = hf.set_alibi_attention(_mistral(6), "alibi")
+    out = model.generate(ids, cache=DynamicCache(config=model.config), **kw)
+    full_mask = torch.cat([mask, torch.ones(2, 12, dtype=torch.long)], 1)
+    full = model(out.sequences, attention_mask=full_mask).logits
+    for t, scores in enumerate(out.scores):
+        finite = torch.isfinite(scores)  # generate() masks the eos token (min_new_tokens)
+        torch.testing.assert_close(scores[finite], full[:, 9 + t][finite], rtol=1e-5, atol=1e-5)
+    # negative control: without the window the real tokens' logits change
+    wide = hf.set_alibi_attention(_mistral(None), "alibi")
+    assert (wide(out.sequences, attention_mask=full_mask).logits - full)[:, 3:].abs().max() > 1e-3
+    # PLSH: a window narrower than the partition's reach is refused, a wide enough one is
+    # a no-op (generate with the windowed cache equals PLSHCache)
+    model = hf.set_alibi_attention(_mistral(6), "plsh", num_samples=4, seed=0)
+    with pytest.raises(ValueError, match="^sliding_window: 6 is narrower"):
+        model(ids, attention_mask=mask)
+    for layer, module in hf._attention_modules(model):
+        module.plsh_partition = draw_partition(np.full(4, 0.5), 4, seed=200 + layer)
+        assert cache_bound(module.plsh_partition) <= 6
+    a = model.generate(ids, cache=DynamicCache(config=model.config), **kw).sequences
+    b = model.generate(ids, cache=hf.PLSHCache(model), **kw).sequences
+    assert torch.equal(a, b)
