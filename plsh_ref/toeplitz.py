@@ -192,7 +192,9 @@ def kms_angles(n: int, sigma) -> np.ndarray:
     n, sigma = _check(n, sigma)
     lo, hi = _brackets(n)
     f_lo = _reduced_secular_np(lo, n, sigma)
-    for _ in range(200):
+    # up to ~1100 halvings: the first bracket starts at 0 and its root theta_1 ~ sqrt(2/sigma)
+    # can lie far below 2^-200 (200 steps gave wrong eigenvalues for sigma >= 1e120)
+    for _ in range(1100):
         mid = 0.5 * (lo + hi)
         if np.all((mid == lo) | (mid == hi)):
             break

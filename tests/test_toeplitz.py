@@ -273,3 +273,12 @@ def test_plsh_spectrum_plots_are_labelled(tmp_path, monkeypatch):
         assert "$" in ax.get_xlabel() and "$" in ax.get_ylabel() and "$" in ax.get_title()
         labels = [ln.get_label() for ln in ax.lines if not ln.get_label().startswith("_")]
         assert labels and all("$" in label for label in labels), labels
+
+
+@pytest.mark.parametrize("sigma", [1e120, 1e200])
+def test_eigenvalues_for_a_huge_sigma_match_eigvalsh(sigma):
+    # theta_1 ~ sqrt(2 / sigma) lies below 2^-200: the bisection stopped at a fixed 200
+    # halvings and gave lambda_max 1.7e-78 instead of n (plsh spectrum --sigma 1e200)
+    n = 8
+    dense = np.linalg.eigvalsh(_kms(n, sigma))
+    np.testing.assert_allclose(np.sort(tp.kms_eigenvalues(n, sigma)), dense, atol=1e-12)
