@@ -293,6 +293,7 @@ class PLSHDecodingCache:
         attention_mask=None,
         partition=None,
         return_lse: bool = False,
+        check_finite: bool = True,
     ):
         """Append ``m`` new tokens, attend their queries causally, evict unreachable keys.
 
@@ -317,6 +318,10 @@ class PLSHDecodingCache:
             If given, must equal the cache's (guards against mixing layers).
         return_lse : bool
             Also return the LSE ``(batch, num_heads, m)`` (float32, float64 for float64).
+        check_finite : bool
+            Refuse NaN/inf in ``query``, ``key``, ``value`` (default, as
+            :func:`plsh_fast.plsh_attention`; one read of the new tokens). With it off a NaN
+            input propagates to the rows that reach it, and stays in the cache while live.
 
         Returns
         -------
@@ -331,22 +336,29 @@ class PLSHDecodingCache:
         ------
         TypeError
             Non-tensor inputs, mixed or non-floating dtypes, a non-integer mask or positions,
-            a non-bool ``return_lse``.
+            a non-bool ``return_lse`` or ``check_finite``.
         ValueError
             Wrong ranks or shapes, head counts that do not divide, a batch size, head count,
             head_dim, dtype or device other than the cache's, a ``partition`` other than the
             cache's, positions that do not increase strictly along a sequence (a decode step
-            out of order), ``|p| >= 2**53``. A refused call leaves the cache unchanged.
+            out of order), ``|p| >= 2**53``, NaN/inf inputs when ``check_finite``. A refused call leaves the cache unchanged.
 
         References
         ----------
         ``proofs_notes/decoding_cache.md``; SPEC section 3.
         """
-        if not isinstance(return_lse, bool):
-            raise TypeError(f"return_lse: must be a bool, got {type(return_lse).__name__}")
+        for flag, value_ in (("return_lse", return_lse), ("check_finite", check_finite)):
+            if not isinstance(value_, bool):
+                raise TypeError(f"{flag}: must be a bool, got {type(value_).__name__}")
         batch, m, shape, mask, positions = self._check_call(
             query, key, value, positions, attention_mask, partition
         )
+        if check_finite:
+            for name, t in (("query", query), ("key", key), ("value", value)):
+                if not bool(torch.isfinite(t).all()):
+                    raise ValueError(
+                        f"{name}: contains NaN or inf (pass check_finite=False to allow)"
+                    )
         scale = check_scale(None, shape[2]) if self.scale is None else self.scale
         # positions of the new tokens, per sequence, on the host; then order checks (before
         # the cache changes: a refused call leaves it as it was)

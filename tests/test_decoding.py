@@ -223,3 +223,18 @@ def test_bad_scale_and_positions_name_the_argument():
     q, k, v = _inputs(1, 2, 2, 3, 4, torch.float32)
     with pytest.raises(TypeError, match="^positions"):
         PLSHDecodingCache(part).update(q, k, v, positions="abc")
+
+
+def test_non_finite_inputs_are_refused_unless_allowed():
+    part = draw_partition([4.0, 8.0], num_samples=4, seed=0)
+    q, k, v = _inputs(1, 2, 2, 4, 4, torch.float32)
+    bad = v.clone()
+    bad[0, 1, 2, 0] = float("nan")
+    cache = PLSHDecodingCache(part)
+    with pytest.raises(ValueError, match="^value: contains NaN"):
+        cache.update(q, k, bad)
+    assert cache.batch_size == 0  # the refused call left the cache unset
+    out = PLSHDecodingCache(part).update(q, k, bad, check_finite=False)
+    assert torch.isnan(out).any()  # negative control: with the check off the NaN propagates
+    with pytest.raises(TypeError, match="^check_finite"):
+        cache.update(q, k, v, check_finite=1)
