@@ -93,6 +93,18 @@ def _usage() -> str:
     return "\n".join(lines)
 
 
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line on stderr, exit status 2.
+
+    argparse's own ``error`` prints the whole usage block before the message; every ``plsh``
+    command reports bad options in one line instead (``plsh COMMAND --help`` shows the
+    usage).
+    """
+
+    def error(self, message):  # noqa: D102 - argparse API
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``plsh`` console script; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -126,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"plsh {command}: cannot import {available[command].value}: {exc}", file=sys.stderr
             )
         return 2
-    parser = argparse.ArgumentParser(prog=f"plsh {command}", description=module.HELP)
+    parser = OneLineArgumentParser(prog=f"plsh {command}", description=module.HELP)
     module.add_arguments(parser)
     args = parser.parse_args(argv)
     missing = _missing_requirement(module)

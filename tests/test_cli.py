@@ -534,3 +534,16 @@ def test_arithmetic_errors_escaping_a_command_are_one_line(monkeypatch, capsys):
     monkeypatch.setattr(module, "run", boom)
     assert cli.main(["bounds"]) == 2
     assert "division by zero" in _one_line_error(capsys, "bounds")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["spectrum", "--n", "abc"], ["bounds", "--bogus"], ["verify"], ["reproduce", "--seed"]],
+)
+def test_argparse_errors_are_one_line_exit_2(argv, capsys):
+    # argparse's default error() prints the usage block first (several lines)
+    with pytest.raises(SystemExit) as info:
+        cli.main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"plsh {argv[0]}: error: "), err
