@@ -49,8 +49,8 @@ def kernels(backend: str):
     """``(forward, backward, planner)`` of ``backend`` ("cpu" or "triton"), imported lazily.
 
     ``planner`` builds the plan that ``forward``/``backward`` accept as ``plan=`` (the CPU
-    path's :func:`plsh_fast.cpu.plan_cpu`), or is ``None`` (the Triton kernels plan
-    per call on the device: the forward and the backward need different ranges).
+    path's :func:`plsh_fast.cpu.plan_cpu`), or is ``None`` (the Triton forward plans on the
+    device and returns its plan with ``return_plan=True``; the backward reuses it).
     """
     if backend == "cpu":
         from .cpu import plan_cpu, plsh_backward_cpu, plsh_forward_cpu
@@ -99,7 +99,9 @@ def attention_forward(
                 pitch, offset, group.query_positions, group.key_positions, causal, q.dtype
             )
             kwargs["plan"] = group.plan
-        return forward(
+        else:  # Triton: the forward returns its plan for the backward to reuse
+            kwargs["return_plan"] = True
+        result = forward(
             q,
             k,
             v,
@@ -111,6 +113,10 @@ def attention_forward(
             causal,
             **kwargs,
         )
+        if planner is None:
+            o, l_, group.plan = result  # None when the rows had to be sorted
+            return o, l_
+        return result
 
     if len(groups) == 1 and groups[0].whole:
         out, lse = run(groups[0], query, key, value)

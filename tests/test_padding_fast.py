@@ -278,3 +278,28 @@ def test_bad_positions_and_masks_name_the_argument(name, error, kwargs):
             kwargs.get("key_positions"),
             attention_mask=kwargs.get("attention_mask"),
         )
+
+
+@pytest.mark.triton
+def test_triton_backward_reuses_the_forward_plan(monkeypatch):
+    import _triton_interp
+
+    _triton_interp.load("triton_forward")
+    tb = _triton_interp.load("triton_backward")
+    calls = []
+    real = tb.make_plan
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tb, "make_plan", counting)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (
+        torch.randn(1, 2, 40, 16, generator=g, dtype=torch.float32).requires_grad_()
+        for _ in range(3)
+    )
+    out = plsh_attention(q, k, v, num_samples=4, seed=0, backend="triton")
+    out.sum().backward()
+    assert calls == []  # the backward planned nothing: it used the forward's plan
+    assert q.grad is not None and torch.isfinite(q.grad).all()
