@@ -18,8 +18,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plsh_ref.attention import plsh_attention
-from plsh_ref.partition import PartitionSample, bins, counts, draw_partition
+from plsh_ref.partition import (
+    PartitionSample,
+    bins,
+    count_bias,  # noqa: E402
+    counts,
+    draw_partition,
+)
 from plsh_ref.testing.baseline import plain_attention_torch
+from plsh_ref.testing.strategies import draw_positions  # noqa: E402
 from plsh_ref.testing.tolerance import assert_close_to_reference
 
 tiling = _triton_interp.load("tiling")
@@ -39,21 +46,11 @@ def _tensors(partition):
 
 
 def _positions(mode, n_q, n_k, rng):
-    """(query_positions, key_positions) int64 numpy arrays for a position mode."""
-    if mode == "default":
+    """(query_positions, key_positions) int64 numpy arrays of a toolkit position layout."""
+    qpos, kpos = draw_positions(mode, n_q, n_k, rng)
+    if qpos is None:
         return np.arange(n_q) + (n_k - n_q), np.arange(n_k)
-    if mode == "shifted":  # left padding / a chunk far from 0, negative allowed
-        shift = int(rng.integers(-1000, 10**6))
-        return np.arange(n_q) + (n_k - n_q) + shift, np.arange(n_k) + shift
-    if mode == "gaps":  # increasing with gaps, queries a subset-like block of the keys
-        k = np.cumsum(rng.integers(1, 4, size=n_k)) - 5
-        q = np.sort(rng.choice(np.arange(k.min() - 3, k.max() + 4), size=n_q))
-        return q.astype(np.int64), k.astype(np.int64)
-    # unsorted explicit positions (correct but not tile-skipped)
-    return (
-        rng.permutation(np.arange(n_q) * 2)[:n_q].astype(np.int64),
-        rng.permutation(np.arange(n_k) * 2)[:n_k].astype(np.int64),
-    )
+    return qpos, kpos
 
 
 def _make_view(x: torch.Tensor, kind: str) -> torch.Tensor:
@@ -81,8 +78,7 @@ def _reference(q, k, v, partition, qpos, kpos, causal, scale, dtype_name):
         key_positions=kpos,
     )
     c = counts(partition, qpos, kpos, causal=causal)
-    with np.errstate(divide="ignore"):
-        bias = np.log(c / partition.num_samples)
+    bias = count_bias(c, partition.num_samples)
     base = plain_attention_torch(q64, k64, v64, bias, scale=scale, dtype=dtype_name)
     return ref, base
 
