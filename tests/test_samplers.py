@@ -423,7 +423,14 @@ def test_window_goal_within_ten_percent_of_iid():
 # --------------------------------------------------------------------------------------
 
 
-def test_fast_cpu_path_with_stratified_partition_matches_reference():
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("triton", marks=pytest.mark.triton)])
+def test_fast_path_with_stratified_partition_matches_reference(backend):
+    if backend == "triton":  # the Triton kernels in the interpreter (compiled on CUDA)
+        import _triton_interp
+
+        if _triton_interp.COMPILED:
+            pytest.skip("this test passes CPU tensors; on CUDA tests/test_triton_* cover it")
+        _triton_interp.load("triton_forward")
     from plsh_fast import plsh_attention
     from plsh_ref.testing.baseline import plain_attention_torch
     from plsh_ref.testing.tolerance import assert_close_to_reference
@@ -434,7 +441,7 @@ def test_fast_cpu_path_with_stratified_partition_matches_reference():
         problem, partition=draw_partition(sigma, 8, 3, sampler="stratified", group_size=2)
     )
     out, lse = plsh_attention(
-        problem.query, problem.key, problem.value, return_lse=True, backend="cpu",
+        problem.query, problem.key, problem.value, return_lse=True, backend=backend,
         **problem.kwargs,
     )  # fmt: skip
     ref_out, ref_lse = problem.reference()
