@@ -26,6 +26,8 @@ import torch
 from plsh_ref.partition import PartitionSample
 from plsh_ref.validation import check_scale
 
+from . import _validation as V
+from . import padding
 from .api import plsh_attention
 from .partition import bins, count_bias, partition_tensors
 
@@ -197,13 +199,7 @@ class PLSHDecodingCache:
         return bins(self._pitch, self._offset, positions)
 
     def _check_call(self, query, key, value, positions, attention_mask, partition):
-        for name, t in (("query", query), ("key", key), ("value", value)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
-            if t.dim() != 4:
-                raise ValueError(
-                    f"{name}: must be 4-D (batch, heads, n, dim), got {tuple(t.shape)}"
-                )
+        V.check_qkv(query, key, value)  # types, ranks, dtypes, devices, head counts
         if partition is not None and partition != self.partition:
             raise ValueError(
                 "partition: differs from the partition this cache was built with "
@@ -214,27 +210,11 @@ class PLSHDecodingCache:
             raise ValueError(
                 f"query: {num_heads} heads, the partition has {self.partition.num_heads}"
             )
-        if key.shape[0] != batch or value.shape[0] != batch:
-            raise ValueError("key: batch size differs from the query's")
-        if key.shape[2] != m or value.shape[2] != m:
+        if key.shape[2] != m:
             raise ValueError(
                 f"key: holds {key.shape[2]} new tokens, query {m} (one key per new token)"
             )
-        num_heads_kv = key.shape[1]
-        if value.shape[1] != num_heads_kv or num_heads % max(num_heads_kv, 1) or not num_heads_kv:
-            raise ValueError(
-                f"key: {num_heads_kv} kv heads must divide the {num_heads} query heads "
-                f"and match value's {value.shape[1]}"
-            )
-        if key.shape[3] != head_dim:
-            raise ValueError(f"key: head_dim {key.shape[3]} differs from the query's {head_dim}")
-        if (
-            query.dtype != key.dtype
-            or key.dtype != value.dtype
-            or not query.dtype.is_floating_point
-        ):
-            raise TypeError("query: query, key and value must share one floating dtype")
-        shape = (num_heads, num_heads_kv, head_dim, value.shape[3], query.dtype, query.device)
+        shape = (num_heads, key.shape[1], head_dim, value.shape[3], query.dtype, query.device)
         if self._shape is not None:
             if shape != self._shape:
                 raise ValueError(
@@ -244,42 +224,15 @@ class PLSHDecodingCache:
                 raise ValueError(
                     f"query: batch {batch}, the cache holds {self.batch_size} sequences"
                 )
-        mask = None
-        if attention_mask is not None:
-            if not isinstance(attention_mask, torch.Tensor):
-                raise TypeError("attention_mask: must be a torch.Tensor (batch, n_new)")
-            if tuple(attention_mask.shape) != (batch, m):
-                raise ValueError(
-                    f"attention_mask: shape {tuple(attention_mask.shape)}, expected {(batch, m)}"
-                )
-            if attention_mask.dtype == torch.bool:
-                mask = attention_mask.cpu()
-            elif not attention_mask.dtype.is_floating_point and not attention_mask.is_complex():
-                mask = attention_mask.cpu()
-                if bool(((mask != 0) & (mask != 1)).any()):
-                    raise ValueError("attention_mask: integer masks must hold only 0 and 1")
-                mask = mask.bool()
-            else:
-                raise TypeError(
-                    f"attention_mask: must be bool or integer 0/1, got {attention_mask.dtype}"
-                )
+        mask = padding.check_attention_mask(attention_mask, batch, m, torch.device("cpu"))
+        if mask is not None and mask.dtype != torch.bool:
+            if bool(((mask != 0) & (mask != 1)).any()):
+                raise ValueError("attention_mask: integer masks must hold only 0 and 1")
+            mask = mask.bool()
+        positions = padding.check_positions("positions", positions, batch, m, torch.device("cpu"))
         if positions is not None:
-            if not isinstance(positions, torch.Tensor):
-                try:
-                    positions = torch.as_tensor(np.asarray(positions))
-                except (TypeError, ValueError) as exc:
-                    raise TypeError(f"positions: must be integers, got {positions!r}") from exc
-            if positions.dtype.is_floating_point or positions.dtype == torch.bool:
-                raise TypeError(f"positions: must be integers, got {positions.dtype}")
-            positions = positions.to("cpu", torch.int64)
-            if positions.dim() == 1:
-                positions = positions.expand(batch, m)
-            if tuple(positions.shape) != (batch, m):
-                raise ValueError(
-                    f"positions: shape {tuple(positions.shape)}, expected {(m,)} or {(batch, m)}"
-                )
-            if bool((positions.abs() >= 2**53).any()):
-                raise ValueError("positions: must satisfy |p| < 2**53")
+            padding.check_position_range("positions", positions)
+            positions = positions.expand(batch, m)
         return batch, m, shape, mask, positions
 
     # ------------------------------------------------------------------ the call
@@ -354,11 +307,7 @@ class PLSHDecodingCache:
             query, key, value, positions, attention_mask, partition
         )
         if check_finite:
-            for name, t in (("query", query), ("key", key), ("value", value)):
-                if not bool(torch.isfinite(t).all()):
-                    raise ValueError(
-                        f"{name}: contains NaN or inf (pass check_finite=False to allow)"
-                    )
+            V.check_finite(query, key, value)
         scale = check_scale(None, shape[2]) if self.scale is None else self.scale
         # positions of the new tokens, per sequence, on the host; then order checks (before
         # the cache changes: a refused call leaves it as it was)
