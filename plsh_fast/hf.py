@@ -43,7 +43,7 @@ import torch
 
 from plsh_ref.alibi import alibi_slopes
 from plsh_ref.partition import PartitionSample, draw_partition
-from plsh_ref.validation import check_scale
+from plsh_ref.validation import check_bool, check_int, check_num_samples, check_scale
 
 from .api import plsh_attention
 from .decoding import cache_bound
@@ -419,7 +419,9 @@ def set_alibi_attention(
     ------
     ValueError
         An unknown ``attn_implementation``; a model that does not use the attention
-        interface or has no recognisable attention modules; a layer index out of range.
+        interface or has no recognisable attention modules; a layer index out of range;
+        ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]`` or a negative ``seed``
+        (:mod:`plsh_ref.validation`).
     TypeError
         Non-integer ``num_samples``/``seed``/``layers``, non-bool ``remove_rope``.
 
@@ -431,13 +433,9 @@ def set_alibi_attention(
         raise ValueError(
             f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
         )
-    if not isinstance(remove_rope, bool):
-        raise TypeError(f"remove_rope: must be a bool, got {type(remove_rope).__name__}")
-    for name, value in (("num_samples", num_samples), ("seed", seed)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name}: must be an int, got {type(value).__name__}")
-    if num_samples < 1:
-        raise ValueError(f"num_samples: must be >= 1, got {num_samples}")
+    remove_rope = check_bool("remove_rope", remove_rope)
+    num_samples = check_num_samples(num_samples)
+    seed = check_int("seed", seed, minimum=0)
     if not getattr(type(model), "_supports_attention_backend", False):
         raise ValueError(
             f"model: {type(model).__name__} does not dispatch attention through "
@@ -586,7 +584,8 @@ def swap_bloom_attention(
     ------
     ValueError
         Unknown ``attn_implementation``; no ``BloomAttention`` in the model; tensor-parallel
-        checkpoints with ``pretraining_tp > 1`` and ``slow_but_exact`` (not supported).
+        checkpoints with ``pretraining_tp > 1`` and ``slow_but_exact`` (not supported);
+        ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]`` or a negative ``seed``.
     TypeError
         Non-integer ``num_samples``/``seed``.
 
@@ -598,11 +597,8 @@ def swap_bloom_attention(
         raise ValueError(
             f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
         )
-    for name, value in (("num_samples", num_samples), ("seed", seed)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name}: must be an int, got {type(value).__name__}")
-    if num_samples < 1:
-        raise ValueError(f"num_samples: must be >= 1, got {num_samples}")
+    num_samples = check_num_samples(num_samples)
+    seed = check_int("seed", seed, minimum=0)
     from transformers.models.bloom.modeling_bloom import BloomAttention
 
     found = [m for m in model.modules() if isinstance(m, BloomAttention)]
