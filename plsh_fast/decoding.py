@@ -31,7 +31,7 @@ from . import padding
 from .api import plsh_attention
 from .partition import bins, count_bias, partition_tensors
 
-__all__ = ["PLSHDecodingCache", "cache_bound"]
+__all__ = ["PLSHDecodingCache", "binary64_bound", "cache_bound"]
 
 #: above this many (new query, cached key) pairs per sequence and head, a call goes
 #: through :func:`plsh_fast.plsh_attention` instead of the dense counts form
@@ -50,10 +50,10 @@ def cache_bound(partition: PartitionSample) -> int:
     -------
     int
         ``max_{h,t} ceil(pitch_{h,t}) + 1`` tokens: a bin ``[u + b delta, u + (b+1) delta)``
-        holds at most ``ceil(delta)`` integers, and binary64 rounding of the bin index can
-        move a boundary by at most one integer (``proofs_notes/decoding_cache.md``). The
-        cache holds the reachable keys of the newest query, all in one bin with it in some
-        sample.
+        holds at most ``ceil(delta)`` integers, and a binary64 bin at most one more while
+        ``|p| + delta <= 2**50`` (beyond, see :func:`binary64_bound`;
+        ``proofs_notes/decoding_cache.md``). The cache holds the reachable keys of the
+        newest query, all in one bin with it in some sample.
 
     Raises
     ------
@@ -70,6 +70,36 @@ def cache_bound(partition: PartitionSample) -> int:
     return int(math.ceil(float(np.max(partition.pitch)))) + 1
 
 
+def binary64_bound(partition: PartitionSample, max_abs_position: int) -> int:
+    """Largest binary64 block, hence cache size, for positions up to ``max_abs_position``.
+
+    A binary64 bin holds at most ``ceil((1 + 2 B) pitch)`` integer positions, with
+    ``B = (|p| / pitch + 1) (2**-52 + 2**-106) + 2**-1075`` the rounding bound of the bin
+    quotient (``proofs_notes/collision_probability.md``, *Blocks*). While
+    ``|p| + pitch <= 2**50`` this is at most :func:`cache_bound`; near ``2**53`` it can
+    exceed it.
+
+    Parameters
+    ----------
+    partition : plsh_ref.partition.PartitionSample
+        ``pitch`` ``(num_heads, num_samples)``, float64, in tokens.
+    max_abs_position : int
+        Largest ``|p|`` of the positions involved (``< 2**53``).
+
+    Returns
+    -------
+    int
+        ``max_{h,t} ceil((1 + 2 B_{h,t}) pitch_{h,t})`` (tokens).
+
+    References
+    ----------
+    ``proofs_notes/decoding_cache.md`` section 2.
+    """
+    pitch = np.asarray(partition.pitch, dtype=np.float64)
+    rounding = (abs(int(max_abs_position)) / pitch + 1.0) * (2.0**-52 + 2.0**-106) + 2.0**-1075
+    return int(np.max(np.ceil((1.0 + 2.0 * rounding) * pitch)))
+
+
 class PLSHDecodingCache:
     """Bounded key/value cache for causal PLSH decoding of one attention layer.
 
@@ -84,8 +114,10 @@ class PLSHDecodingCache:
     Attributes
     ----------
     bound : int
-        :func:`cache_bound` of the partition: no sequence ever holds more keys than this
-        after a call (checked on every call; a violation is a ``RuntimeError``).
+        :func:`cache_bound` of the partition: no sequence holds more keys than this after a
+        call while its positions satisfy ``|p| + pitch <= 2**50``; beyond, binary64 bins
+        can be up to :func:`binary64_bound` long (checked on every call; a violation of
+        the larger of the two is a ``RuntimeError``).
 
     Raises
     ------
@@ -375,11 +407,14 @@ class PLSHDecodingCache:
             self._positions[b] = p_all[first:]
             self._bins[b] = b_all[..., first:]
             self._last[b] = int(pos[-1])
-            if self._positions[b].numel() > self.bound:
-                raise RuntimeError(
-                    f"decoding cache: {self._positions[b].numel()} keys exceed the bound "
-                    f"{self.bound} (proofs_notes/decoding_cache.md); please report this"
-                )
+            held = self._positions[b].numel()
+            if held > self.bound:
+                allowed = max(self.bound, binary64_bound(self.partition, self._last[b]))
+                if held > allowed:
+                    raise RuntimeError(
+                        f"decoding cache: {held} keys exceed the bound {allowed} "
+                        "(proofs_notes/decoding_cache.md); please report this"
+                    )
         return (out, lse) if return_lse else out
 
     def _attend(self, q, k, v, qpos, kpos, qbins, kbins, scale):

@@ -238,3 +238,33 @@ def test_non_finite_inputs_are_refused_unless_allowed():
     assert torch.isnan(out).any()  # negative control: with the check off the NaN propagates
     with pytest.raises(TypeError, match="^check_finite"):
         cache.update(q, k, v, check_finite=1)
+
+
+def test_binary64_bound_equals_cache_bound_below_2_50_and_allows_more_near_2_53():
+    # proofs_notes/decoding_cache.md section 2: binary64 bins hold at most
+    # ceil((1 + 2B) pitch) positions, which is <= ceil(pitch) + 1 while |p| + pitch <= 2**50
+    from plsh_fast.decoding import binary64_bound
+
+    for seed in range(20):
+        part = draw_partition([3.0, 40.0, 300.0], num_samples=8, seed=seed)
+        assert binary64_bound(part, 2**50 - 4096) <= cache_bound(part)
+        assert binary64_bound(part, 0) >= cache_bound(part) - 1  # ceil(pitch) at least
+    wide = draw_partition([100.0], num_samples=1, seed=0)
+    assert binary64_bound(wide, 2**53 - 1) > cache_bound(wide)  # the excess is possible there
+
+
+def test_decoding_near_2_53_with_wide_pitches_stays_exact():
+    # positions where binary64 bins may exceed ceil(pitch) + 1: no false RuntimeError, and
+    # decoding still equals the full-sequence attention
+    from plsh_fast import plsh_attention
+    from plsh_fast.decoding import binary64_bound
+
+    part = draw_partition([60.0, 120.0], num_samples=4, seed=2)
+    n = 300
+    pos = torch.arange(2**53 - n, 2**53, dtype=torch.int64)
+    q, k, v = _inputs(1, 2, 2, n, 4, torch.float64, seed=5)
+    cache = PLSHDecodingCache(part)
+    out, sizes = _decode(cache, q, k, v, prefill=100, positions=pos)
+    full = plsh_attention(q, k, v, partition=part, query_positions=pos, key_positions=pos)
+    torch.testing.assert_close(out, full, rtol=1e-12, atol=1e-12)
+    assert max(sizes) <= binary64_bound(part, 2**53 - 1)
