@@ -641,7 +641,33 @@ class PLSHCacheLayer(DynamicLayer):
         self._pitch = self._offset = None
 
     def update(self, key_states, value_states, *args, **kwargs):
-        """Append the new keys/values, evict, return what the attention reads."""
+        """Append the new keys/values, evict, return what the attention reads.
+
+        Parameters
+        ----------
+        key_states, value_states : torch.Tensor
+            ``(batch, num_heads_kv, m, head_dim)`` and ``(..., head_dim_v)``, the new tokens.
+        kwargs : dict
+            The attention kwargs transformers passes (``kwargs=``): ``position_ids``
+            ``(batch, m)`` or ``(1, m)`` int64 positions of the new tokens (required), and
+            optionally ``keep`` ``(batch, m)`` bool (False for padding).
+
+        Returns
+        -------
+        (keys, values) : tuple of torch.Tensor
+            ``(batch, num_heads_kv, L, head_dim)``: the kept slots followed by the new ones,
+            tagged with their positions and partition for the attention's checks.
+
+        Raises
+        ------
+        ValueError
+            Missing or mis-shaped ``position_ids``; a step whose positions do not follow
+            the cached ones.
+
+        References
+        ----------
+        ``proofs_notes/decoding_cache.md``, Claim 1 (eviction is exact).
+        """
         attn_kwargs = kwargs.get("kwargs") or {}
         position_ids = attn_kwargs.get("position_ids", kwargs.get("position_ids"))
         if position_ids is None:
