@@ -181,7 +181,9 @@ class _Chunk:
 
     def add_keys(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """``dst`` (B, n_k, d) rows of the key windows ``+= src`` (B, G, W, d)."""
-        dst.index_add_(1, self.keys.reshape(-1), src.flatten(1, 2))
+        flat, src = self.keys.reshape(-1), src.flatten(1, 2)
+        for b in range(dst.shape[0]):  # dim 0 of a contiguous row block: see _gather
+            dst[b].index_add_(0, flat, src[b])
 
 
 @dataclass
@@ -447,14 +449,18 @@ def _block_ranges_unit_steps(pitch, offset, bq, kpos):
         # sample's table covers its own bins only (one flat, ragged table): with s = 64
         # the smallest pitch would otherwise size every sample's table.
         base = spans.cumsum(0).sub_(spans)  # start of each sample's table
-        sample = torch.repeat_interleave(torch.arange(spans.numel()), spans)
-        b = lowest.reshape(-1)[sample] + (torch.arange(total) - base[sample])
-        first = _first_position(pitch.reshape(-1)[sample], offset.reshape(-1)[sample], b[:, None])[
-            :, 0
-        ]
+
+        # Per-sample values repeated over the sample's bins (repeat_interleave and
+        # index_select: several times faster on the CPU than advanced indexing).
+        def per_bin(x):
+            return x.reshape(-1).repeat_interleave(spans, output_size=total)
+
+        b = (per_bin(lowest - base.view(lowest.shape))).add_(torch.arange(total))
+        first = _first_position(per_bin(pitch), per_bin(offset), b[:, None])[:, 0]
         first = (first - k0).clamp_(0, n_k)
-        rel = (bq - lowest).add_(base.view(lowest.shape))
-        return first[rel], first[rel + 1]
+        rel = (bq - lowest).add_(base.view(lowest.shape)).view(-1)
+        start = first.index_select(0, rel).view(bq.shape)
+        return start, first.index_select(0, rel.add_(1)).view(bq.shape)
     start = (_first_position(pitch, offset, bq) - k0).clamp_(0, n_k)
     end = (_first_position(pitch, offset, bq + 1) - k0).clamp_(0, n_k)
     return start, end
@@ -632,9 +638,21 @@ def _per_head(x: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _gather(rows_tensor: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """``rows_tensor[:, idx]`` for ``rows_tensor`` (B, n, ...) and ``idx`` (G, W): (B, G, W, ...)."""
+    """``rows_tensor[:, idx]`` for ``rows_tensor`` (B, n, ...) and ``idx`` (G, W): (B, G, W, ...).
+
+    One ``index_select`` along dim 0 of each batch row's contiguous ``(n, ...)`` block,
+    like :meth:`_Chunk.add_keys` for ``index_add_``: torch's CPU kernels are faster along
+    dim 0 of a contiguous tensor than along dim 1 of the batched one (``index_add_``
+    measurably so; see the CPU notes in ``benchmarks/README.md``).
+    """
     b, _, *rest = rows_tensor.shape
-    return rows_tensor.index_select(1, idx.reshape(-1)).view(b, *idx.shape, *rest)
+    flat = idx.reshape(-1)
+    if b == 1:
+        return rows_tensor[0].index_select(0, flat).view(1, *idx.shape, *rest)
+    out = rows_tensor.new_empty(b, flat.numel(), *rest)
+    for i in range(b):
+        torch.index_select(rows_tensor[i], 0, flat, out=out[i])
+    return out.view(b, *idx.shape, *rest)
 
 
 def _pad_last(x: torch.Tensor, size: int) -> torch.Tensor:
