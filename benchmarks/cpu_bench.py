@@ -34,7 +34,10 @@ the machine's GFLOP/s on the shapes the method uses; the floor is the window wor
 ``4 d n sum_h support_h`` (``support_h``: mean keys with a nonzero count per query) at that
 rate. Every method's time is reported as ``x floor``; forward+backward against 3.5 floors
 (7 GEMMs of the window instead of 2). A ``2048^3`` sgemm with torch's threads
-(``gemm_large``) is reported beside it.
+(``gemm_large``) is reported beside it. ``kernel_tiles`` runs the tile kernel alone
+(:func:`plsh_fast.cpu.tiles_forward`, torch's fused flash-attention operator) on our tile
+groups, prebuilt: ``plsh`` over it is what planning, bias building, gathers and scatters
+add, and it over the floor is what the kernel itself costs beyond the GEMMs.
 
 Reported per method: median wall time, ``x floor``, peak memory, and the output error
 against float64 exact ALiBi attention (computed in query chunks; on ``--error-rows``
@@ -287,6 +290,54 @@ def tile_gemm_probe(partition: PartitionSample, n: int, threads: int):
     return run, flops
 
 
+def tile_kernel_probe(partition: PartitionSample, n: int, threads: int, inputs):
+    """The tile kernel of our forward alone, on our own tile groups: a zero-argument callable.
+
+    Every tile group of the plan is built once here (gathered query rows and key/value
+    windows, the count bias), then the callable runs only
+    :func:`plsh_fast.cpu.tiles_forward` (torch's fused CPU flash-attention operator) on
+    them, dealt to ``threads`` workers of the CPU path's pool like the forward deals
+    them. Planning, bias building, gathers and scatters are excluded: ``plsh`` minus this
+    is what the rest of the path costs, and this over the floor is what the kernel alone
+    costs (the bound on what the rest of the path can gain). Holds every group's bias at
+    once (``4 * sum_groups G T W`` bytes).
+    """
+    q, k, v, _ = inputs
+    pitch, offset = partition_tensors(partition, "cpu")
+    pos = torch.arange(n)
+    plan = plsh_cpu.plan_cpu(pitch, offset, pos, pos, True, torch.float32)
+    work = []
+    for h in range(HEADS):
+        for spec in plan.head_specs(h):
+            chunk = plan.build(spec)
+            work.append(
+                (
+                    chunk.take_rows(q[:, h].contiguous()),
+                    chunk.take_keys(k[:, h].contiguous()),
+                    chunk.take_keys(v[:, h].contiguous()),
+                    chunk.bias[None],
+                )
+            )
+    work.sort(key=lambda t: -t[3].numel())
+    scale = HEAD_DIM**-0.5
+    pool = plsh_cpu.executor(threads) if threads > 1 else None
+
+    def deal(w):
+        with torch.no_grad():
+            for item in work[w::threads]:
+                plsh_cpu.tiles_forward(*item, scale)
+
+    def run():
+        if pool is None:
+            deal(0)
+            return None
+        for job in [pool.submit(deal, w) for w in range(threads)]:
+            job.result()
+        return None
+
+    return run
+
+
 def large_gemm_probe(size: int = 2048):
     """One ``size^3`` float32 GEMM with torch's intra-op threads: ``(callable, flops)``."""
     g = torch.Generator().manual_seed(4)
@@ -459,6 +510,7 @@ def run(args) -> dict:
             fns, info = {}, {}
             fns["gemm_tiles"], tile_flops = tile_gemm_probe(partition, n, threads)
             fns["gemm_large"], large_flops = large_gemm_probe()
+            fns["kernel_tiles"] = tile_kernel_probe(partition, n, threads, inputs)
             fns["plsh"] = method_fn("plsh", n, s, inputs)
             ours_error = errors(fns["plsh"](), exact, sub)
             if args.backward:
@@ -497,13 +549,16 @@ def run(args) -> dict:
                     "tile_gemm_gflops": rate / 1e9,
                     "large_gemm_gflops": large_flops / times["gemm_large"] / 1e9,
                     "floor_s": floor,
+                    "kernel_tiles_s": times["kernel_tiles"],
+                    "kernel_tiles_x_floor": times["kernel_tiles"] / floor,
                     "widest_head_support": max(support),
                 }
             )
             print(
                 f" n={n} s={s}: floor {floor:.4f} s (window {window_flops / 1e9:.2f} GFLOP at"
                 f" {rate / 1e9:.1f} GFLOP/s on the tile GEMMs; 2048^3 sgemm"
-                f" {floors[-1]['large_gemm_gflops']:.1f} GFLOP/s)",
+                f" {floors[-1]['large_gemm_gflops']:.1f} GFLOP/s); tile kernel alone"
+                f" {times['kernel_tiles']:.4f} s ({times['kernel_tiles'] / floor:.2f}x floor)",
                 flush=True,
             )
             for name in [m for m in METHODS if m in fns]:
@@ -584,15 +639,23 @@ def markdown(result: dict) -> str:
         " the GEMMs of our tile groups alone (same shapes, same workers, no bias or softmax)."
         " `x floor` = time / floor; forward+backward against 3.5x the floor (7 GEMMs instead"
         " of 2).",
+        " Kernel alone: torch's fused flash-attention operator on our own tile groups,"
+        " prebuilt (no planning, bias building, gathers or scatters), same workers: the"
+        " part of `plsh` that the rest of the path cannot remove.",
         "",
         "| n | s | window GFLOP | tile GFLOP | tile GEMM GFLOP/s | 2048^3 sgemm GFLOP/s |"
-        " floor (s) |",
-        "|---|---|---|---|---|---|---|",
+        " floor (s) | kernel alone (s) | kernel alone x floor | plsh / kernel alone |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+    ours = {(r["n"], r["s"]): r["time_s"] for r in result["rows"] if r["method"] == "plsh"}
     for f in result["floors"]:
+        kernel = f.get("kernel_tiles_s")
+        plsh = ours.get((f["n"], f["s"]))
         lines.append(
             f"| {f['n']} | {f['s']} | {f['window_gflop']:.2f} | {f['tile_gflop']:.2f} | "
             f"{f['tile_gemm_gflops']:.1f} | {f['large_gemm_gflops']:.1f} | {f['floor_s']:.4f} |"
+            f" {_fmt(kernel, '.4f')} | {_fmt(f.get('kernel_tiles_x_floor'), '.2f')} |"
+            f" {_fmt(None if kernel is None or plsh is None else plsh / kernel, '.2f')} |"
         )
     lines += [
         "",

@@ -105,6 +105,7 @@ __all__ = [
     "plsh_backward_cpu",
     "plsh_forward_cpu",
     "tile_size",
+    "tiles_forward",
 ]
 
 #: Upper bound on the ``tiles * T * W`` logits of one call per batch row (a single tile
@@ -706,11 +707,34 @@ def _fused_self_check() -> bool:
     return all(a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in pairs)
 
 
-def _tiles_forward(q, k, v, bias, scale):
-    """Softmax(scale q k^T + bias) v and its LSE (natural log) on stacked tiles.
+def tiles_forward(q, k, v, bias, scale):
+    """The tile kernel of the CPU forward: ``softmax(scale q k^T + bias) v`` and its LSE.
 
-    ``q`` (B, G, T, d), ``k`` (B, G, W, d), ``v`` (B, G, W, dv), ``bias`` (B, G, T, W).
-    Rows whose bias is masked everywhere give meaningless results (the caller resets them).
+    Module step 6: torch's fused CPU flash-attention operator when
+    :func:`fused_tiles_available`, otherwise the plain torch formulas. Public so that
+    ``benchmarks/cpu_bench.py`` can time the kernel alone on the plan's tile groups (the
+    bound on what the rest of the path can gain). Trusts its arguments (no validation).
+
+    Parameters
+    ----------
+    q : torch.Tensor
+        ``(B, G, T, d)``: ``G`` query tiles of ``T`` rows, float32 or float64.
+    k, v : torch.Tensor
+        ``(B, G, W, d)`` and ``(B, G, W, dv)``: each tile's key window, same dtype.
+    bias : torch.Tensor
+        ``(B, G, T, W)`` additive logit bias (``log(C / s)``, ``-inf`` where ``C = 0``).
+    scale : float
+        Logit scale.
+
+    Returns
+    -------
+    out, lse : torch.Tensor
+        ``(B, G, T, dv)`` and ``(B, G, T)`` (natural log), in the dtype of ``q``. Rows
+        whose bias is ``-inf`` everywhere give meaningless values (callers reset them).
+
+    References
+    ----------
+    SPEC section 3 (b); ``proofs_notes/backward.md`` (the LSE convention).
     """
     if fused_tiles_available():
         return _fused_tiles_forward(q, k, v, bias, scale)
@@ -739,7 +763,7 @@ def _plain_tiles_forward(q, k, v, bias, scale):
 
 
 def _tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
-    """Gradients of :func:`_tiles_forward` given its output and LSE (finite on every row)."""
+    """Gradients of :func:`tiles_forward` given its output and LSE (finite on every row)."""
     if fused_tiles_available():
         return _fused_tiles_backward(grad_out, q, k, v, out, lse, bias, scale)
     return _plain_tiles_backward(grad_out, q, k, v, out, lse, bias, scale)
@@ -918,7 +942,7 @@ def plsh_forward_cpu(
     def work(spec, _worker):
         chunk = plan.build(spec)
         h, hk = chunk.head, chunk.head // group
-        o, l = _tiles_forward(
+        o, l = tiles_forward(
             chunk.take_rows(q[h]),
             chunk.take_keys(k[hk]),
             chunk.take_keys(v[hk]),

@@ -80,3 +80,28 @@ def test_tile_probe_flops_are_the_plans_tile_logits(bench):
     run()
     # 4 d flops per tile logit (two GEMMs); logits per row per head times rows.
     assert flops == pytest.approx(4 * bench.HEAD_DIM * 512 * sum(logits))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_probe_runs_the_tile_kernel_on_every_tile_logit(bench, monkeypatch, threads):
+    """The kernel-alone probe calls ``tiles_forward`` on exactly the plan's tile groups."""
+    from plsh_fast import cpu
+
+    n = 512
+    partition = bench.partition_for(4)
+    _, logits = bench.support_width(partition, n)
+    inputs = bench.make_inputs(n)
+    seen = []
+    real = cpu.tiles_forward
+
+    def spy(q, k, v, bias, scale):
+        seen.append(bias.numel())
+        assert q.shape[-2] * k.shape[-2] * q.shape[-3] == bias.numel()
+        return real(q, k, v, bias, scale)
+
+    monkeypatch.setattr(cpu, "tiles_forward", spy)
+    run = bench.tile_kernel_probe(partition, n, threads, inputs)
+    assert seen == []  # building the groups does not run the kernel
+    run()
+    # One call per tile group; together they cover every tile logit of every head once.
+    assert sum(seen) == pytest.approx(n * sum(logits))

@@ -36,7 +36,7 @@ def _inputs(requires_grad=False):
 
 def test_workers_run_single_threaded_while_the_process_setting_stays(two_threads, monkeypatch):
     seen = {"worker": set(), "fresh_thread": set()}
-    real = cpu._tiles_forward
+    real = cpu.tiles_forward
 
     def spy(*args):
         seen["worker"].add(torch.get_num_threads())
@@ -47,7 +47,7 @@ def test_workers_run_single_threaded_while_the_process_setting_stays(two_threads
         fresh.join()
         return real(*args)
 
-    monkeypatch.setattr(cpu, "_tiles_forward", spy)
+    monkeypatch.setattr(cpu, "tiles_forward", spy)
     plsh_attention(*_inputs(), seed=0, num_samples=4)
     assert seen["worker"] == {1}
     assert seen["fresh_thread"] == {2}
@@ -61,7 +61,7 @@ def test_global_state_is_restored_even_when_a_worker_fails(two_threads, monkeypa
         calls.append(threading.current_thread().name)
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(cpu, "_tiles_forward", failing)
+    monkeypatch.setattr(cpu, "tiles_forward", failing)
     rng, np_rng = torch.random.get_rng_state(), np.random.get_state()
     with pytest.raises(RuntimeError, match="injected"):
         plsh_attention(*_inputs(), seed=0, num_samples=4)
