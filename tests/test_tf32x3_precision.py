@@ -1,0 +1,210 @@
+"""``input_precision="tf32x3"`` of the float32 Triton kernels against the tolerance rule.
+
+The float32 kernels (``plsh_fast.triton_forward``, ``plsh_fast.triton_backward``) compile
+every ``tl.dot`` as three TF32 tensor-core MMAs (``dot_precision``). The Triton interpreter
+computes those dots exactly in float32, so the interpreted kernel tests cannot fail on
+tf32x3. Here the kernels' float32 arithmetic is redone on CPU with a model of the compiled
+dots (``tests/_tf32x3_emulation.py``: the split ``a = a_hi + a_lo`` with ``cvt.rna``, the
+three MMAs in Triton's order with the accumulator added last, exact products, chunks of 8
+rounded into the float32 accumulator; the assumptions are listed there) and held to the
+SPEC section 6 rule against the float64 reference, as the other fast-path tests are: the
+output and LSE of the forward, and the three gradients of the backward.
+
+Shapes are SPEC section 7's GPU configuration scaled down: causal, batch 1, four of the
+standard 16-head slopes (sigma 1.41, 11.3, 90.5, 256), head_dim 64 and 128, 300 positions
+(partial 64 x 32 tiles), num_samples 4 and 16, standard-normal inputs (and one case of
+magnitude 8, logits of standard deviation 64). The MMA's treatment of the low bits of a
+non-TF32 operand and the rounding of its accumulation are not published: each case runs
+under three models (truncated operands / round-to-nearest accumulation; operands rounded
+like ``cvt.rna``; truncated operands, accumulation toward zero and 2-ulp ``exp2`` and
+division errors). Negative control: plain ``tf32`` (one MMA on the raw float32 operands)
+must fail the same rule.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from _tf32x3_emulation import (
+    KernelArithmetic,
+    emulated_backward,
+    emulated_dot,
+    emulated_forward,
+    round_tf32,
+)
+
+from plsh_fast.peers import dense_attention
+from plsh_ref.alibi import alibi_slopes
+from plsh_ref.attention import plsh_attention
+from plsh_ref.partition import count_bias, counts, draw_partition
+from plsh_ref.testing.baseline import plain_attention_torch
+from plsh_ref.testing.tolerance import assert_close_to_reference
+
+N = 300
+HEADS = [0, 5, 10, 15]  # of the standard 16-head slopes: sigma 1.41 .. 256
+MODELS = {
+    "truncate": dict(operand_rounding="rz", accumulate="rn"),
+    "rna": dict(operand_rounding="rna", accumulate="rn"),
+    "pessimistic": dict(operand_rounding="rz", accumulate="rz", approx_ulps=2.0),
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Many small float64 matmuls: one thread (two spin badly on a shared 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _tf32_by_definition(x: float, mode: str) -> float:
+    """The TF32 number nearest to ``x`` (ties away from zero) or toward zero, from the
+    exact binary expansion: a multiple of ``2^(e - 10)`` with ``2^e <= |x| < 2^(e + 1)``."""
+    if x == 0.0:
+        return x
+    a = Fraction(abs(x))
+    e = math.frexp(abs(x))[1] - 1
+    quantum = Fraction(2) ** (e - 10)
+    m, rem = divmod(a, quantum)
+    if mode == "rna" and rem >= quantum / 2:
+        m += 1
+    return math.copysign(float(m * quantum), x)
+
+
+def test_round_tf32_matches_its_definition_including_ties():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(4000) * np.exp2(rng.integers(-30, 30, 4000))).astype(np.float32)
+    bits = x.view(np.uint32)
+    ties = ((bits & ~np.uint32(0x1FFF)) | np.uint32(0x1000)).view(np.float32)  # exact halves
+    x = np.concatenate([x, ties, np.float32([1.0, -1.5, 3.0e38, -0.0])])
+    t = torch.from_numpy(x)
+    for mode in ("rna", "rz"):
+        got = round_tf32(t, mode).numpy()
+        want = np.array([_tf32_by_definition(float(v), mode) for v in x], dtype=np.float32)
+        np.testing.assert_array_equal(got, want)
+    hi = round_tf32(t, "rna")
+    lo = t - hi  # exact in float32: |lo| <= 2^-11 |x|
+    assert torch.equal(hi.double() + lo.double(), t.double())
+    assert bool((lo.abs() <= hi.abs() * 2.0**-11).all())
+    with pytest.raises(TypeError, match="^x:"):
+        round_tf32(t.double())
+
+
+def test_emulated_dots_error_sizes():
+    """tf32x3 is float32-accurate on one dot, plain tf32 is not, ieee is torch's matmul."""
+    gen = torch.Generator().manual_seed(1)
+    a = torch.randn((64, 128), generator=gen)
+    b = torch.randn((128, 32), generator=gen)
+    exact = a.double() @ b.double()
+    scale = float((a.double().abs() @ b.double().abs()).max())
+    err = {
+        p: float((emulated_dot(a, b, None, p).double() - exact).abs().max()) / scale
+        for p in ("ieee", "tf32x3", "tf32")
+    }
+    assert err["tf32x3"] < 4 * 2.0**-23 and err["ieee"] < 4 * 2.0**-23
+    assert err["tf32"] > 2.0**-14  # TF32 rounding, 2^-11 per operand
+    assert torch.equal(emulated_dot(a, b, None, "ieee"), a @ b)
+    # Operands that are TF32 numbers already: a_lo = b_lo = 0, tf32x3 equals one MMA.
+    a_t, b_t = round_tf32(a), round_tf32(b)
+    assert torch.equal(emulated_dot(a_t, b_t, None, "tf32x3"), emulated_dot(a_t, b_t, None, "tf32"))
+
+
+def _dense_grads(q, k, v, grad_out, bias, scale, dtype):
+    q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
+    out = dense_attention(q, k, v, bias, scale=scale)
+    (out * grad_out.to(dtype)).sum().backward()
+    return q.grad, k.grad, v.grad
+
+
+def _problem(head_dim, num_samples, magnitude=1.0, seed=0):
+    rng = np.random.default_rng(seed)
+    sigma = 1.0 / alibi_slopes(16)[HEADS]
+    partition = draw_partition(sigma, num_samples, seed=seed)
+    shape = (1, len(HEADS), N, head_dim)
+    q, k, v, g = (
+        torch.from_numpy(magnitude * rng.standard_normal(shape)).float() for _ in range(4)
+    )
+    pos = np.arange(N)
+    c = counts(partition, pos, pos, causal=True)
+    bias = count_bias(c, num_samples)
+    scale = 1.0 / math.sqrt(head_dim)
+    q64, k64, v64 = (t.double().numpy() for t in (q, k, v))
+    ref = plsh_attention(
+        q64, k64, v64, partition, causal=True, scale=scale, query_positions=pos,
+        key_positions=pos,
+    )  # fmt: skip
+    base = plain_attention_torch(q64, k64, v64, bias, scale=scale, dtype="float32")
+    grad_ref = _dense_grads(q.double(), k.double(), v.double(), g.double(), bias, scale,
+                            torch.float64)  # fmt: skip
+    grad_base = _dense_grads(q, k, v, g, bias, scale, torch.float32)
+    return dict(
+        qkvg=(q, k, v, g), counts=c, s=num_samples, scale=scale, ref=ref, base=base,
+        grad_ref=grad_ref, grad_base=grad_base,
+    )  # fmt: skip
+
+
+def _check(problem, arith):
+    """The SPEC section 6 rule on the forward (output, LSE) and the three gradients."""
+    q, k, v, g = problem["qkvg"]
+    c, s, scale = problem["counts"], problem["s"], problem["scale"]
+    out, lse = emulated_forward(arith, q, k, v, c, s, scale)
+    ref, base = problem["ref"], problem["base"]
+    ratios = [
+        assert_close_to_reference(out, ref[0], base[0], "float32", name="output"),
+        assert_close_to_reference(lse, ref[1], base[1], "float32", name="lse"),
+    ]
+    grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale)
+    # Floor relative to the largest gradient entry, as tests/test_triton_backward.py.
+    magnitude = max(float(r.abs().max()) for r in problem["grad_ref"])
+    for name, x, r, b in zip(
+        ("grad_query", "grad_key", "grad_value"), grads, problem["grad_ref"],
+        problem["grad_base"],
+    ):  # fmt: skip
+        ratios.append(
+            assert_close_to_reference(x, r, b, "float32", name=name, floor_scale=magnitude)
+        )
+    return ratios
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("num_samples", [4, 16])
+def test_tf32x3_kernels_pass_the_tolerance_rule(head_dim, num_samples):
+    problem = _problem(head_dim, num_samples)
+    for kw in MODELS.values():
+        _check(problem, KernelArithmetic("tf32x3", **kw))
+
+
+def test_tf32x3_large_logits_pass_the_tolerance_rule():
+    """Magnitude 8 (logits of standard deviation 64): the dots' error dominates."""
+    problem = _problem(64, 16, magnitude=8.0, seed=1)
+    for kw in MODELS.values():
+        _check(problem, KernelArithmetic("tf32x3", **kw))
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_plain_tf32_fails_the_tolerance_rule(head_dim):
+    """Negative control: one TF32 MMA per dot is ~2^-11 relative, hundreds of times the
+    float32 yardstick; the rule must reject it (forward output first)."""
+    problem = _problem(head_dim, 16)
+    with pytest.raises(AssertionError, match="^output:"):
+        _check(problem, KernelArithmetic("tf32", **MODELS["rna"]))
+    arith = KernelArithmetic("tf32", **MODELS["truncate"])
+    q, k, v, g = problem["qkvg"]
+    out, lse = emulated_forward(arith, q, k, v, problem["counts"], problem["s"], problem["scale"])
+    with pytest.raises(AssertionError, match="^lse:"):
+        assert_close_to_reference(lse, problem["ref"][1], problem["base"][1], "float32",
+                                  name="lse")  # fmt: skip
+    # The backward on its own (fed the float64 forward) also fails.
+    ref_out = torch.from_numpy(problem["ref"][0]).float()
+    ref_lse = torch.from_numpy(problem["ref"][1]).float()
+    dq, _, _ = emulated_backward(
+        arith, q, k, v, ref_out, ref_lse, g, problem["counts"], problem["s"], problem["scale"]
+    )
+    with pytest.raises(AssertionError, match="^grad_query:"):
+        assert_close_to_reference(dq, problem["grad_ref"][0], problem["grad_base"][0],
+                                  "float32", name="grad_query")  # fmt: skip
