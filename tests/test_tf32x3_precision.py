@@ -18,7 +18,8 @@ non-TF32 operand and the rounding of its accumulation are not published: each ca
 under three models (truncated operands / round-to-nearest accumulation; operands rounded
 like ``cvt.rna``; truncated operands, accumulation toward zero and 2-ulp ``exp2`` and
 division errors). Negative control: plain ``tf32`` (one MMA on the raw float32 operands)
-must fail the same rule.
+must fail the same rule. ``test_emulation_follows_the_kernels`` ties the emulation to the
+kernels: run with the same tiles, they agree to float32 rounding.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import math
 from fractions import Fraction
 
+import _triton_interp
 import numpy as np
 import pytest
 import torch
@@ -43,6 +45,9 @@ from plsh_ref.attention import plsh_attention
 from plsh_ref.partition import count_bias, counts, draw_partition
 from plsh_ref.testing.baseline import plain_attention_torch
 from plsh_ref.testing.tolerance import assert_close_to_reference
+
+triton_forward = _triton_interp.load("triton_forward")
+triton_backward = _triton_interp.load("triton_backward")
 
 N = 300
 HEADS = [0, 5, 10, 15]  # of the standard 16-head slopes: sigma 1.41 .. 256
@@ -169,6 +174,54 @@ def _check(problem, arith):
             assert_close_to_reference(x, r, b, "float32", name=name, floor_scale=magnitude)
         )
     return ratios
+
+
+@pytest.mark.triton
+def test_emulation_follows_the_kernels():
+    """The emulation is the kernels' algorithm: against the Triton kernels run with the
+    same tiles (interpreter: float32 dots, so ``ieee``; compiled on a GPU: ``tf32x3``, so
+    this also checks the model against the hardware), forward and backward agree to
+    float32 rounding (1e-5 relative; a wrong weight, LSE term or tile order would not)."""
+    rng = np.random.default_rng(3)
+    n, d, s = 100, 32, 4
+    sigma = 1.0 / alibi_slopes(16)[[0, 12]]
+    partition = draw_partition(sigma, s, seed=3)
+    q, k, v, g = (torch.from_numpy(rng.standard_normal((1, 2, n, d))).float() for _ in range(4))
+    pos = np.arange(n)
+    c = counts(partition, pos, pos, causal=True)
+    scale = 0.3
+    pitch, offset = (torch.from_numpy(np.array(x)) for x in (partition.pitch, partition.offset))
+    tpos = torch.from_numpy(pos)
+    blocks = dict(_block_m=64, _block_n=32)
+    out, lse = _triton_interp.call(
+        triton_forward.plsh_forward_triton, q, k, v, pitch, offset, tpos, tpos, scale, True,
+        **blocks,
+    )  # fmt: skip
+    grads = _triton_interp.call(
+        triton_backward.plsh_backward_triton, q, k, v, out, lse, g, pitch, offset, tpos, tpos,
+        scale, True, _dkdv_block_m=16, **blocks,
+    )  # fmt: skip
+    arith = KernelArithmetic("tf32x3" if _triton_interp.COMPILED else "ieee")
+    e_out, e_lse = emulated_forward(arith, q, k, v, c, s, scale)
+    e_grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale)
+    for name, got, want in zip(
+        ("output", "lse", "grad_query", "grad_key", "grad_value"),
+        (out, lse, *grads),
+        (e_out, e_lse, *e_grads),
+    ):
+        _assert_agree(got, want, name)
+    # Negative control: the emulation with the counts replaced by the mask disagrees.
+    bad_out, _ = emulated_forward(arith, q, k, v, (c > 0).astype(np.int64), s, scale)
+    with pytest.raises(AssertionError):
+        _assert_agree(out, bad_out, "output")
+
+
+def _assert_agree(got, want, name):
+    assert torch.equal(torch.isinf(got), torch.isinf(want)), name
+    fin = torch.isfinite(want)
+    torch.testing.assert_close(
+        got[fin], want[fin], rtol=1e-5, atol=1e-5 * float(want[fin].abs().max()), msg=name
+    )
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
