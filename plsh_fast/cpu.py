@@ -46,9 +46,20 @@ matrix:
    a plain torch implementation of the same formulas (public operators only) runs
    (:data:`USE_FUSED_TILES`). The backward
    recomputes the probabilities from the saved LSE (``proofs_notes/backward.md``).
+7. Plans are kept across calls. The plan and the count biases depend only on the
+   partition, the positions, the causal flag and the compute dtype, which a model layer
+   with a fixed partition repeats every step; the tile kernel alone measured about half
+   of a call's time (``benchmarks/README.md``). So a call keeps its plan with every tile
+   group built (bias and indices) when that fits :data:`PLAN_CACHE_BYTES`, and a later
+   call with equal inputs (compared by value: pitch and offset bytes, positions with
+   ``torch.equal``) reuses it, as does the forward's backward. Least recently used plans
+   go first when the budget is exceeded, and an evicted plan drops its chunks also where
+   an autograd graph still holds it. Results are bit-identical with and without keeping.
 
 Memory is ``O(batch * CHUNK_ELEMENTS)`` per tile group in flight plus ``O(s n)`` int64
-for the block boundaries of one head. Parallelism: with ``torch.get_num_threads() = N > 1``
+for the block boundaries of one head, plus at most :data:`PLAN_CACHE_BYTES` for kept
+plans (a kept plan is ``O(n * window)``: its biases hold one value per tile logit,
+:func:`kept_plan_bytes`). Parallelism: with ``torch.get_num_threads() = N > 1``
 the tile groups (and the per-head planning) are dealt round-robin to ``N`` Python worker
 threads of one module-level pool (created on first use, reused by every call, grown when
 a call wants more workers; :func:`executor`). Each worker thread limits *its own* OpenMP
@@ -79,6 +90,7 @@ import ctypes
 import math
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import cached_property
@@ -95,9 +107,12 @@ __all__ = [
     "CHUNK_ELEMENTS",
     "FUSED_TORCH_VERSIONS",
     "PATTERN_ROWS_FRACTION",
+    "PLAN_CACHE_BYTES",
     "USE_FUSED_TILES",
+    "clear_plan_cache",
     "executor",
     "fused_tiles_available",
+    "kept_plan_bytes",
     "per_thread_limits_available",
     "plan_cpu",
     "plan_from_tensor",
@@ -118,6 +133,15 @@ CHUNK_ELEMENTS = 1 << 19
 #: the cell's rows when there are at most this fraction as many cells as rows; otherwise
 #: every row's counts are computed. Set to 0 (never) or 1 (always) in tests.
 PATTERN_ROWS_FRACTION = 0.25
+
+#: Bytes of built tile groups (count biases, indices and block ranges) that the CPU path
+#: keeps across calls, least recently used first out (module step 7). A call whose
+#: partition, positions, causal flag and compute dtype equal those of a kept plan skips
+#: planning and bias building; a plan larger than this is never kept. ``0`` disables
+#: the cache (every call plans afresh, and a forward's groups are not kept for its
+#: backward). Changing it takes effect at the next call; :func:`clear_plan_cache` frees
+#: what is kept.
+PLAN_CACHE_BYTES = 512 * 2**20
 
 #: Use torch's fused CPU flash-attention operator on the stacked tiles when available.
 #: Set to ``False`` to force the plain torch implementation (tests compare both).
@@ -187,7 +211,7 @@ class _Chunk:
             dst[b].index_add_(0, flat, src[b])
 
 
-@dataclass
+@dataclass(eq=False)  # identity: plans hold tensors and are kept by identity
 class _Plan:
     """Sort orders, tiles and block ranges shared by the forward and the backward.
 
@@ -207,6 +231,11 @@ class _Plan:
     tiles: list[int]  # tile height per head
     dtype: torch.dtype
     specs: list | None = None  # work items of every head (:func:`_chunk_specs`), cached
+    #: Built chunks by ``id`` of their spec (module step 7), or ``None`` (built per use).
+    chunk_store: dict | None = None
+    #: ``(key, query positions, key positions)`` under which the plan may be kept.
+    cache_key: tuple | None = None
+    nbytes: int = 0  # bytes of the built chunks and block ranges, once kept
 
     @property
     def n_q(self) -> int:
@@ -263,8 +292,20 @@ class _Plan:
                 yield self.build(spec)
 
     def build(self, spec) -> _Chunk:
-        """The :class:`_Chunk` (indices and bias) of one work item of :meth:`head_specs`."""
-        return self._make_chunk(*spec)
+        """The :class:`_Chunk` (indices and bias) of one work item of :meth:`head_specs`.
+
+        Built once and kept when the plan keeps its chunks (:data:`PLAN_CACHE_BYTES`) and
+        ``spec`` is one of the plan's own work items (:attr:`specs`, alive as long as the
+        plan, so their ``id`` cannot be taken by another object); a spec is built by one
+        worker at a time, so the store needs no lock. Any other spec is built afresh.
+        """
+        store = self.chunk_store
+        if store is None or id(spec) not in store:
+            return self._make_chunk(*spec)
+        chunk = store[id(spec)]
+        if chunk is None:
+            chunk = store[id(spec)] = self._make_chunk(*spec)
+        return chunk
 
     def head_specs(self, h: int) -> list[tuple]:
         """Work items of head ``h``: groups of tiles of similar window width (module step 3)."""
@@ -620,6 +661,7 @@ def _chunk_specs(plan: _Plan, workers: int) -> list[tuple]:
     specs = [spec for head in per_head for spec in head]
     specs.sort(key=lambda spec: -spec[3].numel() * spec[1] * spec[2])
     plan.specs = specs
+    _keep_chunks(plan)
     return specs
 
 
@@ -805,8 +847,113 @@ def plan_cpu(pitch, offset, query_positions, key_positions, causal: bool, dtype)
     Arguments as :func:`plsh_forward_cpu` (``dtype``: the query's). The returned object is
     passed to :func:`plsh_forward_cpu` and :func:`plsh_backward_cpu` as ``plan=`` so that
     a forward and its backward plan once; its tile groups are computed on first use.
+    When a kept plan (module step 7, :data:`PLAN_CACHE_BYTES`) has equal pitch, offset,
+    positions, causal flag and compute dtype, that plan is returned, with its tile groups
+    and count biases already built.
     """
-    return _plan(pitch, offset, query_positions, key_positions, causal, _compute_dtype(dtype))
+    dtype = _compute_dtype(dtype)
+    key = _cache_key(pitch, offset, query_positions, key_positions, causal, dtype)
+    if key is not None:
+        plan = _cached_plan(key, query_positions, key_positions)
+        if plan is not None:
+            return plan
+    plan = _plan(pitch, offset, query_positions, key_positions, causal, dtype)
+    if key is not None:
+        plan.cache_key = (key, query_positions.clone(), key_positions.clone())
+    return plan
+
+
+_CACHE: OrderedDict = OrderedDict()  # key -> kept _Plan, least recently used first
+_CACHE_LOCK = threading.Lock()
+
+
+def clear_plan_cache() -> None:
+    """Forget every plan the CPU path keeps across calls (:data:`PLAN_CACHE_BYTES`).
+
+    Frees their count biases and indices. Safe to call at any time, also while other
+    threads run CPU calls (a call holding a plan keeps using it).
+    """
+    with _CACHE_LOCK:
+        for plan in _CACHE.values():
+            plan.chunk_store = None
+        _CACHE.clear()
+
+
+def _cache_key(pitch, offset, query_positions, key_positions, causal, dtype):
+    """Hashable key of a plan's inputs (positions are compared separately), or ``None``
+    when plans are not kept. The module settings that change the tile groups are in it."""
+    if PLAN_CACHE_BYTES <= 0:
+        return None
+    return (
+        bool(causal),
+        dtype,
+        tuple(pitch.shape),
+        pitch.detach().cpu().numpy().tobytes(),
+        offset.detach().cpu().numpy().tobytes(),
+        query_positions.numel(),
+        key_positions.numel(),
+        CHUNK_ELEMENTS,
+        PATTERN_ROWS_FRACTION,
+    )
+
+
+def _cached_plan(key, query_positions, key_positions) -> _Plan | None:
+    with _CACHE_LOCK:
+        plan = _CACHE.get(key)
+        if plan is None:
+            return None
+        _, qpos, kpos = plan.cache_key
+        if not (torch.equal(qpos, query_positions) and torch.equal(kpos, key_positions)):
+            return None
+        _CACHE.move_to_end(key)
+        return plan
+
+
+def _tensor_bytes(*tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def _keep_chunks(plan: _Plan) -> None:
+    """Let ``plan`` keep its chunks when they fit :data:`PLAN_CACHE_BYTES` (sizes known
+    from the tile groups before any is built)."""
+    if plan.cache_key is None or plan.chunk_store is not None:
+        return
+    elem = torch.empty((), dtype=plan.dtype).element_size()
+    estimate = 0
+    for spec in plan.specs:
+        _, tile, w, sel = spec[:4]
+        estimate += sel.numel() * tile * (w * elem + 9) + sel.numel() * w * 8
+        estimate += _tensor_bytes(*(t for t in spec[4:] if isinstance(t, torch.Tensor)))
+    if estimate <= PLAN_CACHE_BYTES:
+        plan.chunk_store = dict.fromkeys(map(id, plan.specs))  # built on first use
+        plan.nbytes = estimate
+
+
+def _remember(plan: _Plan) -> None:
+    """Keep ``plan`` (whose chunks are all built) in the cache, evicting the least
+    recently used plans beyond :data:`PLAN_CACHE_BYTES`."""
+    if plan.chunk_store is None or plan.cache_key is None:
+        return
+    key = plan.cache_key[0]
+    with _CACHE_LOCK:
+        if _CACHE.get(key) is plan:
+            return
+        _CACHE[key] = plan
+        _CACHE.move_to_end(key)
+        total = sum(p.nbytes for p in _CACHE.values())
+        while total > PLAN_CACHE_BYTES and _CACHE:
+            _, old = _CACHE.popitem(last=False)
+            total -= old.nbytes
+            # A forward's plan lives on in its autograd graph: drop its chunks there too
+            # (its backward builds them again), so that what is kept stays in the budget.
+            old.chunk_store = None
+
+
+def kept_plan_bytes() -> int:
+    """Bytes of the plans the CPU path keeps across calls now (:data:`PLAN_CACHE_BYTES`):
+    their count biases, chunk indices and block ranges (``int``, at most the budget)."""
+    with _CACHE_LOCK:
+        return sum(p.nbytes for p in _CACHE.values())
 
 
 _SPEC_HEADER = 6  # head, tile, width, tiles in the group, samples, has causal cut
@@ -837,11 +984,12 @@ def plan_from_tensor(
     """The plan of :func:`plan_cpu` with the tile groups decoded from :func:`plan_to_tensor`.
 
     Sort orders and tile heights are recomputed (``O(n)``); the block ranges and tile
-    groups (the expensive part) are read from ``blob``.
+    groups (the expensive part) are read from ``blob``, unless :func:`plan_cpu` returns a
+    kept plan, whose groups are the same (same inputs, deterministic planning).
     """
     plan = plan_cpu(pitch, offset, query_positions, key_positions, causal, dtype)
     count = int(blob[0])
-    if count < 0:
+    if count < 0 or plan.specs is not None:
         return plan
     specs, at = [], 1
     for _ in range(count):
@@ -867,7 +1015,7 @@ def _prepare(query, key, value, pitch, offset, query_positions, key_positions, c
     """The plan and the per-head sorted (and, for queries, padded) compute-dtype inputs."""
     dtype = _compute_dtype(query.dtype)
     if plan is None:
-        plan = _plan(pitch, offset, query_positions, key_positions, causal, dtype)
+        plan = plan_cpu(pitch, offset, query_positions, key_positions, causal, dtype)
     q = _per_head(_sorted_rows(query, plan.query_order, plan.padded_rows, dtype))
     k = _per_head(_sorted_rows(key, plan.key_order, 0, dtype))
     v = _per_head(_sorted_rows(value, plan.key_order, 0, dtype))
@@ -955,6 +1103,7 @@ def plsh_forward_cpu(
         chunk.put_rows(lse[:, h], l)
 
     _run_parallel(_chunk_specs(plan, workers), work, workers)
+    _remember(plan)
     out, lse = out[:, :, :n_q], lse[:, :, :n_q]
     if plan.query_inverse is not None:
         out, lse = out[:, :, plan.query_inverse], lse[:, :, plan.query_inverse]

@@ -243,6 +243,7 @@ def _corrupt(monkeypatch, how):
         return chunk
 
     monkeypatch.setattr(cpu._Plan, "_make_chunk", make_chunk)
+    cpu.clear_plan_cache()  # a kept plan would skip the corrupted chunk builder
 
 
 @pytest.mark.parametrize("how", ["counts_ignored", "sign_flipped"])

@@ -1,0 +1,188 @@
+"""Plans kept across calls by the CPU path (``plsh_fast.cpu`` module step 7).
+
+A call whose partition, positions, causal flag and compute dtype equal a kept plan's skips
+planning and bias building and returns bit-identical results; anything else that differs
+(a position changed in place, a pitch, the causal flag) plans afresh; the byte budget
+``PLAN_CACHE_BYTES`` bounds what is kept (least recently used out) and ``0`` disables it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from plsh_fast import cpu, plsh_attention
+from plsh_fast.nn import PLSHAttention
+
+
+def _partition(seed=0, heads=4):
+    core = PLSHAttention(heads, 8, seed=seed)
+    return core.pitch, core.offset
+
+
+def _qkv(n=96, heads=4, d=8, seed=0, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    return [
+        torch.randn(1, heads, n, d, generator=g).requires_grad_(requires_grad) for _ in range(3)
+    ]
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of ``_plan`` (planning) and ``_make_chunk`` (bias building) calls."""
+    calls = {"plan": 0, "chunk": 0}
+    real_plan, real_chunk = cpu._plan, cpu._Plan._make_chunk
+
+    def plan(*args):
+        calls["plan"] += 1
+        return real_plan(*args)
+
+    def chunk(self, *args):
+        calls["chunk"] += 1
+        return real_chunk(self, *args)
+
+    monkeypatch.setattr(cpu, "_plan", plan)
+    monkeypatch.setattr(cpu._Plan, "_make_chunk", chunk)
+    return calls
+
+
+def _forward(q, k, v, pitch, offset, positions, causal=True):
+    return cpu.plsh_forward_cpu(q, k, v, pitch, offset, positions, positions, 0.3, causal)
+
+
+def test_a_repeated_call_skips_planning_and_bias_building(counted, monkeypatch):
+    q, k, v = _qkv()
+    pitch, offset = _partition()
+    positions = torch.arange(96)
+    first = _forward(q, k, v, pitch, offset, positions)
+    built = counted["chunk"]
+    assert counted["plan"] == 1 and built > 0
+    again = _forward(q, k, v, pitch, offset, positions.clone())  # equal values, new tensor
+    assert counted == {"plan": 1, "chunk": built}
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    # Negative control: with the cache off every call plans and builds again, and the
+    # result is the same bit for bit.
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 0)
+    fresh = _forward(q, k, v, pitch, offset, positions)
+    assert counted == {"plan": 2, "chunk": 2 * built}
+    for a, b in zip(first, fresh):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("change", ["position_in_place", "pitch", "offset", "causal", "dtype"])
+def test_any_changed_input_plans_afresh(counted, change):
+    q, k, v = _qkv()
+    pitch, offset = _partition()
+    positions = torch.arange(96)
+    _forward(q, k, v, pitch, offset, positions)
+    assert counted["plan"] == 1
+    causal = True
+    if change == "position_in_place":
+        positions[40] = 41  # same length and end points: only the values tell
+    elif change == "pitch":
+        pitch = pitch.clone()
+        pitch[1, 2] *= 1.5
+    elif change == "offset":
+        offset = offset.clone()
+        offset[0, 0] += 0.25
+    elif change == "causal":
+        causal = False
+    else:
+        q, k, v = (t.double() for t in (q, k, v))
+    out, lse = _forward(q, k, v, pitch, offset, positions, causal)
+    assert counted["plan"] == 2
+    cpu.clear_plan_cache()
+    ref_out, ref_lse = _forward(q, k, v, pitch, offset, positions, causal)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+def test_the_backward_reuses_the_kept_chunks(counted):
+    q, k, v = _qkv(requires_grad=True)
+    out = plsh_attention(q, k, v, seed=0, num_samples=4)
+    built = counted["chunk"]
+    out.square().sum().backward()
+    assert counted["chunk"] == built  # no bias rebuilt for the backward
+    grads = [t.grad.clone() for t in (q, k, v)]
+    # Same gradients as a run that keeps nothing.
+    cpu.clear_plan_cache()
+    for t in (q, k, v):
+        t.grad = None
+    cpu.PLAN_CACHE_BYTES, saved = 0, cpu.PLAN_CACHE_BYTES
+    try:
+        plsh_attention(q, k, v, seed=0, num_samples=4).square().sum().backward()
+    finally:
+        cpu.PLAN_CACHE_BYTES = saved
+    # Negative control: without keeping, the forward builds and the backward builds again.
+    assert counted["chunk"] == built + 2 * built
+    for t, g in zip((q, k, v), grads):
+        assert torch.equal(t.grad, g)
+
+
+def test_the_budget_bounds_what_is_kept(counted, monkeypatch):
+    q, k, v = _qkv()
+    positions = torch.arange(96)
+    partitions = [_partition(seed) for seed in range(3)]
+    _forward(q, k, v, *partitions[0], positions)
+    (first,) = cpu._CACHE.values()
+    size = first.nbytes
+    assert size > 0 and cpu.kept_plan_bytes() == size
+    # Room for two plans: the least recently used one goes when a third comes.
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 2 * size + size // 2)
+    for p in partitions[1:]:
+        _forward(q, k, v, *p, positions)
+    assert counted["plan"] == 3
+    assert cpu.kept_plan_bytes() <= cpu.PLAN_CACHE_BYTES
+    assert len(cpu._CACHE) == 2
+    # The evicted plan dropped its chunks (an autograd graph holding it keeps no bias).
+    assert all(p is not first for p in cpu._CACHE.values()) and first.chunk_store is None
+    _forward(q, k, v, *partitions[2], positions)  # kept
+    assert counted["plan"] == 3
+    _forward(q, k, v, *partitions[0], positions)  # evicted: planned again
+    assert counted["plan"] == 4
+    # A plan larger than the whole budget is never kept, and its chunks are not held.
+    cpu.clear_plan_cache()
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", size // 2)
+    _forward(q, k, v, *partitions[1], positions)
+    _forward(q, k, v, *partitions[1], positions)
+    assert counted["plan"] == 6 and len(cpu._CACHE) == 0
+
+
+def test_a_plan_kept_in_inference_mode_serves_a_call_with_gradients():
+    q, k, v = _qkv(requires_grad=True)
+    with torch.inference_mode():
+        kept = plsh_attention(q.detach(), k.detach(), v.detach(), seed=0, num_samples=4)
+    out = plsh_attention(q, k, v, seed=0, num_samples=4)
+    out.sum().backward()
+    assert torch.equal(out.detach(), kept)
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_clear_plan_cache_forgets_everything(counted):
+    q, k, v = _qkv()
+    pitch, offset = _partition()
+    positions = torch.arange(96)
+    _forward(q, k, v, pitch, offset, positions)
+    assert len(cpu._CACHE) == 1
+    cpu.clear_plan_cache()
+    assert len(cpu._CACHE) == 0
+    _forward(q, k, v, pitch, offset, positions)
+    assert counted["plan"] == 2
+
+
+def test_only_the_plans_own_work_items_are_kept():
+    """Work items recomputed by a caller (``head_specs``) are built afresh, never matched
+    by ``id`` to a kept chunk (a temporary's id can be reused by the next temporary)."""
+    q, k, v = _qkv()
+    pitch, offset = _partition()
+    positions = torch.arange(96)
+    _forward(q, k, v, pitch, offset, positions)
+    plan = cpu.plan_cpu(pitch, offset, positions, positions, True, torch.float32)
+    assert plan.chunk_store is not None  # the kept plan
+    kept = len(plan.chunk_store)
+    for h in range(4):
+        for spec in plan.head_specs(h):
+            chunk = plan.build(spec)
+            assert chunk.bias.shape == (spec[3].numel(), spec[1], spec[2])
+    assert len(plan.chunk_store) == kept
+    assert all(chunk is not None for chunk in plan.chunk_store.values())
