@@ -8,7 +8,13 @@ Every method runs in this one process, side by side, on the same inputs (batch 1
 with the standard slopes, sigma 4/16/64/256, head_dim 64, float32, causal). The peers and
 the float64 exact reference come from :mod:`plsh_fast.peers`:
 
-* ``plsh``: :func:`plsh_fast.plsh_attention` (the CPU path) with a fixed seeded partition;
+* ``plsh``: :func:`plsh_fast.plsh_attention` (the CPU path) with a fixed seeded partition,
+  as a model layer calls it every step: the plan (tile groups and count biases) is kept
+  across calls (``plsh_fast.cpu.PLAN_CACHE_BYTES``, module step 7), like the block mask
+  of the FlexAttention peers, which is built once and reused; ``kept plan MB`` is what it
+  keeps (0 where the plan exceeds the budget and every call plans);
+* ``plsh_cold``: the same with no plan kept (``PLAN_CACHE_BYTES = 0``): every call plans
+  and builds its biases, as a call with new positions or a new partition does;
 * ``sdpa_dense``: ``scaled_dot_product_attention`` with a dense float32 ALiBi bias
   ``(1, H, n, n)`` (causal ``-inf`` folded in); the time excludes building the bias, the
   memory includes it;
@@ -93,6 +99,7 @@ from plsh_ref.partition import PartitionSample, draw_partition  # noqa: E402
 HEADS, HEAD_DIM = 4, 64
 METHODS = (
     "plsh",
+    "plsh_cold",
     "sdpa_dense",
     "flex_exact",
     "flex_window_width",
@@ -363,12 +370,30 @@ def interleaved_times(fns: dict, repeats: int) -> tuple[dict, dict]:
     return {name: statistics.median(ts) for name, ts in times.items()}, results
 
 
+def cold(fn):
+    """``fn`` run with no plan kept across calls (``plsh_fast.cpu.PLAN_CACHE_BYTES = 0``):
+    every call plans and builds its count biases afresh."""
+
+    def run():
+        saved = plsh_cpu.PLAN_CACHE_BYTES
+        plsh_cpu.PLAN_CACHE_BYTES = 0
+        try:
+            return fn()
+        finally:
+            plsh_cpu.PLAN_CACHE_BYTES = saved
+
+    return run
+
+
 def method_fn(name: str, n: int, s: int, inputs, extra=None):
     """A zero-argument callable running ``name`` on ``inputs`` (forward only)."""
     q, k, v, slopes = inputs
     if name == "plsh":
         partition = partition_for(s)
         return lambda: plsh_attention(q, k, v, partition=partition, check_finite=False)
+    if name == "plsh_cold":
+        partition = partition_for(s)
+        return cold(lambda: plsh_attention(q, k, v, partition=partition, check_finite=False))
     if name == "sdpa_dense":
         bias = dense_alibi_bias(n, slopes)
         return lambda: peers.sdpa_alibi_attention(q, k, v, bias=bias)
@@ -388,14 +413,14 @@ def backward_fn(name: str, n: int, s: int, inputs):
     q, k, v, slopes = inputs
     leaves = [x.clone().requires_grad_() for x in (q, k, v)]
     grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(5))
-    if name == "plsh":
+    if name in ("plsh", "plsh_cold"):
         partition = partition_for(s)
 
         def run():
             out = plsh_attention(*leaves, partition=partition, check_finite=False)
             out.backward(grad)
 
-        return run
+        return run if name == "plsh" else cold(run)
     bias = dense_alibi_bias(n, slopes)
 
     def run_sdpa():
@@ -512,9 +537,15 @@ def run(args) -> dict:
             fns["gemm_large"], large_flops = large_gemm_probe()
             fns["kernel_tiles"] = tile_kernel_probe(partition, n, threads, inputs)
             fns["plsh"] = method_fn("plsh", n, s, inputs)
+            plsh_cpu.clear_plan_cache()
             ours_error = errors(fns["plsh"](), exact, sub)
+            info["plsh"] = {"kept_plan_mb": plsh_cpu.kept_plan_bytes() / 2**20}
             if args.backward:
                 fns["plsh_fwd_bwd"] = backward_fn("plsh", n, s, inputs)
+            if "plsh_cold" in args.methods:
+                fns["plsh_cold"] = method_fn("plsh_cold", n, s, inputs)
+                if args.backward:
+                    fns["plsh_cold_fwd_bwd"] = backward_fn("plsh_cold", n, s, inputs)
             if si == 0 and "sdpa_dense" in args.methods and n <= args.sdpa_max:
                 fns["sdpa_dense"] = method_fn("sdpa_dense", n, s, inputs)
                 if args.backward and n <= args.sdpa_backward_max:
@@ -578,7 +609,7 @@ def run(args) -> dict:
                 if name + "_fwd_bwd" in times:
                     row["fwd_bwd_time_s"] = times[name + "_fwd_bwd"]
                     row["fwd_bwd_x_floor"] = times[name + "_fwd_bwd"] / (3.5 * floor)
-                if args.memory == "all" or (args.memory == "plsh" and name == "plsh"):
+                if args.memory == "all" or (args.memory == "plsh" and name.startswith("plsh")):
                     row["peak_mb"] = measure_memory(name, n, s, row["window"], threads)
                     if "fwd_bwd_time_s" in row:
                         row["fwd_bwd_peak_mb"] = measure_memory(
@@ -628,7 +659,8 @@ def markdown(result: dict) -> str:
         "Config: batch 1, 4 heads (sigma 4, 16, 64, 256), head_dim 64, float32, causal. "
         "Methods take turns (one call each per round, median over rounds), so ratios within "
         "one (n, s) are robust to the machine's load; absolute times are not. "
-        "Time: median wall seconds; memory: extra peak RSS of one call (MB); error: "
+        "Time: median wall seconds; memory: extra peak RSS of one call (MB; for `plsh` the"
+        " kept plan, `kept plan MB`, was built by the warm-up call and is not in it); error: "
         "relative Frobenius error against float64 exact ALiBi"
         f" ({'all rows' if result['args']['error_rows'] >= max(result['args']['n']) else 'on ' + str(result['args']['error_rows']) + ' evenly spaced rows where n is larger'}). "
         "Command: "
@@ -660,8 +692,8 @@ def markdown(result: dict) -> str:
     lines += [
         "",
         "| n | s | method | time (s) | x floor | fwd+bwd (s) | fwd+bwd / fwd | peak MB |"
-        " fwd+bwd MB | rel. error | max abs error | window (tokens per head) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " fwd+bwd MB | kept plan MB | rel. error | max abs error | window (tokens per head) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         window = r.get("window")
@@ -682,7 +714,8 @@ def markdown(result: dict) -> str:
             f"{_fmt(r.get('x_floor'), '.2f')} | {_fmt(fb, '.4f')} | "
             f"{_fmt(None if fb is None else fb / r['time_s'], '.2f')} | "
             f"{_fmt(r.get('peak_mb'), '.0f')} | "
-            f"{_fmt(r.get('fwd_bwd_peak_mb'), '.0f')} | {r['rel_fro_error']:.3e} | "
+            f"{_fmt(r.get('fwd_bwd_peak_mb'), '.0f')} | {_fmt(r.get('kept_plan_mb'), '.0f')} | "
+            f"{r['rel_fro_error']:.3e} | "
             f"{r['max_abs_error']:.3e} | {window or '-'} |"
         )
     lines += ["", "Speed-ups of `plsh` (time of the peer / time of plsh, forward):", ""]
@@ -723,7 +756,7 @@ def main(argv=None):
         "--memory",
         choices=["all", "plsh", "none"],
         default="all",
-        help="peak memory of every method, of plsh only, or none (one subprocess each)",
+        help="peak memory of every method, of plsh and plsh_cold only, or none (one subprocess each)",
     )
     p.add_argument(
         "--methods",

@@ -105,3 +105,17 @@ def test_kernel_probe_runs_the_tile_kernel_on_every_tile_logit(bench, monkeypatc
     run()
     # One call per tile group; together they cover every tile logit of every head once.
     assert sum(seen) == pytest.approx(n * sum(logits))
+
+
+def test_plsh_cold_keeps_no_plan_and_plsh_keeps_one(bench):
+    from plsh_fast import cpu
+
+    inputs = bench.make_inputs(256)
+    cpu.clear_plan_cache()
+    cold = bench.method_fn("plsh_cold", 256, 4, inputs)
+    out_cold = cold()
+    assert cpu.kept_plan_bytes() == 0  # every cold call plans afresh
+    assert cpu.PLAN_CACHE_BYTES > 0  # and the setting is restored
+    out = bench.method_fn("plsh", 256, 4, inputs)()
+    assert cpu.kept_plan_bytes() > 0  # negative control: the default call keeps its plan
+    assert torch.equal(out, out_cold)
