@@ -79,7 +79,7 @@ class KernelConfig:
 
     ``kernel`` is one of ``_bins_kernel``, ``_fwd_kernel``, ``_delta_kernel``,
     ``_bwd_dq_kernel``, ``_bwd_dkdv_kernel``; the tile sizes and warps are the shipped
-    defaults (:func:`plsh_fast.triton_forward.default_blocks`) for a CUDA device.
+    defaults (:func:`plsh_fast.triton_forward.tile_config`) for a CUDA device.
     """
 
     kernel: str
@@ -109,12 +109,16 @@ def _fwd_bwd(dtype, d, **kw):
 
 
 # Representative default set run by CI: the headline problem (bf16, d = 128, s = 16,
-# causal) on Hopper for every kernel, the forward on Ampere, and fp32 (the slowest compile).
+# causal) on Hopper for every kernel, the forward on Ampere, float32 (tf32x3) at d = 128 on
+# Hopper and d = 64 on Ampere for every kernel, and the float16 dQ kernel at d = 64 on
+# Ampere (the configurations that spilled before the float32/sm_80 tiles).
 CI_CONFIGS = (
     KernelConfig("_bins_kernel"),
     *_fwd_bwd("bfloat16", 128),
     KernelConfig("_fwd_kernel", arch=80),
-    KernelConfig("_fwd_kernel", "float32", 128),
+    *_fwd_bwd("float32", 128),
+    *[dataclasses.replace(c, arch=80) for c in _fwd_bwd("float32", 64)],
+    KernelConfig("_bwd_dq_kernel", "float16", 64, arch=80),
 )
 # Every shipped configuration class (benchmarks/aot_report.py --set full; slow tests).
 FULL_CONFIGS = (
@@ -132,9 +136,14 @@ FULL_CONFIGS = (
     KernelConfig("_fwd_kernel", "bfloat16", 128, num_samples=64),
     *[
         dataclasses.replace(c, arch=80)
-        for c in _fwd_bwd("bfloat16", 128) + _fwd_bwd("float16", 64) + _fwd_bwd("float32", 64)
+        for c in _fwd_bwd("bfloat16", 128)[1:]
+        + _fwd_bwd("float16", 64)[::2]
+        + _fwd_bwd("bfloat16", 96)
+        + _fwd_bwd("float32", 128)
+        + _fwd_bwd("float32", 96)
     ],
-    *_fwd_bwd("float32", 128)[1:],
+    *_fwd_bwd("float32", 64),
+    *_fwd_bwd("float32", 96),
 )
 
 
@@ -201,10 +210,10 @@ def _launches(cfg: KernelConfig, n: int = 4096):
     )
     offset = pitch * torch.rand((num_heads, cfg.num_samples), dtype=torch.float64, generator=gen)
     pos = torch.arange(n, dtype=torch.int64)
-    bm, bn, warps, stages = triton_forward.default_blocks(
+    tiles = triton_forward.tile_config(
         d, dv, torch.device("cuda"), dtype, capability=divmod(cfg.arch, 10)
     )
-    blocks = dict(_block_m=bm, _block_n=bn, _num_warps=warps, _num_stages=stages)
+    blocks = dict(_tiles=tiles)
     with capture_launches() as calls:
         if cfg.kernel in ("_fwd_kernel", "_bins_kernel"):
             triton_forward.plsh_forward_triton(

@@ -32,7 +32,7 @@ from .tiling import (
     sum_combine,
     tile_counts_all,
 )
-from .triton_forward import LENGTHS, LOG2E, default_blocks, dot_precision, head_dim_split, pow2
+from .triton_forward import LENGTHS, LOG2E, dot_precision, head_dim_split, pow2, tile_config
 
 __all__ = ["plsh_backward_triton"]
 
@@ -493,6 +493,7 @@ def plsh_backward_triton(
     _num_stages=None,
     _dkdv_block_m: int | None = None,
     _classify: bool = True,
+    _tiles=None,
 ):
     """Gradients of PLSH attention with respect to query, key and value (Triton).
 
@@ -542,6 +543,7 @@ def plsh_backward_triton(
         _num_stages=_num_stages,
         _dkdv_block_m=_dkdv_block_m,
         _classify=_classify,
+        _tiles=_tiles,
     )
     if plan is None and not positions_sorted:
         q_order, q_inverse = position_order(query_positions)
@@ -573,11 +575,10 @@ def plsh_backward_triton(
     dv = torch.zeros_like(value, memory_format=torch.contiguous_format)
     if batch == 0 or n_q == 0 or n_k == 0:
         return dq, dk, dv
-    block_m, block_n, num_warps, num_stages = default_blocks(head_dim, head_dim_v, dev, query.dtype)
-    block_m = _block_m or block_m
-    block_n = _block_n or block_n
-    num_warps = _num_warps or num_warps
-    num_stages = _num_stages or num_stages
+    tiles = _tiles or tile_config(head_dim, head_dim_v, dev, query.dtype)
+    block_m = _block_m or tiles.block_m
+    block_n = _block_n or tiles.block_n
+    num_stages = _num_stages or tiles.num_stages
     if plan is None:
         plan = make_plan(
             query_positions,
@@ -596,8 +597,8 @@ def plsh_backward_triton(
     grad_out = grad_out.to(query.dtype)
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
     (block_d, block_d1), (block_dv, block_dv1) = (
-        head_dim_split(head_dim),
-        head_dim_split(head_dim_v),
+        head_dim_split(head_dim, tiles.column_halves),
+        head_dim_split(head_dim_v, tiles.column_halves),
     )
     _delta_kernel[(n_q_tiles * batch * num_heads,)](
         out,
@@ -631,7 +632,6 @@ def plsh_backward_triton(
         VARIANT=int(_variant),
         CLASSIFY=bool(_classify),
         NUM_STAGES=num_stages,
-        num_warps=num_warps,
         num_stages=num_stages,
     )
     scale = float(scale)
@@ -663,12 +663,13 @@ def plsh_backward_triton(
         scale,
         scale * LOG2E,
         log2_s,
+        num_warps=_num_warps or tiles.dq_num_warps,
         **common,
     )
-    # The dK/dV kernel walks the query range in tiles of at most 16 rows (its two float32
-    # accumulators and the key/value tiles stay in registers); query ranges start at
-    # multiples of block_m, hence of any divisor of it.
-    dkdv_block_m = _dkdv_block_m or (block_m if interp else min(block_m, 16))
+    # The dK/dV kernel walks the query range in tiles of at most tiles.dkdv_block_m rows (its
+    # two float32 accumulators and the key/value tiles stay in registers); query ranges
+    # start at multiples of block_m, hence of any divisor of it.
+    dkdv_block_m = _dkdv_block_m or (block_m if interp else min(block_m, tiles.dkdv_block_m))
     assert block_m % dkdv_block_m == 0
     _bwd_dkdv_kernel[(n_k_tiles * batch * num_heads_kv,)](
         query,
@@ -700,6 +701,7 @@ def plsh_backward_triton(
         scale,
         scale * LOG2E,
         log2_s,
+        num_warps=_num_warps or tiles.dkdv_num_warps,
         **dict(common, BLOCK_M=dkdv_block_m),
     )
     return dq, dk, dv

@@ -22,6 +22,7 @@ the heads with the most planned work first and, within a head, the last query ti
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -31,7 +32,15 @@ import triton.language as tl
 from .ordering import position_order, sort_positions, take_rows
 from .tiling import make_plan, max_combine, sample_block, sum_combine, tile_counts_all
 
-__all__ = ["plsh_forward_triton", "default_blocks", "dot_precision", "head_dim_split", "pow2"]
+__all__ = [
+    "TileConfig",
+    "plsh_forward_triton",
+    "default_blocks",
+    "dot_precision",
+    "head_dim_split",
+    "pow2",
+    "tile_config",
+]
 
 LOG2E = 1.4426950408889634
 
@@ -236,17 +245,106 @@ def pow2(x: int, minimum: int = 16) -> int:
     return max(minimum, triton.next_power_of_2(max(int(x), 1)))
 
 
-def head_dim_split(head_dim: int) -> tuple[int, int]:
-    """Column chunks ``(BLOCK_D, BLOCK_D1)`` covering ``head_dim``: one power of two when
-    that wastes nothing or the split would not save work (``BLOCK_D1 = 0``), else the
+def head_dim_split(head_dim: int, halves: bool = False) -> tuple[int, int]:
+    """Column chunks ``(BLOCK_D, BLOCK_D1)`` covering ``head_dim`` (``BLOCK_D1 = 0``: one).
+
+    One power of two when that wastes nothing or a split would not save work, else the
     largest power of two ``<= head_dim`` and the power of two covering the rest (80 -> 64 +
-    16, 96 -> 64 + 32, 200 -> 128 + 128 is no saving: 256)."""
+    16, 96 -> 64 + 32, 200 -> 128 + 128 is no saving: 256). ``halves``
+    (:attr:`TileConfig.column_halves`): two equal chunks, each half the power of two
+    covering ``head_dim`` (64 -> 32 + 32; 80, 96, 128 -> 64 + 64), so that each ``tl.dot``
+    stages a narrower operand in registers and every ``head_dim`` in ``(64, 128]`` compiles
+    to the register footprint of 128 (padding columns masked).
+    """
     full = pow2(head_dim)
+    if halves and full >= 32:
+        return full // 2, full // 2
     low = max(16, 1 << (max(int(head_dim), 1).bit_length() - 1))
     if low >= head_dim:
         return full, 0
     rest = pow2(head_dim - low)
     return (low, rest) if low + rest < full else (full, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Tile sizes and launch parameters of the forward and backward kernels.
+
+    Attributes
+    ----------
+    block_m, block_n : int
+        Query and key tile of the forward and dQ kernels (and of the plan they share;
+        ``block_n`` is also the key tile of the dK/dV kernel).
+    num_warps, num_stages : int
+        Warps of the forward kernel; software-pipelining stages of every key/query loop.
+    dq_num_warps : int
+        Warps of the dQ kernel.
+    dkdv_block_m, dkdv_num_warps : int
+        Query tile (a divisor of ``block_m``) and warps of the dK/dV kernel.
+    column_halves : bool
+        ``head_dim`` in two equal column chunks (:func:`head_dim_split`).
+    """
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    dq_num_warps: int
+    dkdv_block_m: int
+    dkdv_num_warps: int
+    column_halves: bool = False
+
+
+def tile_config(
+    head_dim: int,
+    head_dim_v: int,
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+    capability: tuple[int, int] | None = None,
+) -> TileConfig:
+    """The shipped :class:`TileConfig` for a head size, dtype and GPU.
+
+    Chosen from the AOT compile table (``benchmarks/aot_report.py``,
+    ``benchmarks/results/aot_*.md``) so that no kernel spills registers at ``head_dim <=
+    128`` (float32, float16, bfloat16; sm_90 and sm_80), the key/query loops stay
+    software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90 (``mma.sync`` on
+    sm_80; the float32 dK/dV kernel uses ``mma.sync`` everywhere, its 16-key tiles being
+    narrower than a warpgroup MMA) and the shared memory fits; speed is a GPU measurement
+    (``benchmarks/gpu_check.py``). Small query tiles keep the planned key range ``BLOCK_M
+    + window`` tight (the PLSH window is short for small sigma). float32 (``tf32x3``: each
+    operand split in a TF32 high and low part, three MMAs per dot) takes narrow key tiles,
+    eight warps in the dQ kernel and ``head_dim`` in two column chunks; on sm_80 the half
+    types at ``head_dim <= 64`` take two column chunks too.
+
+    Parameters
+    ----------
+    head_dim, head_dim_v : int
+        Query/key and value head sizes (``<= 256``).
+    device : torch.device
+        A CUDA device, or any other (the interpreter): 16 x 16 tiles.
+    dtype : torch.dtype
+        float16, bfloat16 or float32.
+    capability : tuple of int or None
+        CUDA compute capability (default: the device's).
+    """
+    widest = max(head_dim, head_dim_v)
+    fp32 = dtype == torch.float32
+    if device.type != "cuda":  # the interpreter: the column chunks of a GPU, small tiles
+        return TileConfig(16, 16, 4, 1, 4, 16, 4, fp32 and widest <= 128)
+    if capability is None:
+        capability = torch.cuda.get_device_capability(device)
+    hopper = capability[0] >= 9
+    if widest <= 128 and fp32:
+        if hopper or widest <= 64:
+            return TileConfig(64, 16, 4, 2, 8, 16, 8, True)
+        return TileConfig(16, 16, 4, 2, 8, 16, 8, True)  # sm_80, head_dim 65..128
+    if widest <= 128 and not hopper:  # mma.sync keeps the accumulators in registers
+        return TileConfig(64, 32, 4, 3, 4, 16, 4, True)
+    if widest <= 128:
+        return TileConfig(64, 64, 4, 3, 4, 16, 4)
+    if fp32:  # float32 tiles of width 256: stay inside shared memory
+        return TileConfig(32, 32, 8, 2, 8, 16, 8)
+    return TileConfig(64, 32, 8, 2, 8, 16, 8)
 
 
 def default_blocks(
@@ -256,30 +354,10 @@ def default_blocks(
     dtype: torch.dtype = torch.bfloat16,
     capability: tuple[int, int] | None = None,
 ) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the shipped kernels for a head size.
-
-    Chosen from the AOT compile table (``benchmarks/aot_report.py``,
-    ``benchmarks/results/aot_*.md``) so that the half-precision kernels do not spill
-    registers at ``head_dim <= 128`` on sm_90 and sm_80 and the shared memory fits; speed
-    is a GPU measurement (``benchmarks/gpu_check.py``). Small query tiles keep the planned
-    key range ``BLOCK_M + window`` tight (the PLSH window is short for small sigma).
-    ``capability``: the CUDA compute capability (default: the device's); the interpreter
-    (CPU tensors) uses 16 x 16 tiles.
-    """
-    if device.type != "cuda":
-        return 16, 16, 4, 1
-    if capability is None:
-        capability = torch.cuda.get_device_capability(device)
-    widest = max(head_dim, head_dim_v)
-    if widest <= 128 and dtype == torch.float32:  # 3-stage 64x64 fp32 tiles: > 227 KB smem
-        return 64, 32, 4, 2
-    if widest <= 128 and capability[0] < 9:  # mma.sync keeps the accumulators in registers
-        return 64, 32, 4, 3
-    if widest <= 128:
-        return 64, 64, 4, 3
-    if dtype == torch.float32:  # float32 tiles of width 256: stay inside shared memory
-        return 32, 32, 8, 2
-    return 64, 32, 8, 2
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the shipped forward kernel: the
+    first four fields of :func:`tile_config` (same arguments)."""
+    cfg = tile_config(head_dim, head_dim_v, device, dtype, capability)
+    return cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages
 
 
 def dot_precision(dtype: torch.dtype, interpreted: bool) -> str:
@@ -315,6 +393,7 @@ def plsh_forward_triton(
     _num_warps=None,
     _num_stages=None,
     _classify: bool = True,
+    _tiles: TileConfig | None = None,
 ):
     """PLSH attention forward on the fused Triton kernel.
 
@@ -381,6 +460,7 @@ def plsh_forward_triton(
         _num_warps=_num_warps,
         _num_stages=_num_stages,
         _classify=_classify,
+        _tiles=_tiles,
     )
     if plan is None and not positions_sorted:
         q_order, q_inverse = position_order(query_positions)
@@ -410,11 +490,11 @@ def plsh_forward_triton(
     lse = torch.full((batch, num_heads, n_q), float("-inf"), dtype=torch.float32, device=dev)
     if batch == 0 or n_q == 0 or n_k == 0:
         return (out, lse, None) if return_plan else (out, lse)
-    block_m, block_n, num_warps, num_stages = default_blocks(head_dim, head_dim_v, dev, query.dtype)
-    block_m = _block_m or block_m
-    block_n = _block_n or block_n
-    num_warps = _num_warps or num_warps
-    num_stages = _num_stages or num_stages
+    tiles = _tiles or tile_config(head_dim, head_dim_v, dev, query.dtype)
+    block_m = _block_m or tiles.block_m
+    block_n = _block_n or tiles.block_n
+    num_warps = _num_warps or tiles.num_warps
+    num_stages = _num_stages or tiles.num_stages
     if plan is None:
         plan = make_plan(
             query_positions,
@@ -430,7 +510,8 @@ def plsh_forward_triton(
     interp = _interpreting()
     upcast = query.dtype == torch.bfloat16 and interp
     s_block, multi = sample_block(num_samples)
-    split_d, split_dv = head_dim_split(head_dim), head_dim_split(head_dim_v)
+    split_d = head_dim_split(head_dim, tiles.column_halves)
+    split_dv = head_dim_split(head_dim_v, tiles.column_halves)
     grid = (n_q_tiles * batch * num_heads,)
     assert grid[0] < 2**31
     _fwd_kernel[grid](

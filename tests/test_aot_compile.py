@@ -43,9 +43,10 @@ DOT_KERNELS = ("_fwd_kernel", "_bwd_dq_kernel", "_bwd_dkdv_kernel")
 #: What the current kernels do not achieve (checked strictly: fixing one fails the test
 #: until its entry is removed). Keys: (check, configuration name).
 KNOWN = {
-    ("no_spills", "_fwd_kernel float32 d128 s16 sm90"): (
-        "fp32 (tf32x3: three MMAs per dot) at 64x32 tiles and head_dim 128 still spills "
-        "(about 0.2 KB stack)"
+    ("wgmma", "_bwd_dkdv_kernel float32 d128 s16 sm90"): (
+        "the float32 dK/dV kernel uses mma.sync: its 16-key tiles are narrower than a "
+        "warpgroup MMA (64 rows), and 64-key tiles spill at tf32x3 (232-472 B stack with "
+        "4 or 8 warps, 2026-12-01)"
     ),
 }
 
@@ -115,15 +116,22 @@ def test_shared_memory_fits_the_target(rows, name):
 
 
 @pytest.mark.parametrize("name", [c for c in CONFIGS if c.split()[0] in DOT_KERNELS])
-def test_key_loops_are_pipelined_and_use_tensor_cores(request, rows, name):
+def test_key_loops_are_pipelined(request, rows, name):
     row = rows[name]
     _expect(request, "pipelined", name)
     assert row["async_copies"] > 0, "no cp.async: the loads of the main loop are not pipelined"
     assert row["stages"] >= 2
+
+
+@pytest.mark.parametrize("name", [c for c in CONFIGS if c.split()[0] in DOT_KERNELS])
+def test_dots_use_tensor_cores(request, rows, name):
+    """wgmma (warpgroup MMA) on sm_90, mma.sync on sm_80."""
+    row = rows[name]
     if row["arch"] >= 90:
-        assert row["wgmma"] > 0
+        _expect(request, "wgmma", name)
+        assert row["wgmma"] > 0, row
     else:
-        assert row["mma"] > 0
+        assert row["mma"] > 0 and row["wgmma"] == 0, row
 
 
 def test_report_table(rows):

@@ -258,14 +258,17 @@ def test_unsorted_positions_give_the_gradients_in_the_callers_order(monkeypatch)
         assert bool((positions[1:] >= positions[:-1]).all())
 
 
+@pytest.mark.parametrize("dtype_name", ["float16", "float32"])
 @pytest.mark.parametrize("head_dims", [(48, 80), (20, 96)])
-def test_head_dims_split_in_two_column_chunks(head_dims):
-    """head_dim 48 = 32 + 16, 80 = 64 + 16, 96 = 64 + 32 (two column chunks in every
-    backward kernel): the reference gradients."""
+def test_head_dims_split_in_two_column_chunks(head_dims, dtype_name):
+    """Two column chunks in every backward kernel: float16 48 = 32 + 16, 80 = 64 + 16,
+    96 = 64 + 32; float32 in equal halves 48 -> 32 + 32, 20 -> 16 + 16, 80 and 96 -> 64 +
+    64 (``TileConfig.column_halves``): the reference gradients."""
     d, dv = head_dims
+    dtype = DTYPES[dtype_name]
+    halves = triton_forward.tile_config(d, dv, _triton_interp.DEVICE, dtype).column_halves
+    assert halves == (dtype == torch.float32)
     rng = np.random.default_rng(d + dv)
-    partition, q, k, v, g = _case(
-        rng, 1, 2, 1, 30, 30, d, dv, 3, torch.float32, np.array([3.0, 14.0]), d
-    )
+    partition, q, k, v, g = _case(rng, 1, 2, 1, 30, 30, d, dv, 3, dtype, np.array([3.0, 14.0]), d)
     pos = np.arange(30)
-    _check_grads(q, k, v, g, partition, pos, pos, 0.2, True, "float32")
+    _check_grads(q, k, v, g, partition, pos, pos, 0.2, True, dtype_name)

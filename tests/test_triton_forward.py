@@ -431,6 +431,63 @@ def test_head_dims_split_in_two_column_chunks(head_dims):
     _check(out, lse, ref, base, "float16")
 
 
+def test_column_halves_split_head_dim_in_two_equal_chunks():
+    """``halves``: two equal power-of-two chunks covering head_dim (the float32 and sm_80
+    tiles); without it the uneven split of the other tiles."""
+    split = triton_forward.head_dim_split
+    assert [split(d, halves=True) for d in (20, 40, 64, 80, 96, 128)] == [
+        (16, 16), (32, 32), (32, 32), (64, 64), (64, 64), (64, 64),
+    ]  # fmt: skip
+    assert [split(d) for d in (20, 64, 80, 96, 128)] == [
+        (32, 0),
+        (64, 0),
+        (64, 16),
+        (64, 32),
+        (128, 0),
+    ]
+    assert split(16, halves=True) == (16, 0)  # one 16-wide chunk cannot be halved
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("capability", [(9, 0), (8, 0)])
+def test_tile_configs_are_consistent(dtype, capability):
+    """Every shipped GPU tile configuration: power-of-two tiles, a dK/dV query tile that
+    divides the plan's, pipelined loops (>= 2 stages); float32 at head_dim <= 128 in two
+    column halves (the AOT table's spill-free configurations)."""
+    for d in (16, 40, 64, 96, 128, 200, 256):
+        cfg = triton_forward.tile_config(d, d, torch.device("cuda"), dtype, capability)
+        for size in (cfg.block_m, cfg.block_n, cfg.dkdv_block_m):
+            assert size >= 16 and size & (size - 1) == 0
+        assert cfg.block_m % cfg.dkdv_block_m == 0 and cfg.num_stages >= 2
+        assert cfg.num_warps in (4, 8) and cfg.dq_num_warps in (4, 8)
+        assert cfg.dkdv_num_warps in (4, 8)
+        if dtype == torch.float32 or capability < (9, 0):
+            assert cfg.column_halves == (d <= 128)
+        assert triton_forward.default_blocks(d, d, torch.device("cuda"), dtype, capability) == (
+            cfg.block_m,
+            cfg.block_n,
+            cfg.num_warps,
+            cfg.num_stages,
+        )
+
+
+@pytest.mark.parametrize("head_dims", [(40, 40), (96, 72)])
+def test_float32_column_halves_match_the_reference(head_dims):
+    """float32 takes head_dim in two equal column chunks (40 -> 32 + 32 with 24 masked
+    columns, 96 -> 64 + 64): the reference all the same."""
+    d, dv = head_dims
+    cfg = triton_forward.tile_config(d, dv, _triton_interp.DEVICE, torch.float32)
+    assert cfg.column_halves
+    rng = np.random.default_rng(d)
+    partition = draw_partition(np.array([4.0, 15.0]), 3, seed=d)
+    pos = np.arange(30)
+    q, k = (torch.from_numpy(rng.standard_normal((1, 2, 30, d))).float() for _ in range(2))
+    v = torch.from_numpy(rng.standard_normal((1, 2, 30, dv))).float()
+    ref, base = _reference(q, k, v, partition, pos, pos, True, 0.15, "float32")
+    out, lse = _run(q, k, v, partition, pos, pos, True, 0.15)
+    _check(out, lse, ref, base, "float32")
+
+
 @pytest.mark.skipif(not _triton_interp.COMPILED, reason="needs CUDA (compiled kernels)")
 def test_forward_with_sorted_positions_never_synchronises():
     """positions_sorted=True: planning and kernels are device work only (no host sync)."""
