@@ -11,8 +11,8 @@ for sm_90a by Triton 3.6 and 3.9, which agree):
   from zero), ``a_lo = a - a_hi`` (exact in float32), the same for ``b``; three TF32 MMAs
   ``d1 = a_lo b_hi``, ``d2 = a_hi b_lo + d1``, NaNs of ``d2`` replaced by 0, ``d3 = a_hi b_hi
   + d2``, and the accumulator argument added last: ``dot(a, b, c) = d3 + c`` (one float32
-  addition). ``acc * alpha + tl.dot(p, v)`` and ``dq += tl.dot(ds, k)`` are folded into the
-  dot's accumulator by Triton and so take this form.
+  addition). ``acc * alpha + tl.dot(p, v)`` takes this form with ``c = acc * alpha`` (seen
+  in the forward's TTGIR), and so, we assume, do ``dq += tl.dot(ds, k)`` and the like.
 * ``tf32`` (the negative control): one TF32 MMA on the raw float32 operands.
 * A TF32 MMA reads float32 registers; how it treats the 13 low mantissa bits of an
   operand that is not a TF32 number (``a_lo``, and every operand of plain ``tf32``) is
@@ -28,7 +28,8 @@ sum (its exact order and width are not published), the order of the float32 row 
 (``tl.reduce``; torch's order here), and the approximate ``ex2.approx.ftz.f32`` and
 ``div.full.f32`` the kernels compile to: with ``approx_ulps > 0`` each ``exp2`` result and
 each final division is perturbed by a seeded random relative error of up to that many
-float32 ulps (we assume 2 bounds both). Everything else (the scale product, the online
+float32 ulps (we assume 2 bounds both), and the contraction of multiply-adds into FMAs
+(Triton's default; it only removes roundings). Everything else (the scale product, the online
 softmax's maximum and rescaling, ``P = C exp2(.)``, ``D_i = dO_i . O_i``) is float32 in the
 kernels' order and tile sizes (``plsh_fast.triton_forward.default_blocks`` for float32 at
 ``head_dim <= 128``: 64 x 32 tiles, 16-row query tiles in the dK/dV kernel).
