@@ -31,8 +31,8 @@ each final division is perturbed by a seeded random relative error of up to that
 float32 ulps (we assume 2 bounds both), and the contraction of multiply-adds into FMAs
 (Triton's default; it only removes roundings). Everything else (the scale product, the online
 softmax's maximum and rescaling, ``P = C exp2(.)``, ``D_i = dO_i . O_i``) is float32 in the
-kernels' order and tile sizes (``plsh_fast.triton_forward.default_blocks`` for float32 at
-``head_dim <= 128``: 64 x 32 tiles, 16-row query tiles in the dK/dV kernel).
+kernels' order, tile sizes and column chunks (given by the caller:
+``plsh_fast.triton_forward.tile_config`` and ``head_dim_split``).
 """
 
 from __future__ import annotations
@@ -147,6 +147,16 @@ class KernelArithmetic:
             accumulate=self.accumulate,
         )  # fmt: skip
 
+    def chained_dot(self, a: torch.Tensor, b: torch.Tensor, split: tuple[int, int]):
+        """A dot whose reduction dimension the kernels take in two column chunks
+        ``split = (BLOCK_D, BLOCK_D1)`` (``plsh_fast.triton_forward.head_dim_split``):
+        ``tl.dot(a1, b1, tl.dot(a0, b0))``; ``BLOCK_D1 = 0``: one dot."""
+        first, second = split
+        if second == 0:
+            return self.dot(a, b)
+        c = self.dot(a[..., :first], b[..., :first, :])
+        return self.dot(a[..., first:], b[..., first:, :], c)
+
     def _perturb(self, x: torch.Tensor) -> torch.Tensor:
         if self.approx_ulps == 0.0:
             return x
@@ -235,7 +245,8 @@ def emulated_forward(
     scale: float,
     *,
     block_m: int = 64,
-    block_n: int = 32,
+    block_n: int = 16,
+    d_split: tuple[int, int] = (0, 0),
 ):
     """The float32 forward of ``plsh_fast.triton_forward._fwd_kernel`` under ``arith``.
 
@@ -251,7 +262,11 @@ def emulated_forward(
     num_samples : int
     scale : float
     block_m, block_n : int
-        Tile sizes (the float32 defaults at ``head_dim <= 128``).
+        Tile sizes (defaults: the float32 tiles on sm_90 at ``head_dim <= 128``,
+        ``plsh_fast.triton_forward.tile_config``).
+    d_split : tuple of int
+        The kernels' column chunks ``(BLOCK_D, BLOCK_D1)`` of ``head_dim`` (the reduction of
+        ``q . k``); ``(0, 0)``: one chunk.
 
     Returns
     -------
@@ -274,7 +289,7 @@ def emulated_forward(
         vt = v[:, :, None, n0 : n0 + block_n, :]
         w = w_all[..., n0 : n0 + block_n]
         admissible = w > 0.0
-        logits = arith.dot(qt, kt.transpose(-1, -2)) * scale_log2
+        logits = arith.chained_dot(qt, kt.transpose(-1, -2), d_split) * scale_log2
         logits = torch.where(admissible, logits, -math.inf)
         m_new = torch.maximum(m_i, logits.amax(dim=-1))
         m_use = torch.where(m_new == -math.inf, 0.0, m_new)
@@ -307,8 +322,10 @@ def emulated_backward(
     scale: float,
     *,
     block_m: int = 64,
-    block_n: int = 32,
+    block_n: int = 16,
     dkdv_block_m: int = 16,
+    d_split: tuple[int, int] = (0, 0),
+    dv_split: tuple[int, int] = (0, 0),
 ):
     """The float32 ``_delta_kernel``, ``_bwd_dq_kernel`` and ``_bwd_dkdv_kernel`` of
     ``plsh_fast.triton_backward`` under ``arith``.
@@ -323,6 +340,9 @@ def emulated_backward(
         float32 ``(batch, num_heads, n_q, head_dim_v)``.
     dkdv_block_m : int
         Query rows per step of the dK/dV kernel (16 on a GPU).
+    d_split, dv_split : tuple of int
+        Column chunks of ``head_dim`` and ``head_dim_v`` (the reductions of ``q . k`` and
+        ``dO . v``).
 
     Returns
     -------
@@ -355,9 +375,9 @@ def emulated_backward(
         vt = v[:, :, None, n0 : n0 + block_n, :]
         w = w_q[..., n0 : n0 + block_n]
         admissible = (w > 0.0) & live_t[..., None]
-        logits = arith.dot(qt, kt.transpose(-1, -2)) * scale_log2
+        logits = arith.chained_dot(qt, kt.transpose(-1, -2), d_split) * scale_log2
         p = torch.where(admissible, arith.exp2(logits - lse2_t[..., None]) * w, 0.0)
-        dp = arith.dot(dot_, vt.transpose(-1, -2))
+        dp = arith.chained_dot(dot_, vt.transpose(-1, -2), dv_split)
         ds = p * (dp - delta_t[..., None])
         dq = arith.dot(ds, kt, dq)  # dq += tl.dot(ds, k)
     dq = (dq * _f32(scale)).reshape(batch, num_heads, rows, -1)[:, :, :n_q]
@@ -377,10 +397,10 @@ def emulated_backward(
         delta_m = torch.nn.functional.pad(delta[:, :, m0:m1], width)[:, :, None, None, :]
         w_t = w_k[None, ..., m0 : m0 + dkdv_block_m]
         admissible = (w_t > 0.0) & live_m
-        logits_t = arith.dot(kt, q.transpose(-1, -2)) * scale_log2
+        logits_t = arith.chained_dot(kt, q.transpose(-1, -2), d_split) * scale_log2
         p_t = torch.where(admissible, arith.exp2(logits_t - lse2_m) * w_t, 0.0)
         dv = arith.dot(p_t, do, dv)  # dv += tl.dot(p_t, do)
-        dp_t = arith.dot(vt, do.transpose(-1, -2))
+        dp_t = arith.chained_dot(vt, do.transpose(-1, -2), dv_split)
         ds_t = p_t * (dp_t - delta_m)
         dk = arith.dot(ds_t, q, dk)  # dk += tl.dot(ds_t, q)
     dk = (dk * _f32(scale)).reshape(batch, num_heads, tn * block_n, -1)[:, :, :n_k]

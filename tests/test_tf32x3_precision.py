@@ -12,7 +12,8 @@ output and LSE of the forward, and the three gradients of the backward.
 
 Shapes are SPEC section 7's GPU configuration scaled down: causal, batch 1, four of the
 standard 16-head slopes (sigma 1.41, 8, 45.3, 256), head_dim 64 and 128, 300 positions
-(partial 64 x 32 tiles), num_samples 4 and 16, standard-normal inputs (and one case of
+(partial tiles; the shipped float32 tiles of sm_90, ``tile_config``: 64 x 16, head_dim
+in two column halves), num_samples 4 and 16, standard-normal inputs (and one case of
 magnitude 8, logits of standard deviation 64). The MMA's treatment of the low bits of a
 non-TF32 operand and the rounding of its accumulation are not published: each case runs
 under three models (truncated operands / round-to-nearest accumulation; operands rounded
@@ -56,6 +57,17 @@ MODELS = {
     "rna": dict(operand_rounding="rna", accumulate="rn"),
     "pessimistic": dict(operand_rounding="rz", accumulate="rz", approx_ulps=2.0),
 }
+
+
+def _gpu_tiles(head_dim: int):
+    """The shipped float32 tiles on sm_90 (TileConfig) and the emulation's keywords."""
+    tiles = triton_forward.tile_config(
+        head_dim, head_dim, torch.device("cuda"), torch.float32, capability=(9, 0)
+    )
+    split = triton_forward.head_dim_split(head_dim, tiles.column_halves)
+    forward = dict(block_m=tiles.block_m, block_n=tiles.block_n, d_split=split)
+    backward = dict(forward, dkdv_block_m=tiles.dkdv_block_m, dv_split=split)
+    return tiles, forward, backward
 
 
 @pytest.fixture(autouse=True)
@@ -157,13 +169,14 @@ def _check(problem, arith):
     """The SPEC section 6 rule on the forward (output, LSE) and the three gradients."""
     q, k, v, g = problem["qkvg"]
     c, s, scale = problem["counts"], problem["s"], problem["scale"]
-    out, lse = emulated_forward(arith, q, k, v, c, s, scale)
+    _, fwd, bwd = _gpu_tiles(q.shape[3])
+    out, lse = emulated_forward(arith, q, k, v, c, s, scale, **fwd)
     ref, base = problem["ref"], problem["base"]
     ratios = [
         assert_close_to_reference(out, ref[0], base[0], "float32", name="output"),
         assert_close_to_reference(lse, ref[1], base[1], "float32", name="lse"),
     ]
-    grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale)
+    grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale, **bwd)
     # Floor relative to the largest gradient entry, as tests/test_triton_backward.py.
     magnitude = max(float(r.abs().max()) for r in problem["grad_ref"])
     for name, x, r, b in zip(
@@ -192,18 +205,19 @@ def test_emulation_follows_the_kernels():
     scale = 0.3
     pitch, offset = (torch.from_numpy(np.array(x)) for x in (partition.pitch, partition.offset))
     tpos = torch.from_numpy(pos)
-    blocks = dict(_block_m=64, _block_n=32)
+    tiles, fwd, bwd = _gpu_tiles(d)
+    blocks = dict(_tiles=tiles)
     out, lse = _triton_interp.call(
         triton_forward.plsh_forward_triton, q, k, v, pitch, offset, tpos, tpos, scale, True,
         **blocks,
     )  # fmt: skip
     grads = _triton_interp.call(
         triton_backward.plsh_backward_triton, q, k, v, out, lse, g, pitch, offset, tpos, tpos,
-        scale, True, _dkdv_block_m=16, **blocks,
+        scale, True, _dkdv_block_m=tiles.dkdv_block_m, **blocks,
     )  # fmt: skip
     arith = KernelArithmetic("tf32x3" if _triton_interp.COMPILED else "ieee")
-    e_out, e_lse = emulated_forward(arith, q, k, v, c, s, scale)
-    e_grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale)
+    e_out, e_lse = emulated_forward(arith, q, k, v, c, s, scale, **fwd)
+    e_grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale, **bwd)
     for name, got, want in zip(
         ("output", "lse", "grad_query", "grad_key", "grad_value"),
         (out, lse, *grads),
@@ -211,7 +225,7 @@ def test_emulation_follows_the_kernels():
     ):
         _assert_agree(got, want, name)
     # Negative control: the emulation with the counts replaced by the mask disagrees.
-    bad_out, _ = emulated_forward(arith, q, k, v, (c > 0).astype(np.int64), s, scale)
+    bad_out, _ = emulated_forward(arith, q, k, v, (c > 0).astype(np.int64), s, scale, **fwd)
     with pytest.raises(AssertionError):
         _assert_agree(out, bad_out, "output")
 
@@ -248,7 +262,10 @@ def test_plain_tf32_fails_the_tolerance_rule(head_dim):
         _check(problem, KernelArithmetic("tf32", **MODELS["rna"]))
     arith = KernelArithmetic("tf32", **MODELS["truncate"])
     q, k, v, g = problem["qkvg"]
-    out, lse = emulated_forward(arith, q, k, v, problem["counts"], problem["s"], problem["scale"])
+    _, fwd, bwd = _gpu_tiles(head_dim)
+    out, lse = emulated_forward(
+        arith, q, k, v, problem["counts"], problem["s"], problem["scale"], **fwd
+    )
     with pytest.raises(AssertionError, match="^lse:"):
         assert_close_to_reference(lse, problem["ref"][1], problem["base"][1], "float32",
                                   name="lse")  # fmt: skip
@@ -256,8 +273,9 @@ def test_plain_tf32_fails_the_tolerance_rule(head_dim):
     ref_out = torch.from_numpy(problem["ref"][0]).float()
     ref_lse = torch.from_numpy(problem["ref"][1]).float()
     dq, _, _ = emulated_backward(
-        arith, q, k, v, ref_out, ref_lse, g, problem["counts"], problem["s"], problem["scale"]
-    )
+        arith, q, k, v, ref_out, ref_lse, g, problem["counts"], problem["s"], problem["scale"],
+        **bwd,
+    )  # fmt: skip
     with pytest.raises(AssertionError, match="^grad_query:"):
         assert_close_to_reference(dq, problem["grad_ref"][0], problem["grad_base"][0],
                                   "float32", name="grad_query")  # fmt: skip
