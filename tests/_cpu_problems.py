@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 from plsh_ref.alibi import resolve_positions
 from plsh_ref.attention import plsh_attention as reference_attention
 from plsh_ref.partition import PartitionSample, count_bias, counts, draw_partition
+from plsh_ref.testing.baseline import plain_attention_torch
 from plsh_ref.testing.problems import DTYPES as TOOLKIT_DTYPES
 from plsh_ref.testing.strategies import draw_positions
+from plsh_ref.testing.tolerance import assert_close_to_reference
 
 #: torch dtype of each dtype name of the toolkit (plsh_ref.testing.problems.DTYPES)
 DTYPES = {name: getattr(torch, name) for name in TOOLKIT_DTYPES}
@@ -153,3 +155,16 @@ def problems(
         scale=draw(st.sampled_from([None, 0.7])),
         requires_grad=requires_grad,
     )
+
+
+def check_against_reference(problem, out, lse):
+    """``out`` and ``lse`` of ``problem`` pass the SPEC section 6 rule (float64 reference)."""
+    ref_out, ref_lse = problem.reference()
+    base_out, base_lse = plain_attention_torch(
+        *problem.numpy64(), problem.log_weight(), scale=problem.scale, dtype=problem.dtype
+    )
+    assert out.dtype == problem.query.dtype
+    assert lse.dtype == (torch.float64 if problem.dtype == "float64" else torch.float32)
+    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
+    assert_close_to_reference(out, ref_out, base_out, problem.dtype, name="output")
+    assert_close_to_reference(lse, ref_lse, base_lse, problem.dtype, name="lse")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from _cpu_problems import make_problem, problems
+from _cpu_problems import check_against_reference, make_problem, problems
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,8 +22,6 @@ from plsh_fast.partition import bins as torch_bins
 from plsh_fast.partition import partition_tensors
 from plsh_ref.partition import PartitionSample, draw_partition
 from plsh_ref.partition import bins as ref_bins
-from plsh_ref.testing.baseline import plain_attention_torch
-from plsh_ref.testing.tolerance import assert_close_to_reference
 
 torch.set_num_threads(1)
 
@@ -31,18 +29,6 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
     monkeypatch.setattr(cpu, "CHUNK_ELEMENTS", 2048)
-
-
-def check_against_reference(problem, out, lse):
-    ref_out, ref_lse = problem.reference()
-    base_out, base_lse = plain_attention_torch(
-        *problem.numpy64(), problem.log_weight(), scale=problem.scale, dtype=problem.dtype
-    )
-    assert out.dtype == problem.query.dtype
-    assert lse.dtype == (torch.float64 if problem.dtype == "float64" else torch.float32)
-    assert not torch.isnan(out).any() and not torch.isnan(lse).any()
-    assert_close_to_reference(out, ref_out, base_out, problem.dtype, name="output")
-    assert_close_to_reference(lse, ref_lse, base_lse, problem.dtype, name="lse")
 
 
 @given(
@@ -283,8 +269,10 @@ def test_chunk_size_does_not_change_the_result(problem):
     torch.testing.assert_close(small, large, rtol=4e-6, atol=4e-6 * magnitude)
 
 
-def test_tile_groups_pad_little_and_cover_every_window():
-    """Stacked tiles are padded to at most 8/7 of their own window, never below it."""
+def test_tile_groups_pad_little_and_cover_every_window(monkeypatch):
+    """Stacked tiles are padded to at most 8/7 of their own window, never below it
+    (groups of tiles sorted by width; bands are checked in tests/test_cpu_band.py)."""
+    monkeypatch.setattr(cpu, "BAND_MAX_TILE", 0)
     n = 3000
     partition = draw_partition(np.array([3.0, 40.0, 300.0]), 16, seed=4)
     pitch, offset = partition_tensors(partition, "cpu")
