@@ -244,6 +244,24 @@ class _Chunk:
             return
         dst.index_copy_(1, self.rows.reshape(-1), src.flatten(1, 2))
 
+    def add_windows(self, padded: torch.Tensor, src: torch.Tensor, pad: int) -> None:
+        """``padded`` (B, pad + n_k + pad, d) ``+=`` the key windows ``src`` (B, G, W, d) of a
+        band chunk: in ``M = ceil(W / T)`` phases of every ``M``-th tile, whose windows are
+        ``M T >= W`` apart, so that each phase is one in-place add on a strided view of
+        disjoint rows (no index list, unlike :meth:`add_keys`)."""
+        g, t = self.rows.shape
+        w, d = src.shape[2], src.shape[3]
+        phases = -(-w // t)
+        base = padded.storage_offset() + (self.band[1] + pad) * padded.stride(1)
+        for m in range(min(phases, g)):
+            part = src[:, m::phases]
+            view = padded.as_strided(
+                (padded.shape[0], part.shape[1], w, d),
+                (padded.stride(0), phases * t * padded.stride(1), padded.stride(1), 1),
+                base + m * t * padded.stride(1),
+            )
+            view.add_(part)
+
     def add_keys(self, dst: torch.Tensor, src: torch.Tensor) -> None:
         """``dst`` (B, n_k, d) rows of the key windows ``+= src`` (B, G, W, d)."""
         flat, src = self.keys.reshape(-1), src.flatten(1, 2)
@@ -1265,35 +1283,46 @@ def plsh_backward_cpu(
     workers = torch.get_num_threads()
     specs = _chunk_specs(plan, workers)
     workers = max(1, min(workers, len(specs)))
+    # Band chunks (module step 3b) read strided windows of the padded keys and values and
+    # add their key gradients into accumulators padded the same way.
+    pad, band_kv = _band_padding(plan, specs, group)
+    padded = {hk: (_pad_rows(k[hk], pad), _pad_rows(v[hk], pad)) for hk in band_kv}
     # Key windows of different chunks overlap: one key/value accumulator per worker.
+    size = plan.n_k + 2 * pad
     grad_k = [
-        torch.zeros(batch, key.shape[1], plan.n_k, key.shape[-1], dtype=dtype)
-        for _ in range(workers)
+        torch.zeros(batch, key.shape[1], size, key.shape[-1], dtype=dtype) for _ in range(workers)
     ]
     grad_v = [
-        torch.zeros(batch, key.shape[1], plan.n_k, value.shape[-1], dtype=dtype)
-        for _ in range(workers)
+        torch.zeros(batch, key.shape[1], size, value.shape[-1], dtype=dtype) for _ in range(workers)
     ]
 
     def work(spec, worker):
         chunk = plan.build(spec)
         h, hk = chunk.head, chunk.head // group
+        if chunk.band is not None:
+            keys, values = (chunk.window_view(x, pad) for x in padded[hk])
+        else:
+            keys, values = chunk.take_keys(k[hk]), chunk.take_keys(v[hk])
         gq, gk, gv = _tiles_backward(
             chunk.take_rows(d_out[h]),
             chunk.take_rows(q[h]),
-            chunk.take_keys(k[hk]),
-            chunk.take_keys(v[hk]),
+            keys,
+            values,
             chunk.take_rows(o_all[h]),
             chunk.take_rows(tile_lse[:, h]),
             chunk.bias.expand(batch, -1, -1, -1),
             scale,
         )
         chunk.put_rows(grad_q[:, h], gq)  # disjoint rows
-        chunk.add_keys(grad_k[worker][:, hk], gk)
-        chunk.add_keys(grad_v[worker][:, hk], gv)
+        for acc, grad in ((grad_k[worker][:, hk], gk), (grad_v[worker][:, hk], gv)):
+            if chunk.band is not None:
+                chunk.add_windows(acc, grad, pad)
+            else:
+                chunk.add_keys(acc[:, pad : pad + plan.n_k], grad)
 
     _run_parallel(specs, work, workers)
     grad_k, grad_v = sum(grad_k[1:], grad_k[0]), sum(grad_v[1:], grad_v[0])
+    grad_k, grad_v = grad_k[:, :, pad : pad + plan.n_k], grad_v[:, :, pad : pad + plan.n_k]
     grad_q = grad_q[:, :, :n_q]
     if plan.query_inverse is not None:
         grad_q = grad_q[:, :, plan.query_inverse]
