@@ -25,7 +25,8 @@ the float64 exact reference come from :mod:`plsh_fast.peers`:
   ``c`` of a grid whose output error is at most ours (same error as ours);
 * ``reduction``: the paper's reduction: ``s`` block-diagonal passes (one per sample, each
   our CPU tile kernel with a one-sample partition, so each pass touches only its blocks)
-  merged by their LSE. Compiled FlexAttention on the CPU has no ``return_lse``, so it
+  merged by their LSE; run with no plan kept (its ``s`` plans would evict ``plsh``'s from
+  the shared budget). Compiled FlexAttention on the CPU has no ``return_lse``, so it
   cannot provide the per-sample denominators that the merge needs.
 
 Timing: for every (n, s) all methods get one warm-up call, then ``--repeats`` rounds in
@@ -405,7 +406,9 @@ def method_fn(name: str, n: int, s: int, inputs, extra=None):
         return lambda: run(q, k, v)
     if name == "reduction":
         partition = partition_for(s)
-        return lambda: reduction(q, k, v, partition)
+        # Cold: its s one-sample plans, kept, would evict the plan of `plsh` (the budget
+        # is shared) and make every `plsh` call of the round plan afresh.
+        return cold(lambda: reduction(q, k, v, partition))
     raise ValueError(f"name: unknown method {name!r}")
 
 

@@ -142,7 +142,10 @@ def plsh_attention(
     Cost per head: each query attends to the union of its ``s`` blocks, about
     ``sigma (ln s + 0.58)`` keys back (``2 sigma (ln s + 0.58)`` without ``causal``), plus
     the height of its tile of queries; planning costs ``O(s n)``. Memory is
-    ``O(n * window)``, never ``n_q x n_k``. Rows are processed sorted by position (unsorted
+    ``O(n * window)``, never ``n_q x n_k``; the CPU path also keeps recent plans (tile
+    groups and count biases) across calls within ``plsh_fast.cpu.PLAN_CACHE_BYTES``, so
+    that a repeated call with the same partition and positions skips planning
+    (``docs/dropin.md``). Rows are processed sorted by position (unsorted
     positions are sorted and the results put back). On the 2-core development CPU the
     path beats dense attention from about ``n = 4k`` (``benchmarks/README.md``).
 

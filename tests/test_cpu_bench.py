@@ -107,13 +107,14 @@ def test_kernel_probe_runs_the_tile_kernel_on_every_tile_logit(bench, monkeypatc
     assert sum(seen) == pytest.approx(n * sum(logits))
 
 
-def test_plsh_cold_keeps_no_plan_and_plsh_keeps_one(bench):
+def test_plsh_cold_and_the_reduction_keep_no_plan_and_plsh_keeps_one(bench):
     from plsh_fast import cpu
 
     inputs = bench.make_inputs(256)
     cpu.clear_plan_cache()
     cold = bench.method_fn("plsh_cold", 256, 4, inputs)
     out_cold = cold()
+    bench.method_fn("reduction", 256, 4, inputs)()  # its s one-sample plans are not kept
     assert cpu.kept_plan_bytes() == 0  # every cold call plans afresh
     assert cpu.PLAN_CACHE_BYTES > 0  # and the setting is restored
     out = bench.method_fn("plsh", 256, 4, inputs)()
