@@ -59,10 +59,10 @@ MODELS = {
 }
 
 
-def _gpu_tiles(head_dim: int):
-    """The shipped float32 tiles on sm_90 (TileConfig) and the emulation's keywords."""
+def _gpu_tiles(head_dim: int, arch: int = 90):
+    """The shipped float32 tiles on sm_<arch> (TileConfig) and the emulation's keywords."""
     tiles = triton_forward.tile_config(
-        head_dim, head_dim, torch.device("cuda"), torch.float32, capability=(9, 0)
+        head_dim, head_dim, torch.device("cuda"), torch.float32, capability=divmod(arch, 10)
     )
     split = triton_forward.head_dim_split(head_dim, tiles.column_halves)
     forward = dict(block_m=tiles.block_m, block_n=tiles.block_n, d_split=split)
@@ -165,11 +165,11 @@ def _problem(head_dim, num_samples, magnitude=1.0, seed=0):
     )  # fmt: skip
 
 
-def _check(problem, arith):
+def _check(problem, arith, arch=90):
     """The SPEC section 6 rule on the forward (output, LSE) and the three gradients."""
     q, k, v, g = problem["qkvg"]
     c, s, scale = problem["counts"], problem["s"], problem["scale"]
-    _, fwd, bwd = _gpu_tiles(q.shape[3])
+    _, fwd, bwd = _gpu_tiles(q.shape[3], arch)
     out, lse = emulated_forward(arith, q, k, v, c, s, scale, **fwd)
     ref, base = problem["ref"], problem["base"]
     ratios = [
@@ -238,12 +238,16 @@ def _assert_agree(got, want, name):
     )
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
-@pytest.mark.parametrize("num_samples", [4, 16])
-def test_tf32x3_kernels_pass_the_tolerance_rule(head_dim, num_samples):
+@pytest.mark.parametrize(
+    "head_dim,num_samples,arch",
+    [(64, 4, 90), (64, 16, 90), (128, 4, 90), (128, 16, 90), (128, 16, 80)],
+)
+def test_tf32x3_kernels_pass_the_tolerance_rule(head_dim, num_samples, arch):
+    """The shipped float32 tiles of sm_90 and, at d = 128, of sm_80 (16 x 16; at d = 64 the
+    sm_80 tiles are those of sm_90)."""
     problem = _problem(head_dim, num_samples)
     for kw in MODELS.values():
-        _check(problem, KernelArithmetic("tf32x3", **kw))
+        _check(problem, KernelArithmetic("tf32x3", **kw), arch)
 
 
 def test_tf32x3_large_logits_pass_the_tolerance_rule():
