@@ -70,9 +70,12 @@ Memory is ``O(batch * CHUNK_ELEMENTS)`` per tile group in flight plus ``O(s n)``
 for the block boundaries of one head, plus at most :data:`PLAN_CACHE_BYTES` for kept
 plans (a kept plan is ``O(n * window)``: its biases hold one value per tile logit,
 :func:`kept_plan_bytes`). Parallelism: with ``torch.get_num_threads() = N > 1``
-the tile groups (and the per-head planning) are dealt round-robin to ``N`` Python worker
-threads of one module-level pool (created on first use, reused by every call, grown when
-a call wants more workers; :func:`executor`). Each worker thread limits *its own* OpenMP
+the tile groups (and the per-head planning) go to ``N`` Python worker threads of one
+module-level pool: in the forward and the planning each worker takes the next item when
+it is free (their outputs are disjoint, so who runs what does not change a bit), in the
+backward they are dealt round-robin (the per-worker key-gradient sums then have a fixed
+order); the pool is created on first use, reused by every call, grown when
+a call wants more workers (:func:`executor`). Each worker thread limits *its own* OpenMP
 and MKL thread counts to 1 when it starts (``omp_set_num_threads`` and
 ``mkl_set_num_threads_local`` act on the calling thread only): the work is many
 independent operators of moderate size, and OpenMP barriers inside each of them stall
@@ -622,6 +625,7 @@ def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) ->
     )
 
 
+_DONE = object()  # end of a dynamic task queue (:func:`_run_parallel`)
 _POOL: ThreadPoolExecutor | None = None
 _POOL_PID: int | None = None  # process that created the pool (a forked child makes its own)
 _POOL_LOCK = threading.Lock()
@@ -706,14 +710,18 @@ def executor(workers: int) -> ThreadPoolExecutor | None:
         return _POOL
 
 
-def _run_parallel(tasks: list, fn, workers: int) -> None:
+def _run_parallel(tasks: list, fn, workers: int, dynamic: bool = False) -> None:
     """``fn(task, worker)`` for every task, on ``workers`` threads of the module's pool.
 
     Each worker thread runs torch operators with one OpenMP thread (module docstring), so
     the parallelism comes from independent tiles running concurrently (torch operators
-    release the GIL). Tasks are dealt round-robin in the given order, so the assignment
-    (and every floating-point sum) is deterministic for a given thread count. Returns
-    after every worker has finished, then raises the first error if any.
+    release the GIL). By default tasks are dealt round-robin in the given order, so the
+    assignment (and every floating-point sum over a worker's tasks) is deterministic for a
+    given thread count. ``dynamic``: each worker takes the next task in the given order
+    when it is free, so that a worker whose core another process holds does not hold up
+    the call; only for tasks whose results do not depend on the worker (the forward's
+    disjoint rows, the per-head planning). Returns after every worker has finished, then
+    raises the first error if any.
     """
     pool = executor(workers) if workers > 1 and len(tasks) > 1 else None
     if pool is None:
@@ -726,9 +734,26 @@ def _run_parallel(tasks: list, fn, workers: int) -> None:
     # only be updated in place inside it).
     inference = torch.is_inference_mode_enabled()
 
+    if dynamic:
+        queue = iter(tasks)
+        lock = threading.Lock()
+
+        def mine(_w):
+            while True:
+                with lock:
+                    task = next(queue, _DONE)
+                if task is _DONE:
+                    return
+                yield task
+
+    else:
+
+        def mine(w):
+            return tasks[w::workers]
+
     def deal(w):
         with torch.inference_mode(inference), torch.no_grad():
-            for task in tasks[w::workers]:
+            for task in mine(w):
                 fn(task, w)
 
     jobs = [pool.submit(deal, w) for w in range(workers)]
@@ -750,7 +775,7 @@ def _chunk_specs(plan: _Plan, workers: int) -> list[tuple]:
     def plan_head(h, _worker):
         per_head[h] = plan.head_specs(h)
 
-    _run_parallel(list(range(len(plan.tiles))), plan_head, workers)
+    _run_parallel(list(range(len(plan.tiles))), plan_head, workers, dynamic=True)
     specs = [spec for head in per_head for spec in head]
     specs.sort(key=lambda spec: -spec[3].numel() * spec[1] * spec[2])
     plan.specs = specs
@@ -1219,7 +1244,7 @@ def plsh_forward_cpu(
         chunk.put_rows(out[:, h], o)  # rows of different chunks are disjoint
         chunk.put_rows(lse[:, h], l)
 
-    _run_parallel(specs, work, workers)
+    _run_parallel(specs, work, workers, dynamic=True)  # disjoint rows: any worker
     _remember(plan)
     out, lse = out[:, :, :n_q], lse[:, :, :n_q]
     if plan.query_inverse is not None:

@@ -141,3 +141,35 @@ def _child_call(queue):
     torch.set_num_threads(2)
     out = plsh_attention(*_inputs(), seed=0, num_samples=4)
     queue.put(bool(torch.isfinite(out).all()))
+
+
+def test_dynamic_dealing_lets_a_free_worker_take_a_slow_workers_share(two_threads):
+    """The forward deals tiles dynamically: a worker slowed down (here by a sleep, as by
+    another process on its core) does not hold up the call, every task runs exactly once,
+    and the result does not depend on who ran what."""
+    import threading
+    import time
+
+    done, lock = [], threading.Lock()
+
+    def fn(task, worker):
+        if worker == 0:
+            time.sleep(0.05)
+        with lock:
+            done.append((task, worker))
+
+    cpu._run_parallel(list(range(20)), fn, 2, dynamic=True)
+    assert sorted(t for t, _ in done) == list(range(20))
+    by_worker = [sum(1 for _, w in done if w == k) for k in (0, 1)]
+    assert by_worker[1] > by_worker[0]  # the free worker took more
+    # Negative control: round-robin dealing gives each worker half, however slow.
+    done.clear()
+    cpu._run_parallel(list(range(20)), fn, 2)
+    assert [sum(1 for _, w in done if w == k) for k in (0, 1)] == [10, 10]
+    # The forward (dealt dynamically) is bit-identical with 2 threads and with 1.
+    q, k, v = _inputs()
+    two = plsh_attention(q, k, v, seed=0, num_samples=8)
+    torch.set_num_threads(1)
+    cpu.clear_plan_cache()
+    one = plsh_attention(q, k, v, seed=0, num_samples=8)
+    assert torch.equal(one, two)
