@@ -21,7 +21,7 @@ matrix:
    widths lie within 1/8 of the group's widest; a group is stacked into one batched call
    with its windows padded to that width ``W`` (padded keys get count 0). Groups hold at
    most ``CHUNK_ELEMENTS`` logits per batch row and do not depend on the batch size.
-3b. Bands. A head whose tiles are at most :data:`BAND_MAX_TILE` rows (small pitches) pays
+4. Bands. A head whose tiles are at most :data:`BAND_MAX_TILE` rows (small pitches) pays
    more for many tiny tiles and for copying every key of a window ``W / T`` times than
    for a somewhat wider window. When queries and keys have the same sorted positions,
    such a head takes tiles of :data:`BAND_TILE` consecutive rows whose windows are all
@@ -31,7 +31,7 @@ matrix:
    (padded with zero rows at both ends; keys outside ``[0, n_k)`` have count 0), so
    nothing is gathered. Measured on the SPEC section 7 CPU configuration (n = 16k, one
    thread): about 7-10% less forward time at s = 16 and 64 (``benchmarks/README.md``).
-4. Inside a window the counts are a difference array: ``+1`` at ``start_t(i)``, ``-1`` at
+5. Inside a window the counts are a difference array: ``+1`` at ``start_t(i)``, ``-1`` at
    ``end_t(i)`` for every sample, then a cumulative sum along the keys (int32): ``O(s)``
    work per row plus one pass over the window, instead of ``s`` comparisons per pair. The
    bias is read from a table of ``s + 1`` entries: ``log(C / s)`` where ``C >= 1`` and
@@ -39,7 +39,7 @@ matrix:
    large its logit (a finite stand-in such as ``-1e30`` lets a key whose logit exceeds
    the admissible ones by that much win the softmax). Rows with no admissible key are set
    to output 0 and LSE ``-inf`` explicitly.
-5. Rows in the same bin of every sample (a *cell*; about ``sigma / s`` rows on average,
+6. Rows in the same bin of every sample (a *cell*; about ``sigma / s`` rows on average,
    since the ``s`` partitions together cut about ``s / sigma`` boundaries per token) have
    the same blocks, hence the same counts up to the causal cut. When a group has few
    cells (at most :data:`PATTERN_ROWS_FRACTION` of its rows), the counts of the first
@@ -47,7 +47,7 @@ matrix:
    then the keys at or past each row's causal cut are masked, in the columns at or past
    the group's smallest cut only (for self-attention, the last ``T`` columns). The
    result is bit-identical to counting every row.
-6. Softmax with that bias, its LSE and the gradients are computed by torch's fused CPU
+7. Softmax with that bias, its LSE and the gradients are computed by torch's fused CPU
    flash-attention kernel (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its
    backward) on the stacked tiles, in float32 (float64 for float64 inputs; a value
    head_dim different from the query's is zero-padded). That operator is private, so it is
@@ -56,13 +56,15 @@ matrix:
    a plain torch implementation of the same formulas (public operators only) runs
    (:data:`USE_FUSED_TILES`). The backward
    recomputes the probabilities from the saved LSE (``proofs_notes/backward.md``).
-7. Plans are kept across calls. The plan and the count biases depend only on the
+8. Plans are kept across calls. The plan and the count biases depend only on the
    partition, the positions, the causal flag and the compute dtype, which a model layer
    with a fixed partition repeats every step; the tile kernel alone measured about half
-   of a call's time (``benchmarks/README.md``). So a call keeps its plan with every tile
-   group built (bias and indices) when that fits :data:`PLAN_CACHE_BYTES`, and a later
-   call with equal inputs (compared by value: pitch and offset bytes, positions with
-   ``torch.equal``) reuses it, as does the forward's backward. Least recently used plans
+   of a call's time (``benchmarks/README.md``). So the second call with the same inputs
+   (a call seen once, such as a decoding step with one more key, keeps nothing) keeps
+   its plan with every tile group built (bias and indices) when that fits
+   :data:`PLAN_CACHE_BYTES`, and later calls with equal inputs (compared by value: pitch
+   and offset bytes, positions hashed, then compared with ``torch.equal``) reuse it, as
+   does the forward's backward. Least recently used plans
    go first when the budget is exceeded, and an evicted plan drops its chunks also where
    an autograd graph still holds it. Results are bit-identical with and without keeping.
 
@@ -149,17 +151,17 @@ CHUNK_ELEMENTS = 1 << 19
 #: every row's counts are computed. Set to 0 (never) or 1 (always) in tests.
 PATTERN_ROWS_FRACTION = 0.25
 
-#: Heads whose query tiles are at most this many rows (small pitches, module step 3b) run
+#: Heads whose query tiles are at most this many rows (small pitches, module step 4) run
 #: as a band when queries and keys have the same positions: tiles of :data:`BAND_TILE`
 #: consecutive rows whose key windows are equally spaced, read as strided views of the
 #: keys and values instead of gathered copies. ``0`` disables bands.
 BAND_MAX_TILE = 32
 
-#: Query-tile height of a band head (module step 3b).
+#: Query-tile height of a band head (module step 4).
 BAND_TILE = 32
 
 #: Bytes of built tile groups (count biases, indices and block ranges) that the CPU path
-#: keeps across calls, least recently used first out (module step 7). A call whose
+#: keeps across calls, least recently used first out (module step 8). A call whose
 #: partition, positions, causal flag and compute dtype equal those of a kept plan skips
 #: planning and bias building; a plan larger than this is never kept. ``0`` disables
 #: the cache (every call plans afresh, and a forward's groups are not kept for its
@@ -215,7 +217,7 @@ class _Chunk:
     keys: torch.Tensor  # (G, W) indices into the sorted keys (clamped; extra keys have count 0)
     bias: torch.Tensor  # (G, T, W) log(C / s) (-inf where C = 0), compute dtype
     empty: torch.Tensor  # (G, T) bool, rows without any admissible key
-    #: ``(first row, first key)`` of a band chunk (module step 3b): its rows are
+    #: ``(first row, first key)`` of a band chunk (module step 4): its rows are
     #: consecutive and tile ``g``'s keys are ``first key + g T + [0, W)``, possibly
     #: starting before 0 or ending past ``n_k`` (those keys have count 0); else ``None``.
     band: tuple[int, int] | None = None
@@ -291,9 +293,9 @@ class _Plan:
     causal: bool
     tiles: list[int]  # tile height per head
     dtype: torch.dtype
-    band: list[bool]  # per head: tiles run as a band (module step 3b)
+    band: list[bool]  # per head: tiles run as a band (module step 4)
     specs: list | None = None  # work items of every head (:func:`_chunk_specs`), cached
-    #: Built chunks by ``id`` of their spec (module step 7), or ``None`` (built per use).
+    #: Built chunks by ``id`` of their spec (module step 8), or ``None`` (built per use).
     chunk_store: dict | None = None
     #: ``(key, query positions, key positions)`` under which the plan may be kept.
     cache_key: tuple | None = None
@@ -434,7 +436,7 @@ class _Plan:
             i = j
 
     def _band_chunks(self, h, tile, lo, hi, width, st, en, cut, new):
-        """Work items of a band head (module step 3b): consecutive tiles in groups of at most
+        """Work items of a band head (module step 4): consecutive tiles in groups of at most
         ``CHUNK_ELEMENTS`` logits, every window ``[g T + c, g T + c + W)`` with ``c`` the
         smallest start and ``c + W`` the largest end relative to the tile's first row."""
         num_tiles = lo.numel()
@@ -603,9 +605,10 @@ def _plan(pitch, offset, query_positions, key_positions, causal: bool, dtype) ->
     kpos = key_positions if key_order is None else key_positions[key_order]
     n_q = qpos.numel()
     tiles = [tile_size(p, n_q) for p in pitch.mean(dim=1).tolist()]
-    # Bands (module step 3b) need the same sorted positions for queries and keys, so that
-    # a tile's window moves by the tile height from one tile to the next.
-    same = n_q == kpos.numel() and torch.equal(qpos, kpos)
+    # Bands (module step 4) need the same sorted positions for queries and keys, so that
+    # a tile's window moves by the tile height from one tile to the next, and no repeated
+    # position (a run of equal positions widens every band window by its length).
+    same = n_q == kpos.numel() and torch.equal(qpos, kpos) and bool((qpos.diff() > 0).all())
     band = [same and t <= BAND_MAX_TILE for t in tiles]
     cap = 1 << max(0, (max(n_q, 1) - 1).bit_length())
     tiles = [min(BAND_TILE, cap) if b else t for t, b in zip(tiles, band)]
@@ -785,7 +788,7 @@ def _chunk_specs(plan: _Plan, workers: int) -> list[tuple]:
 
 def _band_padding(plan: _Plan, specs, group: int) -> tuple[int, set]:
     """``(pad, kv heads)``: zero rows needed at each end of the keys so that every band
-    window (module step 3b) lies inside, and the kv heads that band heads read."""
+    window (module step 4) lies inside, and the kv heads that band heads read."""
     pad, kv = 0, set()
     for h, _, w, _, lo, *_ in specs:
         if plan.band[h] and lo.numel():
@@ -851,7 +854,7 @@ def fused_tiles_available() -> bool:
     on), and a self-check passes once per process: on a small seeded problem with masked
     (``-inf``) and finite bias entries its output, LSE and gradients must match the plain
     torch implementation to float32 rounding. Otherwise the plain implementation runs
-    (same formulas, module step 6). The self-check uses its own generator (the global RNG
+    (same formulas, module step 7). The self-check uses its own generator (the global RNG
     is untouched) and runs under ``no_grad``.
     """
     global _FUSED_OK
@@ -981,43 +984,66 @@ def plan_cpu(pitch, offset, query_positions, key_positions, causal: bool, dtype)
     Arguments as :func:`plsh_forward_cpu` (``dtype``: the query's). The returned object is
     passed to :func:`plsh_forward_cpu` and :func:`plsh_backward_cpu` as ``plan=`` so that
     a forward and its backward plan once; its tile groups are computed on first use.
-    When a kept plan (module step 7, :data:`PLAN_CACHE_BYTES`) has equal pitch, offset,
+    When a kept plan (module step 8, :data:`PLAN_CACHE_BYTES`) has equal pitch, offset,
     positions, causal flag and compute dtype, that plan is returned, with its tile groups
-    and count biases already built.
+    and count biases already built. A plan is kept from the second call with its inputs
+    on (a call seen once, such as each step of a decoding loop, keeps nothing).
+
+    Raises
+    ------
+    ValueError
+        ``BAND_TILE`` is not a power of two in ``[16, 128]`` (module settings).
     """
+    if BAND_MAX_TILE > 0 and (BAND_TILE not in (16, 32, 64, 128)):
+        raise ValueError(f"BAND_TILE: must be a power of two in [16, 128], got {BAND_TILE!r}")
     dtype = _compute_dtype(dtype)
+    if _CACHE:
+        with _CACHE_LOCK:
+            _evict_beyond_budget()  # a lowered budget (or 0) takes effect at the next call
     key = _cache_key(pitch, offset, query_positions, key_positions, causal, dtype)
     if key is not None:
         plan = _cached_plan(key, query_positions, key_positions)
         if plan is not None:
             return plan
     plan = _plan(pitch, offset, query_positions, key_positions, causal, dtype)
-    if key is not None:
+    if key is not None and _seen_before(key):
         plan.cache_key = (key, query_positions.clone(), key_positions.clone())
     return plan
 
 
 _CACHE: OrderedDict = OrderedDict()  # key -> kept _Plan, least recently used first
+_CACHE_BYTES = 0  # sum of the kept plans' nbytes
+_SEEN: OrderedDict = OrderedDict()  # keys of recent calls (admission on the second call)
+_SEEN_KEYS = 4096
 _CACHE_LOCK = threading.Lock()
 
 
 def clear_plan_cache() -> None:
     """Forget every plan the CPU path keeps across calls (:data:`PLAN_CACHE_BYTES`).
 
-    Frees their count biases and indices. Safe to call at any time, also while other
-    threads run CPU calls (a call holding a plan keeps using it).
+    Frees their count biases and indices, also where an autograd graph still holds a
+    plan (its backward builds them again). Safe to call at any time, also while other
+    threads run CPU calls (a call holding a plan keeps working).
     """
+    global _CACHE_BYTES
     with _CACHE_LOCK:
         for plan in _CACHE.values():
             plan.chunk_store = None
         _CACHE.clear()
+        _SEEN.clear()
+        _CACHE_BYTES = 0
 
 
 def _cache_key(pitch, offset, query_positions, key_positions, causal, dtype):
-    """Hashable key of a plan's inputs (positions are compared separately), or ``None``
-    when plans are not kept. The module settings that change the tile groups are in it."""
+    """Hashable key of a plan's inputs (positions are compared again on a hit), or
+    ``None`` when plans are not kept. The module settings that change the tile groups are
+    in it."""
     if PLAN_CACHE_BYTES <= 0:
         return None
+
+    def digest(x):
+        return hash(x.detach().cpu().contiguous().numpy().tobytes())
+
     return (
         bool(causal),
         dtype,
@@ -1026,11 +1052,24 @@ def _cache_key(pitch, offset, query_positions, key_positions, causal, dtype):
         offset.detach().cpu().numpy().tobytes(),
         query_positions.numel(),
         key_positions.numel(),
+        digest(query_positions),
+        digest(key_positions),
         CHUNK_ELEMENTS,
         PATTERN_ROWS_FRACTION,
         BAND_MAX_TILE,
         BAND_TILE,
     )
+
+
+def _evict_beyond_budget() -> None:
+    """Drop least recently used plans until the kept ones fit :data:`PLAN_CACHE_BYTES`
+    (caller holds the lock). An evicted forward's plan lives on in its autograd graph:
+    its chunks are dropped there too (its backward builds them again)."""
+    global _CACHE_BYTES
+    while _CACHE and _CACHE_BYTES > PLAN_CACHE_BYTES:
+        _, old = _CACHE.popitem(last=False)
+        _CACHE_BYTES -= old.nbytes
+        old.chunk_store = None
 
 
 def _cached_plan(key, query_positions, key_positions) -> _Plan | None:
@@ -1040,9 +1079,21 @@ def _cached_plan(key, query_positions, key_positions) -> _Plan | None:
             return None
         _, qpos, kpos = plan.cache_key
         if not (torch.equal(qpos, query_positions) and torch.equal(kpos, key_positions)):
-            return None
+            return None  # a hash collision
         _CACHE.move_to_end(key)
         return plan
+
+
+def _seen_before(key) -> bool:
+    """Whether a recent call had this key (then its plan may be kept); remembers it."""
+    with _CACHE_LOCK:
+        if key in _SEEN:
+            _SEEN.move_to_end(key)
+            return True
+        _SEEN[key] = None
+        while len(_SEEN) > _SEEN_KEYS:
+            _SEEN.popitem(last=False)
+        return False
 
 
 def _tensor_bytes(*tensors) -> int:
@@ -1068,28 +1119,28 @@ def _keep_chunks(plan: _Plan) -> None:
 def _remember(plan: _Plan) -> None:
     """Keep ``plan`` (whose chunks are all built) in the cache, evicting the least
     recently used plans beyond :data:`PLAN_CACHE_BYTES`."""
+    global _CACHE_BYTES
     if plan.chunk_store is None or plan.cache_key is None:
         return
     key = plan.cache_key[0]
     with _CACHE_LOCK:
-        if _CACHE.get(key) is plan:
+        old = _CACHE.get(key)
+        if old is plan:
             return
+        if old is not None:  # same inputs planned twice concurrently: keep the newer
+            _CACHE_BYTES -= old.nbytes
+            old.chunk_store = None
         _CACHE[key] = plan
         _CACHE.move_to_end(key)
-        total = sum(p.nbytes for p in _CACHE.values())
-        while total > PLAN_CACHE_BYTES and _CACHE:
-            _, old = _CACHE.popitem(last=False)
-            total -= old.nbytes
-            # A forward's plan lives on in its autograd graph: drop its chunks there too
-            # (its backward builds them again), so that what is kept stays in the budget.
-            old.chunk_store = None
+        _CACHE_BYTES += plan.nbytes
+        _evict_beyond_budget()
 
 
 def kept_plan_bytes() -> int:
     """Bytes of the plans the CPU path keeps across calls now (:data:`PLAN_CACHE_BYTES`):
     their count biases, chunk indices and block ranges (``int``, at most the budget)."""
     with _CACHE_LOCK:
-        return sum(p.nbytes for p in _CACHE.values())
+        return _CACHE_BYTES
 
 
 _SPEC_HEADER = 6  # head, tile, width, tiles in the group, samples, has causal cut
@@ -1104,7 +1155,10 @@ def plan_to_tensor(plan: _Plan) -> torch.Tensor:
     """
     if plan.specs is None:
         return torch.full((1,), -1, dtype=torch.int64)
-    parts = [torch.tensor([len(plan.specs)], dtype=torch.int64)]
+    # The tile heights and band flags of the heads come first: the backward must use the
+    # forward's even if the module settings changed in between.
+    heads = len(plan.tiles)
+    parts = [torch.tensor([len(plan.specs), heads, *plan.tiles, *plan.band], dtype=torch.int64)]
     for h, tile, w, sel, lo, st, en, cut, new in plan.specs:
         header = [h, tile, w, sel.numel(), st.shape[0], cut is not None]
         parts += [torch.tensor(header, dtype=torch.int64), sel, lo, st.reshape(-1), en.reshape(-1)]
@@ -1127,7 +1181,10 @@ def plan_from_tensor(
     count = int(blob[0])
     if count < 0 or plan.specs is not None:
         return plan
-    specs, at = [], 1
+    heads = int(blob[1])
+    plan.tiles = blob[2 : 2 + heads].tolist()
+    plan.band = [bool(b) for b in blob[2 + heads : 2 + 2 * heads].tolist()]
+    specs, at = [], 2 + 2 * heads
     for _ in range(count):
         h, tile, w, g, s, has_cut = blob[at : at + _SPEC_HEADER].tolist()
         at += _SPEC_HEADER
@@ -1224,7 +1281,7 @@ def plsh_forward_cpu(
     workers = torch.get_num_threads()
 
     specs = _chunk_specs(plan, workers)
-    # Band heads (module step 3b) read their key windows as strided views of the keys and
+    # Band heads (module step 4) read their key windows as strided views of the keys and
     # values padded by ``pad`` zero rows at each end (keys there have count 0).
     pad, band_kv = _band_padding(plan, specs, group)
     padded = {hk: (_pad_rows(k[hk], pad), _pad_rows(v[hk], pad)) for hk in band_kv}
@@ -1308,7 +1365,7 @@ def plsh_backward_cpu(
     workers = torch.get_num_threads()
     specs = _chunk_specs(plan, workers)
     workers = max(1, min(workers, len(specs)))
-    # Band chunks (module step 3b) read strided windows of the padded keys and values and
+    # Band chunks (module step 4) read strided windows of the padded keys and values and
     # add their key gradients into accumulators padded the same way.
     pad, band_kv = _band_padding(plan, specs, group)
     padded = {hk: (_pad_rows(k[hk], pad), _pad_rows(v[hk], pad)) for hk in band_kv}

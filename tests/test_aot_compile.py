@@ -50,9 +50,14 @@ KNOWN = {
     ),
 }
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="triton is not installed"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("triton") is None, reason="triton is not installed"
+    ),
+    # One xdist worker runs the whole module (``--dist loadgroup``), so the module-scoped
+    # fixture compiles every configuration once, not once per worker.
+    pytest.mark.xdist_group("aot_compile"),
+]
 
 
 @pytest.fixture(scope="module")

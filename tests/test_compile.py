@@ -256,3 +256,36 @@ def test_plan_tensor_round_trip():
         assert a[:3] == b[:3]
         for x, y in zip(a[3:], b[3:]):
             assert (x is None and y is None) or torch.equal(x, y)
+
+
+def test_compiled_backward_uses_the_forwards_tiles_when_the_band_setting_changes(
+    monkeypatch,
+):
+    """The plan tensor carries the tile heights and band flags of the forward: a backward
+    decoding it after ``BAND_MAX_TILE`` changed used to mix new tiles with the forward's
+    work items and fail with ``IndexError`` (found by review)."""
+    import plsh_fast.cpu as cpu
+
+    layer = PLSHSelfAttention(16, 2, num_samples=4, seed=3, resample="fixed")
+    x = torch.randn(1, 40, 16)
+    _, eager = _grads(layer, x)
+    compiled = torch.compile(layer, fullgraph=True, backend=Counting())
+    x2 = x.detach().clone().requires_grad_()
+    y = compiled(x2)
+    cpu.clear_plan_cache()
+    monkeypatch.setattr(cpu, "BAND_MAX_TILE", 0)  # between the forward and its backward
+    (y * torch.linspace(-1, 1, y.numel()).view_as(y)).sum().backward()
+    torch.testing.assert_close(x2.grad, eager, rtol=1e-5, atol=1e-6)
+    # The decoded plan has the forward's tiles and band flags, not the current setting's.
+    pos = torch.arange(40)
+    monkeypatch.setattr(cpu, "BAND_MAX_TILE", 32)
+    plan = cpu.plan_cpu(layer.attention.pitch, layer.attention.offset, pos, pos, True,
+                        torch.float32)  # fmt: skip
+    cpu._chunk_specs(plan, 1)
+    assert any(plan.band)
+    blob = cpu.plan_to_tensor(plan)
+    monkeypatch.setattr(cpu, "BAND_MAX_TILE", 0)
+    cpu.clear_plan_cache()
+    back = cpu.plan_from_tensor(blob, layer.attention.pitch, layer.attention.offset, pos, pos,
+                                True, torch.float32)  # fmt: skip
+    assert back.tiles == plan.tiles and back.band == plan.band

@@ -1,4 +1,4 @@
-"""Band heads of the CPU path (``plsh_fast.cpu`` module step 3b).
+"""Band heads of the CPU path (``plsh_fast.cpu`` module step 4).
 
 Heads with small query tiles, when queries and keys have the same positions, run as bands:
 consecutive tiles whose key windows are equally spaced, read as strided views of padded
@@ -106,3 +106,14 @@ def test_bands_and_tile_groups_agree_forward_and_backward(monkeypatch):
     without = run()
     for a, b in zip(with_bands, without):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5 * float(b.detach().abs().max()))
+
+
+def test_repeated_positions_are_not_banded():
+    """A run of equal positions would widen every band window by its length (found by
+    review: bands 2-3x slower with 2048 repeated positions); such heads keep tile groups."""
+    pitch, offset = partition_tensors(_partition(), "cpu")
+    pos = torch.arange(400)
+    pos[:100] = 0
+    plan = cpu.plan_cpu(pitch, offset, pos, pos, True, torch.float32)
+    assert not any(plan.band)
+    assert any(_plan(400).band)  # negative control: distinct positions do get bands

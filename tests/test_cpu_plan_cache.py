@@ -1,9 +1,11 @@
-"""Plans kept across calls by the CPU path (``plsh_fast.cpu`` module step 7).
+"""Plans kept across calls by the CPU path (``plsh_fast.cpu`` module step 8).
 
-A call whose partition, positions, causal flag and compute dtype equal a kept plan's skips
-planning and bias building and returns bit-identical results; anything else that differs
-(a position changed in place, a pitch, the causal flag) plans afresh; the byte budget
-``PLAN_CACHE_BYTES`` bounds what is kept (least recently used out) and ``0`` disables it.
+A plan is kept from the second call with its inputs on; a call whose partition,
+positions, causal flag and compute dtype equal a kept plan's skips planning and bias
+building and returns bit-identical results; anything else that differs (a position
+changed in place, a pitch, the causal flag) plans afresh; the byte budget
+``PLAN_CACHE_BYTES`` bounds what is kept (least recently used out, a lowered budget at
+the next call) and ``0`` disables it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ def _forward(q, k, v, pitch, offset, positions, causal=True):
     return cpu.plsh_forward_cpu(q, k, v, pitch, offset, positions, positions, 0.3, causal)
 
 
+def _kept(*args, **kwargs):
+    """Call :func:`_forward` twice: a plan is kept from the second call with its inputs on."""
+    _forward(*args, **kwargs)
+    return _forward(*args, **kwargs)
+
+
 def test_a_repeated_call_skips_planning_and_bias_building(counted, monkeypatch):
     q, k, v = _qkv()
     pitch, offset = _partition()
@@ -57,17 +65,78 @@ def test_a_repeated_call_skips_planning_and_bias_building(counted, monkeypatch):
     first = _forward(q, k, v, pitch, offset, positions)
     built = counted["chunk"]
     assert counted["plan"] == 1 and built > 0
+    assert cpu.kept_plan_bytes() == 0  # seen once: nothing kept
+    second = _forward(q, k, v, pitch, offset, positions)
+    assert counted == {"plan": 2, "chunk": 2 * built} and cpu.kept_plan_bytes() > 0
     again = _forward(q, k, v, pitch, offset, positions.clone())  # equal values, new tensor
-    assert counted == {"plan": 1, "chunk": built}
-    for a, b in zip(first, again):
-        assert torch.equal(a, b)
+    assert counted == {"plan": 2, "chunk": 2 * built}
+    for a, b, c in zip(first, second, again):
+        assert torch.equal(a, b) and torch.equal(a, c)
     # Negative control: with the cache off every call plans and builds again, and the
-    # result is the same bit for bit.
+    # result is the same bit for bit; the kept plan is dropped at that call.
     monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 0)
     fresh = _forward(q, k, v, pitch, offset, positions)
-    assert counted == {"plan": 2, "chunk": 2 * built}
+    assert counted == {"plan": 3, "chunk": 3 * built} and cpu.kept_plan_bytes() == 0
     for a, b in zip(first, fresh):
         assert torch.equal(a, b)
+
+
+def test_calls_seen_once_keep_nothing(counted):
+    """A decoding loop (every call with one more key) must not fill the cache."""
+    q = _qkv(n=1)[0]
+    pitch, offset = _partition()
+    for n_k in range(20, 60):
+        k, v = _qkv(n=n_k)[1:]
+        cpu.plsh_forward_cpu(
+            q, k, v, pitch, offset, torch.tensor([n_k - 1]), torch.arange(n_k), 0.3, True
+        )
+    assert cpu.kept_plan_bytes() == 0 and len(cpu._CACHE) == 0
+    assert counted["plan"] == 40
+
+
+def test_per_sequence_positions_get_one_plan_each_within_the_budget():
+    """Batch rows with their own positions (same length) are distinct plans, not one key
+    that each row overwrites (found by review: the overwritten plans kept their biases
+    beyond the budget)."""
+    n, batch = 64, 4
+    q, k, v = (
+        torch.randn(batch, 4, n, 8, generator=torch.Generator().manual_seed(1)) for _ in range(3)
+    )
+    positions = torch.stack([torch.arange(n) + 777 * b for b in range(batch)])
+    for _ in range(3):
+        plsh_attention(
+            q, k, v, seed=0, num_samples=4, query_positions=positions, key_positions=positions
+        )
+    assert len(cpu._CACHE) == batch
+    sizes = [p.nbytes for p in cpu._CACHE.values()]
+    assert cpu.kept_plan_bytes() == sum(sizes) <= cpu.PLAN_CACHE_BYTES
+
+
+def test_a_lowered_budget_takes_effect_at_the_next_call(monkeypatch):
+    q, k, v = _qkv()
+    pitch, offset = _partition()
+    positions = torch.arange(96)
+    _kept(q, k, v, pitch, offset, positions)
+    size = cpu.kept_plan_bytes()
+    assert size > 0
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", size - 1)
+    _forward(q, k, v, pitch, offset, positions[:50])  # any call
+    assert cpu.kept_plan_bytes() == 0
+    _kept(q, k, v, pitch, offset, positions)
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 0)
+    _forward(q, k, v, pitch, offset, positions)
+    assert cpu.kept_plan_bytes() == 0 and len(cpu._CACHE) == 0
+
+
+@pytest.mark.parametrize("tile", [0, 7, 24, 48, 200, 256])
+def test_a_band_tile_outside_the_powers_of_two_is_refused(monkeypatch, tile):
+    monkeypatch.setattr(cpu, "BAND_TILE", tile)
+    q, k, v = _qkv()
+    pitch, offset = _partition()
+    with pytest.raises(ValueError, match="^BAND_TILE: must be a power of two in"):
+        _forward(q, k, v, pitch, offset, torch.arange(96))
+    monkeypatch.setattr(cpu, "BAND_MAX_TILE", 0)  # no bands: the setting is not used
+    _forward(q, k, v, pitch, offset, torch.arange(96))
 
 
 @pytest.mark.parametrize("change", ["position_in_place", "pitch", "offset", "causal", "dtype"])
@@ -75,8 +144,8 @@ def test_any_changed_input_plans_afresh(counted, change):
     q, k, v = _qkv()
     pitch, offset = _partition()
     positions = torch.arange(96)
-    _forward(q, k, v, pitch, offset, positions)
-    assert counted["plan"] == 1
+    _kept(q, k, v, pitch, offset, positions)
+    assert counted["plan"] == 2
     causal = True
     if change == "position_in_place":
         positions[40] = 41  # same length and end points: only the values tell
@@ -91,7 +160,7 @@ def test_any_changed_input_plans_afresh(counted, change):
     else:
         q, k, v = (t.double() for t in (q, k, v))
     out, lse = _forward(q, k, v, pitch, offset, positions, causal)
-    assert counted["plan"] == 2
+    assert counted["plan"] == 3
     cpu.clear_plan_cache()
     ref_out, ref_lse = _forward(q, k, v, pitch, offset, positions, causal)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
@@ -99,7 +168,10 @@ def test_any_changed_input_plans_afresh(counted, change):
 
 def test_the_backward_reuses_the_kept_chunks(counted):
     q, k, v = _qkv(requires_grad=True)
-    out = plsh_attention(q, k, v, seed=0, num_samples=4)
+    with torch.no_grad():
+        plsh_attention(q, k, v, seed=0, num_samples=4)  # seen once
+    counted["chunk"] = 0
+    out = plsh_attention(q, k, v, seed=0, num_samples=4)  # kept from this call on
     built = counted["chunk"]
     out.square().sum().backward()
     assert counted["chunk"] == built  # no bias rebuilt for the backward
@@ -123,6 +195,9 @@ def test_the_budget_bounds_what_is_kept(counted, monkeypatch):
     q, k, v = _qkv()
     positions = torch.arange(96)
     partitions = [_partition(seed) for seed in range(3)]
+    for p in partitions:  # seen once each
+        _forward(q, k, v, *p, positions)
+    counted["plan"] = 0
     _forward(q, k, v, *partitions[0], positions)
     (first,) = cpu._CACHE.values()
     size = first.nbytes
@@ -143,15 +218,17 @@ def test_the_budget_bounds_what_is_kept(counted, monkeypatch):
     # A plan larger than the whole budget is never kept, and its chunks are not held.
     cpu.clear_plan_cache()
     monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", size // 2)
-    _forward(q, k, v, *partitions[1], positions)
-    _forward(q, k, v, *partitions[1], positions)
-    assert counted["plan"] == 6 and len(cpu._CACHE) == 0
+    for _ in range(3):
+        _forward(q, k, v, *partitions[1], positions)
+    assert counted["plan"] == 7 and len(cpu._CACHE) == 0
 
 
 def test_a_plan_kept_in_inference_mode_serves_a_call_with_gradients():
     q, k, v = _qkv(requires_grad=True)
     with torch.inference_mode():
-        kept = plsh_attention(q.detach(), k.detach(), v.detach(), seed=0, num_samples=4)
+        for _ in range(2):
+            kept = plsh_attention(q.detach(), k.detach(), v.detach(), seed=0, num_samples=4)
+    assert cpu.kept_plan_bytes() > 0
     out = plsh_attention(q, k, v, seed=0, num_samples=4)
     out.sum().backward()
     assert torch.equal(out.detach(), kept)
@@ -162,12 +239,12 @@ def test_clear_plan_cache_forgets_everything(counted):
     q, k, v = _qkv()
     pitch, offset = _partition()
     positions = torch.arange(96)
-    _forward(q, k, v, pitch, offset, positions)
+    _kept(q, k, v, pitch, offset, positions)
     assert len(cpu._CACHE) == 1
     cpu.clear_plan_cache()
-    assert len(cpu._CACHE) == 0
+    assert len(cpu._CACHE) == 0 and cpu.kept_plan_bytes() == 0
     _forward(q, k, v, pitch, offset, positions)
-    assert counted["plan"] == 2
+    assert counted["plan"] == 3
 
 
 def test_only_the_plans_own_work_items_are_kept():
@@ -176,7 +253,7 @@ def test_only_the_plans_own_work_items_are_kept():
     q, k, v = _qkv()
     pitch, offset = _partition()
     positions = torch.arange(96)
-    _forward(q, k, v, pitch, offset, positions)
+    _kept(q, k, v, pitch, offset, positions)
     plan = cpu.plan_cpu(pitch, offset, positions, positions, True, torch.float32)
     assert plan.chunk_store is not None  # the kept plan
     kept = len(plan.chunk_store)

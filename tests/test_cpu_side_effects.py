@@ -101,7 +101,7 @@ def test_forward_plan_is_reused_by_the_backward(two_threads, monkeypatch):
     q, k, v = _inputs(requires_grad=True)
     plsh_attention(q, k, v, seed=0, num_samples=4).sum().backward()
     assert len(made) == 1  # planned once for the forward and its backward
-    # negative control: with no plan kept across calls (module step 7), a direct backward
+    # negative control: with no plan kept across calls (module step 8), a direct backward
     # call without the plan plans again
     monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 0)
     out, lse = cpu.plsh_forward_cpu(
