@@ -106,7 +106,22 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``plsh`` console script; returns the exit status."""
+    """Entry point of the ``plsh`` console script; returns the exit status.
+
+    A reader of the output that goes away early (``plsh --help | head -3``) ends the
+    command with status 1 and no traceback (Python's advice for ``BrokenPipeError``).
+    """
+    try:
+        status = _main(argv)
+        sys.stdout.flush()  # a closed pipe raises here rather than at interpreter exit
+        return status
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the exit-time flush must not fail again
+        return 1
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in ("-h", "--help"):
         print(_usage())

@@ -547,3 +547,22 @@ def test_argparse_errors_are_one_line_exit_2(argv, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"plsh {argv[0]}: error: "), err
+
+
+@pytest.mark.parametrize("args", [["--help"], ["bounds", "--help"]])
+def test_a_closed_output_pipe_ends_without_traceback(args):
+    """``plsh --help | head -1`` printed a BrokenPipeError traceback (found by review)."""
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from plsh_ref.cli import main; sys.exit(main())",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # the reader goes away before the command writes (it imports first)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) in (0, 1)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
