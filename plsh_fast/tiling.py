@@ -332,6 +332,7 @@ def tile_counts(
     S_BLOCK: tl.constexpr,
     TRANSPOSED: tl.constexpr = False,
     CLASSIFY: tl.constexpr = True,
+    like=None,
 ):
     """Counts ``C_ij = sum_t [a_t(i) <= j < a_t(i) + w_t(i)]`` of samples ``c0 ..
     c0 + S_BLOCK - 1`` for one (query tile, key tile ``[n0, n0 + BLOCK_N)``) pair, int32
@@ -349,7 +350,12 @@ def tile_counts(
     ``a <= j < a + w`` for ``0 <= w < 2**31``). Rows with ``m_valid`` false may receive
     the full-sample count (callers mask them); samples past ``num_samples`` count nothing.
     ``TRANSPOSED``: the transposed tile ``(BLOCK_N, BLOCK_M)`` (keys along the rows), for
-    the key/value-gradient kernel.
+    the key/value-gradient kernel. ``like``: a tensor of the counts tile's shape in the
+    layout the caller uses the counts in (its logits tile, the MMA layout); the counts
+    start from ``(like >> 16) >> 16``, a zero that LLVM folds away but Triton's layout
+    passes do not, so the counts are built in that layout (without it Triton 3.6 builds them
+    in a blocked layout with 32 rows per thread, loads the two row ends once per element
+    and converts the tile through shared memory every step).
     """
     cols = n0 + tl.arange(0, BLOCK_N)  # int32 key indices
     n_q64 = n_q.to(tl.int64)
@@ -378,7 +384,10 @@ def tile_counts(
         )
     else:
         n_full = 0
-    if TRANSPOSED:
+    if like is not None:
+        zero = (like.to(tl.uint32, bitcast=True) >> 16) >> 16
+        counts = zero.to(tl.int32, bitcast=True) + n_full
+    elif TRANSPOSED:
         counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32) + n_full
     else:
         counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32) + n_full
@@ -404,24 +413,27 @@ def tile_counts(
 def tile_counts_all(
     RowStart, RowWidth, h, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
-    MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr,
+    MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr, like=None,
 ):  # fmt: skip
     """:func:`tile_counts` over all ``num_samples`` samples: one unrolled pass of
     ``S_BLOCK`` samples, or (``MULTI_CHUNK``, ``s > MAX_SAMPLE_BLOCK``) a loop of passes
     (then the caller's key loop is not software-pipelined)."""
     if MULTI_CHUNK:
-        if TRANSPOSED:
+        if like is not None:
+            zero = (like.to(tl.uint32, bitcast=True) >> 16) >> 16
+            counts = zero.to(tl.int32, bitcast=True)
+        elif TRANSPOSED:
             counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)
         else:
             counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
         for c0 in range(0, num_samples, S_BLOCK):
             counts += tile_counts(
                 RowStart, RowWidth, h, c0, n0, offs_m, m_valid, m_first, m_last, n_q,
-                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY,
+                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like,
             )  # fmt: skip
     else:
         counts = tile_counts(
             RowStart, RowWidth, h, 0, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
-            BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY,
+            BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like,
         )  # fmt: skip
     return counts

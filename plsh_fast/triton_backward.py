@@ -99,7 +99,7 @@ def _tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, UPCAST
 def _probabilities(logits, counts, live, lse2, scale_log2, VARIANT: tl.constexpr):
     """``P = C exp2(x log2 e - lse2)`` on admissible pairs (``C > 0``, live row), else 0."""
     logits = logits * scale_log2
-    weight = counts.to(tl.float32)  # one layout conversion (to the MMA layout)
+    weight = counts.to(tl.float32)  # counts are built in the logits (MMA) layout
     admissible = (weight > 0.0) & live[:, None]
     if VARIANT != 0:  # negative control: counts ignored (mask only), forward/backward mismatch
         weight = tl.where(admissible, 1.0, 0.0)
@@ -227,14 +227,14 @@ def _bwd_dq_kernel(
         if UPCAST:
             k = k.to(tl.float32)
             v_t = v_t.to(tl.float32)
-        counts = tile_counts_all(
-            RowStart, RowWidth, h, start_n, offs_m, m_valid, m_first, m_last, n_q,
-            num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY,
-        )  # fmt: skip
         logits = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         if BLOCK_D1 > 0:
             k1 = _tile(K + b * skb + hk * skh, offs_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST)
             logits = tl.dot(q1, tl.trans(k1), logits, input_precision=DOT_PREC)
+        counts = tile_counts_all(
+            RowStart, RowWidth, h, start_n, offs_m, m_valid, m_first, m_last, n_q,
+            num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY, logits,
+        )  # fmt: skip
         p = _probabilities(logits, counts, live, lse2, scale_log2, VARIANT)
         dp = tl.dot(do, v_t, input_precision=DOT_PREC)
         if BLOCK_DV1 > 0:
@@ -408,11 +408,6 @@ def _bwd_dkdv_kernel(
                 do = do.to(tl.float32)
             # Transposed tiles (keys along the rows): every dot has BLOCK_N rows, so that
             # BLOCK_M can be small (registers) while the MMAs stay warpgroup-sized.
-            counts_t = tile_counts_all(
-                RowStart, RowWidth, h, n0, offs_m, m_valid, start_m,
-                tl.minimum(start_m + BLOCK_M, n_q) - 1, n_q, num_samples,
-                BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, True, CLASSIFY,
-            )  # fmt: skip
             live = lse > float("-inf")
             lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
             logits_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)
@@ -421,6 +416,11 @@ def _bwd_dkdv_kernel(
             if BLOCK_D1 > 0:
                 q1 = _tile(q_base, offs_m, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
                 logits_t = tl.dot(k1, tl.trans(q1), logits_t, input_precision=DOT_PREC)
+            counts_t = tile_counts_all(
+                RowStart, RowWidth, h, n0, offs_m, m_valid, start_m,
+                tl.minimum(start_m + BLOCK_M, n_q) - 1, n_q, num_samples,
+                BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, True, CLASSIFY, logits_t,
+            )  # fmt: skip
             if BLOCK_DV1 > 0:
                 do1 = _tile(do_base, offs_m, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
             logits_t = logits_t * scale_log2

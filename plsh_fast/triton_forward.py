@@ -191,20 +191,21 @@ def _fwd_kernel(
             cols = start_n + tl.arange(0, BLOCK_N)
             admissible = cols[None, :] < causal_end[:, None]
             weight = tl.full([BLOCK_M, BLOCK_N], 1.0, dtype=tl.float32)
-        else:
+        logits = tl.dot(q, k, input_precision=DOT_PREC)
+        if BLOCK_D1 > 0:
+            logits = tl.dot(q1, k1, logits, input_precision=DOT_PREC)
+        if VARIANT != 3:  # counts built in the logits' (MMA) layout
             counts = tile_counts_all(
                 RowStart, RowWidth, h, start_n, offs_m, m_valid, m_first, m_last, n_q,
                 num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY,
+                logits,
             )  # fmt: skip
-            weight = counts.to(tl.float32)  # one layout conversion (to the MMA layout)
+            weight = counts.to(tl.float32)
             admissible = weight > 0.0
             if VARIANT == 1:  # negative control: bias -log C instead of +log C
                 weight = 1.0 / tl.maximum(weight, 1.0)
             elif VARIANT == 2:  # negative control: counts ignored (block mask only)
                 weight = tl.where(admissible, 1.0, 0.0)
-        logits = tl.dot(q, k, input_precision=DOT_PREC)
-        if BLOCK_D1 > 0:
-            logits = tl.dot(q1, k1, logits, input_precision=DOT_PREC)
         logits = logits * scale_log2
         logits = tl.where(admissible, logits, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(logits, 1, max_combine))

@@ -1,0 +1,148 @@
+"""The counts tile of :func:`plsh_fast.tiling.tile_counts_all`, element by element, against
+:func:`plsh_ref.partition.counts` (SPEC section 3): compiled on CUDA, in the Triton
+interpreter on CPU (tests/_triton_interp.py).
+
+The kernels only see the counts through the attention they weight; here a small kernel
+stores every (query tile, key tile) pair's counts tile, in both orientations (the
+key/value-gradient kernel's transposed tile), causal and not, with and without the tile
+classification (full / disjoint / mixed samples), so that a wrong count anywhere (also in
+a pair that the attention tests would weight only slightly) fails. Rows and keys past the
+ends are not compared (every caller masks them).
+"""
+
+from __future__ import annotations
+
+import _triton_interp  # noqa: F401  (picks compiled/interpreted before triton kernels load)
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from plsh_ref.partition import counts, draw_partition
+from plsh_ref.testing.strategies import draw_positions
+
+tiling = _triton_interp.load("tiling")
+tile_counts_all = tiling.tile_counts_all
+
+pytestmark = pytest.mark.triton
+
+
+@triton.jit
+def _counts_kernel(
+    RowStart, RowWidth, Out, n_q, n_k, num_samples,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
+    MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr,
+):  # fmt: skip
+    # grid (query tiles, key tiles, heads): Out[h, i, j] = C_ij of the tile pair.
+    m_tile = tl.program_id(0)
+    n0 = tl.program_id(1) * BLOCK_N
+    h = tl.program_id(2)
+    m_first = m_tile.to(tl.int64) * BLOCK_M
+    offs_m = m_first + tl.arange(0, BLOCK_M)
+    m_valid = offs_m < n_q
+    m_last = tl.minimum(m_first + BLOCK_M, n_q) - 1
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    n_valid = offs_n < n_k
+    c = tile_counts_all(
+        RowStart, RowWidth, h, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
+        BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, TRANSPOSED, CLASSIFY,
+    )  # fmt: skip
+    base = Out + h.to(tl.int64) * n_q * n_k
+    if TRANSPOSED:
+        tl.store(
+            base + offs_m[None, :] * n_k + offs_n[:, None],
+            c,
+            mask=n_valid[:, None] & m_valid[None, :],
+        )
+    else:
+        tl.store(
+            base + offs_m[:, None] * n_k + offs_n[None, :],
+            c,
+            mask=m_valid[:, None] & n_valid[None, :],
+        )
+
+
+def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify):
+    num_heads, _, n_q = plan.row_start.shape
+    s_block, multi = tiling.sample_block(num_samples)
+    out = torch.full((num_heads, n_q, n_k), -1, dtype=torch.int32)
+
+    def run(row_start, row_width, out):
+        grid = (triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n), num_heads)
+        _counts_kernel[grid](
+            row_start, row_width, out, n_q, n_k, num_samples,
+            BLOCK_M=block_m, BLOCK_N=block_n, S_BLOCK=s_block, MULTI_CHUNK=multi,
+            TRANSPOSED=transposed, CLASSIFY=classify,
+        )  # fmt: skip
+        return out
+
+    return _triton_interp.call(run, plan.row_start, plan.row_width, out).numpy()
+
+
+def _check(qpos, kpos, sigma, s, seed, causal, block_m, block_n):
+    partition = draw_partition(np.asarray(sigma, dtype=np.float64), s, seed=seed)
+    plan = _triton_interp.call(
+        tiling.make_plan,
+        torch.from_numpy(qpos),
+        torch.from_numpy(kpos),
+        torch.from_numpy(np.array(partition.pitch)),
+        torch.from_numpy(np.array(partition.offset)),
+        causal=causal,
+        block_m=block_m,
+        block_n=block_n,
+    )
+    want = counts(partition, qpos, kpos, causal=causal)
+    for transposed in (False, True):
+        for classify in (True, False):
+            got = _kernel_counts(plan, len(kpos), s, block_m, block_n, transposed, classify)
+            np.testing.assert_array_equal(
+                got, want, err_msg=f"transposed={transposed} classify={classify}"
+            )
+
+
+@settings(max_examples=6)
+@given(
+    mode=st.sampled_from(["default", "shifted", "gaps"]),
+    causal=st.booleans(),
+    n_q=st.integers(1, 40),
+    n_k=st.integers(1, 40),
+    s=st.integers(1, 9),
+    seed=st.integers(0, 2**31 - 1),
+)
+def test_counts_tile_equals_reference_counts(mode, causal, n_q, n_k, s, seed):
+    """Every entry of every counts tile (16 x 16 tiles, several per axis, partial ones)."""
+    rng = np.random.default_rng(seed)
+    qpos, kpos = draw_positions(mode, n_q, n_k, rng)
+    if qpos is None:
+        qpos, kpos = np.arange(n_q) + (n_k - n_q), np.arange(n_k)
+    _check(qpos, kpos, [0.4, 3.0, 20.0], s, seed, causal, 16, 16)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_counts_tile_with_two_sample_blocks(causal):
+    """s = 70 > 64 (two passes of 64 samples), query and key tiles of different sizes."""
+    qpos, kpos = np.arange(20) + 12, np.arange(40)
+    _check(qpos, kpos, [0.6, 12.0], 70, 3, causal, 16, 32)
+
+
+def test_counts_tile_negative_control():
+    """The comparison can fail: counts of a partition drawn with another seed differ."""
+    qpos = kpos = np.arange(24)
+    partition = draw_partition(np.array([2.0]), 5, seed=1)
+    other = draw_partition(np.array([2.0]), 5, seed=2)
+    plan = _triton_interp.call(
+        tiling.make_plan,
+        torch.from_numpy(qpos),
+        torch.from_numpy(kpos),
+        torch.from_numpy(np.array(other.pitch)),
+        torch.from_numpy(np.array(other.offset)),
+        causal=True,
+        block_m=16,
+        block_n=16,
+    )
+    got = _kernel_counts(plan, 24, 5, 16, 16, False, True)
+    assert not np.array_equal(got, counts(partition, qpos, kpos, causal=True))
+    np.testing.assert_array_equal(got, counts(other, qpos, kpos, causal=True))
