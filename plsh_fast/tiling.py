@@ -333,29 +333,76 @@ def tile_counts(
     TRANSPOSED: tl.constexpr = False,
     CLASSIFY: tl.constexpr = True,
     like=None,
+    EVENTS: tl.constexpr = False,
+    CAUSAL: tl.constexpr = False,
 ):
     """Counts ``C_ij = sum_t [a_t(i) <= j < a_t(i) + w_t(i)]`` of samples ``c0 ..
     c0 + S_BLOCK - 1`` for one (query tile, key tile ``[n0, n0 + BLOCK_N)``) pair, int32
-    ``(BLOCK_M, BLOCK_N)``.
+    ``(BLOCK_M, BLOCK_N)`` (``TRANSPOSED``: ``(BLOCK_N, BLOCK_M)``, keys along the rows, for
+    the key/value-gradient kernel).
 
-    ``CLASSIFY``: samples whose range covers the whole tile pair for every row (from the
-    ranges of the tile's first and last valid rows ``m_first``, ``m_last``, since ranges
-    are non-decreasing in the row) add 1 without comparisons, samples that miss it add
-    nothing, and only the others ("mixed") are compared element-wise; ``CLASSIFY=False``
-    compares every sample (exactness test). The sample loop is static (unrolled, one
-    uniform branch per sample, no data-dependent loop), so the counts are built in the
-    layout the caller uses them in (the MMA layout of the logits) and the caller's key loop
-    stays software-pipelined. Per mixed sample: two int32 loads per row and, per element,
-    one subtraction and one unsigned comparison (``(j - a) mod 2**32 < w`` is
-    ``a <= j < a + w`` for ``0 <= w < 2**31``). Rows with ``m_valid`` false may receive
-    the full-sample count (callers mask them); samples past ``num_samples`` count nothing.
-    ``TRANSPOSED``: the transposed tile ``(BLOCK_N, BLOCK_M)`` (keys along the rows), for
-    the key/value-gradient kernel. ``like``: a tensor of the counts tile's shape in the
-    layout the caller uses the counts in (its logits tile, the MMA layout); the counts
-    start from ``(like >> 16) >> 16``, a zero that LLVM folds away but Triton's layout
-    passes do not, so the counts are built in that layout (without it Triton 3.6 builds them
-    in a blocked layout with 32 rows per thread, loads the two row ends once per element
-    and converts the tile through shared memory every step).
+    Two exact forms of the same integers: the interval form (default; one unsigned
+    comparison per element and mixed sample, :func:`_interval_counts`) and the event form
+    (``EVENTS=True``, :func:`_event_counts`, about a third of the interval form's SASS
+    instructions per mixed sample; ``CAUSAL`` must then say whether the plan was capped
+    causally). The kernels use the interval form; the event form is opt-in, for the forward
+    only (``plsh_forward_triton(..., _events=True)``), because with it some shipped
+    configurations spill registers (forward bf16 at head_dim 96 and at s = 64, float32 at
+    head_dim 96; the dQ kernel at bf16/float32 head_dim 128; Triton 3.9 and 3.6:
+    ``benchmarks/results/counts_sass_2026-12-01.md``).
+
+    ``CLASSIFY``: per tile pair, samples (or events) that are constant over the pair (from
+    the ranges of the tile's first and last valid rows ``m_first``, ``m_last``; ranges are
+    non-decreasing in the row) cost one integer, only the others ("mixed") are evaluated
+    per element; ``CLASSIFY=False`` evaluates all of them (exactness test). The sample loop
+    is static (unrolled, one uniform branch per mixed sample, no data-dependent loop), so
+    the caller's key loop stays software-pipelined. ``like``: a tensor of the counts tile's
+    shape in the layout the caller uses the counts in (its logits tile, the MMA layout); the
+    counts start from ``(like >> 16) >> 16``, a zero that LLVM folds away but Triton's
+    layout passes do not, so the counts are built in that layout (without it Triton 3.6
+    builds them in a blocked layout with 32 rows per thread, loads the two row ends once per
+    element and converts the tile through shared memory every step). Rows with ``m_valid``
+    false get some count in ``[0, s]`` (callers mask them); samples past ``num_samples``
+    count nothing.
+    """
+    if EVENTS:
+        counts = _event_counts(
+            RowStart, RowWidth, h, c0, n0, offs_m, m_valid, m_first, m_last, n_q,
+            num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, CAUSAL,
+        )  # fmt: skip
+    else:
+        counts = _interval_counts(
+            RowStart, RowWidth, h, c0, n0, offs_m, m_valid, m_first, m_last, n_q,
+            num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like,
+        )  # fmt: skip
+    return counts
+
+
+@triton.jit
+def _interval_counts(
+    RowStart,
+    RowWidth,
+    h,
+    c0,
+    n0,
+    offs_m,
+    m_valid,
+    m_first,
+    m_last,
+    n_q,
+    num_samples,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S_BLOCK: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    CLASSIFY: tl.constexpr,
+    like,
+):
+    """The counts of :func:`tile_counts` in interval form (``EVENTS=False``).
+
+    Per mixed sample: two int32 loads per row and, per element, one subtraction and one
+    unsigned comparison (``(j - a) mod 2**32 < w`` is ``a <= j < a + w`` for ``0 <= w <
+    2**31``).
     """
     cols = n0 + tl.arange(0, BLOCK_N)  # int32 key indices
     n_q64 = n_q.to(tl.int64)
@@ -410,10 +457,157 @@ def tile_counts(
 
 
 @triton.jit
+def _event_counts(
+    RowStart,
+    RowWidth,
+    h,
+    c0,
+    n0,
+    offs_m,
+    m_valid,
+    m_first,
+    m_last,
+    n_q,
+    num_samples,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    S_BLOCK: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+    CLASSIFY: tl.constexpr,
+    like,
+    CAUSAL: tl.constexpr,
+):
+    """The counts of :func:`tile_counts` as one-sided events (``EVENTS=True``).
+
+    ``[a <= j < b] = [j >= a] - [j >= b]`` with ``b = a + w`` (``w >= 0``). An event is
+    decided for the whole tile pair from the ends of the tile's first and last valid rows
+    (``[j >= a]`` is 1 everywhere if ``a(m_last) <= n0`` and 0 everywhere if ``a(m_first)
+    >= n0 + BLOCK_N``; the constant ones are one integer added to the tile) and evaluated
+    per element only otherwise ("mixed"; ``CLASSIFY=False``: every event). ``CAUSAL``
+    (ranges capped causally): every sample ends at the row's causal end ``b_0(i) = #{j :
+    p_j <= p_i}`` (bins are non-decreasing in the position, so the uncapped end is never
+    smaller), hence ``C_ij = [j < b_0(i)] sum_t [j >= a_t(i)]``: no end events, one mask
+    where the causal end splits the tile pair.
+
+    Per mixed event the tile ``(BLOCK_M, BLOCK_N)`` packs two adjacent columns into one
+    int32 (16-bit lanes): ``lane = BLOCK_N + c - a'`` with ``a' = clamp(a - n0, 0,
+    BLOCK_N)`` and ``c`` the column in the tile lies in ``[0, 2 BLOCK_N)``, so its bit of
+    value ``BLOCK_N`` is ``[c >= a']`` and no lane borrows from the other: one subtraction,
+    one mask and one add per column pair (an end event: ``lane = BLOCK_N - 1 + b' - c``,
+    bit ``[c < b']``, its ``-1`` in the constant). A lane accumulates at most ``2 S_BLOCK
+    BLOCK_N < 2**16``; the constant is added modulo ``2**32`` (the final lanes are the
+    counts times ``BLOCK_N``, in ``[0, 2**16)``). The transposed tile uses sign bits,
+    ``[j >= a] = ((a - 1 - j) mod 2**32) >> 31`` (exact: indices are below ``2**31``), one
+    subtraction and one shift-add per element. The loads' mask keeps the redundant sample
+    bound ``c0 + t < num_samples`` (without it the float32 forward at head_dim 128 spills
+    under Triton 3.9: found by compiling, the cause is not established).
+    """
+    cols = n0 + tl.arange(0, BLOCK_N)  # int32 key indices
+    n_q64 = n_q.to(tl.int64)
+    hi = n0 + BLOCK_N
+    # ``n0 >> 31`` is 0 (n0 >= 0) but not provably so: it keeps the row loads inside the
+    # caller's key loop (L1 hits) instead of hoisting 2 * S_BLOCK row vectors, broadcast
+    # to tiles, into registers for the whole loop (register spills).
+    row = (h.to(tl.int64) * num_samples + c0) * n_q64 + offs_m + (n0 >> 31)
+    lane = tl.arange(0, S_BLOCK)
+    lane_valid = (c0 + lane) < num_samples
+    srow = (h.to(tl.int64) * num_samples + c0 + lane) * n_q64
+    a_first = tl.load(RowStart + srow + m_first, mask=lane_valid, other=2**30)
+    b_first = a_first + tl.load(RowWidth + srow + m_first, mask=lane_valid, other=0)
+    a_last = tl.load(RowStart + srow + m_last, mask=lane_valid, other=2**30)
+    b_last = a_last + tl.load(RowWidth + srow + m_last, mask=lane_valid, other=0)
+    if CLASSIFY:
+        a_full = a_last <= n0
+        a_mixed = (a_last > n0) & (a_first < hi)
+        b_full = b_last <= n0
+        b_mixed = (b_last > n0) & (b_first < hi)
+    else:
+        a_full = lane < 0
+        a_mixed = lane_valid
+        b_full = lane < 0
+        b_mixed = lane_valid
+    bit = tl.full([S_BLOCK], 1, tl.int64) << lane.to(tl.int64)
+    a_bits = tl.reduce(tl.where(a_mixed, bit, 0), 0, sum_combine)
+    n_const = tl.reduce(a_full.to(tl.int32), 0, sum_combine)
+    if CAUSAL:
+        ce_first = tl.reduce(tl.where(lane == 0, b_first, 0), 0, sum_combine)
+        ce_last = tl.reduce(tl.where(lane == 0, b_last, 0), 0, sum_combine)
+        b_bits = 0
+        dead = ce_last <= n0  # every key of the tile is past every row's causal end
+        a_bits = tl.where(dead, 0, a_bits)
+        n_const = tl.where(dead, 0, n_const)
+    else:
+        b_bits = tl.reduce(tl.where(b_mixed, bit, 0), 0, sum_combine)
+        n_const -= tl.reduce((b_full | b_mixed).to(tl.int32), 0, sum_combine)
+    if TRANSPOSED:
+        if like is not None:
+            zero = (like.to(tl.uint32, bitcast=True) >> 16) >> 16
+            counts = zero.to(tl.int32, bitcast=True) + n_const
+        else:
+            counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32) + n_const
+        for t in tl.static_range(S_BLOCK):
+            if ((a_bits >> t) & 1) != 0:  # [j >= a]
+                valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
+                a1 = tl.load(RowStart + row + t * n_q64, mask=valid, other=0) - 1
+                d = (a1[None, :] - cols[:, None]).to(tl.uint32, bitcast=True)
+                counts += (d >> 31).to(tl.int32, bitcast=True)
+            if not CAUSAL:
+                if ((b_bits >> t) & 1) != 0:  # -[j >= b] (its -1 is in n_const)
+                    valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
+                    b = tl.load(RowStart + row + t * n_q64, mask=valid, other=0)
+                    b += tl.load(RowWidth + row + t * n_q64, mask=valid, other=0)
+                    d = (cols[:, None] - b[None, :]).to(tl.uint32, bitcast=True)
+                    counts += (d >> 31).to(tl.int32, bitcast=True)
+    else:
+        # Two adjacent columns per int32 (16-bit lanes): lane = BLOCK_N + c - a' with
+        # a' = clamp(a - n0, 0, BLOCK_N), c the column in the tile; its bit of value
+        # BLOCK_N is [c >= a'] and no lane borrows from the other.
+        HALF: tl.constexpr = BLOCK_N // 2
+        ONE2: tl.constexpr = BLOCK_N * 65537
+        if like is not None:
+            lo_t, hi_t = tl.split(like.reshape(BLOCK_M, HALF, 2))
+            w2 = (lo_t.to(tl.uint32, bitcast=True) >> 16) >> 16
+        else:
+            w2 = tl.zeros([BLOCK_M, HALF], dtype=tl.uint32)
+        w2 += (n_const * ONE2).to(tl.uint32, bitcast=True)
+        k2 = 2 * tl.arange(0, HALF)
+        x_a = ((BLOCK_N + k2) | ((BLOCK_N + 1 + k2) << 16)).to(tl.uint32, bitcast=True)
+        x_b = (k2 | ((k2 + 1) << 16)).to(tl.uint32, bitcast=True)
+        for t in tl.static_range(S_BLOCK):
+            if ((a_bits >> t) & 1) != 0:  # [j >= a]
+                valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
+                a = tl.load(RowStart + row + t * n_q64, mask=valid, other=0) - n0
+                y = (tl.minimum(tl.maximum(a, 0), BLOCK_N) * 65537).to(tl.uint32, bitcast=True)
+                w2 += (x_a[None, :] - y[:, None]) & ONE2
+            if not CAUSAL:
+                if ((b_bits >> t) & 1) != 0:  # -[j >= b] (its -1 is in n_const)
+                    valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
+                    b = tl.load(RowStart + row + t * n_q64, mask=valid, other=0) - n0
+                    b += tl.load(RowWidth + row + t * n_q64, mask=valid, other=0)
+                    y = ((tl.minimum(tl.maximum(b, 0), BLOCK_N) + BLOCK_N - 1) * 65537).to(
+                        tl.uint32, bitcast=True
+                    )
+                    w2 += (y[:, None] - x_b[None, :]) & ONE2
+        lo = ((w2 & 65535) // BLOCK_N).to(tl.int32, bitcast=True)
+        hi2 = (w2 // (BLOCK_N * 65536)).to(tl.int32, bitcast=True)
+        counts = tl.join(lo, hi2).reshape(BLOCK_M, BLOCK_N)
+    if CAUSAL:
+        if ce_first < hi:  # the causal end splits the tile pair
+            ce = tl.load(RowStart + row, mask=m_valid, other=0)
+            ce += tl.load(RowWidth + row, mask=m_valid, other=0)
+            if TRANSPOSED:
+                counts = tl.where(cols[:, None] < ce[None, :], counts, 0)
+            else:
+                counts = tl.where(cols[None, :] < ce[:, None], counts, 0)
+    return counts
+
+
+@triton.jit
 def tile_counts_all(
     RowStart, RowWidth, h, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
     MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr, like=None,
+    EVENTS: tl.constexpr = False, CAUSAL: tl.constexpr = False,
 ):  # fmt: skip
     """:func:`tile_counts` over all ``num_samples`` samples: one unrolled pass of
     ``S_BLOCK`` samples, or (``MULTI_CHUNK``, ``s > MAX_SAMPLE_BLOCK``) a loop of passes
@@ -429,11 +623,12 @@ def tile_counts_all(
         for c0 in range(0, num_samples, S_BLOCK):
             counts += tile_counts(
                 RowStart, RowWidth, h, c0, n0, offs_m, m_valid, m_first, m_last, n_q,
-                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like,
+                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, EVENTS,
+                CAUSAL,
             )  # fmt: skip
     else:
         counts = tile_counts(
             RowStart, RowWidth, h, 0, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
-            BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like,
+            BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, EVENTS, CAUSAL,
         )  # fmt: skip
     return counts

@@ -101,6 +101,8 @@ def _fwd_kernel(
     VARIANT: tl.constexpr,
     CLASSIFY: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    EVENTS: tl.constexpr = False,
+    CAUSAL: tl.constexpr = False,
 ):
     # Head dimensions that are not powers of two are split in two power-of-two column
     # chunks (80 = 64 + 16, 96 = 64 + 32; head_dim_split): BLOCK_D (+ BLOCK_D1 if > 0).
@@ -198,7 +200,7 @@ def _fwd_kernel(
             counts = tile_counts_all(
                 RowStart, RowWidth, h, start_n, offs_m, m_valid, m_first, m_last, n_q,
                 num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY,
-                logits,
+                logits, EVENTS, CAUSAL,
             )  # fmt: skip
             weight = counts.to(tl.float32)
             admissible = weight > 0.0
@@ -395,6 +397,7 @@ def plsh_forward_triton(
     _num_stages=None,
     _classify: bool = True,
     _tiles: TileConfig | None = None,
+    _events: bool = False,
 ):
     """PLSH attention forward on the fused Triton kernel.
 
@@ -461,6 +464,7 @@ def plsh_forward_triton(
         _num_warps=_num_warps,
         _num_stages=_num_stages,
         _classify=_classify,
+        _events=_events,
         _tiles=_tiles,
     )
     if plan is None and not positions_sorted:
@@ -554,6 +558,8 @@ def plsh_forward_triton(
         VARIANT=int(_variant),
         CLASSIFY=bool(_classify),
         NUM_STAGES=num_stages,
+        EVENTS=bool(_events),
+        CAUSAL=bool(causal),
         num_warps=num_warps,
         num_stages=num_stages,
     )

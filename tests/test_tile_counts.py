@@ -3,11 +3,11 @@
 interpreter on CPU (tests/_triton_interp.py).
 
 The kernels only see the counts through the attention they weight; here a small kernel
-stores every (query tile, key tile) pair's counts tile, in both orientations (the
-key/value-gradient kernel's transposed tile), causal and not, with and without the tile
-classification (full / disjoint / mixed samples), so that a wrong count anywhere (also in
-a pair that the attention tests would weight only slightly) fails. Rows and keys past the
-ends are not compared (every caller masks them).
+stores every (query tile, key tile) pair's counts tile, in both forms (interval and
+events), both orientations (the key/value-gradient kernel's transposed tile), causal and
+not, with and without the tile classification (full / disjoint / mixed samples), so that
+a wrong count anywhere (also in a pair that the attention tests would weight only
+slightly) fails. Rows and keys past the ends are not compared (every caller masks them).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from plsh_ref.partition import counts, draw_partition
 from plsh_ref.testing.strategies import draw_positions
 
 tiling = _triton_interp.load("tiling")
+triton_forward = _triton_interp.load("triton_forward")
 tile_counts_all = tiling.tile_counts_all
 
 pytestmark = pytest.mark.triton
@@ -35,6 +36,7 @@ def _counts_kernel(
     RowStart, RowWidth, Out, n_q, n_k, num_samples,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
     MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr,
+    EVENTS: tl.constexpr, CAUSAL: tl.constexpr,
 ):  # fmt: skip
     # grid (query tiles, key tiles, heads): Out[h, i, j] = C_ij of the tile pair.
     m_tile = tl.program_id(0)
@@ -48,7 +50,7 @@ def _counts_kernel(
     n_valid = offs_n < n_k
     c = tile_counts_all(
         RowStart, RowWidth, h, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
-        BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, TRANSPOSED, CLASSIFY,
+        BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, TRANSPOSED, CLASSIFY, None, EVENTS, CAUSAL,
     )  # fmt: skip
     base = Out + h.to(tl.int64) * n_q * n_k
     if TRANSPOSED:
@@ -65,7 +67,7 @@ def _counts_kernel(
         )
 
 
-def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify):
+def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify, events):
     num_heads, _, n_q = plan.row_start.shape
     s_block, multi = tiling.sample_block(num_samples)
     out = torch.full((num_heads, n_q, n_k), -1, dtype=torch.int32)
@@ -75,7 +77,7 @@ def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classif
         _counts_kernel[grid](
             row_start, row_width, out, n_q, n_k, num_samples,
             BLOCK_M=block_m, BLOCK_N=block_n, S_BLOCK=s_block, MULTI_CHUNK=multi,
-            TRANSPOSED=transposed, CLASSIFY=classify,
+            TRANSPOSED=transposed, CLASSIFY=classify, EVENTS=events, CAUSAL=plan.causal,
         )  # fmt: skip
         return out
 
@@ -95,12 +97,15 @@ def _check(qpos, kpos, sigma, s, seed, causal, block_m, block_n):
         block_n=block_n,
     )
     want = counts(partition, qpos, kpos, causal=causal)
-    for transposed in (False, True):
-        for classify in (True, False):
-            got = _kernel_counts(plan, len(kpos), s, block_m, block_n, transposed, classify)
-            np.testing.assert_array_equal(
-                got, want, err_msg=f"transposed={transposed} classify={classify}"
-            )
+    for events in (True, False):
+        for transposed in (False, True):
+            for classify in (True, False):
+                got = _kernel_counts(
+                    plan, len(kpos), s, block_m, block_n, transposed, classify, events
+                )
+                np.testing.assert_array_equal(
+                    got, want, err_msg=f"events={events} transposed={transposed} {classify=}"
+                )
 
 
 @settings(max_examples=6)
@@ -143,6 +148,41 @@ def test_counts_tile_negative_control():
         block_m=16,
         block_n=16,
     )
-    got = _kernel_counts(plan, 24, 5, 16, 16, False, True)
-    assert not np.array_equal(got, counts(partition, qpos, kpos, causal=True))
-    np.testing.assert_array_equal(got, counts(other, qpos, kpos, causal=True))
+    for events in (True, False):
+        got = _kernel_counts(plan, 24, 5, 16, 16, False, True, events)
+        assert not np.array_equal(got, counts(partition, qpos, kpos, causal=True))
+        np.testing.assert_array_equal(got, counts(other, qpos, kpos, causal=True))
+
+
+@pytest.mark.parametrize("s", [6, 70])
+def test_event_form_forward_is_bit_identical(s):
+    """The forward with the event-form counts (``_events=True``) gives the same output and
+    LSE bits as with the interval form, causal and not, one and two sample blocks."""
+    rng = np.random.default_rng(5)
+    partition = draw_partition(np.array([0.8, 7.0]), s, seed=5)
+    qpos, kpos = np.arange(30) + 6, np.arange(36)
+    q = torch.from_numpy(rng.standard_normal((1, 2, 30, 8))).float()
+    k, v = (torch.from_numpy(rng.standard_normal((1, 2, 36, 8))).float() for _ in range(2))
+    args = (
+        torch.from_numpy(np.array(partition.pitch)),
+        torch.from_numpy(np.array(partition.offset)),
+        torch.from_numpy(qpos),
+        torch.from_numpy(kpos),
+        0.6,
+    )
+    for causal in (True, False):
+        runs = [
+            _triton_interp.call(
+                triton_forward.plsh_forward_triton,
+                q,
+                k,
+                v,
+                *args,
+                causal,
+                _block_m=16,
+                _block_n=16,
+                _events=events,
+            )  # fmt: skip
+            for events in (False, True)
+        ]
+        assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
