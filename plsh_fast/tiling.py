@@ -562,6 +562,7 @@ def _event_counts(
         # Two adjacent columns per int32 (16-bit lanes): lane = BLOCK_N + c - a' with
         # a' = clamp(a - n0, 0, BLOCK_N), c the column in the tile; its bit of value
         # BLOCK_N is [c >= a'] and no lane borrows from the other.
+        tl.static_assert(2 * S_BLOCK * BLOCK_N < 65536, "16-bit lanes would overflow")
         HALF: tl.constexpr = BLOCK_N // 2
         ONE2: tl.constexpr = BLOCK_N * 65537
         if like is not None:
