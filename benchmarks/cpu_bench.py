@@ -13,8 +13,8 @@ the float64 exact reference come from :mod:`plsh_fast.peers`:
   across calls (``plsh_fast.cpu.PLAN_CACHE_BYTES``, module step 8), like the block mask
   of the FlexAttention peers, which is built once and reused; ``kept plan MB`` is what it
   keeps (0 where the plan exceeds the budget and every call plans);
-* ``plsh_cold``: the same with no plan kept (``PLAN_CACHE_BYTES = 0``): every call plans
-  and builds its biases, as a call with new positions or a new partition does;
+* ``plsh_cold``: the same with no plan kept (``plsh_fast.cpu.no_kept_plans``): every call
+  plans and builds its biases, as a call with new positions or a new partition does;
 * ``sdpa_dense``: ``scaled_dot_product_attention`` with a dense float32 ALiBi bias
   ``(1, H, n, n)`` (causal ``-inf`` folded in); the time excludes building the bias, the
   memory includes it;
@@ -372,16 +372,13 @@ def interleaved_times(fns: dict, repeats: int) -> tuple[dict, dict]:
 
 
 def cold(fn):
-    """``fn`` run with no plan kept across calls (``plsh_fast.cpu.PLAN_CACHE_BYTES = 0``):
-    every call plans and builds its count biases afresh."""
+    """``fn`` run inside :func:`plsh_fast.cpu.no_kept_plans`: every call plans and builds
+    its count biases afresh, and the plans kept for the other methods stay (setting
+    ``PLAN_CACHE_BYTES = 0`` would drop them at each call)."""
 
     def run():
-        saved = plsh_cpu.PLAN_CACHE_BYTES
-        plsh_cpu.PLAN_CACHE_BYTES = 0
-        try:
+        with plsh_cpu.no_kept_plans():
             return fn()
-        finally:
-            plsh_cpu.PLAN_CACHE_BYTES = saved
 
     return run
 

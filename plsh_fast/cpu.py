@@ -101,6 +101,7 @@ happens in :func:`plsh_fast.plsh_attention`.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import math
 import os
@@ -130,6 +131,7 @@ __all__ = [
     "executor",
     "fused_tiles_available",
     "kept_plan_bytes",
+    "no_kept_plans",
     "per_thread_limits_available",
     "plan_cpu",
     "plan_from_tensor",
@@ -997,6 +999,8 @@ def plan_cpu(pitch, offset, query_positions, key_positions, causal: bool, dtype)
     if BAND_MAX_TILE > 0 and (BAND_TILE not in (16, 32, 64, 128)):
         raise ValueError(f"BAND_TILE: must be a power of two in [16, 128], got {BAND_TILE!r}")
     dtype = _compute_dtype(dtype)
+    if getattr(_BYPASS, "on", False):
+        return _plan(pitch, offset, query_positions, key_positions, causal, dtype)
     if _CACHE:
         with _CACHE_LOCK:
             _evict_beyond_budget()  # a lowered budget (or 0) takes effect at the next call
@@ -1016,6 +1020,27 @@ _CACHE_BYTES = 0  # sum of the kept plans' nbytes
 _SEEN: OrderedDict = OrderedDict()  # keys of recent calls (admission on the second call)
 _SEEN_KEYS = 4096
 _CACHE_LOCK = threading.Lock()
+
+
+_BYPASS = threading.local()  # no_kept_plans() active in this thread
+
+
+@contextlib.contextmanager
+def no_kept_plans():
+    """Context manager: CPU calls of this thread plan afresh and leave the kept plans alone.
+
+    Inside it :func:`plan_cpu` neither uses, keeps nor evicts plans (unlike
+    ``PLAN_CACHE_BYTES = 0``, which also drops what is kept at the next call): for a
+    one-off call whose plan should not displace the kept ones, or to time a call that
+    plans (``benchmarks/cpu_bench.py``, ``plsh_cold``). Thread-local: the pool's workers
+    do not plan. Nests.
+    """
+    previous = getattr(_BYPASS, "on", False)
+    _BYPASS.on = True
+    try:
+        yield
+    finally:
+        _BYPASS.on = previous
 
 
 def clear_plan_cache() -> None:

@@ -120,5 +120,10 @@ def test_plsh_cold_and_the_reduction_keep_no_plan_and_plsh_keeps_one(bench):
     plsh = bench.method_fn("plsh", 256, 4, inputs)
     plsh()
     out = plsh()
-    assert cpu.kept_plan_bytes() > 0  # negative control: a repeated call keeps its plan
+    kept = cpu.kept_plan_bytes()
+    assert kept > 0  # negative control: a repeated call keeps its plan
+    # A cold call between two plsh calls leaves plsh's plan kept (with the budget set to
+    # 0 for the cold call, the first version dropped it every round).
+    cold()
+    assert cpu.kept_plan_bytes() == kept
     assert torch.equal(out, out_cold)

@@ -263,3 +263,21 @@ def test_only_the_plans_own_work_items_are_kept():
             assert chunk.bias.shape == (spec[3].numel(), spec[1], spec[2])
     assert len(plan.chunk_store) == kept
     assert all(chunk is not None for chunk in plan.chunk_store.values())
+
+
+def test_no_kept_plans_plans_afresh_and_leaves_the_kept_plans_alone(counted):
+    q, k, v = _qkv()
+    pitch, offset = _partition()
+    positions = torch.arange(96)
+    _kept(q, k, v, pitch, offset, positions)
+    kept = cpu.kept_plan_bytes()
+    assert counted["plan"] == 2 and kept > 0
+    with cpu.no_kept_plans():
+        with cpu.no_kept_plans():  # nests
+            _forward(q, k, v, pitch, offset, positions)
+        _forward(q, k, v, pitch, offset, positions[:50])
+        _forward(q, k, v, pitch, offset, positions[:50])  # a repeat is not kept either
+    assert counted["plan"] == 5
+    assert cpu.kept_plan_bytes() == kept and len(cpu._CACHE) == 1
+    _forward(q, k, v, pitch, offset, positions)  # outside: the kept plan serves again
+    assert counted["plan"] == 5
