@@ -169,7 +169,8 @@ BAND_TILE = 32
 #: the cache (every call plans afresh, and a forward's groups are not kept for its
 #: backward). Changing it takes effect at the next call; :func:`clear_plan_cache` frees
 #: what is kept. The default, 1 GiB, holds the plan of the SPEC section 7 CPU
-#: configuration up to n = 64k, s = 64 (689 MiB; 101 MiB at n = 16k, s = 16).
+#: configuration up to n = 64k, s = 64 (731 MiB; 112 MiB at n = 16k, s = 16; the
+#: ``kept plan MB`` of ``benchmarks/results/cpu_2026-12-01_vm_n16384-65536_t2_r2.md``).
 PLAN_CACHE_BYTES = 2**30
 
 #: Use torch's fused CPU flash-attention operator on the stacked tiles when available.
