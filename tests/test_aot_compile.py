@@ -50,19 +50,13 @@ KNOWN = {
     ),
 }
 
-pytestmark = [
-    pytest.mark.skipif(
-        importlib.util.find_spec("triton") is None, reason="triton is not installed"
-    ),
-    # One xdist worker runs the whole module (``--dist loadgroup``), so the module-scoped
-    # fixture compiles every configuration once, not once per worker.
-    pytest.mark.xdist_group("aot_compile"),
-]
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed"
+)
 
 
-@pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    out = tmp_path_factory.mktemp("aot")
+def _compile_report(out) -> tuple[dict, str]:
+    """Run ``aot_report.py --set ci`` into ``out``: ``(rows by configuration, stderr)``."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     res = subprocess.run(
         [sys.executable, SCRIPT, "--set", "ci", "--out", str(out)],
@@ -76,8 +70,26 @@ def rows(tmp_path_factory):
     (path,) = glob.glob(str(out / "aot_*.json"))
     with open(path) as f:
         data = json.load(f)
-    by_name = {r["config"]: r for r in data["rows"]}
-    assert sorted(by_name) == sorted(CONFIGS), res.stderr[-3000:]
+    return {r["config"]: r for r in data["rows"]}, res.stderr[-3000:]
+
+
+@pytest.fixture(scope="session")
+def rows(tmp_path_factory):
+    """The report, compiled once per test session: under pytest-xdist the first worker
+    compiles and the others read its result (a file lock in the base temporary directory
+    that the workers share; the xdist recipe for session fixtures). Two workers used to
+    compile everything at once, each taking twice as long on the 2-core CI machine."""
+    from filelock import FileLock  # installed with torch
+
+    shared = tmp_path_factory.getbasetemp().parent
+    done = shared / "aot_report_rows.json"
+    with FileLock(str(done) + ".lock"):
+        if done.is_file():
+            by_name, err = json.loads(done.read_text()), ""
+        else:
+            by_name, err = _compile_report(tmp_path_factory.mktemp("aot"))
+            done.write_text(json.dumps(by_name))
+    assert sorted(by_name) == sorted(CONFIGS), err
     return by_name
 
 
