@@ -1019,7 +1019,9 @@ def plan_cpu(pitch, offset, query_positions, key_positions, causal: bool, dtype)
 
 _CACHE: OrderedDict = OrderedDict()  # key -> kept _Plan, least recently used first
 _CACHE_BYTES = 0  # sum of the kept plans' nbytes
-_SEEN: OrderedDict = OrderedDict()  # keys of recent calls (admission on the second call)
+#: ``hash`` of the keys of recent calls (admission on the second call); hashes, not the
+#: keys, so that 4096 remembered calls do not hold 4096 copies of the partition's bytes.
+_SEEN: OrderedDict = OrderedDict()
 _SEEN_KEYS = 4096
 _CACHE_LOCK = threading.Lock()
 
@@ -1112,12 +1114,14 @@ def _cached_plan(key, query_positions, key_positions) -> _Plan | None:
 
 
 def _seen_before(key) -> bool:
-    """Whether a recent call had this key (then its plan may be kept); remembers it."""
+    """Whether a recent call had this key (then its plan may be kept); remembers it. A
+    hash collision only keeps a plan one call early."""
+    digest = hash(key)
     with _CACHE_LOCK:
-        if key in _SEEN:
-            _SEEN.move_to_end(key)
+        if digest in _SEEN:
+            _SEEN.move_to_end(digest)
             return True
-        _SEEN[key] = None
+        _SEEN[digest] = None
         while len(_SEEN) > _SEEN_KEYS:
             _SEEN.popitem(last=False)
         return False

@@ -92,6 +92,9 @@ def test_calls_seen_once_keep_nothing(counted):
         )
     assert cpu.kept_plan_bytes() == 0 and len(cpu._CACHE) == 0
     assert counted["plan"] == 40
+    # What remembers them is one int per call, not the key (which holds the partition's
+    # bytes: 16 KB per call at 16 heads and s = 64).
+    assert len(cpu._SEEN) == 40 and all(type(d) is int for d in cpu._SEEN)
 
 
 def test_per_sequence_positions_get_one_plan_each_within_the_budget():
