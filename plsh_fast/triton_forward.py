@@ -309,7 +309,10 @@ def tile_config(
 
     Chosen from the AOT compile table (``benchmarks/aot_report.py``,
     ``benchmarks/results/aot_*.md``) so that no kernel spills registers at ``head_dim <=
-    128`` (float32, float16, bfloat16; sm_90 and sm_80), the key/query loops stay
+    128`` (float32, float16, bfloat16; sm_90 and sm_80; true of the kernels of ``534152b``
+    with Triton 3.9; since the counts-layout change ``c87fbb8`` three configurations spill
+    4-12 B with 3.9 and four dQ configurations 8-60 B with 3.6, ``benchmarks/README.md``;
+    the configurations of ``tests/test_aot_compile.py`` spill nothing), the key/query loops stay
     software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90 (``mma.sync`` on
     sm_80; the float32 dK/dV kernel uses ``mma.sync`` everywhere, its 16-key tiles being
     narrower than a warpgroup MMA) and the shared memory fits; speed is a GPU measurement
