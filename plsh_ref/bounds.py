@@ -357,7 +357,9 @@ def _spectral_setup(n: int, sigma: float, variance):
         else:
             v = variance_proxy_limit(sigma)
     else:
-        v = check_positive_float("variance", variance)
+        # 0 is a valid proxy: for small sigma the limit underflows to 0 (M = I = L* up
+        # to rounding), and the Bernstein tail is then set by the range term alone.
+        v = check_positive_float("variance", variance, allow_zero=True)
     return v, min(float(n), kms_spectral_norm_limit(sigma))
 
 
@@ -412,8 +414,9 @@ def spectral_error_bound(n: int, sigma, num_samples: int, delta, *, variance=Non
     delta : float
         Failure probability in ``(0, 1)``.
     variance : float, optional
-        Variance proxy ``v``; default: exact ``||E[(M - L*)^2]||`` for
-        ``n <= EXACT_VARIANCE_MAX_N``, else the limit ``1 / (2 sinh^2(1/(2 sigma)))``.
+        Variance proxy ``v >= 0``; default: exact ``||E[(M - L*)^2]||`` for
+        ``n <= EXACT_VARIANCE_MAX_N``, else the limit ``1 / (2 sinh^2(1/(2 sigma)))``
+        (which underflows to 0 for ``sigma`` below about 0.0014).
 
     Returns
     -------

@@ -66,12 +66,18 @@ def check_bool(name: str, value) -> bool:
     return bool(value)
 
 
-def check_positive_float(name: str, value) -> float:
-    """Return ``value`` as a finite positive ``float`` or raise ``TypeError``/``ValueError``."""
+def check_positive_float(name: str, value, *, allow_zero: bool = False) -> float:
+    """Return ``value`` as a finite positive ``float`` or raise ``TypeError``/``ValueError``.
+
+    ``allow_zero=True`` also accepts ``0`` (a finite, non-negative value).
+    """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: must be a real number, got {type(value).__name__} {value!r}")
     value = float(value)
-    if not np.isfinite(value) or value <= 0:
+    if allow_zero:
+        if not np.isfinite(value) or value < 0:
+            raise ValueError(f"{name}: must be finite and >= 0, got {value}")
+    elif not np.isfinite(value) or value <= 0:
         raise ValueError(f"{name}: must be finite and > 0, got {value}")
     return value
 

@@ -98,6 +98,21 @@ def test_spectral_required_samples():
     assert bd.spectral_error_bound(64, 2.0, s - 1, 0.1).eps > 1.0
 
 
+def test_spectral_bounds_for_sigma_whose_variance_limit_underflows():
+    """Bug fix: above EXACT_VARIANCE_MAX_N the variance proxy is the closed-form limit,
+    which is exactly 0.0 in binary64 for sigma below about 0.0014; spectral_required_samples
+    passed that 0 back as ``variance`` and was refused ("variance: must be ... > 0")."""
+    n = bd.EXACT_VARIANCE_MAX_N + 1
+    assert variance_proxy_limit(1e-3) == 0.0  # the premise: the limit underflows
+    s = bd.spectral_required_samples(n, 1e-3, 1.0, 0.01)
+    bound = bd.spectral_error_bound(n, 1e-3, s, 0.01)
+    assert bound.variance_proxy == 0.0 and bound.eps <= 1.0
+    # a zero proxy is the range term alone: it gives a smaller eps than any positive one
+    assert bound.eps < bd.spectral_error_bound(n, 1e-3, s, 0.01, variance=1e-3).eps
+    with pytest.raises(ValueError, match="^variance"):
+        bd.spectral_error_bound(n, 1e-3, s, 0.01, variance=-1e-300)
+
+
 def test_no_truncation_needed_when_n_small():
     # n = 3 and a large sigma: ||M_t|| <= 3 always; level k = n carries no probability.
     sb = bd.spectral_error_bound(3, 50.0, 200, 0.1)

@@ -448,7 +448,7 @@ def test_reproduce_memory_estimate_bounds_the_traced_peak():
 def test_bounds_tiny_eps_is_a_clear_error(capsys):
     assert cli.main(["bounds", "--eps", "1e-200"]) == 2
     err = _one_line_error(capsys, "bounds")
-    assert "error: eps: " in err and "ZeroDivision" not in err
+    assert "error: --eps: " in err and "ZeroDivision" not in err
     from plsh_ref.bounds import required_samples
 
     with pytest.raises(ValueError, match="^eps: "):
@@ -521,7 +521,7 @@ def test_bounds_refuses_a_huge_sigma_in_one_line(capsys):
     # sigma = 1e300 ended in ZeroDivisionError, 1e8 in a 33 GiB allocation
     for sigma in ("1e300", "1e8"):
         assert cli.main(["bounds", "--sigma", sigma]) == 2
-        assert "error: sigma: must be <= 1e+06" in _one_line_error(capsys, "bounds")
+        assert "error: --sigma: must be <= 1e+06" in _one_line_error(capsys, "bounds")
     assert cli.main(["bounds", "--sigma", "1e6", "--n", "64", "--quiet"]) == 0
 
 
@@ -566,3 +566,50 @@ def test_a_closed_output_pipe_ends_without_traceback(args):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) in (0, 1)
     assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+@pytest.mark.parametrize(
+    "option, value, message",
+    [
+        ("--n", "0", "--n: must be >= 1"),
+        ("--num-samples", "0", "--num-samples: must be >= 1"),
+        ("--delta", "1.5", "--delta: must lie in the open interval"),
+        ("--spectral-eps", "-1", "--spectral-eps: must be finite and > 0"),
+    ],
+)
+def test_bounds_errors_name_the_option(capsys, option, value, message):
+    """The library's parameter names (``n:``, ``num_samples:``) become the options."""
+    assert cli.main(["bounds", option, value, "--quiet"]) == 2
+    assert f"error: {message}" in _one_line_error(capsys, "bounds")
+
+
+def test_bounds_for_a_sigma_whose_variance_limit_underflows(capsys):
+    # sigma = 1e-3 at the default n = 4096 ended in "variance: must be finite and > 0"
+    assert cli.main(["bounds", "--sigma", "1e-3", "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[0] == "0.001"
+
+
+@pytest.mark.parametrize("sigma", ["4,,16", "4,", ",4"])
+def test_empty_value_between_commas_is_a_usage_error(capsys, sigma):
+    # "4,,16" used to be read as 4 16
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["bounds", "--sigma", sigma, "--quiet"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--sigma: empty value between commas" in err and len(err.splitlines()) == 1
+
+
+def test_old_and_new_spelling_together_is_a_usage_error(capsys, tmp_path):
+    # --out A --output B used to write to B (the last one) without a word
+    argv = ["bounds", "--quiet", "--out", str(tmp_path / "a"), "--output", str(tmp_path / "b")]
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert "--output: given together with --out" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    # the same spelling twice keeps argparse's rule: the last one counts
+    assert (
+        cli.main(["bounds", "--quiet", "--out", str(tmp_path / "a"), "--out", str(tmp_path / "c")])
+        == 0
+    )
+    assert (tmp_path / "c").is_dir() and not (tmp_path / "a").exists()

@@ -119,16 +119,20 @@ BAD_KERNELS = """
         (["user_kernels:wrong_shape"], "output has shape (1, 1, 1, 1)"),
         (["user_kernels:wrong_dtype", "--dtypes", "float32"], "output has dtype float64"),
         ([f"{EX}:numpy_alibi", "--dtypes", "bfloat16"], "bfloat16 needs --framework torch"),
-        ([f"{EX}:numpy_alibi", "--dtypes", "float8"], "unknown dtype 'float8'"),
-        ([f"{EX}:numpy_alibi", "--case", "50", "--cases", "50"], "case: no case '50'"),
+        ([f"{EX}:numpy_alibi", "--dtypes", "float8"], "--dtypes: unknown dtype 'float8'"),
+        ([f"{EX}:numpy_alibi", "--case", "50", "--cases", "50"], "--case: no case '50'"),
         ([f"{EX}:numpy_alibi", "--case", "heads_7"], "battery cases heads_6"),
-        ([f"{EX}:numpy_alibi", "--unsupported", "flash"], "unknown capability 'flash'"),
-        ([f"{EX}:numpy_alibi", "--timeout", "0"], "timeout: must be > 0"),
+        (
+            [f"{EX}:numpy_alibi", "--unsupported", "flash"],
+            "--unsupported: unknown capability 'flash'",
+        ),
+        ([f"{EX}:numpy_alibi", "--timeout", "0"], "--timeout: must be > 0"),
+        ([f"{EX}:numpy_alibi", "--max-seq-len", "-1"], "--max-seq-len: must be >= 0"),
         (
             [f"{EX}:numpy_alibi", "--framework", "numpy", "--device", "cuda"],
             "numpy kernels run on cpu",
         ),
-        ([f"{EX}:numpy_alibi", "--positions", "middle"], "positions: entries must be in"),
+        ([f"{EX}:numpy_alibi", "--positions", "middle"], "--positions: entries must be in"),
     ],
 )
 def test_bad_input_one_line_exit_2(capsys, tmp_path, monkeypatch, args, message):
@@ -144,7 +148,7 @@ def test_unavailable_device_is_bad_input(capsys):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is available here")
     code, _, err = verify(capsys, f"{EX}:sdpa_alibi", "--framework", "torch", "--device", "cuda")
-    assert code == 2 and err.startswith("plsh verify: device: 'cuda' is not available")
+    assert code == 2 and err.startswith("plsh verify: --device: 'cuda' is not available")
     assert len(err.strip().splitlines()) == 1
 
 

@@ -21,7 +21,7 @@ from ..bounds import (
 from ..expectation import block_size_mean, expected_window_width, variance_proxy_limit
 from ..provenance import run_metadata
 from ..validation import check_int, check_positive_float, check_probability
-from .options import Values, add_out_option, add_quiet_option
+from .options import Values, add_out_option, add_quiet_option, option_message
 
 #: one line for ``plsh --help``
 SUMMARY = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
@@ -31,6 +31,10 @@ HELP = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
 #: largest sigma of the report, as the expected-window column sums about ``44 sigma`` terms
 #: (:func:`plsh_ref.expectation.expected_window_width`, float64 arrays of that length)
 MAX_SIGMA = 1e6
+
+
+#: parameters of :func:`rows` that are options of the command (same name, ``--`` and dashes)
+_OPTIONS = ("n", "sigma", "num_samples", "eps", "delta", "spectral_eps")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -118,7 +122,10 @@ def run(args: argparse.Namespace) -> int:
     ValueError, TypeError
         As :func:`rows`.
     """
-    table = rows(args.n, args.sigma, args.num_samples, args.eps, args.delta, args.spectral_eps)
+    try:
+        table = rows(args.n, args.sigma, args.num_samples, args.eps, args.delta, args.spectral_eps)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(option_message(exc, _OPTIONS)) from None
     quiet = getattr(args, "quiet", False)
     if not quiet:
         print(

@@ -40,6 +40,7 @@ __all__ = [
     "default_out_dir",
     "deprecation",
     "format_bytes",
+    "option_message",
 ]
 
 #: parent folder of the default output folders
@@ -87,10 +88,20 @@ class _Deprecatable(argparse.Action):
 
 
 class StoreValue(_Deprecatable):
-    """Like ``action="store"``; with ``replacement="--new"`` the flag is a deprecated alias."""
+    """Like ``action="store"``; with ``replacement="--new"`` the flag is a deprecated alias.
+
+    Giving both spellings (``--out A --output B``) is a usage error: which one wins would
+    depend on their order.
+    """
 
     def __call__(self, parser, namespace, values, option_string=None):
         self._announce(option_string)
+        spelled = getattr(namespace, "_spelled", {})
+        other = spelled.get(self.dest)
+        if other is not None and other != option_string:
+            raise argparse.ArgumentError(self, f"given together with {other}; give one of them")
+        spelled[self.dest] = option_string
+        namespace._spelled = spelled
         setattr(namespace, self.dest, values)
 
 
@@ -133,7 +144,11 @@ class Values(_Deprecatable):
     def convert(self, tokens) -> list:
         """The list of converted values of ``tokens`` (each may hold commas)."""
         kind = "integers" if self.element is int else "numbers"
-        items = [x for tok in tokens for x in str(tok).split(",") if x.strip()]
+        items = [x for tok in tokens for x in str(tok).split(",")]
+        if any(not x.strip() for x in items):
+            raise argparse.ArgumentError(
+                self, f"empty value between commas in {' '.join(map(str, tokens))!r}"
+            )
         try:
             values = [self.element(x) for x in items]
         except ValueError:
@@ -238,3 +253,18 @@ def check_memory(option: str, value, needed_bytes: float, max_memory_gib: float)
             f"more than --max-memory {max_memory_gib:g} GiB; choose a smaller {option} "
             "or raise --max-memory"
         )
+
+
+def option_message(exc: Exception, names) -> str:
+    """The message of ``exc`` with a leading library parameter name turned into its option.
+
+    Library functions name their parameter (``"num_samples: must be >= 1"``); a command
+    that passes an option straight through reports the option (``"--num-samples: must be
+    >= 1"``) when that name is in ``names`` (parameter names equal to the option's
+    destination); other messages are returned unchanged.
+    """
+    text = str(exc)
+    name, colon, rest = text.partition(":")
+    if colon and name in names:
+        return f"--{name.replace('_', '-')}:{rest}"
+    return text

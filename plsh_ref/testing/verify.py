@@ -37,6 +37,7 @@ import time
 
 import numpy as np
 
+from ..experiments.options import option_message
 from .problems import DTYPES, POSITION_MODES, ProblemSpec
 from .reference import KINDS
 from .suite import (
@@ -193,20 +194,20 @@ def _fail(message: str) -> int:
 def _options(args):
     if args.framework == "numpy" and args.device != "cpu":
         raise KernelContractError(
-            f"device: numpy kernels run on cpu, got {args.device!r} (use --framework torch)"
+            f"--device: numpy kernels run on cpu, got {args.device!r} (use --framework torch)"
         )
     if args.framework in ("torch", "auto") and args.device != "cpu" or args.framework == "torch":
         try:
             import torch
         except ImportError:
             if args.framework == "torch":
-                raise KernelContractError("framework: torch is not installed") from None
+                raise KernelContractError("--framework: torch is not installed") from None
         else:
             try:
                 torch.empty(0, device=args.device)
             except (RuntimeError, AssertionError) as exc:
                 raise KernelContractError(
-                    f"device: {args.device!r} is not available: {str(exc).splitlines()[0]}"
+                    f"--device: {args.device!r} is not available: {str(exc).splitlines()[0]}"
                 ) from None
     for name, value, minimum in (
         ("cases", args.cases, 0),
@@ -219,15 +220,15 @@ def _options(args):
         ("worst", args.worst, 0),
     ):
         if value < minimum:
-            raise KernelContractError(f"{name}: must be >= {minimum}, got {value}")
+            raise KernelContractError(f"--{name}: must be >= {minimum}, got {value}")
     if not (args.timeout > 0 and np.isfinite(args.timeout)):
-        raise KernelContractError(f"timeout: must be > 0 seconds, got {args.timeout}")
+        raise KernelContractError(f"--timeout: must be > 0 seconds, got {args.timeout}")
     unsupported = {}
     for name in (args.unsupported or "").split(","):
         if name.strip():
             if name.strip() not in CAPABILITIES:
                 raise KernelContractError(
-                    f"unsupported: unknown capability {name.strip()!r}; known: "
+                    f"--unsupported: unknown capability {name.strip()!r}; known: "
                     f"{', '.join(CAPABILITIES)}"
                 )
             unsupported[name.strip()] = False
@@ -240,14 +241,14 @@ def _dtypes(args, framework):
     for d in dtypes:
         if d not in DTYPES:
             raise KernelContractError(
-                f"dtypes: unknown dtype {d!r}; choose from {','.join(DTYPES)}"
+                f"--dtypes: unknown dtype {d!r}; choose from {','.join(DTYPES)}"
             )
         if d == "bfloat16" and framework == "numpy":
             raise KernelContractError(
-                "dtypes: bfloat16 needs --framework torch (numpy has no bfloat16)"
+                "--dtypes: bfloat16 needs --framework torch (numpy has no bfloat16)"
             )
     if not dtypes:
-        raise KernelContractError("dtypes: needs at least one dtype")
+        raise KernelContractError("--dtypes: needs at least one dtype")
     return dtypes
 
 
@@ -270,7 +271,7 @@ def _bounds(args, dtypes, slopes):
 
         problem_specs(args.kind, **bounds)
     except (TypeError, ValueError) as exc:
-        raise KernelContractError(str(exc)) from None
+        raise KernelContractError(option_message(exc, bounds)) from None
     return bounds
 
 
@@ -456,7 +457,7 @@ def run(args: argparse.Namespace) -> int:
         if not cases:
             names = [n for n, _ in battery(args.kind, dtypes=dtypes, slopes=slopes)]
             return _fail(
-                f"case: no case {args.case!r} for these options (random cases 0.."
+                f"--case: no case {args.case!r} for these options (random cases 0.."
                 f"{len(specs) - 1}, battery cases {', '.join(names)})"
             )
     unsupported_names = [c for c, ok in caps.items() if not ok]
