@@ -51,9 +51,11 @@ def _missing_requirement(module) -> str | None:
 
 
 def _needs_message(command: str, what: str) -> str:
-    return (
-        f"plsh {command}: needs {what}, which cannot be imported; install it, e.g. "
-        "`pip install positional-lsh[fast]`"
+    return f"plsh {command}: needs {what}, which cannot be imported; install it, e.g. " + (
+        "`pip install torch==2.13.0` (a CPU build where a plain `torch` would pull a "
+        "multi-GB CUDA one; see the quickstart), then `pip install positional-lsh[fast]`"
+        if what == "torch"
+        else "`pip install positional-lsh[fast]`"
     )
 
 

@@ -137,6 +137,8 @@ def test_plsh_ref_and_its_commands_run_without_torch(no_torch_env):
     assert proc.returncode == 2
     assert proc.stderr.startswith("plsh train-lm: needs torch"), proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+    # the hint pins the CPU wheel: a plain `torch` requirement pulls a multi-GB CUDA build
+    assert "`pip install torch==2.13.0`" in proc.stderr, proc.stderr
 
 
 def test_missing_requirement_is_one_line_exit_2(monkeypatch, capsys):
