@@ -152,7 +152,7 @@ def check_sigma(name: str, value) -> np.ndarray:
     """
     arr = as_float_array(name, value)
     if np.any(arr <= 0):
-        raise ValueError(f"{name}: every entry must be > 0, got min {arr.min()!r}")
+        raise ValueError(f"{name}: every entry must be > 0, got min {float(arr.min())!r}")
     return arr
 
 

@@ -354,3 +354,9 @@ def test_fast_path_refuses_bins_outside_int64_like_the_reference(slope, base):
         plsh_attention(
             q, k, v, slopes=[slope], num_samples=4, seed=0, query_positions=pos, key_positions=pos
         )
+
+
+def test_negative_slope_message_shows_a_plain_number():
+    # numpy 2 printed "got min np.float64(-1.0)"
+    with pytest.raises(ValueError, match=r"^slopes: every entry must be > 0, got min -1\.0$"):
+        alibi_attention(Q, K, V, slopes=[0.5, -1.0])
