@@ -11,10 +11,11 @@ sorted positions), with an online softmax in which key ``j`` is weighted by ``C_
 ``lse_i = m_i + log(sum_j C_ij exp(c q_i.k_j - m_i)) - log(s)``,
 
 with ``m_i`` the running maximum of the logits over admissible keys (``C_ij > 0``; the
-causal mask is part of the counts' interval form). Since ``C_ij <= s`` the weights never
+causal mask is part of the counts' row ranges). Since ``C_ij <= s`` the weights never
 overflow, and no logarithm of a count is taken. The counts of a tile pair come from
-:func:`plsh_fast.tiling.tile_counts` (interval form: two int32 comparisons per element and
-mixed sample, none for samples that cover or miss the whole tile pair). The key loop is a
+:func:`plsh_fast.tiling.tile_counts` (one-sided events: 1.5 integer instructions per
+element and mixed sample, none for samples whose start is before or after the whole tile
+pair). The key loop is a
 software-pipelined ``tl.range`` (key/value tiles loaded ``num_stages - 1`` steps ahead,
 ``cp.async``/TMA on sm_80+/sm_90; ``benchmarks/aot_report.py`` checks it). Programs take
 the heads with the most planned work first and, within a head, the last query tiles first.
@@ -57,7 +58,7 @@ def _fwd_kernel(
     Out,
     Lse,
     RowStart,
-    RowWidth,
+    RowEnd,
     KeyRange,
     CausalEnd,
     HeadOrder,
@@ -101,8 +102,7 @@ def _fwd_kernel(
     VARIANT: tl.constexpr,
     CLASSIFY: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    EVENTS: tl.constexpr = False,
-    CAUSAL: tl.constexpr = False,
+    CAUSAL: tl.constexpr,
 ):
     # Head dimensions that are not powers of two are split in two power-of-two column
     # chunks (80 = 64 + 16, 96 = 64 + 32; head_dim_split): BLOCK_D (+ BLOCK_D1 if > 0).
@@ -198,9 +198,9 @@ def _fwd_kernel(
             logits = tl.dot(q1, k1, logits, input_precision=DOT_PREC)
         if VARIANT != 3:  # counts built in the logits' (MMA) layout
             counts = tile_counts_all(
-                RowStart, RowWidth, h, start_n, offs_m, m_valid, m_first, m_last, n_q,
+                RowStart, RowEnd, CausalEnd, h, start_n, offs_m, m_first, m_last, n_q,
                 num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY,
-                logits, EVENTS, CAUSAL,
+                logits, CAUSAL,
             )  # fmt: skip
             weight = counts.to(tl.float32)
             admissible = weight > 0.0
@@ -400,7 +400,6 @@ def plsh_forward_triton(
     _num_stages=None,
     _classify: bool = True,
     _tiles: TileConfig | None = None,
-    _events: bool = False,
 ):
     """PLSH attention forward on the fused Triton kernel.
 
@@ -467,15 +466,14 @@ def plsh_forward_triton(
         _num_warps=_num_warps,
         _num_stages=_num_stages,
         _classify=_classify,
-        _events=_events,
         _tiles=_tiles,
     )
     if plan is None and not positions_sorted:
         q_order, q_inverse = position_order(query_positions)
         k_order, _ = position_order(key_positions)
         if q_order is not None or k_order is not None:
-            # Unsorted positions: run on rows sorted by position (the interval form of the
-            # counts needs sorted keys) and put the rows back.
+            # Unsorted positions: run on rows sorted by position (the row ranges of the
+            # counts need sorted keys) and put the rows back.
             (query,) = take_rows(q_order, query)
             key, value = take_rows(k_order, key, value)
             out, lse = plsh_forward_triton(
@@ -529,7 +527,7 @@ def plsh_forward_triton(
         out,
         lse,
         plan.row_start,
-        plan.row_width,
+        plan.row_end,
         plan.key_range,
         plan.causal_end,
         plan.head_order,
@@ -561,7 +559,6 @@ def plsh_forward_triton(
         VARIANT=int(_variant),
         CLASSIFY=bool(_classify),
         NUM_STAGES=num_stages,
-        EVENTS=bool(_events),
         CAUSAL=bool(causal),
         num_warps=num_warps,
         num_stages=num_stages,

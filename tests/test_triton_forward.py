@@ -191,8 +191,8 @@ def test_negative_controls_fail(variant):
     seed=st.integers(0, 2**31 - 1),
 )
 def test_interval_form_counts_equal_reference_counts(mode, causal, n_q, n_k, s, seed):
-    """sum_t [row_start <= j < row_start + row_width] is C_ij of plsh_ref (SPEC section 3),
-    including s > 64 (several sample blocks)."""
+    """sum_t [row_start <= j < row_end] is C_ij of plsh_ref (SPEC section 3), including
+    s > 64 (several sample blocks); the plan's ranges are (num_heads, n_q, num_samples)."""
     rng = np.random.default_rng(seed)
     partition = draw_partition(np.array([0.7, 6.0]), s, seed=seed)
     qpos, kpos = _positions(mode, n_q, n_k, rng)
@@ -206,9 +206,10 @@ def test_interval_form_counts_equal_reference_counts(mode, causal, n_q, n_k, s, 
         block_n=BLOCK,
     )
     j = np.arange(n_k)
+    assert plan.row_start.shape == plan.row_end.shape == (2, n_q, s)
     start = plan.row_start.numpy()[..., None]
-    width = plan.row_width.numpy()[..., None]
-    got = ((j >= start) & (j < start + width)).sum(axis=1)
+    end = plan.row_end.numpy()[..., None]
+    got = ((j >= start) & (j < end)).sum(axis=2)
     np.testing.assert_array_equal(got, counts(partition, qpos, kpos, causal=causal))
     assert tiling.sample_block(s) == (min(64, max(2, 1 << (s - 1).bit_length())), s > 64)
 
