@@ -584,6 +584,7 @@ def plsh_backward_triton(
     block_m = _block_m or tiles.block_m
     block_n = _block_n or tiles.block_n
     num_stages = _num_stages or tiles.num_stages
+    dq_stages = _num_stages or tiles.dq_num_stages or tiles.num_stages
     if plan is None:
         plan = make_plan(
             query_positions,
@@ -602,8 +603,8 @@ def plsh_backward_triton(
     grad_out = grad_out.to(query.dtype)
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
     (block_d, block_d1), (block_dv, block_dv1) = (
-        head_dim_split(head_dim, tiles.column_halves),
-        head_dim_split(head_dim_v, tiles.column_halves),
+        head_dim_split(head_dim, tiles.halves(forward=False)),
+        head_dim_split(head_dim_v, tiles.halves(forward=False)),
     )
     _delta_kernel[(n_q_tiles * batch * num_heads,)](
         out,
@@ -671,7 +672,7 @@ def plsh_backward_triton(
         scale * LOG2E,
         log2_s,
         num_warps=_num_warps or tiles.dq_num_warps,
-        **common,
+        **dict(common, NUM_STAGES=dq_stages, num_stages=dq_stages),
     )
     # The dK/dV kernel walks the query range in tiles of at most tiles.dkdv_block_m rows (its
     # two float32 accumulators and the key/value tiles stay in registers); query ranges

@@ -279,13 +279,19 @@ class TileConfig:
         Query and key tile of the forward and dQ kernels (and of the plan they share;
         ``block_n`` is also the key tile of the dK/dV kernel).
     num_warps, num_stages : int
-        Warps of the forward kernel; software-pipelining stages of every key/query loop.
+        Warps of the forward kernel; software-pipelining stages of every key/query loop
+        (of the dQ kernel's: ``dq_num_stages`` if set).
     dq_num_warps : int
         Warps of the dQ kernel.
     dkdv_block_m, dkdv_num_warps : int
         Query tile (a divisor of ``block_m``) and warps of the dK/dV kernel.
     column_halves : bool
         ``head_dim`` in two equal column chunks (:func:`head_dim_split`).
+    dq_num_stages : int or None
+        Stages of the dQ kernel's key loop (``None``: ``num_stages``).
+    fwd_column_halves : bool or None
+        The forward kernel's column chunks (``None``: ``column_halves``); see
+        :meth:`halves`.
     """
 
     block_m: int
@@ -296,6 +302,15 @@ class TileConfig:
     dkdv_block_m: int
     dkdv_num_warps: int
     column_halves: bool = False
+    dq_num_stages: int | None = None
+    fwd_column_halves: bool | None = None
+
+    def halves(self, forward: bool) -> bool:
+        """Whether the forward (``forward=True``) or the backward kernels take ``head_dim``
+        in two equal column chunks (:func:`head_dim_split`)."""
+        if forward and self.fwd_column_halves is not None:
+            return self.fwd_column_halves
+        return self.column_halves
 
 
 def tile_config(
@@ -307,20 +322,24 @@ def tile_config(
 ) -> TileConfig:
     """The shipped :class:`TileConfig` for a head size, dtype and GPU.
 
-    Chosen from the AOT compile table (``benchmarks/aot_report.py``,
-    ``benchmarks/results/aot_*.md``) so that no kernel spills registers at ``head_dim <=
-    128`` (float32, float16, bfloat16; sm_90 and sm_80; true of the kernels of ``534152b``
-    with Triton 3.9; since the counts-layout change ``c87fbb8`` three configurations spill
-    4-12 B with 3.9 and four dQ configurations 8-60 B with 3.6, ``benchmarks/README.md``;
-    the configurations of ``tests/test_aot_compile.py`` spill nothing), the key/query loops stay
-    software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90 (``mma.sync`` on
-    sm_80; the float32 dK/dV kernel uses ``mma.sync`` everywhere, its 16-key tiles being
-    narrower than a warpgroup MMA) and the shared memory fits; speed is a GPU measurement
-    (``benchmarks/gpu_check.py``). Small query tiles keep the planned key range ``BLOCK_M
-    + window`` tight (the PLSH window is short for small sigma). float32 (``tf32x3``: each
-    operand split in a TF32 high and low part, three MMAs per dot) takes narrow key tiles,
-    eight warps in the dQ kernel and ``head_dim`` in two column chunks; on sm_80 the half
-    types at ``head_dim <= 64`` take two column chunks too.
+    Chosen from the AOT compile tables (``benchmarks/aot_report.py --set full``,
+    ``benchmarks/results/aot_2026-12-01_session3*.md``, Triton 3.9 and 3.6) so that no
+    kernel spills registers at ``head_dim <= 128`` (float32, float16, bfloat16; sm_90 and
+    sm_80; one exception, the float32 dK/dV kernel at head_dim 96 on sm_90: 8 B), the
+    key/query loops stay software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90
+    (``mma.sync`` on sm_80; the float32 dK/dV kernel uses ``mma.sync`` everywhere, its
+    16-key tiles being narrower than a warpgroup MMA) and the shared memory fits; speed is
+    a GPU measurement (``benchmarks/gpu_check.py``). Small query tiles keep the planned key
+    range ``BLOCK_M + window`` tight (the PLSH window is short for small sigma). The dQ
+    kernel takes eight warps (four spilled 8-24 B at bf16/fp16 head_dim 96-128, with
+    Triton 3.6 and on sm_80 with 3.9), on sm_80 with two stages (three spilled 16 B at
+    head_dim 96 with 3.6). float32 (``tf32x3``: each operand split in a TF32 high and low
+    part, three MMAs per dot) takes narrow key tiles, eight warps in the dQ kernel (and in
+    the forward on sm_80 at head_dim 65..128: with four, ptxas stops at 168 registers and
+    spills 8 B with 3.6) and ``head_dim`` in two column chunks, except the sm_90 forward
+    at a head_dim that is not a power of two (96 = 64 + 32: the halves 64 + 64 spilled
+    24 B with 3.6); on sm_80 the half types at ``head_dim <= 128`` take two column chunks
+    too.
 
     Parameters
     ----------
@@ -341,13 +360,17 @@ def tile_config(
         capability = torch.cuda.get_device_capability(device)
     hopper = capability[0] >= 9
     if widest <= 128 and fp32:
-        if hopper or widest <= 64:
+        if hopper:
+            return TileConfig(
+                64, 16, 4, 2, 8, 16, 8, True, fwd_column_halves=pow2(widest) == widest
+            )
+        if widest <= 64:
             return TileConfig(64, 16, 4, 2, 8, 16, 8, True)
-        return TileConfig(16, 16, 4, 2, 8, 16, 8, True)  # sm_80, head_dim 65..128
+        return TileConfig(16, 16, 8, 2, 8, 16, 8, True)  # sm_80, head_dim 65..128
     if widest <= 128 and not hopper:  # mma.sync keeps the accumulators in registers
-        return TileConfig(64, 32, 4, 3, 4, 16, 4, True)
+        return TileConfig(64, 32, 4, 3, 8, 16, 4, True, dq_num_stages=2)
     if widest <= 128:
-        return TileConfig(64, 64, 4, 3, 4, 16, 4)
+        return TileConfig(64, 64, 4, 3, 8, 16, 4)
     if fp32:  # float32 tiles of width 256: stay inside shared memory
         return TileConfig(32, 32, 8, 2, 8, 16, 8)
     return TileConfig(64, 32, 8, 2, 8, 16, 8)
@@ -516,8 +539,8 @@ def plsh_forward_triton(
     interp = _interpreting()
     upcast = query.dtype == torch.bfloat16 and interp
     s_block, multi = sample_block(num_samples)
-    split_d = head_dim_split(head_dim, tiles.column_halves)
-    split_dv = head_dim_split(head_dim_v, tiles.column_halves)
+    split_d = head_dim_split(head_dim, tiles.halves(forward=True))
+    split_dv = head_dim_split(head_dim_v, tiles.halves(forward=True))
     grid = (n_q_tiles * batch * num_heads,)
     assert grid[0] < 2**31
     _fwd_kernel[grid](

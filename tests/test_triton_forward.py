@@ -454,16 +454,20 @@ def test_column_halves_split_head_dim_in_two_equal_chunks():
 def test_tile_configs_are_consistent(dtype, capability):
     """Every shipped GPU tile configuration: power-of-two tiles, a dK/dV query tile that
     divides the plan's, pipelined loops (>= 2 stages); float32 at head_dim <= 128 in two
-    column halves (the AOT table's spill-free configurations)."""
+    column halves, except the sm_90 forward at a head_dim that is not a power of two (the
+    AOT tables' spill-free configurations)."""
     for d in (16, 40, 64, 96, 128, 200, 256):
         cfg = triton_forward.tile_config(d, d, torch.device("cuda"), dtype, capability)
         for size in (cfg.block_m, cfg.block_n, cfg.dkdv_block_m):
             assert size >= 16 and size & (size - 1) == 0
         assert cfg.block_m % cfg.dkdv_block_m == 0 and cfg.num_stages >= 2
+        assert (cfg.dq_num_stages or cfg.num_stages) >= 2
         assert cfg.num_warps in (4, 8) and cfg.dq_num_warps in (4, 8)
         assert cfg.dkdv_num_warps in (4, 8)
         if dtype == torch.float32 or capability < (9, 0):
-            assert cfg.column_halves == (d <= 128)
+            assert cfg.column_halves == cfg.halves(forward=False) == (d <= 128)
+            odd_hopper_fp32 = dtype == torch.float32 and capability >= (9, 0) and d in (40, 96)
+            assert cfg.halves(forward=True) == (d <= 128 and not odd_hopper_fp32)
         assert triton_forward.default_blocks(d, d, torch.device("cuda"), dtype, capability) == (
             cfg.block_m,
             cfg.block_n,
