@@ -497,6 +497,7 @@ def plsh_backward_triton(
     _num_warps=None,
     _num_stages=None,
     _dkdv_block_m: int | None = None,
+    _dq_block_n: int | None = None,
     _classify: bool = True,
     _tiles=None,
 ):
@@ -547,6 +548,7 @@ def plsh_backward_triton(
         _num_warps=_num_warps,
         _num_stages=_num_stages,
         _dkdv_block_m=_dkdv_block_m,
+        _dq_block_n=_dq_block_n,
         _classify=_classify,
         _tiles=_tiles,
     )
@@ -584,7 +586,10 @@ def plsh_backward_triton(
     block_m = _block_m or tiles.block_m
     block_n = _block_n or tiles.block_n
     num_stages = _num_stages or tiles.num_stages
-    dq_stages = _num_stages or tiles.dq_num_stages or tiles.num_stages
+    # The dQ kernel may walk the key range in narrower tiles than the plan's (key ranges
+    # start at multiples of block_n, hence of any divisor of it).
+    dq_block_n = _dq_block_n or (block_n if _block_n else tiles.dq_block_n or block_n)
+    assert block_n % dq_block_n == 0
     if plan is None:
         plan = make_plan(
             query_positions,
@@ -672,7 +677,7 @@ def plsh_backward_triton(
         scale * LOG2E,
         log2_s,
         num_warps=_num_warps or tiles.dq_num_warps,
-        **dict(common, NUM_STAGES=dq_stages, num_stages=dq_stages),
+        **dict(common, BLOCK_N=dq_block_n),
     )
     # The dK/dV kernel walks the query range in tiles of at most tiles.dkdv_block_m rows (its
     # two float32 accumulators and the key/value tiles stay in registers); query ranges

@@ -279,19 +279,22 @@ class TileConfig:
         Query and key tile of the forward and dQ kernels (and of the plan they share;
         ``block_n`` is also the key tile of the dK/dV kernel).
     num_warps, num_stages : int
-        Warps of the forward kernel; software-pipelining stages of every key/query loop
-        (of the dQ kernel's: ``dq_num_stages`` if set).
+        Warps of the forward kernel; software-pipelining stages of every key/query loop.
     dq_num_warps : int
         Warps of the dQ kernel.
     dkdv_block_m, dkdv_num_warps : int
         Query tile (a divisor of ``block_m``) and warps of the dK/dV kernel.
     column_halves : bool
         ``head_dim`` in two equal column chunks (:func:`head_dim_split`).
-    dq_num_stages : int or None
-        Stages of the dQ kernel's key loop (``None``: ``num_stages``).
+    dq_block_n : int or None
+        Key tile of the dQ kernel (``None``: ``block_n``), a divisor of ``block_n`` (the
+        plan's key ranges start at multiples of ``block_n``, hence of any divisor of it).
     fwd_column_halves : bool or None
         The forward kernel's column chunks (``None``: ``column_halves``); see
         :meth:`halves`.
+    fwd_maxnreg : int or None
+        Registers per thread ptxas may use in the forward kernel (Triton's ``maxnreg``
+        launch option, PTX ``.maxnreg``; ``None``: ptxas's own choice).
     """
 
     block_m: int
@@ -302,8 +305,9 @@ class TileConfig:
     dkdv_block_m: int
     dkdv_num_warps: int
     column_halves: bool = False
-    dq_num_stages: int | None = None
+    dq_block_n: int | None = None
     fwd_column_halves: bool | None = None
+    fwd_maxnreg: int | None = None
 
     def halves(self, forward: bool) -> bool:
         """Whether the forward (``forward=True``) or the backward kernels take ``head_dim``
@@ -331,14 +335,18 @@ def tile_config(
     16-key tiles being narrower than a warpgroup MMA) and the shared memory fits; speed is
     a GPU measurement (``benchmarks/gpu_check.py``). Small query tiles keep the planned key
     range ``BLOCK_M + window`` tight (the PLSH window is short for small sigma). The dQ
-    kernel takes eight warps (four spilled 8-24 B at bf16/fp16 head_dim 96-128, with
-    Triton 3.6 and on sm_80 with 3.9), on sm_80 with two stages (three spilled 16 B at
-    head_dim 96 with 3.6). float32 (``tf32x3``: each operand split in a TF32 high and low
-    part, three MMAs per dot) takes narrow key tiles, eight warps in the dQ kernel (and in
-    the forward on sm_80 at head_dim 65..128: with four, ptxas stops at 168 registers and
-    spills 8 B with 3.6) and ``head_dim`` in two column chunks, except the sm_90 forward
-    at a head_dim that is not a power of two (96 = 64 + 32: the halves 64 + 64 spilled
-    24 B with 3.6); on sm_80 the half types at ``head_dim <= 128`` take two column chunks
+    kernel walks the key range in half-width tiles (32 keys on sm_90, 16 on sm_80; with the
+    plan's 64/32 it spilled 8-24 B at bf16/fp16 head_dim 96-128 with Triton 3.6, and on
+    sm_80 with 3.9). Eight warps would avoid these spills too, but with 64-row tiles the
+    second warpgroup (sm_90) or the second four warps (sm_80) only repeat the first's logits
+    and counts (``warpsPerCTA = [8, 1]``, the layout a dot feeding another dot takes), twice
+    the work. float32 (``tf32x3``: each operand split in a TF32 high and low part, three
+    MMAs per dot) takes narrow key tiles, eight warps in the dQ kernel and ``head_dim`` in
+    two column chunks, except the sm_90 forward at a head_dim that is not a power of two
+    (96 = 64 + 32: the halves 64 + 64 spilled 24 B with 3.6); the sm_80 float32 forward at
+    head_dim 65..128 (16 x 16 tiles) lets ptxas use 255 registers (``fwd_maxnreg``; left
+    to itself it stopped at 168 and spilled 8 B at head_dim 96 with 3.6, and with two warps
+    at 128 with 3.9). On sm_80 the half types at ``head_dim <= 128`` take two column chunks
     too.
 
     Parameters
@@ -366,11 +374,11 @@ def tile_config(
             )
         if widest <= 64:
             return TileConfig(64, 16, 4, 2, 8, 16, 8, True)
-        return TileConfig(16, 16, 8, 2, 8, 16, 8, True)  # sm_80, head_dim 65..128
+        return TileConfig(16, 16, 4, 2, 8, 16, 8, True, fwd_maxnreg=255)  # sm_80, d 65..128
     if widest <= 128 and not hopper:  # mma.sync keeps the accumulators in registers
-        return TileConfig(64, 32, 4, 3, 8, 16, 4, True, dq_num_stages=2)
+        return TileConfig(64, 32, 4, 3, 4, 16, 4, True, dq_block_n=16)
     if widest <= 128:
-        return TileConfig(64, 64, 4, 3, 8, 16, 4)
+        return TileConfig(64, 64, 4, 3, 4, 16, 4, dq_block_n=32)
     if fp32:  # float32 tiles of width 256: stay inside shared memory
         return TileConfig(32, 32, 8, 2, 8, 16, 8)
     return TileConfig(64, 32, 8, 2, 8, 16, 8)
@@ -585,5 +593,6 @@ def plsh_forward_triton(
         CAUSAL=bool(causal),
         num_warps=num_warps,
         num_stages=num_stages,
+        maxnreg=tiles.fwd_maxnreg,
     )
     return (out, lse, plan) if return_plan else (out, lse)

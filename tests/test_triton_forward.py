@@ -461,7 +461,7 @@ def test_tile_configs_are_consistent(dtype, capability):
         for size in (cfg.block_m, cfg.block_n, cfg.dkdv_block_m):
             assert size >= 16 and size & (size - 1) == 0
         assert cfg.block_m % cfg.dkdv_block_m == 0 and cfg.num_stages >= 2
-        assert (cfg.dq_num_stages or cfg.num_stages) >= 2
+        assert cfg.block_n % (cfg.dq_block_n or cfg.block_n) == 0
         assert cfg.num_warps in (4, 8) and cfg.dq_num_warps in (4, 8)
         assert cfg.dkdv_num_warps in (4, 8)
         if dtype == torch.float32 or capability < (9, 0):
