@@ -38,6 +38,7 @@ import datetime
 import io
 import json
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -52,6 +53,7 @@ __all__ = [
     "FULL_CONFIGS",
     "capture_launches",
     "compile_config",
+    "counts_per_sample",
     "markdown_table",
 ]
 
@@ -109,12 +111,14 @@ def _fwd_bwd(dtype, d, **kw):
 
 
 # Representative default set run by CI: the headline problem (bf16, d = 128, s = 16,
-# causal) on Hopper for every kernel, the forward on Ampere, float32 (tf32x3) at d = 128 on
+# causal) on Hopper for every kernel, its forward at s = 64 (the counts cost per sample),
+# the forward on Ampere, float32 (tf32x3) at d = 128 on
 # Hopper and d = 64 on Ampere for every kernel, and the float16 dQ kernel at d = 64 on
 # Ampere (the configurations that spilled before the float32/sm_80 tiles).
 CI_CONFIGS = (
     KernelConfig("_bins_kernel"),
     *_fwd_bwd("bfloat16", 128),
+    KernelConfig("_fwd_kernel", "bfloat16", 128, num_samples=64),  # with s = 16: counts cost
     KernelConfig("_fwd_kernel", arch=80),
     *_fwd_bwd("float32", 128),
     *[dataclasses.replace(c, arch=80) for c in _fwd_bwd("float32", 64)],
@@ -133,7 +137,6 @@ FULL_CONFIGS = (
     KernelConfig("_bwd_dkdv_kernel", "bfloat16", 128, group=4),
     KernelConfig("_fwd_kernel", "bfloat16", 128, head_dim_v=64),
     KernelConfig("_fwd_kernel", "bfloat16", 128, num_samples=1),
-    KernelConfig("_fwd_kernel", "bfloat16", 128, num_samples=64),
     *[
         dataclasses.replace(c, arch=80)
         for c in _fwd_bwd("bfloat16", 128)[1:]
@@ -395,11 +398,17 @@ def markdown_table(rows) -> str:
     return "\n".join(lines)
 
 
-def counts_cost(rows) -> str:
-    """SASS instructions per sample of the straight-line counts (forward, bf16, d = 128,
-    sm_90): the difference of two compiled sample blocks (s = 16 and s = 64) over 48, i.e.
-    the static instructions one more sample adds to each key-tile step. Empty if the rows
-    are not in the report."""
+#: SASS instructions per thread of one iteration of the old kernel's runtime counts loop
+#: (commit e0164a6, bf16 d = 128 forward for sm_90a, Triton 3.9 and 3.6 alike:
+#: ``results/counts_sass_2026-12-01.md``); issue 14 asks for at most a third of it.
+OLD_COUNTS_PER_SAMPLE = 212
+
+
+def counts_per_sample(rows) -> float | None:
+    """SASS instructions per mixed sample of the straight-line counts (forward, bf16, d =
+    128, causal, sm_90): the difference of two compiled sample blocks (s = 16 and s = 64)
+    over 48, i.e. the static instructions one more sample adds to the kernel (its block,
+    branch and share of the tile classification). None if the rows are not in the report."""
 
     def find(s):
         for r in rows:
@@ -414,13 +423,38 @@ def counts_cost(rows) -> str:
         return None
 
     lo, hi = find(16), find(64)
-    if lo is None or hi is None:
+    return None if lo is None or hi is None else (hi - lo) / 48
+
+
+def counts_cost(rows) -> str:
+    """The sentence of the report on :func:`counts_per_sample` (empty without the rows)."""
+    per = counts_per_sample(rows)
+    if per is None:
         return ""
     return (
-        f"Counts cost (forward, bf16, d = 128, sm_90): {(hi - lo) / 48:.1f} SASS instructions "
-        f"per mixed sample and key-tile step (s = 64: {hi}, s = 16: {lo} instructions); "
-        "samples covering or missing the whole tile pair skip them (a uniform branch each).\n\n"
+        f"Counts cost (forward, bf16, d = 128, causal, sm_90): {per:.1f} SASS instructions "
+        f"per mixed sample (static: (SASS(s = 64) - SASS(s = 16)) / 48), "
+        f"{per / OLD_COUNTS_PER_SAMPLE:.2f} times the old kernel's {OLD_COUNTS_PER_SAMPLE}; "
+        "samples constant over a tile pair skip their block (a uniform branch each).\n\n"
     )
+
+
+def _commit() -> str:
+    """Short commit of the tree the kernels come from, ``+dirty`` with uncommitted changes."""
+    git = ["git", "-C", ROOT]
+    try:
+        rev = subprocess.run(
+            git + ["rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            git + ["status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")
 
 
 def main(argv=None) -> int:
@@ -448,16 +482,19 @@ def main(argv=None) -> int:
     header = (
         f"# AOT compile report ({date})\n\n"
         f"Triton {triton.__version__}, torch {torch.__version__}, ptxas from the triton wheel; "
-        f"compiled on a CPU-only machine (no GPU), {len(rows)} configurations (`--set "
-        f"{args.set}`), compile times on a shared 2-core VM. Produced by "
-        "`benchmarks/aot_report.py`; columns in its module docstring.\n\n"
+        f"kernels of commit `{_commit()}`; compiled on a CPU-only machine (no GPU; "
+        f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform(terse=True)}), "
+        f"{len(rows)} configurations (`--set {args.set}`), compile times on a shared VM. "
+        "Produced by `benchmarks/aot_report.py`; columns in its module docstring.\n\n"
     )
     table = markdown_table(rows)
     print(table)
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write(header + counts_cost(rows) + table + "\n")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump(dict(date=date, triton=triton.__version__, rows=rows), f, indent=1)
+        json.dump(
+            dict(date=date, triton=triton.__version__, commit=_commit(), rows=rows), f, indent=1
+        )
     return 0 if all("error" not in r for r in rows) else 1
 
 

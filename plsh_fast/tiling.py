@@ -6,7 +6,7 @@ call by a small Triton kernel in binary64 (Triton's float64 ``/`` is LLVM ``fdiv
 which NVPTX lowers to the correctly rounded ``div.rn.f64``; the interpreter uses numpy's
 float64 division), so they are bit-identical to :func:`plsh_ref.partition.bins`
 (:func:`compute_bins` is the test entry point). From them the plan derives, on the device
-and without a host synchronisation, the **interval form** of the counts:
+and without a host synchronisation, the row ranges of the counts:
 
 * with key positions sorted (the kernels' entry points sort rows by position,
   :mod:`plsh_fast.ordering`), the keys that share query ``i``'s bin of sample ``t`` are one
@@ -15,16 +15,16 @@ and without a host synchronisation, the **interval form** of the counts:
   the query's bin (``torch.searchsorted`` on the exact integer bins, so the ranges are
   exact). Causal attention caps ``b_t(i)`` at the number of keys ``p_j <= p_i``. Hence
 
-  ``C_ij = sum_t [a_t(i) <= j < b_t(i)]``
+  ``C_ij = sum_t [a_t(i) <= j < b_t(i)] = sum_t ([j >= a_t(i)] - [j >= b_t(i)])``
 
-  (interval form: ``[L_t(i) <= p_j <= R_t(i)]`` with ``L_t, R_t`` the integer ends of the
-  bin, read on the sorted key index), which a kernel evaluates from two int32 per row and
-  sample (``row_start`` ``a_t(i)`` and ``row_width`` ``b_t(i) - a_t(i)``, both
-  ``(num_heads, num_samples, n_q)``) with one subtraction and one comparison per element
-  and sample, directly in the layout of the attention tile (:func:`tile_counts`), and only
-  for the samples whose bins split the tile pair: per (query tile, key tile) a sample is
-  *full* (every pair collides: count +1, no comparison), *disjoint* or *mixed*, decided
-  from the ranges of the tile's first and last rows;
+  (``[L_t(i) <= p_j <= R_t(i)]`` with ``L_t, R_t`` the integer ends of the bin, read on
+  the sorted key index), which a kernel evaluates from the int32 ``row_start`` ``a_t(i)``
+  and ``row_end`` ``b_t(i)``, both ``(num_heads, n_q, num_samples)`` (a row's samples
+  contiguous), as one-sided events (:func:`tile_counts`: 1.5 instructions per element and
+  mixed event, two columns per int32; causally only start events and one mask at the
+  causal end), directly in the layout of the attention tile, and only for the events that
+  split the tile pair: per (query tile, key tile) an event is constant (no per-element
+  work) or *mixed*, decided from the ranges of the tile's first and last rows;
 * per (head, query tile), the key range ``[start, end)`` the tile can reach: the hull of its
   rows' ranges, ``start`` rounded down to a multiple of ``BLOCK_N`` (causal tile skipping is
   part of it, since the ranges are capped); per (head, key tile), the query range used by
@@ -33,7 +33,8 @@ and without a host synchronisation, the **interval form** of the counts:
   with the largest sigma), so that the longest programs start first.
 
 Memory: ``num_heads * num_samples * (n_q + n_k)`` int64 bins (freed after planning) and
-``2 * num_heads * num_samples * n_q`` int32 ranges, kept for the backward pass.
+``2 * num_heads * num_samples * n_q`` int32 ranges, kept for the backward pass (its query
+ranges take a transposed copy of them while planned).
 
 Source: SPEC sections 2-3; ``proofs_notes`` on the fused counts pass (the window
 ``~ 2 sigma (ln s + 0.58)`` keys per query).
@@ -150,10 +151,10 @@ class TilePlan:
 
     Attributes
     ----------
-    row_start, row_end, row_width : torch.Tensor
-        int32 ``(num_heads, num_samples, n_q)``: keys ``[row_start, row_end)`` share query
-        ``i``'s bin of sample ``t`` (capped causally), so ``C_ij`` is the number of samples
-        with ``row_start <= j < row_end``; ``row_width = max(row_end - row_start, 0)``.
+    row_start, row_end : torch.Tensor
+        int32 ``(num_heads, n_q, num_samples)`` (a row's samples contiguous): keys
+        ``[row_start, row_end)`` share query ``i``'s bin of sample ``t`` (capped causally),
+        so ``C_ij`` is the number of samples with ``row_start <= j < row_end``.
     key_range : torch.Tensor
         int32 ``(num_heads, n_q_tiles, 2)``: ``[start, end)`` keys of each query tile,
         ``start`` a multiple of ``block_n`` (``start >= end`` means no key).
@@ -170,7 +171,6 @@ class TilePlan:
 
     row_start: torch.Tensor
     row_end: torch.Tensor
-    row_width: torch.Tensor
     key_range: torch.Tensor
     causal_end: torch.Tensor
     head_order: torch.Tensor
@@ -205,7 +205,7 @@ def make_plan(
     block_n: int,
     query_range: bool = False,
 ) -> TilePlan:
-    """Interval-form counts, tile extents and key (and query) ranges for the Triton kernels.
+    """Row ranges of the counts, tile extents and key (and query) ranges for the Triton kernels.
 
     No host synchronisation: every step is a device operation.
 
@@ -248,8 +248,8 @@ def make_plan(
         row_end = torch.minimum(row_end, causal_end[None, :])
     else:
         causal_end = torch.full((n_q,), n_k, dtype=torch.int32, device=dev)
-    row_start = row_start.reshape(num_heads, num_samples, n_q).contiguous()
-    row_end = row_end.reshape(num_heads, num_samples, n_q).contiguous()
+    row_start = row_start.reshape(num_heads, num_samples, n_q)
+    row_end = row_end.reshape(num_heads, num_samples, n_q)
     first = torch.arange(0, n_q, block_m, device=dev)
     last = torch.clamp(first + block_m, max=n_q) - 1
     ext = torch.stack(
@@ -262,9 +262,8 @@ def make_plan(
     width = (key_range[..., 1] - key_range[..., 0]).to(torch.int64).sum(dim=1)
     head_order = torch.sort(width, descending=True, stable=True).indices.to(torch.int32)
     plan = TilePlan(
-        row_start,
-        row_end,
-        torch.clamp(row_end - row_start, min=0),
+        row_start.transpose(1, 2).contiguous(),
+        row_end.transpose(1, 2).contiguous(),
         key_range,
         causal_end,
         head_order,
@@ -289,12 +288,12 @@ def plan_query_range(plan: TilePlan) -> TilePlan:
     """
     if plan.query_range is not None:
         return plan
-    num_heads, num_samples, n_q = plan.row_start.shape
+    num_heads, n_q, num_samples = plan.row_start.shape
     dev = plan.row_start.device
     n0 = torch.arange(0, plan.n_k, plan.block_n, device=dev, dtype=torch.int32)
     n_k_tiles = n0.shape[0]
-    rs = plan.row_start.reshape(num_heads * num_samples, n_q)
-    re = plan.row_end.reshape(num_heads * num_samples, n_q)
+    rs = plan.row_start.transpose(1, 2).reshape(num_heads * num_samples, n_q).contiguous()
+    re = plan.row_end.transpose(1, 2).reshape(num_heads * num_samples, n_q).contiguous()
     lo = torch.searchsorted(re, n0.expand(rs.shape[0], n_k_tiles).contiguous(), side="right")
     hi = torch.searchsorted(
         rs, (n0 + plan.block_n).expand(rs.shape[0], n_k_tiles).contiguous(), side="left"
@@ -315,14 +314,50 @@ def sample_block(num_samples: int) -> tuple[int, bool]:
 
 
 @triton.jit
+def _row_index(h, c0, n0, rows, n_q, num_samples):
+    """Index of sample ``c0`` of each row in the ``(num_heads, n_q, num_samples)`` ranges.
+
+    ``rows`` are clamped to ``n_q - 1`` (padded rows read the last row; callers mask them),
+    so the per-sample loads need no mask. ``n0 >> 31`` is 0 (``n0 >= 0``) but not provably
+    so: it keeps the per-sample loads inside the caller's key loop (L1 hits) instead of
+    hoisting ``S_BLOCK`` row vectors into registers for the whole loop (register spills).
+    """
+    rows = tl.minimum(rows, n_q - 1)
+    return (h.to(tl.int64) * n_q + rows) * num_samples + c0 + (n0 >> 31)
+
+
+@triton.jit
+def _lane_bits(flags, lane, S_BLOCK: tl.constexpr):
+    """The ``S_BLOCK`` booleans ``flags`` as one integer, bit ``t`` for lane ``t`` (int32
+    for ``S_BLOCK <= 32``, int64 above)."""
+    if S_BLOCK <= 32:
+        bit = tl.full([S_BLOCK], 1, tl.int32) << lane
+    else:
+        bit = tl.full([S_BLOCK], 1, tl.int64) << lane.to(tl.int64)
+    return tl.reduce(tl.where(flags, bit, 0), 0, sum_combine)
+
+
+@triton.jit
+def _zero_tile(like, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """int32 zeros of the counts tile, in ``like``'s layout when given (see tile_counts)."""
+    if like is not None:
+        zero = ((like.to(tl.uint32, bitcast=True) >> 16) >> 16).to(tl.int32, bitcast=True)
+    elif TRANSPOSED:
+        zero = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)
+    else:
+        zero = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+    return zero
+
+
+@triton.jit
 def tile_counts(
     RowStart,
-    RowWidth,
+    RowEnd,
+    CausalEnd,
     h,
     c0,
     n0,
     offs_m,
-    m_valid,
     m_first,
     m_last,
     n_q,
@@ -333,229 +368,102 @@ def tile_counts(
     TRANSPOSED: tl.constexpr = False,
     CLASSIFY: tl.constexpr = True,
     like=None,
-    EVENTS: tl.constexpr = False,
     CAUSAL: tl.constexpr = False,
 ):
-    """Counts ``C_ij = sum_t [a_t(i) <= j < a_t(i) + w_t(i)]`` of samples ``c0 ..
-    c0 + S_BLOCK - 1`` for one (query tile, key tile ``[n0, n0 + BLOCK_N)``) pair, int32
-    ``(BLOCK_M, BLOCK_N)`` (``TRANSPOSED``: ``(BLOCK_N, BLOCK_M)``, keys along the rows, for
-    the key/value-gradient kernel).
+    """Counts ``C_ij = sum_t [a_t(i) <= j < b_t(i)]`` of samples ``c0 .. c0 + S_BLOCK - 1``
+    for one (query tile, key tile ``[n0, n0 + BLOCK_N)``) pair, int32 ``(BLOCK_M,
+    BLOCK_N)`` (``TRANSPOSED``: ``(BLOCK_N, BLOCK_M)``, keys along the rows, for the
+    key/value-gradient kernel), as sums of one-sided **events**.
 
-    Two exact forms of the same integers: the interval form (default; one unsigned
-    comparison per element and mixed sample, :func:`_interval_counts`) and the event form
-    (``EVENTS=True``, :func:`_event_counts`, about a third of the interval form's SASS
-    instructions per mixed sample; ``CAUSAL`` must then say whether the plan was capped
-    causally). The kernels use the interval form; the event form is opt-in, for the forward
-    only (``plsh_forward_triton(..., _events=True)``), because with it some shipped
-    configurations spill registers (forward bf16 at head_dim 96 and at s = 64, float32 at
-    head_dim 96; the dQ kernel at bf16/float32 head_dim 128; Triton 3.9 and 3.6:
-    ``benchmarks/results/counts_sass_2026-12-01.md``).
+    ``RowStart``, ``RowEnd``: the plan's ``row_start`` ``a_t(i)`` and ``row_end``
+    ``b_t(i)``, int32 ``(num_heads, n_q, num_samples)`` (a row's samples are contiguous,
+    so sample ``t`` is an immediate offset from the row's address: one ``LDG`` per row and
+    mixed sample, no address arithmetic); ``CausalEnd``: the plan's ``causal_end``
+    ``(n_q,)``; ``CAUSAL``: the plan was capped causally. ``offs_m``: the tile's rows
+    (int64; rows past ``n_q`` read row ``n_q - 1``, so the loads need no mask; they get
+    some count in ``[0, s]``, callers mask them); ``m_first``, ``m_last``: its first and
+    last valid rows. Samples past ``num_samples`` count nothing.
 
-    ``CLASSIFY``: per tile pair, samples (or events) that are constant over the pair (from
-    the ranges of the tile's first and last valid rows ``m_first``, ``m_last``; ranges are
-    non-decreasing in the row) cost one integer, only the others ("mixed") are evaluated
-    per element; ``CLASSIFY=False`` evaluates all of them (exactness test). The sample loop
-    is static (unrolled, one uniform branch per mixed sample, no data-dependent loop), so
-    the caller's key loop stays software-pipelined. ``like``: a tensor of the counts tile's
-    shape in the layout the caller uses the counts in (its logits tile, the MMA layout); the
-    counts start from ``(like >> 16) >> 16``, a zero that LLVM folds away but Triton's
-    layout passes do not, so the counts are built in that layout (without it Triton 3.6
-    builds them in a blocked layout with 32 rows per thread, loads the two row ends once per
-    element and converts the tile through shared memory every step). Rows with ``m_valid``
-    false get some count in ``[0, s]`` (callers mask them); samples past ``num_samples``
-    count nothing.
-    """
-    if EVENTS:
-        counts = _event_counts(
-            RowStart, RowWidth, h, c0, n0, offs_m, m_valid, m_first, m_last, n_q,
-            num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, CAUSAL,
-        )  # fmt: skip
-    else:
-        counts = _interval_counts(
-            RowStart, RowWidth, h, c0, n0, offs_m, m_valid, m_first, m_last, n_q,
-            num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like,
-        )  # fmt: skip
-    return counts
-
-
-@triton.jit
-def _interval_counts(
-    RowStart,
-    RowWidth,
-    h,
-    c0,
-    n0,
-    offs_m,
-    m_valid,
-    m_first,
-    m_last,
-    n_q,
-    num_samples,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    S_BLOCK: tl.constexpr,
-    TRANSPOSED: tl.constexpr,
-    CLASSIFY: tl.constexpr,
-    like,
-):
-    """The counts of :func:`tile_counts` in interval form (``EVENTS=False``).
-
-    Per mixed sample: two int32 loads per row and, per element, one subtraction and one
-    unsigned comparison (``(j - a) mod 2**32 < w`` is ``a <= j < a + w`` for ``0 <= w <
-    2**31``).
-    """
-    cols = n0 + tl.arange(0, BLOCK_N)  # int32 key indices
-    n_q64 = n_q.to(tl.int64)
-    # ``n0 >> 31`` is 0 (n0 >= 0) but not provably so: it keeps the row loads inside the
-    # caller's key loop (L1 hits) instead of hoisting 2 * S_BLOCK row vectors, broadcast
-    # to tiles, into registers for the whole loop (register spills).
-    row = (h.to(tl.int64) * num_samples + c0) * n_q64 + offs_m + (n0 >> 31)
-    if CLASSIFY:
-        # Ranges are non-decreasing in the row: the tile's first and last valid rows decide
-        # which samples cover the whole tile pair (full), miss it (disjoint) or split it.
-        lane = tl.arange(0, S_BLOCK)
-        lane_valid = (c0 + lane) < num_samples
-        srow = (h.to(tl.int64) * num_samples + c0 + lane) * n_q64
-        a_first = tl.load(RowStart + srow + m_first, mask=lane_valid, other=2**30)
-        b_first = a_first + tl.load(RowWidth + srow + m_first, mask=lane_valid, other=0)
-        a_last = tl.load(RowStart + srow + m_last, mask=lane_valid, other=2**30)
-        b_last = a_last + tl.load(RowWidth + srow + m_last, mask=lane_valid, other=0)
-        full = (a_last <= n0) & (b_first >= n0 + BLOCK_N)
-        touch = (b_last > n0) & (a_first < n0 + BLOCK_N)
-        mixed = touch & (~full)
-        n_full = tl.reduce(full.to(tl.int32), 0, sum_combine)
-        bits = tl.reduce(
-            tl.where(mixed, tl.full([S_BLOCK], 1, tl.int64) << lane.to(tl.int64), 0),
-            0,
-            sum_combine,
-        )
-    else:
-        n_full = 0
-    if like is not None:
-        zero = (like.to(tl.uint32, bitcast=True) >> 16) >> 16
-        counts = zero.to(tl.int32, bitcast=True) + n_full
-    elif TRANSPOSED:
-        counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32) + n_full
-    else:
-        counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32) + n_full
-    for t in tl.static_range(S_BLOCK):
-        if CLASSIFY:
-            on = ((bits >> t) & 1) != 0
-        else:
-            on = True
-        if on:
-            valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
-            a = tl.load(RowStart + row + t * n_q64, mask=valid, other=0)
-            w = tl.load(RowWidth + row + t * n_q64, mask=valid, other=0)
-            if TRANSPOSED:
-                d = (cols[:, None] - a[None, :]).to(tl.uint32, bitcast=True)
-                counts += (d < w.to(tl.uint32, bitcast=True)[None, :]).to(tl.int32)
-            else:
-                d = (cols[None, :] - a[:, None]).to(tl.uint32, bitcast=True)
-                counts += (d < w.to(tl.uint32, bitcast=True)[:, None]).to(tl.int32)
-    return counts
-
-
-@triton.jit
-def _event_counts(
-    RowStart,
-    RowWidth,
-    h,
-    c0,
-    n0,
-    offs_m,
-    m_valid,
-    m_first,
-    m_last,
-    n_q,
-    num_samples,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    S_BLOCK: tl.constexpr,
-    TRANSPOSED: tl.constexpr,
-    CLASSIFY: tl.constexpr,
-    like,
-    CAUSAL: tl.constexpr,
-):
-    """The counts of :func:`tile_counts` as one-sided events (``EVENTS=True``).
-
-    ``[a <= j < b] = [j >= a] - [j >= b]`` with ``b = a + w`` (``w >= 0``). An event is
-    decided for the whole tile pair from the ends of the tile's first and last valid rows
-    (``[j >= a]`` is 1 everywhere if ``a(m_last) <= n0`` and 0 everywhere if ``a(m_first)
-    >= n0 + BLOCK_N``; the constant ones are one integer added to the tile) and evaluated
-    per element only otherwise ("mixed"; ``CLASSIFY=False``: every event). ``CAUSAL``
-    (ranges capped causally): every sample ends at the row's causal end ``b_0(i) = #{j :
-    p_j <= p_i}`` (bins are non-decreasing in the position, so the uncapped end is never
-    smaller), hence ``C_ij = [j < b_0(i)] sum_t [j >= a_t(i)]``: no end events, one mask
-    where the causal end splits the tile pair.
+    ``[a <= j < b] = [j >= a] - [j >= b]`` (without causal capping ``b >= a``). An event
+    is decided for the whole tile pair from the ends of the tile's first and last valid
+    rows (ranges are non-decreasing in the row: ``[j >= a]`` is 1 everywhere if
+    ``a(m_last) <= n0`` and 0 everywhere if ``a(m_first) >= n0 + BLOCK_N``); the constant
+    ones are one integer added to the tile, only the others ("mixed") are evaluated per
+    element (``CLASSIFY=False``: every event; exactness test). ``CAUSAL``: every sample
+    ends at the row's causal end ``b_0(i) = #{j : p_j <= p_i}`` (bins are non-decreasing
+    in the position, so the uncapped end is never smaller), hence ``C_ij = [j < b_0(i)]
+    sum_t [j >= a_t(i)]``: no end events, and one mask, decided by two scalar loads, where
+    the causal end splits the tile pair. The sample loop is static (unrolled, one uniform
+    branch per mixed event on an int32 bit mask, int64 for ``S_BLOCK = 64``; no
+    data-dependent loop), so the caller's key loop stays software-pipelined.
 
     Per mixed event the tile ``(BLOCK_M, BLOCK_N)`` packs two adjacent columns into one
     int32 (16-bit lanes): ``lane = BLOCK_N + c - a'`` with ``a' = clamp(a - n0, 0,
     BLOCK_N)`` and ``c`` the column in the tile lies in ``[0, 2 BLOCK_N)``, so its bit of
     value ``BLOCK_N`` is ``[c >= a']`` and no lane borrows from the other: one subtraction,
-    one mask and one add per column pair (an end event: ``lane = BLOCK_N - 1 + b' - c``,
-    bit ``[c < b']``, its ``-1`` in the constant). A lane accumulates at most ``2 S_BLOCK
-    BLOCK_N < 2**16``; the constant is added modulo ``2**32`` (the final lanes are the
-    counts times ``BLOCK_N``, in ``[0, 2**16)``). The transposed tile uses sign bits,
-    ``[j >= a] = ((a - 1 - j) mod 2**32) >> 31`` (exact: indices are below ``2**31``), one
-    subtraction and one shift-add per element. The loads' mask keeps the redundant sample
-    bound ``c0 + t < num_samples`` (without it the float32 forward at head_dim 128 spills
-    under Triton 3.9: found by compiling, the cause is not established).
+    one mask and one add per column pair, 1.5 instructions per element (an end event:
+    ``lane = BLOCK_N - 1 + b' - c``, bit ``[c < b']``, its ``-1`` in the constant). A lane
+    accumulates at most ``2 S_BLOCK BLOCK_N < 2**16``; the constant is added modulo
+    ``2**32`` (the final lanes are the counts times ``BLOCK_N``, in ``[0, 2**16)``). The
+    transposed tile uses sign bits, ``[j >= a] = ((a - 1 - j) mod 2**32) >> 31`` (exact:
+    indices are below ``2**31``), one subtraction and one shift-add per element.
+
+    ``like``: a tensor of the counts tile's shape in the layout the caller uses the counts
+    in (its logits tile, the MMA layout); the counts start from ``(like >> 16) >> 16``, a
+    zero that LLVM folds away but Triton's layout passes do not, so the counts are built in
+    that layout (without it Triton 3.6 builds them in a blocked layout with 32 rows per
+    thread and converts the tile through shared memory every step).
+
+    Cost (SASS, ``benchmarks/results/counts_sass_2026-12-01.md``): a mixed event is a
+    58-instruction block plus a bit test and a branch in the forward and dQ kernels
+    (64 x 64 tiles, 4 warps).
     """
     cols = n0 + tl.arange(0, BLOCK_N)  # int32 key indices
-    n_q64 = n_q.to(tl.int64)
     hi = n0 + BLOCK_N
-    # ``n0 >> 31`` is 0 (n0 >= 0) but not provably so: it keeps the row loads inside the
-    # caller's key loop (L1 hits) instead of hoisting 2 * S_BLOCK row vectors, broadcast
-    # to tiles, into registers for the whole loop (register spills).
-    row = (h.to(tl.int64) * num_samples + c0) * n_q64 + offs_m + (n0 >> 31)
+    row = _row_index(h, c0, n0, offs_m, n_q, num_samples)
     lane = tl.arange(0, S_BLOCK)
     lane_valid = (c0 + lane) < num_samples
-    srow = (h.to(tl.int64) * num_samples + c0 + lane) * n_q64
-    a_first = tl.load(RowStart + srow + m_first, mask=lane_valid, other=2**30)
-    b_first = a_first + tl.load(RowWidth + srow + m_first, mask=lane_valid, other=0)
-    a_last = tl.load(RowStart + srow + m_last, mask=lane_valid, other=2**30)
-    b_last = a_last + tl.load(RowWidth + srow + m_last, mask=lane_valid, other=0)
+    hrow = h.to(tl.int64) * n_q
+    first = (hrow + m_first) * num_samples + c0 + lane
+    last = (hrow + m_last) * num_samples + c0 + lane
+    a_first = tl.load(RowStart + first, mask=lane_valid, other=2**30)
+    a_last = tl.load(RowStart + last, mask=lane_valid, other=2**30)
     if CLASSIFY:
         a_full = a_last <= n0
         a_mixed = (a_last > n0) & (a_first < hi)
-        b_full = b_last <= n0
-        b_mixed = (b_last > n0) & (b_first < hi)
     else:
         a_full = lane < 0
         a_mixed = lane_valid
-        b_full = lane < 0
-        b_mixed = lane_valid
-    bit = tl.full([S_BLOCK], 1, tl.int64) << lane.to(tl.int64)
-    a_bits = tl.reduce(tl.where(a_mixed, bit, 0), 0, sum_combine)
+    a_bits = _lane_bits(a_mixed, lane, S_BLOCK)
     n_const = tl.reduce(a_full.to(tl.int32), 0, sum_combine)
     if CAUSAL:
-        ce_first = tl.reduce(tl.where(lane == 0, b_first, 0), 0, sum_combine)
-        ce_last = tl.reduce(tl.where(lane == 0, b_last, 0), 0, sum_combine)
+        ce_first = tl.load(CausalEnd + m_first)
+        ce_last = tl.load(CausalEnd + m_last)
         b_bits = 0
         dead = ce_last <= n0  # every key of the tile is past every row's causal end
         a_bits = tl.where(dead, 0, a_bits)
         n_const = tl.where(dead, 0, n_const)
     else:
-        b_bits = tl.reduce(tl.where(b_mixed, bit, 0), 0, sum_combine)
+        b_first = tl.load(RowEnd + first, mask=lane_valid, other=2**30)
+        b_last = tl.load(RowEnd + last, mask=lane_valid, other=2**30)
+        if CLASSIFY:
+            b_full = b_last <= n0
+            b_mixed = (b_last > n0) & (b_first < hi)
+        else:
+            b_full = lane < 0
+            b_mixed = lane_valid
+        b_bits = _lane_bits(b_mixed, lane, S_BLOCK)
         n_const -= tl.reduce((b_full | b_mixed).to(tl.int32), 0, sum_combine)
     if TRANSPOSED:
-        if like is not None:
-            zero = (like.to(tl.uint32, bitcast=True) >> 16) >> 16
-            counts = zero.to(tl.int32, bitcast=True) + n_const
-        else:
-            counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32) + n_const
+        counts = _zero_tile(like, BLOCK_M, BLOCK_N, TRANSPOSED) + n_const
         for t in tl.static_range(S_BLOCK):
             if ((a_bits >> t) & 1) != 0:  # [j >= a]
-                valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
-                a1 = tl.load(RowStart + row + t * n_q64, mask=valid, other=0) - 1
+                a1 = tl.load(RowStart + row + t) - 1
                 d = (a1[None, :] - cols[:, None]).to(tl.uint32, bitcast=True)
                 counts += (d >> 31).to(tl.int32, bitcast=True)
             if not CAUSAL:
                 if ((b_bits >> t) & 1) != 0:  # -[j >= b] (its -1 is in n_const)
-                    valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
-                    b = tl.load(RowStart + row + t * n_q64, mask=valid, other=0)
-                    b += tl.load(RowWidth + row + t * n_q64, mask=valid, other=0)
+                    b = tl.load(RowEnd + row + t)
                     d = (cols[:, None] - b[None, :]).to(tl.uint32, bitcast=True)
                     counts += (d >> 31).to(tl.int32, bitcast=True)
     else:
@@ -576,15 +484,12 @@ def _event_counts(
         x_b = (k2 | ((k2 + 1) << 16)).to(tl.uint32, bitcast=True)
         for t in tl.static_range(S_BLOCK):
             if ((a_bits >> t) & 1) != 0:  # [j >= a]
-                valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
-                a = tl.load(RowStart + row + t * n_q64, mask=valid, other=0) - n0
+                a = tl.load(RowStart + row + t) - n0
                 y = (tl.minimum(tl.maximum(a, 0), BLOCK_N) * 65537).to(tl.uint32, bitcast=True)
                 w2 += (x_a[None, :] - y[:, None]) & ONE2
             if not CAUSAL:
                 if ((b_bits >> t) & 1) != 0:  # -[j >= b] (its -1 is in n_const)
-                    valid = m_valid & (tl.full([BLOCK_M], c0 + t, tl.int32) < num_samples)
-                    b = tl.load(RowStart + row + t * n_q64, mask=valid, other=0) - n0
-                    b += tl.load(RowWidth + row + t * n_q64, mask=valid, other=0)
+                    b = tl.load(RowEnd + row + t) - n0
                     y = ((tl.minimum(tl.maximum(b, 0), BLOCK_N) + BLOCK_N - 1) * 65537).to(
                         tl.uint32, bitcast=True
                     )
@@ -594,8 +499,7 @@ def _event_counts(
         counts = tl.join(lo, hi2).reshape(BLOCK_M, BLOCK_N)
     if CAUSAL:
         if ce_first < hi:  # the causal end splits the tile pair
-            ce = tl.load(RowStart + row, mask=m_valid, other=0)
-            ce += tl.load(RowWidth + row, mask=m_valid, other=0)
+            ce = tl.load(CausalEnd + tl.minimum(offs_m, n_q - 1) + (n0 >> 31))
             if TRANSPOSED:
                 counts = tl.where(cols[:, None] < ce[None, :], counts, 0)
             else:
@@ -605,31 +509,24 @@ def _event_counts(
 
 @triton.jit
 def tile_counts_all(
-    RowStart, RowWidth, h, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
+    RowStart, RowEnd, CausalEnd, h, n0, offs_m, m_first, m_last, n_q, num_samples,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
     MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr, like=None,
-    EVENTS: tl.constexpr = False, CAUSAL: tl.constexpr = False,
+    CAUSAL: tl.constexpr = False,
 ):  # fmt: skip
     """:func:`tile_counts` over all ``num_samples`` samples: one unrolled pass of
     ``S_BLOCK`` samples, or (``MULTI_CHUNK``, ``s > MAX_SAMPLE_BLOCK``) a loop of passes
     (then the caller's key loop is not software-pipelined)."""
     if MULTI_CHUNK:
-        if like is not None:
-            zero = (like.to(tl.uint32, bitcast=True) >> 16) >> 16
-            counts = zero.to(tl.int32, bitcast=True)
-        elif TRANSPOSED:
-            counts = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.int32)
-        else:
-            counts = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.int32)
+        counts = _zero_tile(like, BLOCK_M, BLOCK_N, TRANSPOSED)
         for c0 in range(0, num_samples, S_BLOCK):
             counts += tile_counts(
-                RowStart, RowWidth, h, c0, n0, offs_m, m_valid, m_first, m_last, n_q,
-                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, EVENTS,
-                CAUSAL,
+                RowStart, RowEnd, CausalEnd, h, c0, n0, offs_m, m_first, m_last, n_q,
+                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, CAUSAL,
             )  # fmt: skip
     else:
         counts = tile_counts(
-            RowStart, RowWidth, h, 0, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
-            BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, EVENTS, CAUSAL,
+            RowStart, RowEnd, CausalEnd, h, 0, n0, offs_m, m_first, m_last, n_q, num_samples,
+            BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, CAUSAL,
         )  # fmt: skip
     return counts

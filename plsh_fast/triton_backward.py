@@ -116,7 +116,8 @@ def _bwd_dq_kernel(
     Delta,
     DQ,
     RowStart,
-    RowWidth,
+    RowEnd,
+    CausalEnd,
     KeyRange,
     HeadOrder,
     sqb,
@@ -164,6 +165,7 @@ def _bwd_dq_kernel(
     VARIANT: tl.constexpr,
     CLASSIFY: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     m_tile = n_q_tiles - 1 - pid % n_q_tiles
@@ -232,8 +234,9 @@ def _bwd_dq_kernel(
             k1 = _tile(K + b * skb + hk * skh, offs_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST)
             logits = tl.dot(q1, tl.trans(k1), logits, input_precision=DOT_PREC)
         counts = tile_counts_all(
-            RowStart, RowWidth, h, start_n, offs_m, m_valid, m_first, m_last, n_q,
+            RowStart, RowEnd, CausalEnd, h, start_n, offs_m, m_first, m_last, n_q,
             num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY, logits,
+            CAUSAL,
         )  # fmt: skip
         p = _probabilities(logits, counts, live, lse2, scale_log2, VARIANT)
         dp = tl.dot(do, v_t, input_precision=DOT_PREC)
@@ -271,7 +274,8 @@ def _bwd_dkdv_kernel(
     DK,
     DV_,
     RowStart,
-    RowWidth,
+    RowEnd,
+    CausalEnd,
     QueryRange,
     sqb,
     sqh,
@@ -324,6 +328,7 @@ def _bwd_dkdv_kernel(
     VARIANT: tl.constexpr,
     CLASSIFY: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_tile = pid % n_k_tiles  # first key tiles first: causally they have the most queries
@@ -417,9 +422,9 @@ def _bwd_dkdv_kernel(
                 q1 = _tile(q_base, offs_m, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
                 logits_t = tl.dot(k1, tl.trans(q1), logits_t, input_precision=DOT_PREC)
             counts_t = tile_counts_all(
-                RowStart, RowWidth, h, n0, offs_m, m_valid, start_m,
+                RowStart, RowEnd, CausalEnd, h, n0, offs_m, start_m,
                 tl.minimum(start_m + BLOCK_M, n_q) - 1, n_q, num_samples,
-                BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, True, CLASSIFY, logits_t,
+                BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, True, CLASSIFY, logits_t, CAUSAL,
             )  # fmt: skip
             if BLOCK_DV1 > 0:
                 do1 = _tile(do_base, offs_m, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
@@ -492,6 +497,7 @@ def plsh_backward_triton(
     _num_warps=None,
     _num_stages=None,
     _dkdv_block_m: int | None = None,
+    _dq_block_n: int | None = None,
     _classify: bool = True,
     _tiles=None,
 ):
@@ -542,6 +548,7 @@ def plsh_backward_triton(
         _num_warps=_num_warps,
         _num_stages=_num_stages,
         _dkdv_block_m=_dkdv_block_m,
+        _dq_block_n=_dq_block_n,
         _classify=_classify,
         _tiles=_tiles,
     )
@@ -579,6 +586,10 @@ def plsh_backward_triton(
     block_m = _block_m or tiles.block_m
     block_n = _block_n or tiles.block_n
     num_stages = _num_stages or tiles.num_stages
+    # The dQ kernel may walk the key range in narrower tiles than the plan's (key ranges
+    # start at multiples of block_n, hence of any divisor of it).
+    dq_block_n = _dq_block_n or (block_n if _block_n else tiles.dq_block_n or block_n)
+    assert block_n % dq_block_n == 0
     if plan is None:
         plan = make_plan(
             query_positions,
@@ -597,8 +608,8 @@ def plsh_backward_triton(
     grad_out = grad_out.to(query.dtype)
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
     (block_d, block_d1), (block_dv, block_dv1) = (
-        head_dim_split(head_dim, tiles.column_halves),
-        head_dim_split(head_dim_v, tiles.column_halves),
+        head_dim_split(head_dim, tiles.halves(forward=False)),
+        head_dim_split(head_dim_v, tiles.halves(forward=False)),
     )
     _delta_kernel[(n_q_tiles * batch * num_heads,)](
         out,
@@ -632,6 +643,7 @@ def plsh_backward_triton(
         VARIANT=int(_variant),
         CLASSIFY=bool(_classify),
         NUM_STAGES=num_stages,
+        CAUSAL=bool(causal),
         num_stages=num_stages,
     )
     scale = float(scale)
@@ -645,7 +657,8 @@ def plsh_backward_triton(
         delta,
         dq,
         plan.row_start,
-        plan.row_width,
+        plan.row_end,
+        plan.causal_end,
         plan.key_range,
         plan.head_order,
         *query.stride(),
@@ -664,7 +677,7 @@ def plsh_backward_triton(
         scale * LOG2E,
         log2_s,
         num_warps=_num_warps or tiles.dq_num_warps,
-        **common,
+        **dict(common, BLOCK_N=dq_block_n),
     )
     # The dK/dV kernel walks the query range in tiles of at most tiles.dkdv_block_m rows (its
     # two float32 accumulators and the key/value tiles stay in registers); query ranges
@@ -681,7 +694,8 @@ def plsh_backward_triton(
         dk,
         dv,
         plan.row_start,
-        plan.row_width,
+        plan.row_end,
+        plan.causal_end,
         plan.query_range,
         *query.stride(),
         *key.stride(),

@@ -11,10 +11,11 @@ sorted positions), with an online softmax in which key ``j`` is weighted by ``C_
 ``lse_i = m_i + log(sum_j C_ij exp(c q_i.k_j - m_i)) - log(s)``,
 
 with ``m_i`` the running maximum of the logits over admissible keys (``C_ij > 0``; the
-causal mask is part of the counts' interval form). Since ``C_ij <= s`` the weights never
+causal mask is part of the counts' row ranges). Since ``C_ij <= s`` the weights never
 overflow, and no logarithm of a count is taken. The counts of a tile pair come from
-:func:`plsh_fast.tiling.tile_counts` (interval form: two int32 comparisons per element and
-mixed sample, none for samples that cover or miss the whole tile pair). The key loop is a
+:func:`plsh_fast.tiling.tile_counts` (one-sided events: 1.5 integer instructions per
+element and mixed sample, none for samples whose start is before or after the whole tile
+pair). The key loop is a
 software-pipelined ``tl.range`` (key/value tiles loaded ``num_stages - 1`` steps ahead,
 ``cp.async``/TMA on sm_80+/sm_90; ``benchmarks/aot_report.py`` checks it). Programs take
 the heads with the most planned work first and, within a head, the last query tiles first.
@@ -57,7 +58,7 @@ def _fwd_kernel(
     Out,
     Lse,
     RowStart,
-    RowWidth,
+    RowEnd,
     KeyRange,
     CausalEnd,
     HeadOrder,
@@ -101,8 +102,7 @@ def _fwd_kernel(
     VARIANT: tl.constexpr,
     CLASSIFY: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    EVENTS: tl.constexpr = False,
-    CAUSAL: tl.constexpr = False,
+    CAUSAL: tl.constexpr,
 ):
     # Head dimensions that are not powers of two are split in two power-of-two column
     # chunks (80 = 64 + 16, 96 = 64 + 32; head_dim_split): BLOCK_D (+ BLOCK_D1 if > 0).
@@ -198,9 +198,9 @@ def _fwd_kernel(
             logits = tl.dot(q1, k1, logits, input_precision=DOT_PREC)
         if VARIANT != 3:  # counts built in the logits' (MMA) layout
             counts = tile_counts_all(
-                RowStart, RowWidth, h, start_n, offs_m, m_valid, m_first, m_last, n_q,
+                RowStart, RowEnd, CausalEnd, h, start_n, offs_m, m_first, m_last, n_q,
                 num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY,
-                logits, EVENTS, CAUSAL,
+                logits, CAUSAL,
             )  # fmt: skip
             weight = counts.to(tl.float32)
             admissible = weight > 0.0
@@ -286,6 +286,15 @@ class TileConfig:
         Query tile (a divisor of ``block_m``) and warps of the dK/dV kernel.
     column_halves : bool
         ``head_dim`` in two equal column chunks (:func:`head_dim_split`).
+    dq_block_n : int or None
+        Key tile of the dQ kernel (``None``: ``block_n``), a divisor of ``block_n`` (the
+        plan's key ranges start at multiples of ``block_n``, hence of any divisor of it).
+    fwd_column_halves : bool or None
+        The forward kernel's column chunks (``None``: ``column_halves``); see
+        :meth:`halves`.
+    fwd_maxnreg : int or None
+        Registers per thread ptxas may use in the forward kernel (Triton's ``maxnreg``
+        launch option, PTX ``.maxnreg``; ``None``: ptxas's own choice).
     """
 
     block_m: int
@@ -296,6 +305,16 @@ class TileConfig:
     dkdv_block_m: int
     dkdv_num_warps: int
     column_halves: bool = False
+    dq_block_n: int | None = None
+    fwd_column_halves: bool | None = None
+    fwd_maxnreg: int | None = None
+
+    def halves(self, forward: bool) -> bool:
+        """Whether the forward (``forward=True``) or the backward kernels take ``head_dim``
+        in two equal column chunks (:func:`head_dim_split`)."""
+        if forward and self.fwd_column_halves is not None:
+            return self.fwd_column_halves
+        return self.column_halves
 
 
 def tile_config(
@@ -307,20 +326,28 @@ def tile_config(
 ) -> TileConfig:
     """The shipped :class:`TileConfig` for a head size, dtype and GPU.
 
-    Chosen from the AOT compile table (``benchmarks/aot_report.py``,
-    ``benchmarks/results/aot_*.md``) so that no kernel spills registers at ``head_dim <=
-    128`` (float32, float16, bfloat16; sm_90 and sm_80; true of the kernels of ``534152b``
-    with Triton 3.9; since the counts-layout change ``c87fbb8`` three configurations spill
-    4-12 B with 3.9 and four dQ configurations 8-60 B with 3.6, ``benchmarks/README.md``;
-    the configurations of ``tests/test_aot_compile.py`` spill nothing), the key/query loops stay
-    software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90 (``mma.sync`` on
-    sm_80; the float32 dK/dV kernel uses ``mma.sync`` everywhere, its 16-key tiles being
-    narrower than a warpgroup MMA) and the shared memory fits; speed is a GPU measurement
-    (``benchmarks/gpu_check.py``). Small query tiles keep the planned key range ``BLOCK_M
-    + window`` tight (the PLSH window is short for small sigma). float32 (``tf32x3``: each
-    operand split in a TF32 high and low part, three MMAs per dot) takes narrow key tiles,
-    eight warps in the dQ kernel and ``head_dim`` in two column chunks; on sm_80 the half
-    types at ``head_dim <= 64`` take two column chunks too.
+    Chosen from the AOT compile tables (``benchmarks/aot_report.py --set full``,
+    ``benchmarks/results/aot_2026-12-01_session3*.md``, Triton 3.9 and 3.6) so that no
+    kernel spills registers at ``head_dim <= 128`` (float32, float16, bfloat16; sm_90 and
+    sm_80; one exception, the float32 dK/dV kernel at head_dim 96 on sm_90: 8 B), the
+    key/query loops stay software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90
+    (``mma.sync`` on sm_80; the float32 dK/dV kernel uses ``mma.sync`` everywhere, its
+    16-key tiles being narrower than a warpgroup MMA) and the shared memory fits; speed is
+    a GPU measurement (``benchmarks/gpu_check.py``). Small query tiles keep the planned key
+    range ``BLOCK_M + window`` tight (the PLSH window is short for small sigma). The dQ
+    kernel walks the key range in half-width tiles (32 keys on sm_90, 16 on sm_80; with the
+    plan's 64/32 it spilled 8-24 B at bf16/fp16 head_dim 96-128 with Triton 3.6, and on
+    sm_80 with 3.9). Eight warps would avoid these spills too, but with 64-row tiles the
+    second warpgroup (sm_90) or the second four warps (sm_80) only repeat the first's logits
+    and counts (``warpsPerCTA = [8, 1]``, the layout a dot feeding another dot takes), twice
+    the work. float32 (``tf32x3``: each operand split in a TF32 high and low part, three
+    MMAs per dot) takes narrow key tiles, eight warps in the dQ kernel and ``head_dim`` in
+    two column chunks, except the sm_90 forward at a head_dim that is not a power of two
+    (96 = 64 + 32: the halves 64 + 64 spilled 24 B with 3.6); the sm_80 float32 forward at
+    head_dim 65..128 (16 x 16 tiles) lets ptxas use 255 registers (``fwd_maxnreg``; left
+    to itself it stopped at 168 and spilled 8 B at head_dim 96 with 3.6, and with two warps
+    at 128 with 3.9). On sm_80 the half types at ``head_dim <= 128`` take two column chunks
+    too.
 
     Parameters
     ----------
@@ -341,13 +368,17 @@ def tile_config(
         capability = torch.cuda.get_device_capability(device)
     hopper = capability[0] >= 9
     if widest <= 128 and fp32:
-        if hopper or widest <= 64:
+        if hopper:
+            return TileConfig(
+                64, 16, 4, 2, 8, 16, 8, True, fwd_column_halves=pow2(widest) == widest
+            )
+        if widest <= 64:
             return TileConfig(64, 16, 4, 2, 8, 16, 8, True)
-        return TileConfig(16, 16, 4, 2, 8, 16, 8, True)  # sm_80, head_dim 65..128
+        return TileConfig(16, 16, 4, 2, 8, 16, 8, True, fwd_maxnreg=255)  # sm_80, d 65..128
     if widest <= 128 and not hopper:  # mma.sync keeps the accumulators in registers
-        return TileConfig(64, 32, 4, 3, 4, 16, 4, True)
+        return TileConfig(64, 32, 4, 3, 4, 16, 4, True, dq_block_n=16)
     if widest <= 128:
-        return TileConfig(64, 64, 4, 3, 4, 16, 4)
+        return TileConfig(64, 64, 4, 3, 4, 16, 4, dq_block_n=32)
     if fp32:  # float32 tiles of width 256: stay inside shared memory
         return TileConfig(32, 32, 8, 2, 8, 16, 8)
     return TileConfig(64, 32, 8, 2, 8, 16, 8)
@@ -400,7 +431,6 @@ def plsh_forward_triton(
     _num_stages=None,
     _classify: bool = True,
     _tiles: TileConfig | None = None,
-    _events: bool = False,
 ):
     """PLSH attention forward on the fused Triton kernel.
 
@@ -467,15 +497,14 @@ def plsh_forward_triton(
         _num_warps=_num_warps,
         _num_stages=_num_stages,
         _classify=_classify,
-        _events=_events,
         _tiles=_tiles,
     )
     if plan is None and not positions_sorted:
         q_order, q_inverse = position_order(query_positions)
         k_order, _ = position_order(key_positions)
         if q_order is not None or k_order is not None:
-            # Unsorted positions: run on rows sorted by position (the interval form of the
-            # counts needs sorted keys) and put the rows back.
+            # Unsorted positions: run on rows sorted by position (the row ranges of the
+            # counts need sorted keys) and put the rows back.
             (query,) = take_rows(q_order, query)
             key, value = take_rows(k_order, key, value)
             out, lse = plsh_forward_triton(
@@ -518,8 +547,8 @@ def plsh_forward_triton(
     interp = _interpreting()
     upcast = query.dtype == torch.bfloat16 and interp
     s_block, multi = sample_block(num_samples)
-    split_d = head_dim_split(head_dim, tiles.column_halves)
-    split_dv = head_dim_split(head_dim_v, tiles.column_halves)
+    split_d = head_dim_split(head_dim, tiles.halves(forward=True))
+    split_dv = head_dim_split(head_dim_v, tiles.halves(forward=True))
     grid = (n_q_tiles * batch * num_heads,)
     assert grid[0] < 2**31
     _fwd_kernel[grid](
@@ -529,7 +558,7 @@ def plsh_forward_triton(
         out,
         lse,
         plan.row_start,
-        plan.row_width,
+        plan.row_end,
         plan.key_range,
         plan.causal_end,
         plan.head_order,
@@ -561,9 +590,9 @@ def plsh_forward_triton(
         VARIANT=int(_variant),
         CLASSIFY=bool(_classify),
         NUM_STAGES=num_stages,
-        EVENTS=bool(_events),
         CAUSAL=bool(causal),
         num_warps=num_warps,
         num_stages=num_stages,
+        maxnreg=tiles.fwd_maxnreg,
     )
     return (out, lse, plan) if return_plan else (out, lse)

@@ -64,9 +64,10 @@ def _gpu_tiles(head_dim: int, arch: int = 90):
     tiles = triton_forward.tile_config(
         head_dim, head_dim, torch.device("cuda"), torch.float32, capability=divmod(arch, 10)
     )
-    split = triton_forward.head_dim_split(head_dim, tiles.column_halves)
-    forward = dict(block_m=tiles.block_m, block_n=tiles.block_n, d_split=split)
-    backward = dict(forward, dkdv_block_m=tiles.dkdv_block_m, dv_split=split)
+    fwd_split = triton_forward.head_dim_split(head_dim, tiles.halves(forward=True))
+    split = triton_forward.head_dim_split(head_dim, tiles.halves(forward=False))
+    forward = dict(block_m=tiles.block_m, block_n=tiles.block_n, d_split=fwd_split)
+    backward = dict(forward, d_split=split, dkdv_block_m=tiles.dkdv_block_m, dv_split=split)
     return tiles, forward, backward
 
 

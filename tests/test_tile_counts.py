@@ -3,9 +3,10 @@
 interpreter on CPU (tests/_triton_interp.py).
 
 The kernels only see the counts through the attention they weight; here a small kernel
-stores every (query tile, key tile) pair's counts tile, in both forms (interval and
-events), both orientations (the key/value-gradient kernel's transposed tile), causal and
-not, with and without the tile classification (full / disjoint / mixed samples), so that
+stores every (query tile, key tile) pair's counts tile (event form), in both orientations
+(the forward/dQ tile with two columns per int32 and the key/value-gradient kernel's
+transposed sign-bit tile), causal (start events and the causal-end mask) and not (start
+and end events), with and without the tile classification (constant / mixed events), so that
 a wrong count anywhere (also in a pair that the attention tests would weight only
 slightly) fails. Rows and keys past the ends are not compared (every caller masks them).
 """
@@ -33,10 +34,10 @@ pytestmark = pytest.mark.triton
 
 @triton.jit
 def _counts_kernel(
-    RowStart, RowWidth, Out, n_q, n_k, num_samples,
+    RowStart, RowEnd, CausalEnd, Out, n_q, n_k, num_samples,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
     MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr,
-    EVENTS: tl.constexpr, CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr,
 ):  # fmt: skip
     # grid (query tiles, key tiles, heads): Out[h, i, j] = C_ij of the tile pair.
     m_tile = tl.program_id(0)
@@ -49,8 +50,8 @@ def _counts_kernel(
     offs_n = n0 + tl.arange(0, BLOCK_N)
     n_valid = offs_n < n_k
     c = tile_counts_all(
-        RowStart, RowWidth, h, n0, offs_m, m_valid, m_first, m_last, n_q, num_samples,
-        BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, TRANSPOSED, CLASSIFY, None, EVENTS, CAUSAL,
+        RowStart, RowEnd, CausalEnd, h, n0, offs_m, m_first, m_last, n_q, num_samples,
+        BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, TRANSPOSED, CLASSIFY, None, CAUSAL,
     )  # fmt: skip
     base = Out + h.to(tl.int64) * n_q * n_k
     if TRANSPOSED:
@@ -67,21 +68,21 @@ def _counts_kernel(
         )
 
 
-def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify, events):
-    num_heads, _, n_q = plan.row_start.shape
+def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify):
+    num_heads, n_q, _ = plan.row_start.shape
     s_block, multi = tiling.sample_block(num_samples)
     out = torch.full((num_heads, n_q, n_k), -1, dtype=torch.int32)
 
-    def run(row_start, row_width, out):
+    def run(row_start, row_end, causal_end, out):
         grid = (triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n), num_heads)
         _counts_kernel[grid](
-            row_start, row_width, out, n_q, n_k, num_samples,
+            row_start, row_end, causal_end, out, n_q, n_k, num_samples,
             BLOCK_M=block_m, BLOCK_N=block_n, S_BLOCK=s_block, MULTI_CHUNK=multi,
-            TRANSPOSED=transposed, CLASSIFY=classify, EVENTS=events, CAUSAL=plan.causal,
+            TRANSPOSED=transposed, CLASSIFY=classify, CAUSAL=plan.causal,
         )  # fmt: skip
         return out
 
-    return _triton_interp.call(run, plan.row_start, plan.row_width, out).numpy()
+    return _triton_interp.call(run, plan.row_start, plan.row_end, plan.causal_end, out).numpy()
 
 
 def _check(qpos, kpos, sigma, s, seed, causal, block_m, block_n):
@@ -97,15 +98,10 @@ def _check(qpos, kpos, sigma, s, seed, causal, block_m, block_n):
         block_n=block_n,
     )
     want = counts(partition, qpos, kpos, causal=causal)
-    for events in (True, False):
-        for transposed in (False, True):
-            for classify in (True, False):
-                got = _kernel_counts(
-                    plan, len(kpos), s, block_m, block_n, transposed, classify, events
-                )
-                np.testing.assert_array_equal(
-                    got, want, err_msg=f"events={events} transposed={transposed} {classify=}"
-                )
+    for transposed in (False, True):
+        for classify in (True, False):
+            got = _kernel_counts(plan, len(kpos), s, block_m, block_n, transposed, classify)
+            np.testing.assert_array_equal(got, want, err_msg=f"{transposed=} {classify=}")
 
 
 @settings(max_examples=6)
@@ -148,41 +144,7 @@ def test_counts_tile_negative_control():
         block_m=16,
         block_n=16,
     )
-    for events in (True, False):
-        got = _kernel_counts(plan, 24, 5, 16, 16, False, True, events)
+    for transposed in (False, True):
+        got = _kernel_counts(plan, 24, 5, 16, 16, transposed, True)  # stored at [i, j]
         assert not np.array_equal(got, counts(partition, qpos, kpos, causal=True))
         np.testing.assert_array_equal(got, counts(other, qpos, kpos, causal=True))
-
-
-@pytest.mark.parametrize("s", [6, 70])
-def test_event_form_forward_is_bit_identical(s):
-    """The forward with the event-form counts (``_events=True``) gives the same output and
-    LSE bits as with the interval form, causal and not, one and two sample blocks."""
-    rng = np.random.default_rng(5)
-    partition = draw_partition(np.array([0.8, 7.0]), s, seed=5)
-    qpos, kpos = np.arange(30) + 6, np.arange(36)
-    q = torch.from_numpy(rng.standard_normal((1, 2, 30, 8))).float()
-    k, v = (torch.from_numpy(rng.standard_normal((1, 2, 36, 8))).float() for _ in range(2))
-    args = (
-        torch.from_numpy(np.array(partition.pitch)),
-        torch.from_numpy(np.array(partition.offset)),
-        torch.from_numpy(qpos),
-        torch.from_numpy(kpos),
-        0.6,
-    )
-    for causal in (True, False):
-        runs = [
-            _triton_interp.call(
-                triton_forward.plsh_forward_triton,
-                q,
-                k,
-                v,
-                *args,
-                causal,
-                _block_m=16,
-                _block_n=16,
-                _events=events,
-            )  # fmt: skip
-            for events in (False, True)
-        ]
-        assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])

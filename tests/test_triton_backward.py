@@ -207,6 +207,21 @@ def test_key_value_gradients_with_smaller_query_tiles():
         )
 
 
+def test_query_gradients_with_narrower_key_tiles():
+    """The dQ kernel walking the key range in tiles narrower than the plan's (as the
+    compiled default: 32 keys for block_n = 64 on sm_90, 16 for 32 on sm_80) gives the
+    reference gradients; key ranges start at multiples of the plan's tile."""
+    rng = np.random.default_rng(19)
+    partition, q, k, v, g = _case(
+        rng, 1, 2, 2, 70, 75, 8, 6, 5, torch.float32, np.array([2.0, 40.0]), 19
+    )
+    qpos, kpos = np.arange(70) + 5, np.arange(75)
+    for causal in (True, False):
+        _check_grads(
+            q, k, v, g, partition, qpos, kpos, 0.6, causal, "float32", _block_n=32, _dq_block_n=16
+        )
+
+
 def test_many_samples_use_several_sample_blocks():
     """s = 70 > 64: every backward kernel sums the counts over two sample blocks."""
     rng = np.random.default_rng(19)

@@ -191,8 +191,8 @@ def test_negative_controls_fail(variant):
     seed=st.integers(0, 2**31 - 1),
 )
 def test_interval_form_counts_equal_reference_counts(mode, causal, n_q, n_k, s, seed):
-    """sum_t [row_start <= j < row_start + row_width] is C_ij of plsh_ref (SPEC section 3),
-    including s > 64 (several sample blocks)."""
+    """sum_t [row_start <= j < row_end] is C_ij of plsh_ref (SPEC section 3), including
+    s > 64 (several sample blocks); the plan's ranges are (num_heads, n_q, num_samples)."""
     rng = np.random.default_rng(seed)
     partition = draw_partition(np.array([0.7, 6.0]), s, seed=seed)
     qpos, kpos = _positions(mode, n_q, n_k, rng)
@@ -206,9 +206,10 @@ def test_interval_form_counts_equal_reference_counts(mode, causal, n_q, n_k, s, 
         block_n=BLOCK,
     )
     j = np.arange(n_k)
+    assert plan.row_start.shape == plan.row_end.shape == (2, n_q, s)
     start = plan.row_start.numpy()[..., None]
-    width = plan.row_width.numpy()[..., None]
-    got = ((j >= start) & (j < start + width)).sum(axis=1)
+    end = plan.row_end.numpy()[..., None]
+    got = ((j >= start) & (j < end)).sum(axis=2)
     np.testing.assert_array_equal(got, counts(partition, qpos, kpos, causal=causal))
     assert tiling.sample_block(s) == (min(64, max(2, 1 << (s - 1).bit_length())), s > 64)
 
@@ -453,16 +454,20 @@ def test_column_halves_split_head_dim_in_two_equal_chunks():
 def test_tile_configs_are_consistent(dtype, capability):
     """Every shipped GPU tile configuration: power-of-two tiles, a dK/dV query tile that
     divides the plan's, pipelined loops (>= 2 stages); float32 at head_dim <= 128 in two
-    column halves (the AOT table's spill-free configurations)."""
+    column halves, except the sm_90 forward at a head_dim that is not a power of two (the
+    AOT tables' spill-free configurations)."""
     for d in (16, 40, 64, 96, 128, 200, 256):
         cfg = triton_forward.tile_config(d, d, torch.device("cuda"), dtype, capability)
         for size in (cfg.block_m, cfg.block_n, cfg.dkdv_block_m):
             assert size >= 16 and size & (size - 1) == 0
         assert cfg.block_m % cfg.dkdv_block_m == 0 and cfg.num_stages >= 2
+        assert cfg.block_n % (cfg.dq_block_n or cfg.block_n) == 0
         assert cfg.num_warps in (4, 8) and cfg.dq_num_warps in (4, 8)
         assert cfg.dkdv_num_warps in (4, 8)
         if dtype == torch.float32 or capability < (9, 0):
-            assert cfg.column_halves == (d <= 128)
+            assert cfg.column_halves == cfg.halves(forward=False) == (d <= 128)
+            odd_hopper_fp32 = dtype == torch.float32 and capability >= (9, 0) and d in (40, 96)
+            assert cfg.halves(forward=True) == (d <= 128 and not odd_hopper_fp32)
         assert triton_forward.default_blocks(d, d, torch.device("cuda"), dtype, capability) == (
             cfg.block_m,
             cfg.block_n,
