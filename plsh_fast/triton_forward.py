@@ -286,6 +286,21 @@ class TileConfig:
         Query tile (a divisor of ``block_m``) and warps of the dK/dV kernel.
     column_halves : bool
         ``head_dim`` in two equal column chunks (:func:`head_dim_split`).
+    dkdv_block_n : int
+        Key tile of the dK/dV kernel (``0``: ``block_n``); its query ranges are planned for
+        this tile (:func:`plsh_fast.tiling.plan_query_range`), so it need not divide or be
+        divided by ``block_n``.
+    dkdv_split_d : bool
+        Two dK/dV programs per key tile, each accumulating one of the equal column halves
+        of dK and dV (both recompute the logits, counts and dP: 1.5 times the MMA work and
+        twice the counts and ``exp2``), halving the accumulators' registers.
+    dkdv_manual_x3 : bool
+        float32, with ``dkdv_split_d`` and column halves of at least 32: the dK/dV kernel
+        writes the logits' and dP's ``tf32x3`` out (``input_precision="tf32"`` dots, as
+        Triton's lowering, the same arithmetic): K and V split into TF32 high and low parts
+        once per program, in four column quarters (narrower MMA operands keep fewer
+        registers live), and dK, dV accumulated per quarter (a fresh tf32x3 accumulator of
+        a quarter's width per dot).
     """
 
     block_m: int
@@ -296,6 +311,9 @@ class TileConfig:
     dkdv_block_m: int
     dkdv_num_warps: int
     column_halves: bool = False
+    dkdv_block_n: int = 0
+    dkdv_split_d: bool = False
+    dkdv_manual_x3: bool = False
 
 
 def tile_config(
@@ -314,9 +332,13 @@ def tile_config(
     4-12 B with 3.9 and four dQ configurations 8-60 B with 3.6, ``benchmarks/README.md``;
     the configurations of ``tests/test_aot_compile.py`` spill nothing), the key/query loops stay
     software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90 (``mma.sync`` on
-    sm_80; the float32 dK/dV kernel uses ``mma.sync`` everywhere, its 16-key tiles being
-    narrower than a warpgroup MMA) and the shared memory fits; speed is a GPU measurement
-    (``benchmarks/gpu_check.py``). Small query tiles keep the planned key range ``BLOCK_M
+    sm_80) and the shared memory fits; speed is a GPU measurement
+    (``benchmarks/gpu_check.py``). The float32 dK/dV kernel on sm_90 takes 64-key tiles
+    (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half programs with
+    its own tf32x3 (:attr:`TileConfig.dkdv_split_d`, :attr:`TileConfig.dkdv_manual_x3`):
+    wgmma without spills at ``head_dim <= 128`` with Triton 3.6 and 3.9
+    (``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``); on sm_80 it keeps 16 x 16 tiles
+    (``mma.sync``). Small query tiles keep the planned key range ``BLOCK_M
     + window`` tight (the PLSH window is short for small sigma). float32 (``tf32x3``: each
     operand split in a TF32 high and low part, three MMAs per dot) takes narrow key tiles,
     eight warps in the dQ kernel and ``head_dim`` in two column chunks; on sm_80 the half
@@ -341,7 +363,9 @@ def tile_config(
         capability = torch.cuda.get_device_capability(device)
     hopper = capability[0] >= 9
     if widest <= 128 and fp32:
-        if hopper or widest <= 64:
+        if hopper:  # dK/dV: 64-key tiles (warpgroup MMAs), column halves, tf32x3 by hand
+            return TileConfig(64, 16, 4, 2, 8, 16, 4, True, 64, True, True)
+        if widest <= 64:
             return TileConfig(64, 16, 4, 2, 8, 16, 8, True)
         return TileConfig(16, 16, 4, 2, 8, 16, 8, True)  # sm_80, head_dim 65..128
     if widest <= 128 and not hopper:  # mma.sync keeps the accumulators in registers
