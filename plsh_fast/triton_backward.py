@@ -496,7 +496,7 @@ def _bwd_dkdv_kernel(
                 if BLOCK_D1 > 0:
                     logits_t = tl.dot(k1, tl.trans(q1), logits_t, input_precision=DOT_PREC)
             counts_t = tile_counts_all(
-                RowStart, RowWidth, h, n0, offs_m, m_valid, start_m,
+                RowStart, RowWidth, h, n0, m64 + rows.to(tl.int64), m_valid, start_m,
                 tl.minimum(start_m + BLOCK_M, n_q) - 1, n_q, num_samples,
                 BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, True, CLASSIFY, logits_t,
             )  # fmt: skip
