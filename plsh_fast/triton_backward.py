@@ -534,9 +534,22 @@ def _bwd_dkdv_kernel(
 
 
 def rows_fit_int32(x: torch.Tensor, block: int) -> bool:
-    """Whether ``block`` rows of ``x`` (dimension 2, its sequence) span fewer than ``2**31``
-    elements, so that a kernel may address a tile of them with int32 offsets from a 64-bit
-    base (the dK/dV kernel does)."""
+    """Whether ``block`` rows of ``x`` span fewer than ``2**31`` elements, so that a kernel
+    may address a tile of them with int32 offsets from a 64-bit base (the dK/dV kernel
+    does; the launch code passes ``x.contiguous()`` otherwise).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``(batch, heads, seq_len, head_dim)``, any dtype, device and strides (only
+        ``x.stride(2)``, in elements, is read).
+    block : int
+        Rows per tile.
+
+    Returns
+    -------
+    bool
+    """
     return abs(x.stride(2)) * block < 2**31
 
 
