@@ -18,6 +18,7 @@ exactly zero.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -96,6 +97,16 @@ def _tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, UPCAST
 
 
 @triton.jit
+def _store_tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, x):
+    """``base[rows, cols] = x`` (masked), cast to the element type of ``base``."""
+    tl.store(
+        base + rows[:, None] * row_stride + cols[None, :] * col_stride,
+        x.to(base.dtype.element_ty),
+        mask=row_valid[:, None] & col_valid[None, :],
+    )
+
+
+@triton.jit
 def _probabilities(logits, counts, live, lse2, scale_log2, VARIANT: tl.constexpr):
     """``P = C exp2(x log2 e - lse2)`` on admissible pairs (``C > 0``, live row), else 0."""
     logits = logits * scale_log2
@@ -104,6 +115,60 @@ def _probabilities(logits, counts, live, lse2, scale_log2, VARIANT: tl.constexpr
     if VARIANT != 0:  # negative control: counts ignored (mask only), forward/backward mismatch
         weight = tl.where(admissible, 1.0, 0.0)
     return tl.where(admissible, tl.exp2(logits - lse2[:, None]) * weight, 0.0)
+
+
+# tf32x3 written out (the float32 dK/dV kernel on sm_90, TileConfig.dkdv_manual_x3): the
+# split a = a_hi + a_lo (a_hi = cvt.rna.tf32.f32(a), a_lo = a - a_hi exact) and three TF32
+# MMAs, as Triton's own F32DotTC lowering of input_precision="tf32x3" does, but with the
+# loop-invariant operand (K, V) split once per program, not per query step. Measured and
+# rejected (benchmarks/results/aot_2026-12-01_fp32_dkdv.md):
+# dK, dV accumulated in place (fewer registers; fails the tolerance rule when the MMA rounds
+# its accumulation toward zero) and the four quarters chained in one dot (more live B
+# operands: spills; and a different rounding that fails it under another model).
+
+
+@triton.jit
+def _round_tf32(x):
+    """float32 ``x`` rounded to TF32 (to nearest, ties away from zero, as PTX
+    ``cvt.rna.tf32.f32``); infinities and NaNs unchanged."""
+    bits = x.to(tl.int32, bitcast=True)
+    rounded = tl.where((bits & 0x7FFFFFFF) < 0x7F800000, (bits + 0x1000) & -8192, bits)
+    return rounded.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _split_tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid):
+    """``(hi, lo)`` of the float32 tile ``base[rows, cols]`` (masked, 0 outside): ``hi`` its
+    TF32 rounding, ``lo`` the rest. The barrier after it keeps the next tile's load from
+    being scheduled before this one is split (live registers in the prologue)."""
+    x = _tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, False)
+    lo = x - _round_tf32(x)
+    hi = x - lo
+    tl.debug_barrier()
+    return hi, lo
+
+
+@triton.jit
+def _dot_half(a0, a0_lo, a1, a1_lo, base, rows, row_stride, c0, col_stride, row_valid, n_cols):
+    """``tl.dot(a, b^T, input_precision="tf32x3")`` over one column half given as two
+    quarters: ``a_c`` split (``a_c + a_c_lo``), ``b_c = base[rows, c0 + c Q + (0..Q-1)]``
+    (float32, masked to ``< n_cols``), ``Q = a0.shape[1]``. ``F32DotTC``'s lowering of the
+    half-width dot (each of its three MMA terms over both quarters in column order, the NaN
+    step before the last): the quarters only narrow the MMA operands."""
+    Q: tl.constexpr = a0.shape[1]
+    cols = c0 + tl.arange(0, Q)
+    b0 = tl.trans(_tile(base, rows, row_stride, cols, col_stride, row_valid, cols < n_cols, False))
+    cols = cols + Q
+    b1 = tl.trans(_tile(base, rows, row_stride, cols, col_stride, row_valid, cols < n_cols, False))
+    h0 = _round_tf32(b0)
+    h1 = _round_tf32(b1)
+    d = tl.dot(a0_lo, h0, input_precision="tf32")
+    d = tl.dot(a1_lo, h1, d, input_precision="tf32")
+    d = tl.dot(a0, b0 - h0, d, input_precision="tf32")
+    d = tl.dot(a1, b1 - h1, d, input_precision="tf32")
+    d = tl.where(d == d, d, 0.0)
+    d = tl.dot(a0, h0, d, input_precision="tf32")
+    return tl.dot(a1, h1, d, input_precision="tf32")
 
 
 @triton.jit(do_not_specialize=LENGTHS)
@@ -329,105 +394,119 @@ def _bwd_dkdv_kernel(
     CLASSIFY: tl.constexpr,
     NUM_STAGES: tl.constexpr,
     CAUSAL: tl.constexpr,
+    SPLIT_D: tl.constexpr,
+    MANUAL_X3: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    if SPLIT_D:  # two programs per key tile, each accumulating one column half of dK, dV
+        half = pid % 2
+        pid = pid // 2
+    else:
+        half = 0
     n_tile = pid % n_k_tiles  # first key tiles first: causally they have the most queries
     bhk = pid // n_k_tiles
     b = (bhk % batch).to(tl.int64)
     hk = bhk // batch
     n0 = n_tile * BLOCK_N
-    offs_n = n0.to(tl.int64) + tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    n_valid = offs_n < n_k
+    # Tile-relative int32 row offsets on 64-bit scalar bases (the launch code keeps
+    # BLOCK * row stride < 2**31): fewer 64-bit registers live across the query loop.
+    rows_n = tl.arange(0, BLOCK_N)
+    n_valid = n0 + rows_n < n_k
+    n64 = n0.to(tl.int64)
+    k_base = K + b * skb + hk.to(tl.int64) * skh + n64 * skn
+    v_base = V + b * svb + hk.to(tl.int64) * svh + n64 * svn
+    if MANUAL_X3:  # BLOCK_D, BLOCK_D1: the two column quarters of this program's half
+        offs_d = half * 2 * BLOCK_D + tl.arange(0, BLOCK_D)
+        offs_dv = half * 2 * BLOCK_DV + tl.arange(0, BLOCK_DV)
+        offs_d1 = offs_d + BLOCK_D
+        offs_dv1 = offs_dv + BLOCK_DV
+        # K, V (the A operands of the logits and dP dots) in all four quarters, split once.
+        cd = tl.arange(0, BLOCK_D)
+        cdv = tl.arange(0, BLOCK_DV)
+        k0, k0_lo = _split_tile(k_base, rows_n, skn, cd, skd, n_valid, cd < D)
+        k1q, k1q_lo = _split_tile(k_base, rows_n, skn, cd + BLOCK_D, skd, n_valid, cd + BLOCK_D < D)
+        k2, k2_lo = _split_tile(
+            k_base, rows_n, skn, cd + 2 * BLOCK_D, skd, n_valid, cd + 2 * BLOCK_D < D
+        )
+        k3, k3_lo = _split_tile(
+            k_base, rows_n, skn, cd + 3 * BLOCK_D, skd, n_valid, cd + 3 * BLOCK_D < D
+        )
+        v0, v0_lo = _split_tile(v_base, rows_n, svn, cdv, svd, n_valid, cdv < DV)
+        v1q, v1q_lo = _split_tile(
+            v_base, rows_n, svn, cdv + BLOCK_DV, svd, n_valid, cdv + BLOCK_DV < DV
+        )
+        v2, v2_lo = _split_tile(
+            v_base, rows_n, svn, cdv + 2 * BLOCK_DV, svd, n_valid, cdv + 2 * BLOCK_DV < DV
+        )
+        v3, v3_lo = _split_tile(
+            v_base, rows_n, svn, cdv + 3 * BLOCK_DV, svd, n_valid, cdv + 3 * BLOCK_DV < DV
+        )
+    else:  # BLOCK_D, BLOCK_D1: this program's chunk (half) and the other one
+        offs_d = half * BLOCK_D + tl.arange(0, BLOCK_D)
+        offs_dv = half * BLOCK_DV + tl.arange(0, BLOCK_DV)
+        if BLOCK_D1 > 0:  # second column chunk of head_dim (triton_forward.head_dim_split)
+            offs_d1 = (1 - half) * BLOCK_D + tl.arange(0, BLOCK_D1)
+        if BLOCK_DV1 > 0:
+            offs_dv1 = (1 - half) * BLOCK_DV + tl.arange(0, BLOCK_DV1)
+    # Whether this program accumulates the second chunk of dK (dV).
+    ACC_D1: tl.constexpr = BLOCK_D1 > 0 and (MANUAL_X3 or not SPLIT_D)
+    ACC_DV1: tl.constexpr = BLOCK_DV1 > 0 and (MANUAL_X3 or not SPLIT_D)
     d_valid = offs_d < D
     dv_valid = offs_dv < DV
-    k = tl.load(
-        K + b * skb + hk.to(tl.int64) * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-        mask=n_valid[:, None] & d_valid[None, :],
-        other=0.0,
-    )
-    v = tl.load(
-        V + b * svb + hk.to(tl.int64) * svh + offs_n[:, None] * svn + offs_dv[None, :] * svd,
-        mask=n_valid[:, None] & dv_valid[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
+    if BLOCK_D1 > 0:
+        d1_valid = offs_d1 < D
+    if BLOCK_DV1 > 0:
+        dv1_valid = offs_dv1 < DV
+    if not MANUAL_X3:
+        k = _tile(k_base, rows_n, skn, offs_d, skd, n_valid, d_valid, UPCAST)
+        v = _tile(v_base, rows_n, svn, offs_dv, svd, n_valid, dv_valid, UPCAST)
+        if BLOCK_D1 > 0:
+            k1 = _tile(k_base, rows_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST)
+        if BLOCK_DV1 > 0:
+            v1 = _tile(v_base, rows_n, svn, offs_dv1, svd, n_valid, dv1_valid, UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
-    if BLOCK_D1 > 0:  # second column chunk of head_dim (triton_forward.head_dim_split)
-        offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D1)
-        d1_valid = offs_d1 < D
-        k1 = _tile(
-            K + b * skb + hk.to(tl.int64) * skh,
-            offs_n,
-            skn,
-            offs_d1,
-            skd,
-            n_valid,
-            d1_valid,
-            UPCAST,
-        )
+    if ACC_D1:
         dk1 = tl.zeros([BLOCK_N, BLOCK_D1], dtype=tl.float32)
-    if BLOCK_DV1 > 0:
-        offs_dv1 = BLOCK_DV + tl.arange(0, BLOCK_DV1)
-        dv1_valid = offs_dv1 < DV
-        v1 = _tile(
-            V + b * svb + hk.to(tl.int64) * svh,
-            offs_n,
-            svn,
-            offs_dv1,
-            svd,
-            n_valid,
-            dv1_valid,
-            UPCAST,
-        )
+    if ACC_DV1:
         dv1 = tl.zeros([BLOCK_N, BLOCK_DV1], dtype=tl.float32)
     for g in range(group):
         h = hk * group + g
         rng = QueryRange + (h.to(tl.int64) * n_k_tiles + n_tile) * 2
         for start_m in tl.range(tl.load(rng), tl.load(rng + 1), BLOCK_M, num_stages=NUM_STAGES):
-            offs_m = start_m + tl.arange(0, BLOCK_M).to(tl.int64)
+            rows = tl.arange(0, BLOCK_M)
+            offs_m = start_m + rows
             m_valid = offs_m < n_q
-            q = tl.load(
-                Q + b * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-                mask=m_valid[:, None] & d_valid[None, :],
-                other=0.0,
-            )
-            do = tl.load(
-                DOut
-                + b * sdb
-                + h.to(tl.int64) * sdh
-                + offs_m[:, None] * sdm
-                + offs_dv[None, :] * sdd,
-                mask=m_valid[:, None] & dv_valid[None, :],
-                other=0.0,
-            )
-            row = (b * num_heads + h) * n_q + offs_m
-            lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
-            delta = tl.load(Delta + row, mask=m_valid, other=0.0)
-            if UPCAST:
-                q = q.to(tl.float32)
-                do = do.to(tl.float32)
+            m64 = tl.cast(start_m, tl.int64)  # a Python int in the interpreter
+            q_base = Q + b * sqb + h.to(tl.int64) * sqh + m64 * sqm
+            do_base = DOut + b * sdb + h.to(tl.int64) * sdh + m64 * sdm
+            q = _tile(q_base, rows, sqm, offs_d, sqd, m_valid, d_valid, UPCAST)
+            do = _tile(do_base, rows, sdm, offs_dv, sdd, m_valid, dv_valid, UPCAST)
+            row0 = (b * num_heads + h) * n_q + m64
+            lse = tl.load(Lse + row0 + rows, mask=m_valid, other=float("-inf"))
+            delta = tl.load(Delta + row0 + rows, mask=m_valid, other=0.0)
             # Transposed tiles (keys along the rows): every dot has BLOCK_N rows, so that
             # BLOCK_M can be small (registers) while the MMAs stay warpgroup-sized.
             live = lse > float("-inf")
             lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
-            logits_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)
-            q_base = Q + b * sqb + h.to(tl.int64) * sqh
-            do_base = DOut + b * sdb + h.to(tl.int64) * sdh
-            if BLOCK_D1 > 0:
-                q1 = _tile(q_base, offs_m, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
-                logits_t = tl.dot(k1, tl.trans(q1), logits_t, input_precision=DOT_PREC)
+            if BLOCK_D1 > 0 and (ACC_D1 or not MANUAL_X3):
+                q1 = _tile(q_base, rows, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
+            if MANUAL_X3:
+                # Two halves, each one tf32x3 dot, added as tl.dot(k1, q1^T, tl.dot(k, q^T)).
+                logits_t = _dot_half(
+                    k2, k2_lo, k3, k3_lo, q_base, rows, sqm, 2 * BLOCK_D, sqd, m_valid, D
+                ) + _dot_half(k0, k0_lo, k1q, k1q_lo, q_base, rows, sqm, 0, sqd, m_valid, D)
+            else:
+                logits_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)
+                if BLOCK_D1 > 0:
+                    logits_t = tl.dot(k1, tl.trans(q1), logits_t, input_precision=DOT_PREC)
             counts_t = tile_counts_all(
-                RowStart, RowEnd, CausalEnd, h, n0, offs_m, start_m,
+                RowStart, RowEnd, CausalEnd, h, n0, m64 + rows.to(tl.int64), start_m,
                 tl.minimum(start_m + BLOCK_M, n_q) - 1, n_q, num_samples,
                 BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, True, CLASSIFY, logits_t, CAUSAL,
             )  # fmt: skip
             if BLOCK_DV1 > 0:
-                do1 = _tile(do_base, offs_m, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
+                do1 = _tile(do_base, rows, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
             logits_t = logits_t * scale_log2
             weight_t = counts_t.to(tl.float32)
             admissible_t = (weight_t > 0.0) & (m_valid & live)[None, :]
@@ -435,44 +514,48 @@ def _bwd_dkdv_kernel(
                 weight_t = tl.where(admissible_t, 1.0, 0.0)
             p_t = tl.where(admissible_t, tl.exp2(logits_t - lse2[None, :]) * weight_t, 0.0)
             dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PREC)
-            dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
-            if BLOCK_DV1 > 0:
+            if ACC_DV1:
                 dv1 += tl.dot(p_t.to(do1.dtype), do1, input_precision=DOT_PREC)
-                dp_t = tl.dot(v1, tl.trans(do1), dp_t, input_precision=DOT_PREC)
+            if MANUAL_X3:
+                dp_t = _dot_half(
+                    v2, v2_lo, v3, v3_lo, do_base, rows, sdm, 2 * BLOCK_DV, sdd, m_valid, DV
+                ) + _dot_half(v0, v0_lo, v1q, v1q_lo, do_base, rows, sdm, 0, sdd, m_valid, DV)
+            else:
+                dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC)
+                if BLOCK_DV1 > 0:
+                    dp_t = tl.dot(v1, tl.trans(do1), dp_t, input_precision=DOT_PREC)
             ds_t = p_t * (dp_t - delta[None, :])
             dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PREC)
-            if BLOCK_D1 > 0:
+            if ACC_D1:
                 dk1 += tl.dot(ds_t.to(q1.dtype), q1, input_precision=DOT_PREC)
-    tl.store(
-        DK + b * skgb + hk.to(tl.int64) * skgh + offs_n[:, None] * skgn + offs_d[None, :] * skgd,
-        (dk * scale).to(DK.dtype.element_ty),
-        mask=n_valid[:, None] & d_valid[None, :],
-    )
-    tl.store(
-        DV_ + b * svgb + hk.to(tl.int64) * svgh + offs_n[:, None] * svgn + offs_dv[None, :] * svgd,
-        dv.to(DV_.dtype.element_ty),
-        mask=n_valid[:, None] & dv_valid[None, :],
-    )
-    if BLOCK_D1 > 0:
-        tl.store(
-            DK
-            + b * skgb
-            + hk.to(tl.int64) * skgh
-            + offs_n[:, None] * skgn
-            + offs_d1[None, :] * skgd,
-            (dk1 * scale).to(DK.dtype.element_ty),
-            mask=n_valid[:, None] & d1_valid[None, :],
-        )
-    if BLOCK_DV1 > 0:
-        tl.store(
-            DV_
-            + b * svgb
-            + hk.to(tl.int64) * svgh
-            + offs_n[:, None] * svgn
-            + offs_dv1[None, :] * svgd,
-            dv1.to(DV_.dtype.element_ty),
-            mask=n_valid[:, None] & dv1_valid[None, :],
-        )
+    dk_base = DK + b * skgb + hk.to(tl.int64) * skgh + n64 * skgn
+    dv_base = DV_ + b * svgb + hk.to(tl.int64) * svgh + n64 * svgn
+    _store_tile(dk_base, rows_n, skgn, offs_d, skgd, n_valid, d_valid, dk * scale)
+    _store_tile(dv_base, rows_n, svgn, offs_dv, svgd, n_valid, dv_valid, dv)
+    if ACC_D1:
+        _store_tile(dk_base, rows_n, skgn, offs_d1, skgd, n_valid, d1_valid, dk1 * scale)
+    if ACC_DV1:
+        _store_tile(dv_base, rows_n, svgn, offs_dv1, svgd, n_valid, dv1_valid, dv1)
+
+
+def rows_fit_int32(x: torch.Tensor, block: int) -> bool:
+    """Whether ``block`` rows of ``x`` span fewer than ``2**31`` elements, so that a kernel
+    may address a tile of them with int32 offsets from a 64-bit base (the dK/dV kernel
+    does; the launch code passes ``x.contiguous()`` otherwise).
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``(batch, heads, seq_len, head_dim)``, any dtype, device and strides (only
+        ``x.stride(2)``, in elements, is read).
+    block : int
+        Rows per tile.
+
+    Returns
+    -------
+    bool
+    """
+    return abs(x.stride(2)) * block < 2**31
 
 
 def plsh_backward_triton(
@@ -498,6 +581,7 @@ def plsh_backward_triton(
     _num_stages=None,
     _dkdv_block_m: int | None = None,
     _dq_block_n: int | None = None,
+    _dkdv_block_n: int | None = None,
     _classify: bool = True,
     _tiles=None,
 ):
@@ -549,6 +633,7 @@ def plsh_backward_triton(
         _num_stages=_num_stages,
         _dkdv_block_m=_dkdv_block_m,
         _dq_block_n=_dq_block_n,
+        _dkdv_block_n=_dkdv_block_n,
         _classify=_classify,
         _tiles=_tiles,
     )
@@ -601,9 +686,7 @@ def plsh_backward_triton(
             block_n=block_n,
         )
     assert (plan.block_m, plan.block_n, plan.causal, plan.n_k) == (block_m, block_n, causal, n_k)
-    plan_query_range(plan)
     n_q_tiles = triton.cdiv(n_q, block_m)
-    n_k_tiles = triton.cdiv(n_k, block_n)
     lse = lse.to(torch.float32).contiguous()
     grad_out = grad_out.to(query.dtype)
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
@@ -680,15 +763,38 @@ def plsh_backward_triton(
         **dict(common, BLOCK_N=dq_block_n),
     )
     # The dK/dV kernel walks the query range in tiles of at most tiles.dkdv_block_m rows (its
-    # two float32 accumulators and the key/value tiles stay in registers); query ranges
-    # start at multiples of block_m, hence of any divisor of it.
+    # two float32 accumulators stay in registers); query ranges start at multiples of
+    # block_m, hence of any divisor of it.
     dkdv_block_m = _dkdv_block_m or (block_m if interp else min(block_m, tiles.dkdv_block_m))
     assert block_m % dkdv_block_m == 0
-    _bwd_dkdv_kernel[(n_k_tiles * batch * num_heads_kv,)](
-        query,
-        key,
-        value,
-        grad_out,
+    # Its key tile may be wider than the plan's (float32 on sm_90: warpgroup-sized MMAs):
+    # the query ranges are then planned for that tile.
+    dkdv_block_n = _dkdv_block_n or tiles.dkdv_block_n or block_n
+    if dkdv_block_n == block_n:
+        query_range = plan_query_range(plan).query_range
+    else:
+        wide = dataclasses.replace(plan, block_n=dkdv_block_n, query_range=None)
+        query_range = plan_query_range(wide).query_range
+    n_k_tiles = triton.cdiv(n_k, dkdv_block_n)
+    halves = block_d == block_d1 and block_dv == block_dv1  # equal column halves
+    split_d = tiles.dkdv_split_d and halves and block_d1 > 0 and block_dv1 > 0
+    # Column quarters of at least 16 (the smallest tl.dot operand), in column-half programs.
+    manual_x3 = tiles.dkdv_manual_x3 and query.dtype == torch.float32
+    manual_x3 = manual_x3 and split_d and min(block_d1, block_dv1) >= 32
+    chunks = dict(BLOCK_D=block_d, BLOCK_D1=block_d1, BLOCK_DV=block_dv, BLOCK_DV1=block_dv1)
+    if manual_x3:  # the kernel's BLOCK_D, BLOCK_D1: the two quarters of a program's half
+        chunks = dict(
+            BLOCK_D=block_d // 2, BLOCK_D1=block_d // 2, BLOCK_DV=block_dv // 2,
+            BLOCK_DV1=block_dv // 2,
+        )  # fmt: skip
+    # int32 tile offsets (rows_fit_int32); a row stride too long for them: contiguous rows.
+    q_, do_ = (x if rows_fit_int32(x, dkdv_block_m) else x.contiguous() for x in (query, grad_out))
+    k_, v_ = (x if rows_fit_int32(x, dkdv_block_n) else x.contiguous() for x in (key, value))
+    _bwd_dkdv_kernel[(n_k_tiles * batch * num_heads_kv * (2 if split_d else 1),)](
+        q_,
+        k_,
+        v_,
+        do_,
         lse,
         delta,
         dk,
@@ -696,11 +802,11 @@ def plsh_backward_triton(
         plan.row_start,
         plan.row_end,
         plan.causal_end,
-        plan.query_range,
-        *query.stride(),
-        *key.stride(),
-        *value.stride(),
-        *grad_out.stride(),
+        query_range,
+        *q_.stride(),
+        *k_.stride(),
+        *v_.stride(),
+        *do_.stride(),
         *dk.stride(),
         *dv.stride(),
         batch,
@@ -716,6 +822,8 @@ def plsh_backward_triton(
         scale * LOG2E,
         log2_s,
         num_warps=_num_warps or tiles.dkdv_num_warps,
-        **dict(common, BLOCK_M=dkdv_block_m),
+        SPLIT_D=split_d,
+        MANUAL_X3=manual_x3,
+        **dict(common, BLOCK_M=dkdv_block_m, BLOCK_N=dkdv_block_n, **chunks),
     )
     return dq, dk, dv

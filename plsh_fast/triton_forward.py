@@ -295,6 +295,21 @@ class TileConfig:
     fwd_maxnreg : int or None
         Registers per thread ptxas may use in the forward kernel (Triton's ``maxnreg``
         launch option, PTX ``.maxnreg``; ``None``: ptxas's own choice).
+    dkdv_block_n : int
+        Key tile of the dK/dV kernel (``0``: ``block_n``); its query ranges are planned for
+        this tile (:func:`plsh_fast.tiling.plan_query_range`), so it need not divide or be
+        divided by ``block_n``.
+    dkdv_split_d : bool
+        Two dK/dV programs per key tile, each accumulating one of the equal column halves
+        of dK and dV (both recompute the logits, counts and dP: 1.5 times the MMA work and
+        twice the counts and ``exp2``), halving the accumulators' registers.
+    dkdv_manual_x3 : bool
+        float32, with ``dkdv_split_d`` and column halves of at least 32: the dK/dV kernel
+        writes the logits' and dP's ``tf32x3`` out (``input_precision="tf32"`` dots, as
+        Triton's lowering, the same arithmetic): K and V split into TF32 high and low parts
+        once per program, in four column quarters (narrower MMA operands keep fewer
+        registers live), and dK, dV accumulated per quarter (a fresh tf32x3 accumulator of
+        a quarter's width per dot).
     """
 
     block_m: int
@@ -308,6 +323,9 @@ class TileConfig:
     dq_block_n: int | None = None
     fwd_column_halves: bool | None = None
     fwd_maxnreg: int | None = None
+    dkdv_block_n: int = 0
+    dkdv_split_d: bool = False
+    dkdv_manual_x3: bool = False
 
     def halves(self, forward: bool) -> bool:
         """Whether the forward (``forward=True``) or the backward kernels take ``head_dim``
@@ -329,11 +347,13 @@ def tile_config(
     Chosen from the AOT compile tables (``benchmarks/aot_report.py --set full``,
     ``benchmarks/results/aot_2026-12-01_session3*.md``, Triton 3.9 and 3.6) so that no
     kernel spills registers at ``head_dim <= 128`` (float32, float16, bfloat16; sm_90 and
-    sm_80; one exception, the float32 dK/dV kernel at head_dim 96 on sm_90: 8 B), the
-    key/query loops stay software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90
-    (``mma.sync`` on sm_80; the float32 dK/dV kernel uses ``mma.sync`` everywhere, its
-    16-key tiles being narrower than a warpgroup MMA) and the shared memory fits; speed is
-    a GPU measurement (``benchmarks/gpu_check.py``). Small query tiles keep the planned key
+    sm_80), the key/query loops stay software-pipelined (``cp.async``), the dots use
+    ``wgmma`` on sm_90 (``mma.sync`` on sm_80) and the shared memory fits; speed is a GPU
+    measurement (``benchmarks/gpu_check.py``). The float32 dK/dV kernel on sm_90 takes
+    64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
+    programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
+    :attr:`TileConfig.dkdv_manual_x3`; ``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``);
+    on sm_80 it keeps 16 x 16 tiles (``mma.sync``). Small query tiles keep the planned key
     range ``BLOCK_M + window`` tight (the PLSH window is short for small sigma). The dQ
     kernel walks the key range in half-width tiles (32 keys on sm_90, 16 on sm_80; with the
     plan's 64/32 it spilled 8-24 B at bf16/fp16 head_dim 96-128 with Triton 3.6, and on
@@ -368,10 +388,12 @@ def tile_config(
         capability = torch.cuda.get_device_capability(device)
     hopper = capability[0] >= 9
     if widest <= 128 and fp32:
-        if hopper:
+        if hopper:  # dK/dV: 64-key tiles (warpgroup MMAs), column halves, tf32x3 by hand
             return TileConfig(
-                64, 16, 4, 2, 8, 16, 8, True, fwd_column_halves=pow2(widest) == widest
-            )
+                64, 16, 4, 2, 8, 16, 4, True,
+                fwd_column_halves=pow2(widest) == widest,
+                dkdv_block_n=64, dkdv_split_d=True, dkdv_manual_x3=True,
+            )  # fmt: skip
         if widest <= 64:
             return TileConfig(64, 16, 4, 2, 8, 16, 8, True)
         return TileConfig(16, 16, 4, 2, 8, 16, 8, True, fwd_maxnreg=255)  # sm_80, d 65..128

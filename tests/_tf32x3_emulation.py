@@ -13,6 +13,10 @@ for sm_90a by Triton 3.6 and 3.9, which agree):
   + d2``, and the accumulator argument added last: ``dot(a, b, c) = d3 + c`` (one float32
   addition). ``acc * alpha + tl.dot(p, v)`` takes this form with ``c = acc * alpha`` (seen
   in the forward's TTGIR), and so, we assume, do ``dq += tl.dot(ds, k)`` and the like.
+  The float32 dK/dV kernel on sm_90 (``TileConfig.dkdv_manual_x3``) writes its logits'
+  and ``dP``'s tf32x3 out (``input_precision="tf32"`` dots on its own ``cvt.rna`` split,
+  the operands in column quarters): the same arithmetic, each column half's three MMA
+  terms over its two quarters in column order, the halves added as above.
 * ``tf32`` (the negative control): one TF32 MMA on the raw float32 operands.
 * A TF32 MMA reads float32 registers; how it treats the 13 low mantissa bits of an
   operand that is not a TF32 number (``a_lo``, and every operand of plain ``tf32``) is

@@ -43,13 +43,7 @@ DOT_KERNELS = ("_fwd_kernel", "_bwd_dq_kernel", "_bwd_dkdv_kernel")
 
 #: What the current kernels do not achieve (checked strictly: fixing one fails the test
 #: until its entry is removed). Keys: (check, configuration name).
-KNOWN = {
-    ("wgmma", "_bwd_dkdv_kernel float32 d128 s16 sm90"): (
-        "the float32 dK/dV kernel uses mma.sync: its 16-key tiles are narrower than a "
-        "warpgroup MMA (64 rows), and 64-key tiles spill at tf32x3 (232-472 B stack with "
-        "4 or 8 warps, 2026-12-01)"
-    ),
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("triton") is None, reason="triton is not installed"

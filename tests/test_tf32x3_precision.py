@@ -13,8 +13,9 @@ output and LSE of the forward, and the three gradients of the backward.
 Shapes are SPEC section 7's GPU configuration scaled down: causal, batch 1, four of the
 standard 16-head slopes (sigma 1.41, 8, 45.3, 256), head_dim 64 and 128, 300 positions
 (partial tiles; the shipped float32 tiles of sm_90, ``tile_config``: 64 x 16, head_dim
-in two column halves), num_samples 4 and 16, standard-normal inputs (and one case of
-magnitude 8, logits of standard deviation 64). The MMA's treatment of the low bits of a
+in two column halves; the dK/dV kernel's 64-key tiles in two column-half programs, its
+tf32x3 written out with the same arithmetic), num_samples 4 and 16,
+standard-normal inputs (and one case of magnitude 8, logits of standard deviation 64). The MMA's treatment of the low bits of a
 non-TF32 operand and the rounding of its accumulation are not published: each case runs
 under three models (truncated operands / round-to-nearest accumulation; operands rounded
 like ``cvt.rna``; truncated operands, accumulation toward zero and 2-ulp ``exp2`` and
@@ -191,13 +192,15 @@ def _check(problem, arith, arch=90):
 
 
 @pytest.mark.triton
-def test_emulation_follows_the_kernels():
+@pytest.mark.parametrize("d", [32, 64])
+def test_emulation_follows_the_kernels(d):
     """The emulation is the kernels' algorithm: against the Triton kernels run with the
     same tiles (interpreter: float32 dots, so ``ieee``; compiled on a GPU: ``tf32x3``, so
     this also checks the model against the hardware), forward and backward agree to
-    float32 rounding (1e-5 relative; a wrong weight, LSE term or tile order would not)."""
+    float32 rounding (1e-5 relative; a wrong weight, LSE term or tile order would not).
+    d = 64: the dK/dV kernel's own tf32x3 (column quarters of 16, sm_90)."""
     rng = np.random.default_rng(3)
-    n, d, s = 100, 32, 4
+    n, s = 100, 4
     sigma = 1.0 / alibi_slopes(16)[[0, 12]]
     partition = draw_partition(sigma, s, seed=3)
     q, k, v, g = (torch.from_numpy(rng.standard_normal((1, 2, n, d))).float() for _ in range(4))

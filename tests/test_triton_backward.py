@@ -287,3 +287,63 @@ def test_head_dims_split_in_two_column_chunks(head_dims, dtype_name):
     partition, q, k, v, g = _case(rng, 1, 2, 1, 30, 30, d, dv, 3, dtype, np.array([3.0, 14.0]), d)
     pos = np.arange(30)
     _check_grads(q, k, v, g, partition, pos, pos, 0.2, True, dtype_name)
+
+
+class _LaunchRecorder:
+    """Wraps a kernel: ``kernel[grid](...)`` runs it and records ``(grid, constexprs)``."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.launches.append((grid, kwargs))
+            return self.kernel[grid](*args, **kwargs)
+
+        return launch
+
+
+@pytest.mark.parametrize(
+    "head_dims,group,causal",
+    [((40, 72), 2, True), ((64, 64), 1, False), ((128, 96), 1, True), ((20, 24), 1, True)],
+)
+def test_float32_sm90_key_value_layout(monkeypatch, head_dims, group, causal):
+    """The float32 dK/dV layout of sm_90 (``TileConfig.dkdv_block_n``, ``dkdv_split_d``,
+    ``dkdv_manual_x3``) with small tiles: key tiles wider than the plan's (their own query
+    ranges), two programs per key tile accumulating one column half each (in two quarters),
+    tf32x3 of the logits and dP written out over four column quarters of 16 and 32
+    columns (padded ones included), GQA, n_q != n_k: the reference gradients. Head sizes
+    20/24 (column halves of 16) keep Triton's own tf32x3 (quarters would be narrower than
+    16 columns)."""
+    d, dv = head_dims
+    tiles = triton_forward.TileConfig(
+        16, 16, 4, 1, 4, 16, 4, True, dkdv_block_n=32, dkdv_split_d=True, dkdv_manual_x3=True
+    )
+    recorder = _LaunchRecorder(triton_backward._bwd_dkdv_kernel)
+    monkeypatch.setattr(triton_backward, "_bwd_dkdv_kernel", recorder)
+    rng = np.random.default_rng(d + dv + group)
+    sigma = np.array([2.0, 9.0, 40.0, 3.0])[: 2 * group]
+    partition, q, k, v, g = _case(
+        rng, 1, 2 * group, 2, 37, 45, d, dv, 3, torch.float32, sigma, d + dv
+    )
+    qpos, kpos = np.arange(37) + 8, np.arange(45)
+    _check_grads(
+        q, k, v, g, partition, qpos, kpos, 0.3, causal, "float32", _tiles=tiles,
+        _dkdv_block_m=16,
+    )  # fmt: skip
+    ((grid, kw),) = recorder.launches
+    assert kw["BLOCK_N"] == 32 and kw["SPLIT_D"]
+    assert grid == (2 * 2 * 2,)  # 2 key tiles of 32 (45 keys) x 2 kv heads x 2 halves
+    assert kw["MANUAL_X3"] == (min(d, dv) > 32)
+
+
+def test_row_strides_too_long_for_int32_tile_offsets_are_detected():
+    """The dK/dV kernel addresses tiles with int32 offsets from a 64-bit base; a row
+    stride with ``block * stride >= 2**31`` must send the tensor through ``.contiguous()``
+    (meta tensors: strides without storage)."""
+    fits = triton_backward.rows_fit_int32
+    x = torch.empty((1, 2, 8, 16), device="meta")
+    assert fits(x, 64)
+    wide = torch.empty_strided((1, 2, 8, 16), (0, 0, 2**27, 1), device="meta")
+    assert fits(wide, 15) and not fits(wide, 16)
+    assert fits(wide.contiguous(), 16)
