@@ -338,6 +338,21 @@ def _lane_bits(flags, lane, S_BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _event_classes(x_first, x_last, n0, hi, lane, lane_valid, CLASSIFY: tl.constexpr):
+    """``(full, mixed)`` per lane for the one-sided events ``[j >= x]`` over the key tile
+    ``[n0, hi)``: ``x`` of the tile's first and last rows (non-decreasing in the row);
+    full: 1 on the whole tile pair, mixed: split by it (``CLASSIFY=False``: every valid
+    lane mixed, none full)."""
+    if CLASSIFY:
+        full = x_last <= n0
+        mixed = (x_last > n0) & (x_first < hi)
+    else:
+        full = lane < 0
+        mixed = lane_valid
+    return full, mixed
+
+
+@triton.jit
 def _zero_tile(like, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSED: tl.constexpr):
     """int32 zeros of the counts tile, in ``like``'s layout when given (see tile_counts)."""
     if like is not None:
@@ -428,12 +443,7 @@ def tile_counts(
     last = (hrow + m_last) * num_samples + c0 + lane
     a_first = tl.load(RowStart + first, mask=lane_valid, other=2**30)
     a_last = tl.load(RowStart + last, mask=lane_valid, other=2**30)
-    if CLASSIFY:
-        a_full = a_last <= n0
-        a_mixed = (a_last > n0) & (a_first < hi)
-    else:
-        a_full = lane < 0
-        a_mixed = lane_valid
+    a_full, a_mixed = _event_classes(a_first, a_last, n0, hi, lane, lane_valid, CLASSIFY)
     a_bits = _lane_bits(a_mixed, lane, S_BLOCK)
     n_const = tl.reduce(a_full.to(tl.int32), 0, sum_combine)
     if CAUSAL:
@@ -446,12 +456,7 @@ def tile_counts(
     else:
         b_first = tl.load(RowEnd + first, mask=lane_valid, other=2**30)
         b_last = tl.load(RowEnd + last, mask=lane_valid, other=2**30)
-        if CLASSIFY:
-            b_full = b_last <= n0
-            b_mixed = (b_last > n0) & (b_first < hi)
-        else:
-            b_full = lane < 0
-            b_mixed = lane_valid
+        b_full, b_mixed = _event_classes(b_first, b_last, n0, hi, lane, lane_valid, CLASSIFY)
         b_bits = _lane_bits(b_mixed, lane, S_BLOCK)
         n_const -= tl.reduce((b_full | b_mixed).to(tl.int32), 0, sum_combine)
     if TRANSPOSED:
