@@ -7,9 +7,19 @@ Wagner 2026, Theorem 2.2) for the same partition sample, with autograd support.
 
 from plsh_ref.provenance import package_version as _package_version
 
-from .api import plsh_attention
-
 #: the installed distribution's version (one number for plsh_ref and plsh_fast, in pyproject)
 __version__ = _package_version()
 
 __all__ = ["plsh_attention"]
+
+
+def __getattr__(name):
+    # torch is imported on first use of plsh_attention, not by ``import plsh_fast``: the
+    # ``plsh`` command line imports plsh_fast.experiments.train_lm to show ``--help`` and
+    # to say that torch is missing, which must work without torch (PEP 562).
+    if name == "plsh_attention":
+        from .api import plsh_attention
+
+        globals()[name] = plsh_attention
+        return plsh_attention
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

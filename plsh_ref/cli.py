@@ -81,7 +81,9 @@ def _summary(ep) -> str:
         return f"(unavailable: {exc})"
     text = getattr(module, "SUMMARY", None) or module.HELP.split(". ")[0].rstrip(".")
     missing = _missing_requirement(module)
-    return text + (f" (needs {missing}: not installed)" if missing else "")
+    if missing:
+        text = text.removesuffix(f" (needs {missing})") + f" (needs {missing}: not installed)"
+    return text
 
 
 def _usage() -> str:

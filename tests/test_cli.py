@@ -129,10 +129,16 @@ def test_plsh_ref_and_its_commands_run_without_torch(no_torch_env):
         proc = _run(env, folder, *plsh, *argv)
         assert proc.returncode == 0, (argv, proc.stderr)
         assert "Traceback" not in proc.stderr
-    assert re.search(r"^  train-lm\s+\(needs torch: not installed\)$", proc.stdout, re.M)
+    assert re.search(
+        r"^  train-lm\s+train small .*\(needs torch: not installed\)$", proc.stdout, re.M
+    )
+    assert "(needs torch) (needs torch" not in proc.stdout
     proc = _run(env, folder, *plsh, "spectrum", "--n", "16", "--num-samples", "2", "--out", "sp")
     assert proc.returncode == 0, proc.stderr
     assert (folder / "sp" / "results.json").is_file()
+    # --help needs no torch (it used to fail: importing plsh_fast imported torch)
+    proc = _run(env, folder, *plsh, "train-lm", "--help")
+    assert proc.returncode == 0 and "--steps" in proc.stdout, proc.stderr
     proc = _run(env, folder, *plsh, "train-lm", "--steps", "1")
     assert proc.returncode == 2
     assert proc.stderr.startswith("plsh train-lm: needs torch"), proc.stderr
