@@ -361,8 +361,9 @@ def tile_config(
     second warpgroup (sm_90) or the second four warps (sm_80) only repeat the first's logits
     and counts (``warpsPerCTA = [8, 1]``, the layout a dot feeding another dot takes), twice
     the work. float32 (``tf32x3``: each operand split in a TF32 high and low part, three
-    MMAs per dot) takes narrow key tiles, eight warps in the dQ kernel and ``head_dim`` in
-    two column chunks, except the sm_90 forward at a head_dim that is not a power of two
+    MMAs per dot) takes narrow key tiles, eight warps in the dQ kernel (whose second
+    warpgroup also repeats the logits and counts; with four warps it spills 64 B at
+    head_dim 128 on sm_90, Triton 3.9) and ``head_dim`` in two column chunks, except the sm_90 forward at a head_dim that is not a power of two
     (96 = 64 + 32: the halves 64 + 64 spilled 24 B with 3.6); the sm_80 float32 forward at
     head_dim 65..128 (16 x 16 tiles) lets ptxas use 255 registers (``fwd_maxnreg``; left
     to itself it stopped at 168 and spilled 8 B at head_dim 96 with 3.6, and with two warps
