@@ -18,7 +18,9 @@ from plsh_ref.validation import as_positions, check_num_samples  # re-exported
 __all__ = [
     "BACKENDS",
     "MAX_HEAD_DIM_TRITON",
+    "MAX_NUM_SAMPLES_TRITON",
     "check_backend",
+    "check_backend_num_samples",
     "check_finite",
     "check_num_samples",
     "check_partition",
@@ -31,6 +33,9 @@ __all__ = [
 BACKENDS = ("auto", "cpu", "triton")
 #: Largest head_dim of the Triton kernels (SPEC section 5).
 MAX_HEAD_DIM_TRITON = 256
+#: Largest num_samples of the Triton kernels: the weights ``C_ij <= s`` of the softmax
+#: numerator, cast to the value dtype for the ``P V`` MMA, stay finite in float16.
+MAX_NUM_SAMPLES_TRITON = 32768
 
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -193,6 +198,22 @@ def check_backend(backend: str, device: torch.device, head_dim: int, head_dim_v:
                 f"got {max(head_dim, head_dim_v)}"
             )
     return backend
+
+
+def check_backend_num_samples(backend: str, num_samples: int) -> None:
+    """Refuse more than :data:`MAX_NUM_SAMPLES_TRITON` samples on the Triton path.
+
+    Raises
+    ------
+    ValueError
+        ``backend == "triton"`` (resolved) and ``num_samples > MAX_NUM_SAMPLES_TRITON``.
+    """
+    if backend == "triton" and num_samples > MAX_NUM_SAMPLES_TRITON:
+        raise ValueError(
+            f"num_samples: at most {MAX_NUM_SAMPLES_TRITON} on the Triton path (the count "
+            f"weights C_ij <= s must stay finite in float16), got {num_samples}; use "
+            "backend='cpu' for more"
+        )
 
 
 def check_bins_in_range(

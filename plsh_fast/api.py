@@ -61,8 +61,8 @@ def plsh_attention(
         :func:`plsh_ref.alibi.alibi_slopes` ``(num_heads)``. Used to draw the partition
         (``sigma_h = 1 / m_h``); ignored when ``partition`` is given.
     num_samples : int, optional
-        Number of random binnings ``s >= 1`` per head (default 16). Must match the
-        partition when one is given.
+        Number of random binnings ``s >= 1`` per head (default 16; at most 32768 on the
+        Triton path). Must match the partition when one is given.
     causal : bool
         Key ``j`` admissible for query ``i`` iff ``p_j <= p_i``.
     scale : float, optional
@@ -129,6 +129,7 @@ def plsh_attention(
         partition with another head count or sample count, both ``partition`` and
         ``seed``, positions of the wrong length or batch, a mask of the wrong shape or with
         integer entries other than 0/1, an unknown or unavailable ``backend``,
+        ``num_samples > 32768`` on the Triton path,
         non-finite inputs when ``check_finite``, slopes so small that ``1 / slope``
         overflows, a bin index ``floor((p - offset) / pitch)`` outside the int64 range
         (pitch too small for the positions; as :func:`plsh_ref.partition.bins`). All
@@ -206,6 +207,7 @@ def plsh_attention(
             )
             sample = resolve_partition(None, m, num_samples, seed)
         pitch, offset = partition_tensors(sample, device)
+    V.check_backend_num_samples(backend, pitch.shape[1])
     if slopes is not None and partition is not None and eager:
         V.check_slopes(slopes, num_heads)
     if eager and check_finite:

@@ -181,6 +181,23 @@ def test_triton_backend_on_cpu_needs_the_interpreter(no_kernel, monkeypatch):
         plsh_attention(*qkv(), seed=0, backend="triton")
 
 
+def test_triton_backend_refuses_more_samples_than_float16_weights_hold(no_kernel, monkeypatch):
+    # num_samples = 40000 reached a bare `assert` in the Triton launch code
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # backend="triton" on CPU tensors passes
+    q = torch.randn(1, 1, 2, 4)
+    with pytest.raises(ValueError, match="^num_samples: at most 32768 on the Triton path"):
+        plsh_attention(q, q, q, num_samples=32769, seed=0, backend="triton")
+    partition = draw_partition(np.array([2.0]), 32769, seed=0)
+    with pytest.raises(ValueError, match="^num_samples: at most 32768"):
+        plsh_attention(q, q, q, partition=partition, backend="triton")
+
+
+def test_cpu_backend_takes_more_than_32768_samples():
+    q = torch.randn(1, 1, 2, 4, dtype=torch.float64)
+    out = plsh_attention(q, q, q, num_samples=32769, seed=0, backend="cpu")
+    assert out.shape == q.shape and bool(torch.isfinite(out).all())
+
+
 def test_cpu_backend_refuses_other_devices(no_kernel):
     q, k, v = (_meta(x) for x in qkv())
     with pytest.raises(ValueError, match="^backend:"):
