@@ -345,16 +345,23 @@ def tile_config(
     """The shipped :class:`TileConfig` for a head size, dtype and GPU.
 
     Chosen from the AOT compile tables (``benchmarks/aot_report.py --set full``,
-    ``benchmarks/results/aot_2026-12-01_session3*.md``, Triton 3.9 and 3.6) so that no
-    kernel spills registers at ``head_dim <= 128`` (float32, float16, bfloat16; sm_90 and
-    sm_80), the key/query loops stay software-pipelined (``cp.async``), the dots use
-    ``wgmma`` on sm_90 (``mma.sync`` on sm_80) and the shared memory fits; speed is a GPU
-    measurement (``benchmarks/gpu_check.py``). The float32 dK/dV kernel on sm_90 takes
+    ``benchmarks/results/aot_2026-12-01_session3*.md``, Triton 3.9 and 3.6) so that at the
+    head sizes of that set (64, 96, 128 and 256, 128/64 in the forward; float32, float16,
+    bfloat16; sm_90 and sm_80; 1 to 64 samples) no kernel spills registers, the key/query
+    loops stay software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90
+    (``mma.sync`` on sm_80; also the bfloat16 dK/dV kernel at head_dim 256) and the shared
+    memory fits; speed is a GPU measurement (``benchmarks/gpu_check.py``). Not so
+    elsewhere (``benchmarks/results/aot_2026-12-01_other_head_dims.md``): half types at a
+    head_dim that is not a multiple of 16 (40, 72, 120) lose ``cp.async`` in the forward
+    and dQ kernels, float32 on sm_90 spills at head_dim 112 and 120 and in the dQ kernel
+    at unequal head sizes, and more than 64 samples make the sample loop a runtime loop
+    (no ``cp.async``). The float32 dK/dV kernel on sm_90 takes
     64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
     programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
     :attr:`TileConfig.dkdv_manual_x3`; ``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``);
-    on sm_80 it keeps 16 x 16 tiles (``mma.sync``). Small query tiles keep the planned key
-    range ``BLOCK_M + window`` tight (the PLSH window is short for small sigma). The dQ
+    on sm_80 it keeps 16 x 16 tiles (``mma.sync``). The query tiles stay at 64 rows or
+    fewer because a tile's planned key range is about ``BLOCK_M`` plus the window, and the
+    PLSH window is short for small sigma. The dQ
     kernel walks the key range in half-width tiles (32 keys on sm_90, 16 on sm_80; with the
     plan's 64/32 it spilled 8-24 B at bf16/fp16 head_dim 96-128 with Triton 3.6, and on
     sm_80 with 3.9). Eight warps would avoid these spills too, but with 64-row tiles the
