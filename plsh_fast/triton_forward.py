@@ -4,8 +4,9 @@ PLSH attention (Wolfson & Wagner 2026, Theorem 2.2; SPEC section 3) is softmax a
 with the additive bias ``log M~_ij = log(C_ij / s)``, where ``C_ij`` counts the samples
 whose bins put positions ``p_i`` and ``p_j`` together. One program handles one query tile
 of one (batch, head) and makes a single pass over the keys its rows can reach (planned
-by :mod:`plsh_fast.tiling`, about ``BLOCK_M + sigma (ln s + ln ln s)`` keys per tile for
-sorted positions), with an online softmax in which key ``j`` is weighted by ``C_ij``:
+by :mod:`plsh_fast.tiling`, about ``BLOCK_M`` plus the largest of the ``s`` pitches,
+``~ sigma (ln s + ln ln s)``, keys per causal tile for sorted positions; one query's
+expected window is shorter, ``~ sigma (ln s + 0.58)``, ``proofs_notes/window_width.md``), with an online softmax in which key ``j`` is weighted by ``C_ij``:
 
 ``out_i = sum_j C_ij exp(c q_i.k_j - m_i) v_j / sum_j C_ij exp(c q_i.k_j - m_i)``,
 ``lse_i = m_i + log(sum_j C_ij exp(c q_i.k_j - m_i)) - log(s)``,
@@ -295,14 +296,17 @@ class TileConfig:
     fwd_maxnreg : int or None
         Registers per thread ptxas may use in the forward kernel (Triton's ``maxnreg``
         launch option, PTX ``.maxnreg``; ``None``: ptxas's own choice).
-    dkdv_block_n : int
-        Key tile of the dK/dV kernel (``0``: ``block_n``); its query ranges are planned for
+    dkdv_block_n : int or None
+        Key tile of the dK/dV kernel (``None``: ``block_n``); its query ranges are planned for
         this tile (:func:`plsh_fast.tiling.plan_query_range`), so it need not divide or be
         divided by ``block_n``.
     dkdv_split_d : bool
         Two dK/dV programs per key tile, each accumulating one of the equal column halves
         of dK and dV (both recompute the logits, counts and dP: 1.5 times the MMA work and
-        twice the counts and ``exp2``), halving the accumulators' registers.
+        twice the counts and ``exp2``), halving the accumulators' registers. Only where
+        the backward takes ``head_dim`` and ``head_dim_v`` each in two equal, non-empty
+        column chunks (:func:`head_dim_split`; ``column_halves`` at head sizes above 16);
+        ignored otherwise.
     dkdv_manual_x3 : bool
         float32, with ``dkdv_split_d`` and column halves of at least 32: the dK/dV kernel
         writes the logits' and dP's ``tf32x3`` out (``input_precision="tf32"`` dots, as
@@ -323,7 +327,7 @@ class TileConfig:
     dq_block_n: int | None = None
     fwd_column_halves: bool | None = None
     fwd_maxnreg: int | None = None
-    dkdv_block_n: int = 0
+    dkdv_block_n: int | None = None
     dkdv_split_d: bool = False
     dkdv_manual_x3: bool = False
 
