@@ -357,8 +357,8 @@ def tile_config(
     memory fits; speed is a GPU measurement (``benchmarks/gpu_check.py``). Not so
     elsewhere (``benchmarks/results/aot_2026-12-01_other_head_dims.md``): half types at a
     head_dim that is not a multiple of 16 (40, 72, 120) lose ``cp.async`` in the forward
-    and dQ kernels, float32 on sm_90 spills at head_dim 112 and 120 and in the dQ kernel
-    at unequal head sizes, and more than 64 samples make the sample loop a runtime loop
+    and dQ kernels, float32 on sm_90 spills at head_dim 120 (and in the forward at 112
+    with Triton 3.6, 24 B) and in the dQ kernel at unequal head sizes, and more than 64 samples make the sample loop a runtime loop
     (no ``cp.async``). The float32 dK/dV kernel on sm_90 takes
     64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
     programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
@@ -374,8 +374,11 @@ def tile_config(
     the work. float32 (``tf32x3``: each operand split in a TF32 high and low part, three
     MMAs per dot) takes narrow key tiles, eight warps in the dQ kernel (whose second
     warpgroup also repeats the logits and counts; with four warps it spills 64 B at
-    head_dim 128 on sm_90, Triton 3.9) and ``head_dim`` in two column chunks, except the sm_90 forward at a head_dim that is not a power of two
-    (96 = 64 + 32: the halves 64 + 64 spilled 24 B with 3.6); the sm_80 float32 forward at
+    head_dim 128 on sm_90, Triton 3.9) and ``head_dim`` in two column chunks, except the
+    sm_90 forward at a head_dim in 65..96 that is not a power of two (96 = 64 + 32: the
+    halves 64 + 64 spilled 24 B with 3.6; above 96 the halves spill less than one 128-wide
+    chunk: at 112, 0 B against 92 B with 3.9 and 24 B against 192 B with 3.6,
+    ``benchmarks/results/aot_2026-12-01_other_head_dims.md``); the sm_80 float32 forward at
     head_dim 65..128 (16 x 16 tiles) lets ptxas use 255 registers (``fwd_maxnreg``; left
     to itself it stopped at 168 and spilled 8 B at head_dim 96 with 3.6, and with two warps
     at 128 with 3.9). On sm_80 the half types at ``head_dim <= 128`` take two column chunks
@@ -403,7 +406,7 @@ def tile_config(
         if hopper:  # dK/dV: 64-key tiles (warpgroup MMAs), column halves, tf32x3 by hand
             return TileConfig(
                 64, 16, 4, 2, 8, 16, 4, True,
-                fwd_column_halves=pow2(widest) == widest,
+                fwd_column_halves=pow2(widest) == widest or widest > 96,
                 dkdv_block_n=64, dkdv_split_d=True, dkdv_manual_x3=True,
             )  # fmt: skip
         if widest <= 64:
