@@ -597,6 +597,12 @@ def test_bounds_for_a_sigma_whose_variance_limit_underflows(capsys):
     assert capsys.readouterr().out.splitlines()[1].split()[0] == "0.001"
 
 
+def test_bounds_for_a_delta_below_two_to_minus_53(capsys):
+    # "error: q: must lie in the open interval (0, 1), got 1.0" (1 - 1e-17 rounds to 1)
+    assert cli.main(["bounds", "--delta", "1e-17", "--n", "64", "--sigma", "16", "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[0] == "16"
+
+
 @pytest.mark.parametrize("sigma", ["4,,16", "4,", ",4"])
 def test_empty_value_between_commas_is_a_usage_error(capsys, sigma):
     # "4,,16" used to be read as 4 16
