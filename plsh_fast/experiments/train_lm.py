@@ -72,7 +72,7 @@ _OPTIONS = [
         "variants",
         str,
         DEFAULT_VARIANTS,
-        "comma-separated variants: alibi, plsh-S (S hashes), none, blocks",
+        "comma- or space-separated variants: alibi, plsh-S (S hashes), none, blocks",
     ),
     ("--seq-len", "seq_len", int, 128, "training length L (bytes)"),
     ("--steps", "steps", int, 250, "optimizer steps per variant and seed"),
@@ -169,6 +169,8 @@ def add_arguments(parser) -> None:
     for flag, dest, typ, default, text in _OPTIONS:
         if dest == "seeds":
             kw = dict(action=JoinedValues, element=int, minimum=0)
+        elif dest == "variants":
+            kw = dict(action=JoinedValues, element=str.strip, metavar="VARIANTS")
         elif dest == "out":
             kw = dict(action=StoreValue, type=typ)
             text = text.split(" (default")[0]

@@ -37,7 +37,7 @@ import time
 
 import numpy as np
 
-from ..experiments.options import option_message
+from ..experiments.options import JoinedValues, option_message
 from .problems import DTYPES, POSITION_MODES, ProblemSpec
 from .reference import KINDS
 from .suite import (
@@ -132,7 +132,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtypes",
         default=None,
-        help="comma-separated dtypes (default: float16,float32,float64 for numpy, "
+        action=JoinedValues,
+        element=str.strip,
+        metavar="DTYPES",
+        help="comma- or space-separated dtypes (default: float16,float32,float64 for numpy, "
         "float16,bfloat16,float32 for torch)",
     )
     parser.add_argument(
