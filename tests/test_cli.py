@@ -522,7 +522,7 @@ def test_train_lm_refuses_a_size_over_max_memory_and_renames_backend_fast(capsys
     assert cli.main(["train-lm", "--backend", "fast", "--weight-decay", "nan"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[0].startswith("plsh: warning: --backend fast is deprecated")
-    assert lines[1].startswith("plsh train-lm: error: weight_decay")
+    assert lines[1].startswith("plsh train-lm: error: --weight-decay:")
 
 
 def test_bounds_refuses_a_huge_sigma_in_one_line(capsys):
