@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
@@ -194,6 +195,17 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _check_json_path(path) -> None:
+    # before the run: a report that cannot be written was only noticed after it
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise KernelContractError(f"--json: {path!r} is a folder, expected a file path")
+    if not os.path.isdir(folder):
+        raise KernelContractError(f"--json: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise KernelContractError(f"--json: folder {folder!r} is not writable")
+
+
 def _options(args):
     if args.framework == "numpy" and args.device != "cpu":
         raise KernelContractError(
@@ -226,6 +238,8 @@ def _options(args):
             raise KernelContractError(f"--{name}: must be >= {minimum}, got {value}")
     if not (args.timeout > 0 and np.isfinite(args.timeout)):
         raise KernelContractError(f"--timeout: must be > 0 seconds, got {args.timeout}")
+    if args.json:
+        _check_json_path(args.json)
     unsupported = {}
     for name in (args.unsupported or "").split(","):
         if name.strip():
@@ -562,5 +576,5 @@ def run(args: argparse.Namespace) -> int:
         try:
             _json_report(args.json, header, records, axes, status)
         except OSError as exc:
-            return _fail(f"json: cannot write {args.json!r}: {exc}")
+            return _fail(f"--json: cannot write {args.json!r}: {exc}")
     return status
