@@ -35,13 +35,12 @@ import numpy as np
 from .alibi import kernel_matrix, resolve_positions
 from .attention import expand_kv, validate_qkv
 from .expectation import (
-    largest_pitch_quantile,
     largest_pitch_sf,
     variance_proxy,
     variance_proxy_limit,
 )
 from .partition import counts
-from .samplers import largest_pitch_quantile_of, largest_pitch_sf_of, resolve_group_size
+from .samplers import largest_pitch_sf_of, resolve_group_size
 from .toeplitz import kms_spectral_norm_limit
 from .validation import (
     check_int,
@@ -282,8 +281,10 @@ def block_size_bound(
     """Smallest integer ``b`` with :func:`block_size_tail_bound` ``<= delta``.
 
     With probability ``>= 1 - delta`` every block of the ``s`` masks of one head has at most
-    ``b`` tokens (any sequence length). ``b = ceil(q)`` with ``q`` the ``1 - delta``
-    quantile of the largest pitch (Lambert W); ``b ~ sigma (ln(s/delta) + ln ln(s/delta))``.
+    ``b`` tokens (any sequence length). ``b`` is found by bisection on the tail itself (so
+    any ``delta`` in ``(0, 1)`` works, also below ``2^-53`` where ``1 - delta`` rounds to 1);
+    it is ``ceil(q)`` with ``q`` the ``1 - delta`` quantile of the largest pitch,
+    ``b ~ sigma (ln(s/delta) + ln ln(s/delta))``.
     ``sampler``/``group_size`` as :func:`block_size_tail_bound`.
 
     Raises
@@ -300,12 +301,21 @@ def block_size_bound(
     delta = check_probability("delta", delta)
     kw = {"sampler": sampler, "group_size": group_size}
 
-    b = max(0, math.ceil(largest_pitch_quantile_of(1.0 - delta, sigma, s, **kw)))
-    while b > 0 and largest_pitch_sf_of(float(b - 1), sigma, s, **kw) <= delta:
-        b -= 1
-    while largest_pitch_sf_of(float(b), sigma, s, **kw) > delta:
-        b += 1
-    return b
+    def above(b: int) -> bool:
+        return largest_pitch_sf_of(float(b), sigma, s, **kw) > delta
+
+    # Search on the survival function itself (nonincreasing in b, 0 far out): the
+    # ``1 - delta`` quantile cannot be asked for once ``1 - delta`` rounds to 1
+    # (``delta`` below about 1.1e-16).
+    if not above(0):
+        return 0
+    lo, hi = 0, max(1, math.ceil(sigma))  # above(lo) holds throughout
+    while above(hi):
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if above(mid) else (lo, mid)
+    return hi
 
 
 # --------------------------------------------------------------------------------------
@@ -384,10 +394,12 @@ def _bernstein_tau(n: int, s: int, v: float, r: float, delta: float) -> float:
 
 
 def _candidate_levels(n: int, sigma: float, s: int, delta: float):
+    # The levels whose tail P(max_t delta_t > k) is just below a fraction of delta, found
+    # on the tail itself (a quantile at 1 - frac delta fails once that rounds to 1).
     levels = {n}
     for frac in (0.5, 0.3, 0.1, 0.03, 0.01, 1e-3):
-        k = math.ceil(largest_pitch_quantile(1.0 - frac * delta, sigma, s))
-        levels.add(max(1, min(n, k)))
+        if frac * delta > 0.0:
+            levels.add(max(1, min(n, block_size_bound(sigma, s, frac * delta))))
     return sorted(levels)
 
 

@@ -42,12 +42,30 @@ def test_max_norm_formulas():
 # ---------------------------------------------------------------- block size
 
 
-@pytest.mark.parametrize("sigma, s, delta", [(0.5, 1, 0.5), (4.0, 16, 0.01), (256.0, 64, 1e-6)])
+@pytest.mark.parametrize(
+    "sigma, s, delta",
+    # delta < 2^-53: 1 - delta rounds to 1 (the bound asked a quantile at q = 1 and failed)
+    [(0.5, 1, 0.5), (4.0, 16, 0.01), (256.0, 64, 1e-6), (16.0, 16, 1e-17), (16.0, 16, 1e-300)],
+)
 def test_block_size_bound_is_smallest_integer(sigma, s, delta):
     b = bd.block_size_bound(sigma, s, delta)
     assert bd.block_size_tail_bound(b, sigma, s) <= delta
     assert b == 0 or bd.block_size_tail_bound(b - 1, sigma, s) > delta
     assert bd.block_size_tail_bound(b, sigma, s) == largest_pitch_sf(float(b), sigma, s)
+
+
+def test_bounds_for_a_delta_below_the_binary64_resolution_of_one():
+    # 1 - 1e-17 == 1.0: the block bound grows past the one at 1e-16, and the spectral bound
+    # (whose truncation levels came from quantiles at 1 - frac delta) is finite.
+    assert bd.block_size_bound(16.0, 16, 1e-17) > bd.block_size_bound(16.0, 16, 1e-16)
+    for sampler in ("stratified", "shared"):
+        b = bd.block_size_bound(16.0, 16, 1e-17, sampler=sampler, group_size=4)
+        assert bd.block_size_tail_bound(b, 16.0, 16, sampler=sampler, group_size=4) <= 1e-17
+        assert bd.block_size_tail_bound(b - 1, 16.0, 16, sampler=sampler, group_size=4) > 1e-17
+    tight = bd.spectral_error_bound(256, 16.0, 16, 1e-16)
+    tiny = bd.spectral_error_bound(256, 16.0, 16, 1e-17)
+    assert math.isfinite(tiny.eps) and tiny.eps > tight.eps
+    assert tiny.truncation_probability < 1e-17
 
 
 @settings(max_examples=20)

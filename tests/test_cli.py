@@ -522,7 +522,7 @@ def test_train_lm_refuses_a_size_over_max_memory_and_renames_backend_fast(capsys
     assert cli.main(["train-lm", "--backend", "fast", "--weight-decay", "nan"]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines[0].startswith("plsh: warning: --backend fast is deprecated")
-    assert lines[1].startswith("plsh train-lm: error: weight_decay")
+    assert lines[1].startswith("plsh train-lm: error: --weight-decay:")
 
 
 def test_bounds_refuses_a_huge_sigma_in_one_line(capsys):
@@ -597,14 +597,41 @@ def test_bounds_for_a_sigma_whose_variance_limit_underflows(capsys):
     assert capsys.readouterr().out.splitlines()[1].split()[0] == "0.001"
 
 
-@pytest.mark.parametrize("sigma", ["4,,16", "4,", ",4"])
-def test_empty_value_between_commas_is_a_usage_error(capsys, sigma):
-    # "4,,16" used to be read as 4 16
+def test_bounds_for_a_delta_below_two_to_minus_53(capsys):
+    # "error: q: must lie in the open interval (0, 1), got 1.0" (1 - 1e-17 rounds to 1)
+    assert cli.main(["bounds", "--delta", "1e-17", "--n", "64", "--sigma", "16", "--quiet"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[0] == "16"
+
+
+@pytest.mark.parametrize(
+    "command, option, value",
+    [
+        ("bounds", "--sigma", "4,,16"),
+        ("bounds", "--sigma", "4,"),
+        ("bounds", "--sigma", ",4"),
+        # these two were read as float32,float64 and plsh-2,none
+        ("verify", "--dtypes", "float32,,float64"),
+        ("train-lm", "--variants", "plsh-2,,none"),
+        ("train-lm", "--variants", "alibi, ,none"),
+    ],
+)
+def test_empty_value_between_commas_is_a_usage_error(capsys, command, option, value):
+    # "4,,16" used to be read as 4 16; parsing only, so that nothing runs if it passes
+    kernel = ["plsh_ref.testing.examples:numpy_alibi"] if command == "verify" else []
+    parser = cli.OneLineArgumentParser(prog=f"plsh {command}")
+    cli.load_command(command).add_arguments(parser)
     with pytest.raises(SystemExit) as exc:
-        cli.main(["bounds", "--sigma", sigma, "--quiet"])
+        parser.parse_args([*kernel, option, value, "--quiet"])
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "--sigma: empty value between commas" in err and len(err.splitlines()) == 1
+    assert f"{option}: empty value between commas" in err and len(err.splitlines()) == 1
+
+
+def test_dtypes_and_variants_lists_are_parsed_as_before():
+    verify = _parser("verify").parse_args(["m:f", "--dtypes", "float32, float64"])
+    assert verify.dtypes == "float32,float64"
+    lm = _parser("train-lm").parse_args(["--variants", "alibi,plsh-2", "none"])
+    assert lm.variants == "alibi,plsh-2,none"
 
 
 def test_old_and_new_spelling_together_is_a_usage_error(capsys, tmp_path):

@@ -120,6 +120,22 @@ def test_cli_user_qkv_and_bad_file(tmp_path, capsys):
     assert "key" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("nonzero", [(), ("query", "key")])
+def test_cli_refuses_qkv_whose_reference_output_is_zero(tmp_path, capsys, nonzero):
+    # all-zero arrays (or a zero value) printed "nan ± 0" and exited 0
+    rng = np.random.default_rng(2)
+    arrays = {name: np.zeros((1, 1, 40, 4)) for name in ("query", "key", "value")}
+    arrays.update({name: rng.normal(size=(1, 1, 40, 4)) for name in nonzero})
+    path = tmp_path / "zeros.npz"
+    np.savez(path, **arrays)
+    out = tmp_path / "o"
+    argv = ["reproduce", "--qkv", str(path), "--n", "32", "--out", str(out), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "error: --qkv:" in err and "all zero" in err
+    assert not out.exists()  # refused before any work
+
+
 def test_plsh_ref_runs_without_torch(tmp_path):
     """Import every torch-free module and run the main job with torch/triton made unimportable."""
     code = textwrap.dedent(f"""

@@ -611,7 +611,7 @@ def test_train_lm_sampler_option(tmp_path, capsys):
     model = ByteLM("plsh-4", d_model=16, num_layers=2, num_heads=2, sampler="stratified")
     assert {core.sampler for core in model.attention_cores()} == {"stratified"}
     assert main(["train-lm", "--sampler", "lhs"]) == 2
-    assert capsys.readouterr().err.startswith("plsh train-lm: error: sampler")
+    assert capsys.readouterr().err.startswith("plsh train-lm: error: --sampler:")
 
 
 def test_samplers_bench_runs_and_reports(tmp_path):

@@ -102,10 +102,10 @@ def test_parse_variant_and_bad_options(tmp_path, capsys):
         main(["train-lm", "--eval-tokens", "100", "--seq-len", "64", "--out", str(tmp_path / "x")])
         == 2
     )
-    assert capsys.readouterr().err.startswith("plsh train-lm: error: eval_tokens:")
+    assert capsys.readouterr().err.startswith("plsh train-lm: error: --eval-tokens:")
     assert main(["train-lm", "--variants", "alibi,rope", "--out", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err.startswith(
-        "plsh train-lm: error: variants: unknown variant 'rope'"
+        "plsh train-lm: error: --variants: unknown variant 'rope'"
     )
 
 
@@ -215,6 +215,27 @@ def test_fast_and_dense_backends_train_the_same_model():
         grads[backend] = [loss.detach()] + [p.grad for p in model.parameters()]
     for a, b in zip(grads["dense"], grads["fast"]):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "flag, message",
+    [
+        (["--steps", "0"], "--steps: must be >= 1, got 0"),
+        (["--d-model", "0"], "--d-model: must be >= 1, got 0"),
+        (["--d-model", "30"], "--d-model: 30 not divisible by --heads 4"),
+        (["--eval-lengths", "1,x"], "--eval-lengths: must be comma-separated integers"),
+        (["--eval-lengths", "0"], "--eval-lengths: multiples must be >= 1"),
+        (["--corpus", "/nonexistent/corpus"], "--corpus: not a directory"),
+        (["--seed", "1,1"], "--seed: must be distinct"),
+        (["--lr", "nan"], "--lr: must be finite and > 0"),
+    ],
+)
+def test_errors_name_the_option(tmp_path, flag, message, capsys):
+    """They named the Python parameters (steps:, d_model:, root: for --corpus, ...)."""
+    assert main(["train-lm", *flag, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"plsh train-lm: error: {message}"), err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,16 @@ def test_bad_input_one_line_exit_2(capsys, tmp_path, monkeypatch, args, message)
     assert err.startswith("plsh verify: ") and message in err, err
 
 
+@pytest.mark.parametrize("where", ["missing_folder", "a_folder"])
+def test_json_path_is_checked_before_the_run(capsys, tmp_path, where):
+    # "--json /nonexistent/dir/x.json" printed PASS after the whole run, then exit 2
+    path = tmp_path / "no_such_dir" / "x.json" if where == "missing_folder" else tmp_path
+    args = [f"{EX}:numpy_alibi", "--no-battery", "--cases", "2", "--json", str(path)]
+    code, out, err = verify(capsys, *args)
+    assert code == 2 and out == "", out
+    assert len(err.strip().splitlines()) == 1 and err.startswith("plsh verify: --json: "), err
+
+
 def test_unavailable_device_is_bad_input(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -266,6 +266,13 @@ def test_verify_slopes_bad_input(capsys, tmp_path, monkeypatch, function, messag
     assert err.count("\n") == 1 and message in err, err
 
 
+def test_verify_slopes_error_names_the_option(capsys):
+    # said "max-heads:" without the dashes
+    assert main(["verify-slopes", "plsh_ref.alibi:alibi_slopes", "--max-heads", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "plsh verify-slopes: --max-heads: must be >= 1, got 0\n", err
+
+
 def test_verify_slopes_catches_rounding_only_from_nine_heads():
     """bf16 holds 2^(-k) exactly: power-of-two head counts up to 8 stay exact."""
     from plsh_ref.alibi import alibi_slopes

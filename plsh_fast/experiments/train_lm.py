@@ -48,6 +48,7 @@ from plsh_ref.experiments.options import (
     check_memory,
     default_out_dir,
     deprecation,
+    option_message,
 )
 from plsh_ref.provenance import run_metadata
 
@@ -72,7 +73,7 @@ _OPTIONS = [
         "variants",
         str,
         DEFAULT_VARIANTS,
-        "comma-separated variants: alibi, plsh-S (S hashes), none, blocks",
+        "comma- or space-separated variants: alibi, plsh-S (S hashes), none, blocks",
     ),
     ("--seq-len", "seq_len", int, 128, "training length L (bytes)"),
     ("--steps", "steps", int, 250, "optimizer steps per variant and seed"),
@@ -153,6 +154,9 @@ _OPTIONS = [
     ),
 ]
 
+#: the option of each parameter name that starts an error message (``root``: of the corpus)
+PARAMETER_OPTIONS = {dest: flag for flag, dest, _, _, _ in _OPTIONS} | {"root": "--corpus"}
+
 #: accepted values of --backend (those of plsh_fast.nn.PLSHAttention)
 BACKENDS = ("auto", "cpu", "triton", "dense")
 
@@ -169,6 +173,8 @@ def add_arguments(parser) -> None:
     for flag, dest, typ, default, text in _OPTIONS:
         if dest == "seeds":
             kw = dict(action=JoinedValues, element=int, minimum=0)
+        elif dest == "variants":
+            kw = dict(action=JoinedValues, element=str.strip, metavar="VARIANTS")
         elif dest == "out":
             kw = dict(action=StoreValue, type=typ)
             text = text.split(" (default")[0]
@@ -263,7 +269,7 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
         if getattr(args, name) < 1:
             raise ValueError(f"{name}: must be >= 1, got {getattr(args, name)}")
     if args.d_model % args.heads:
-        raise ValueError(f"d_model: {args.d_model} not divisible by heads={args.heads}")
+        raise ValueError(f"d_model: {args.d_model} not divisible by --heads {args.heads}")
     if args.eval_tokens < args.seq_len * factors[-1]:
         raise ValueError(
             f"eval_tokens: must be >= the longest evaluation length "
@@ -576,15 +582,18 @@ def run(args) -> int:
     from .corpus import load_corpus
     from .model import default_block_sizes
 
-    variants, factors, seeds = _check_args(args)
-    torch.set_num_threads(args.threads)
-    corpus = load_corpus(
-        args.corpus or None, val_fraction=args.val_fraction, max_bytes=args.max_bytes or None
-    )
-    if corpus.train.size <= args.seq_len + 1:
-        raise ValueError(
-            f"corpus: training split has {corpus.train.size} bytes, fewer than seq_len + 2"
+    try:
+        variants, factors, seeds = _check_args(args)
+        corpus = load_corpus(
+            args.corpus or None, val_fraction=args.val_fraction, max_bytes=args.max_bytes or None
         )
+        if corpus.train.size <= args.seq_len + 1:
+            raise ValueError(
+                f"corpus: training split has {corpus.train.size} bytes, fewer than --seq-len + 2"
+            )
+    except ValueError as exc:  # name the options, not the parameters (steps: -> --steps:)
+        raise ValueError(option_message(exc, (), PARAMETER_OPTIONS)) from None
+    torch.set_num_threads(args.threads)
     block_sizes = (
         [args.block_size] * args.heads if args.block_size > 0 else default_block_sizes(args.heads)
     )

@@ -255,16 +255,20 @@ def check_memory(option: str, value, needed_bytes: float, max_memory_gib: float)
         )
 
 
-def option_message(exc: Exception, names) -> str:
+def option_message(exc: Exception, names, options=None) -> str:
     """The message of ``exc`` with a leading library parameter name turned into its option.
 
     Library functions name their parameter (``"num_samples: must be >= 1"``); a command
     that passes an option straight through reports the option (``"--num-samples: must be
     >= 1"``) when that name is in ``names`` (parameter names equal to the option's
-    destination); other messages are returned unchanged.
+    destination) or in ``options``, an optional mapping from parameter name to option for
+    names spelled otherwise (``{"root": "--corpus"}``). Other messages are returned
+    unchanged.
     """
     text = str(exc)
     name, colon, rest = text.partition(":")
+    if colon and options is not None and name in options:
+        return f"{options[name]}:{rest}"
     if colon and name in names:
         return f"--{name.replace('_', '-')}:{rest}"
     return text

@@ -367,6 +367,12 @@ def _output_errors(out, ref):
     return max_abs, rel_fro
 
 
+def _reference_output(query, key, value):
+    """Exact causal ALiBi output with the standard slopes (the errors' reference)."""
+    slopes = alibi_slopes(query.shape[1])
+    return alibi_attention(query, key, value, slopes=slopes, causal=True)[0]
+
+
 def output_error_experiment(
     query,
     key,
@@ -421,7 +427,7 @@ def output_error_experiment(
     sigma = sigma_from_slopes(slopes)
     n_q, n_k = query.shape[2], key.shape[2]
     qpos, kpos = np.arange(n_k - n_q, n_k), np.arange(n_k)
-    ref, _ = alibi_attention(query, key, value, slopes=slopes, causal=True)
+    ref = _reference_output(query, key, value)
     result = {
         "slopes": slopes.tolist(),
         "plsh_max_abs": np.empty((len(samples), reps)),
@@ -699,6 +705,12 @@ def run(args: argparse.Namespace) -> int:
             need["output"],
             args.max_memory,
         )
+        if not np.any(_reference_output(q, k, v)):
+            # the relative errors ||out - ref|| / ||ref|| would all be nan
+            raise ValueError(
+                f"--qkv: the exact ALiBi output of {source} is all zero (e.g. an all-zero "
+                "value array), so relative errors are undefined"
+            )
     except (ValueError, TypeError, OSError) as exc:
         print(f"plsh reproduce: error: {exc}", file=sys.stderr)
         return 2

@@ -32,12 +32,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import time
 
 import numpy as np
 
-from ..experiments.options import option_message
+from ..experiments.options import JoinedValues, option_message
 from .problems import DTYPES, POSITION_MODES, ProblemSpec
 from .reference import KINDS
 from .suite import (
@@ -132,7 +133,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtypes",
         default=None,
-        help="comma-separated dtypes (default: float16,float32,float64 for numpy, "
+        action=JoinedValues,
+        element=str.strip,
+        metavar="DTYPES",
+        help="comma- or space-separated dtypes (default: float16,float32,float64 for numpy, "
         "float16,bfloat16,float32 for torch)",
     )
     parser.add_argument(
@@ -191,6 +195,17 @@ def _fail(message: str) -> int:
     return 2
 
 
+def _check_json_path(path) -> None:
+    # before the run: a report that cannot be written was only noticed after it
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise KernelContractError(f"--json: {path!r} is a folder, expected a file path")
+    if not os.path.isdir(folder):
+        raise KernelContractError(f"--json: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise KernelContractError(f"--json: folder {folder!r} is not writable")
+
+
 def _options(args):
     if args.framework == "numpy" and args.device != "cpu":
         raise KernelContractError(
@@ -223,6 +238,8 @@ def _options(args):
             raise KernelContractError(f"--{name}: must be >= {minimum}, got {value}")
     if not (args.timeout > 0 and np.isfinite(args.timeout)):
         raise KernelContractError(f"--timeout: must be > 0 seconds, got {args.timeout}")
+    if args.json:
+        _check_json_path(args.json)
     unsupported = {}
     for name in (args.unsupported or "").split(","):
         if name.strip():
@@ -559,5 +576,5 @@ def run(args: argparse.Namespace) -> int:
         try:
             _json_report(args.json, header, records, axes, status)
         except OSError as exc:
-            return _fail(f"json: cannot write {args.json!r}: {exc}")
+            return _fail(f"--json: cannot write {args.json!r}: {exc}")
     return status

@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``plsh verify-slopes``; 0 exact, 1 wrong, 2 bad input."""
     try:
         if args.max_heads < 1:
-            raise KernelContractError(f"max-heads: must be >= 1, got {args.max_heads}")
+            raise KernelContractError(f"--max-heads: must be >= 1, got {args.max_heads}")
         function = load_kernel(args.function)
         report = check_slopes_function(function, args.max_heads)
     except KernelContractError as exc:
