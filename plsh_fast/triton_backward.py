@@ -33,7 +33,15 @@ from .tiling import (
     sum_combine,
     tile_counts_all,
 )
-from .triton_forward import LENGTHS, LOG2E, dot_precision, head_dim_split, pow2, tile_config
+from .triton_forward import (
+    LENGTHS,
+    LOG2E,
+    aligned_rows,
+    dot_precision,
+    head_dim_split,
+    pow2,
+    tile_config,
+)
 
 __all__ = ["plsh_backward_triton"]
 
@@ -667,6 +675,8 @@ def plsh_backward_triton(
     dv = torch.zeros_like(value, memory_format=torch.contiguous_format)
     if batch == 0 or n_q == 0 or n_k == 0:
         return dq, dk, dv
+    # 16-element row strides for the pipelined loads (cp.async)
+    query, key, value, grad_out = (aligned_rows(x) for x in (query, key, value, grad_out))
     tiles = _tiles or tile_config(head_dim, head_dim_v, dev, query.dtype)
     block_m = _block_m or tiles.block_m
     block_n = _block_n or tiles.block_n

@@ -36,6 +36,7 @@ from .tiling import make_plan, max_combine, sample_block, sum_combine, tile_coun
 
 __all__ = [
     "TileConfig",
+    "aligned_rows",
     "plsh_forward_triton",
     "default_blocks",
     "dot_precision",
@@ -244,6 +245,45 @@ def _fwd_kernel(
     tl.store(Lse + (b64 * num_heads + h) * n_q + offs_m, lse, mask=m_valid)
 
 
+def aligned_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a copy of it whose strides (but the last) are multiples of 16 elements.
+
+    Triton specialises an integer argument as "divisible by 16" or not at all, and proves
+    a tile's rows 16-byte aligned (which ``cp.async``, the kernels' software-pipelined
+    loads, needs) only from strides divisible by 16 and a 16-byte aligned base. A
+    ``head_dim`` that is not a multiple of 16 (40, 72, 120) gives contiguous rows of
+    another stride, and the kernels then load synchronously
+    (``benchmarks/results/aot_2026-12-01_other_head_dims.md``). Such inputs are copied
+    into a buffer with the last dimension padded to a multiple of 16 and returned as a view
+    of the first ``x.shape[-1]`` columns (the kernels mask the padding): one extra read and
+    write of the tensor, ``O(n head_dim)`` against the attention's ``O(n window
+    head_dim)``.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``(batch, heads, seq_len, head_dim)``, any dtype, device and strides.
+
+    Returns
+    -------
+    torch.Tensor
+        ``x`` itself when its base is 16-byte aligned, its last stride 1 and its other
+        strides multiples of 16 (or the tensor is empty); else the aligned copy (same
+        values, shape, dtype and device).
+    """
+    if x.numel() == 0:
+        return x
+    aligned = (
+        x.stride(-1) == 1 and all(st % 16 == 0 for st in x.stride()[:-1]) and x.data_ptr() % 16 == 0
+    )
+    if aligned:
+        return x
+    width = -(-x.shape[-1] // 16) * 16
+    buf = x.new_empty((*x.shape[:-1], width))
+    buf[..., : x.shape[-1]].copy_(x)
+    return buf[..., : x.shape[-1]]
+
+
 def pow2(x: int, minimum: int = 16) -> int:
     """Smallest power of two ``>= max(x, minimum)`` (tile widths of ``tl.arange``)."""
     return max(minimum, triton.next_power_of_2(max(int(x), 1)))
@@ -354,12 +394,14 @@ def tile_config(
     bfloat16; sm_90 and sm_80; 1 to 64 samples) no kernel spills registers, the key/query
     loops stay software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90
     (``mma.sync`` on sm_80; also the bfloat16 dK/dV kernel at head_dim 256) and the shared
-    memory fits; speed is a GPU measurement (``benchmarks/gpu_check.py``). Not so
-    elsewhere (``benchmarks/results/aot_2026-12-01_other_head_dims.md``): half types at a
-    head_dim that is not a multiple of 16 (40, 72, 120) lose ``cp.async`` in the forward
-    and dQ kernels, float32 on sm_90 spills at head_dim 120 (and in the forward at 112
-    with Triton 3.6, 24 B) and in the dQ kernel at unequal head sizes, and more than 64 samples make the sample loop a runtime loop
-    (no ``cp.async``). The float32 dK/dV kernel on sm_90 takes
+    memory fits; speed is a GPU measurement (``benchmarks/gpu_check.py``). Head sizes
+    that are not multiples of 16 (40, 72, 120) are pipelined and spill-free too, with the
+    launch code's :func:`aligned_rows` copy (without it they lost ``cp.async`` and some
+    spilled). Not so (``benchmarks/results/aot_2026-12-01_other_head_dims.md``): with
+    Triton 3.6 the bfloat16 dK/dV kernel at head_dim 120 (64 B) and the float32 forward at
+    112 (24 B), the float32 dQ kernel on sm_90 at unequal head sizes (40-88 B), the
+    float16 dK/dV kernel on sm_80 at 64/128 (8 B); more than 64 samples make the sample
+    loop a runtime loop (no ``cp.async``). The float32 dK/dV kernel on sm_90 takes
     64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
     programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
     :attr:`TileConfig.dkdv_manual_x3`; ``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``);
@@ -564,6 +606,7 @@ def plsh_forward_triton(
     lse = torch.full((batch, num_heads, n_q), float("-inf"), dtype=torch.float32, device=dev)
     if batch == 0 or n_q == 0 or n_k == 0:
         return (out, lse, None) if return_plan else (out, lse)
+    query, key, value = (aligned_rows(x) for x in (query, key, value))  # cp.async
     tiles = _tiles or tile_config(head_dim, head_dim_v, dev, query.dtype)
     block_m = _block_m or tiles.block_m
     block_n = _block_n or tiles.block_n

@@ -513,3 +513,29 @@ def test_forward_with_sorted_positions_never_synchronises():
         )
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.parametrize("head_dim", [64, 72, 120, 5])
+@pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced"])
+def test_aligned_rows_gives_16_element_strides(head_dim, layout):
+    """The launch code's copy for pipelined loads: strides but the last are multiples of 16
+    elements and the base 16-byte aligned; an input that already is comes back untouched.
+    (At head_dim 72 and 120, without it, the forward and dQ kernels had no cp.async and some
+    spilled: benchmarks/results/aot_2026-12-01_other_head_dims.md; the CI AOT set compiles
+    the head_dim 72 forward and the head_dim 120 float32 dK/dV kernel to check it.)"""
+    base = torch.randn(2, 5, 3, 3 * head_dim + 1)
+    if layout == "contiguous":
+        x = base[..., :head_dim].contiguous()
+    elif layout == "transposed":  # (batch, seq, heads, d) storage, HF style
+        x = base[..., :head_dim].contiguous().transpose(1, 2)
+    else:  # a slice of a fused projection: unaligned strides and base
+        x = base[..., 1 : 1 + head_dim]
+    y = triton_forward.aligned_rows(x)
+    assert torch.equal(y, x) and y.shape == x.shape and y.dtype == x.dtype
+    assert y.stride(-1) == 1 and all(s % 16 == 0 for s in y.stride()[:-1])
+    assert y.data_ptr() % 16 == 0
+    already = x.stride(-1) == 1 and all(s % 16 == 0 for s in x.stride()[:-1])
+    already = already and x.data_ptr() % 16 == 0
+    assert (y is x) == already  # no copy exactly when none is needed
+    if head_dim == 64 and layout != "sliced":
+        assert y is x  # the common head sizes are never copied
