@@ -47,6 +47,25 @@ def test_output_error_baselines_and_convergence():
     assert res["no_bias"]["rel_fro"] > 0 and res["fixed_blocks"]["rel_fro"] > 0
 
 
+def test_output_error_with_a_given_reference_is_the_same():
+    """``plsh reproduce`` computes the exact output once and passes it to every sampler."""
+    from plsh_ref.alibi import alibi_slopes
+    from plsh_ref.attention import alibi_attention
+
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.normal(size=(1, 2, 24, 4)) for _ in range(3))
+    ref = alibi_attention(q, k, v, slopes=alibi_slopes(2), causal=True)[0]
+    a = output_error_experiment(q, k, v, [2, 8], reps=1, seed=0)
+    b = output_error_experiment(q, k, v, [2, 8], reps=1, seed=0, reference=ref)
+    assert np.array_equal(a["plsh_rel_fro"], b["plsh_rel_fro"])
+    assert a["no_bias"] == b["no_bias"] and a["fixed_blocks"] == b["fixed_blocks"]
+    # a wrong reference changes the errors: the argument is really used
+    c = output_error_experiment(q, k, v, [2, 8], reps=1, seed=0, reference=2 * ref)
+    assert not np.array_equal(a["plsh_rel_fro"], c["plsh_rel_fro"])
+    with pytest.raises(ValueError, match="^reference: must have shape"):
+        output_error_experiment(q, k, v, [2, 8], reps=1, seed=0, reference=ref[:, :1])
+
+
 def test_cli_small_run_writes_outputs(tmp_path, capsys):
     out = tmp_path / "run"
     code = main(
