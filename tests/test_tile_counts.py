@@ -85,9 +85,8 @@ def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classif
     return _triton_interp.call(run, plan.row_start, plan.row_end, plan.causal_end, out).numpy()
 
 
-def _check(qpos, kpos, sigma, s, seed, causal, block_m, block_n):
-    partition = draw_partition(np.asarray(sigma, dtype=np.float64), s, seed=seed)
-    plan = _triton_interp.call(
+def _plan(partition, qpos, kpos, causal, block_m, block_n):
+    return _triton_interp.call(
         tiling.make_plan,
         torch.from_numpy(qpos),
         torch.from_numpy(kpos),
@@ -97,6 +96,11 @@ def _check(qpos, kpos, sigma, s, seed, causal, block_m, block_n):
         block_m=block_m,
         block_n=block_n,
     )
+
+
+def _check(qpos, kpos, sigma, s, seed, causal, block_m, block_n):
+    partition = draw_partition(np.asarray(sigma, dtype=np.float64), s, seed=seed)
+    plan = _plan(partition, qpos, kpos, causal, block_m, block_n)
     want = counts(partition, qpos, kpos, causal=causal)
     for transposed in (False, True):
         for classify in (True, False):
@@ -134,16 +138,7 @@ def test_counts_tile_negative_control():
     qpos = kpos = np.arange(24)
     partition = draw_partition(np.array([2.0]), 5, seed=1)
     other = draw_partition(np.array([2.0]), 5, seed=2)
-    plan = _triton_interp.call(
-        tiling.make_plan,
-        torch.from_numpy(qpos),
-        torch.from_numpy(kpos),
-        torch.from_numpy(np.array(other.pitch)),
-        torch.from_numpy(np.array(other.offset)),
-        causal=True,
-        block_m=16,
-        block_n=16,
-    )
+    plan = _plan(other, qpos, kpos, True, 16, 16)
     for transposed in (False, True):
         got = _kernel_counts(plan, 24, 5, 16, 16, transposed, True)  # stored at [i, j]
         assert not np.array_equal(got, counts(partition, qpos, kpos, causal=True))

@@ -190,7 +190,7 @@ def test_negative_controls_fail(variant):
     s=st.integers(1, 70),
     seed=st.integers(0, 2**31 - 1),
 )
-def test_interval_form_counts_equal_reference_counts(mode, causal, n_q, n_k, s, seed):
+def test_plan_row_ranges_give_reference_counts(mode, causal, n_q, n_k, s, seed):
     """sum_t [row_start <= j < row_end] is C_ij of plsh_ref (SPEC section 3), including
     s > 64 (several sample blocks); the plan's ranges are (num_heads, n_q, num_samples)."""
     rng = np.random.default_rng(seed)
