@@ -184,6 +184,8 @@ def test_plsh_ref_runs_without_torch(tmp_path):
         ["bounds", "--eps", "0"],
         ["reproduce", "--num-samples", "1", "--quiet"],
         ["reproduce", "--num-samples", "1,2", "--fit-min-samples", "100", "--quiet"],
+        # -3 was accepted (it fitted over every s)
+        ["reproduce", "--num-samples", "1,2", "--fit-min-samples", "-3", "--quiet"],
         ["reproduce", "--fixed-block-size", "0", "--n", "16", "--num-samples", "1,2", "--quiet"],
     ],
 )

@@ -127,7 +127,8 @@ BAD_KERNELS = """
             "--unsupported: unknown capability 'flash'",
         ),
         ([f"{EX}:numpy_alibi", "--timeout", "0"], "--timeout: must be > 0"),
-        ([f"{EX}:numpy_alibi", "--max-seq-len", "-1"], "--max-seq-len: must be >= 0"),
+        # 0 ran only the empty-sequence cases and printed PASS
+        ([f"{EX}:numpy_alibi", "--max-seq-len", "0"], "--max-seq-len: must be >= 1"),
         (
             [f"{EX}:numpy_alibi", "--framework", "numpy", "--device", "cuda"],
             "numpy kernels run on cpu",
@@ -140,7 +141,7 @@ def test_bad_input_one_line_exit_2(capsys, tmp_path, monkeypatch, args, message)
     code, out, err = verify(capsys, *args)
     assert code == 2
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-    assert err.startswith("plsh verify: ") and message in err, err
+    assert err.startswith("plsh verify: error: ") and message in err, err
 
 
 @pytest.mark.parametrize("where", ["missing_folder", "a_folder"])
@@ -150,7 +151,9 @@ def test_json_path_is_checked_before_the_run(capsys, tmp_path, where):
     args = [f"{EX}:numpy_alibi", "--no-battery", "--cases", "2", "--json", str(path)]
     code, out, err = verify(capsys, *args)
     assert code == 2 and out == "", out
-    assert len(err.strip().splitlines()) == 1 and err.startswith("plsh verify: --json: "), err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("plsh verify: error: --json: "), (
+        err
+    )
 
 
 def test_unavailable_device_is_bad_input(capsys):
@@ -158,7 +161,7 @@ def test_unavailable_device_is_bad_input(capsys):
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is available here")
     code, _, err = verify(capsys, f"{EX}:sdpa_alibi", "--framework", "torch", "--device", "cuda")
-    assert code == 2 and err.startswith("plsh verify: --device: 'cuda' is not available")
+    assert code == 2 and err.startswith("plsh verify: error: --device: 'cuda' is not available")
     assert len(err.strip().splitlines()) == 1
 
 
@@ -175,7 +178,7 @@ def test_console_script_no_traceback(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
-        "plsh verify: kernel: cannot import module 'broken_mod': RuntimeError: boom"
+        "plsh verify: error: kernel: cannot import module 'broken_mod': RuntimeError: boom"
     )
 
 

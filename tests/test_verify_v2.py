@@ -174,7 +174,9 @@ def test_framework_is_detected_or_bad_input(capsys, tmp_path, monkeypatch):
     code, out, _ = verify(capsys, f"{EX}:sdpa_alibi", "--cases", "3", "--no-battery")
     assert code == 0 and "framework=torch" in out
     code, _, err = verify(capsys, "user_kernels_v2:returns_list")
-    assert code == 2 and err.startswith("plsh verify: framework: cannot tell what the kernel")
+    assert code == 2 and err.startswith(
+        "plsh verify: error: framework: cannot tell what the kernel"
+    )
     assert "--framework numpy or --framework torch" in err and err.count("\n") == 1
 
 
@@ -270,7 +272,28 @@ def test_verify_slopes_error_names_the_option(capsys):
     # said "max-heads:" without the dashes
     assert main(["verify-slopes", "plsh_ref.alibi:alibi_slopes", "--max-heads", "0"]) == 2
     err = capsys.readouterr().err
-    assert err == "plsh verify-slopes: --max-heads: must be >= 1, got 0\n", err
+    assert err == "plsh verify-slopes: error: --max-heads: must be in 1..4096, got 0\n", err
+
+
+def test_verify_slopes_caps_max_heads_before_the_run(capsys):
+    # --max-heads 100000 ran for minutes (max_heads**2 slope values) without a cap
+    from plsh_ref.testing.verify_slopes import MAX_HEADS
+
+    function = "plsh_ref.alibi:alibi_slopes"
+    assert main(["verify-slopes", function, "--max-heads", str(MAX_HEADS + 1)]) == 2
+    err = capsys.readouterr().err
+    expected = f"must be in 1..{MAX_HEADS}, got {MAX_HEADS + 1}"
+    assert err == f"plsh verify-slopes: error: --max-heads: {expected}\n", err
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_check_slopes_function_refuses_bad_max_heads(bad, error):
+    from plsh_ref.testing.verify_slopes import check_slopes_function
+
+    calls = []
+    with pytest.raises(error, match="max_heads"):
+        check_slopes_function(lambda h: calls.append(h), bad)
+    assert not calls
 
 
 def test_verify_slopes_catches_rounding_only_from_nine_heads():

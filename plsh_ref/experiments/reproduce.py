@@ -693,6 +693,7 @@ def run(args: argparse.Namespace) -> int:
             check_int("--fixed-block-size", args.fixed_block_size, minimum=1)
         if args.group_size is not None:
             check_int("--group-size", args.group_size, minimum=1)
+        check_int("--fit-min-samples", args.fit_min_samples, minimum=1)
         samplers = list(dict.fromkeys(args.sampler))
         samples = list(args.samples)
         if len(samples) < 2:

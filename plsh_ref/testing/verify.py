@@ -191,7 +191,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"plsh verify: {message}", file=sys.stderr)
+    print(f"plsh verify: error: {message}", file=sys.stderr)
     return 2
 
 
@@ -227,7 +227,7 @@ def _options(args):
     for name, value, minimum in (
         ("cases", args.cases, 0),
         ("seed", args.seed, 0),
-        ("max-seq-len", args.max_seq_len, 0),
+        ("max-seq-len", args.max_seq_len, 1),
         ("max-heads", args.max_heads, 1),
         ("max-head-dim", args.max_head_dim, 1),
         ("max-batch", args.max_batch, 1),

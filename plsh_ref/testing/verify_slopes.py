@@ -28,6 +28,7 @@ import sys
 import numpy as np
 
 from ..alibi import alibi_slopes
+from ..validation import check_int
 from .problems import round_to_dtype
 from .suite import KernelContractError, load_kernel
 from .tolerance import EPS
@@ -35,6 +36,10 @@ from .tolerance import EPS
 __all__ = ["HELP", "SUMMARY", "SlopeReport", "add_arguments", "check_slopes_function", "run"]
 
 #: one line for ``plsh --help``
+#: Largest ``--max-heads``: the check calls the function once per head count, so its
+#: cost grows as ``max_heads**2``; no model has come near this many heads.
+MAX_HEADS = 4096
+
 SUMMARY = "check an ALiBi slope function against Press et al.'s"
 
 #: one-line description of the subcommand
@@ -103,7 +108,8 @@ def check_slopes_function(function, max_heads: int = 64) -> SlopeReport:
     function : callable
         ``function(num_heads) -> slopes`` (list, numpy array or torch tensor).
     max_heads : int
-        Largest ``num_heads`` checked (``>= 1``).
+        Largest ``num_heads`` checked (``1 <= max_heads``; the CLI caps it at
+        :data:`MAX_HEADS`).
 
     Returns
     -------
@@ -113,11 +119,14 @@ def check_slopes_function(function, max_heads: int = 64) -> SlopeReport:
     ------
     KernelContractError
         If the function raises or returns a value of the wrong length or type.
+    TypeError, ValueError
+        If ``max_heads`` is not an integer ``>= 1``.
 
     References
     ----------
     Press et al. (2022); SPEC section 1.
     """
+    max_heads = check_int("max_heads", max_heads, minimum=1)
     report = SlopeReport()
     for h in range(1, max_heads + 1):
         try:
@@ -167,7 +176,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "folder is on the import path)",
     )
     parser.add_argument(
-        "--max-heads", type=int, default=64, help="check num_heads = 1..N (default: 64)"
+        "--max-heads",
+        type=int,
+        default=64,
+        help=f"check num_heads = 1..N, N <= {MAX_HEADS} (default: 64)",
     )
     parser.add_argument(
         "--exact",
@@ -179,12 +191,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run ``plsh verify-slopes``; 0 exact, 1 wrong, 2 bad input."""
     try:
-        if args.max_heads < 1:
-            raise KernelContractError(f"--max-heads: must be >= 1, got {args.max_heads}")
+        if not 1 <= args.max_heads <= MAX_HEADS:
+            raise KernelContractError(
+                f"--max-heads: must be in 1..{MAX_HEADS}, got {args.max_heads}"
+            )
         function = load_kernel(args.function)
         report = check_slopes_function(function, args.max_heads)
     except KernelContractError as exc:
-        print(f"plsh verify-slopes: {exc}", file=sys.stderr)
+        print(f"plsh verify-slopes: error: {exc}", file=sys.stderr)
         return 2
     n = args.max_heads
     if not report.wrong:
