@@ -363,7 +363,7 @@ def _spectral_setup(n: int, sigma: float, variance):
     if variance is None:
         if n <= EXACT_VARIANCE_MAX_N:
             v = variance_proxy(sigma, np.arange(n))
-            v = min(v * (1 + 1e-12) + 1e-300, variance_proxy_limit(sigma))
+            v = min(v * (1 + 1e-12), variance_proxy_limit(sigma))
         else:
             v = variance_proxy_limit(sigma)
     else:

@@ -316,3 +316,13 @@ def test_plsh_bounds_command(capsys):
         rows(128, [2.0], 8, 1.5, 0.01)
     with pytest.raises(ValueError, match="^sigma"):
         rows(128, [-2.0], 8, 0.1, 0.01)
+
+
+def test_one_position_has_zero_variance_proxy():
+    # n = 1: M_t = L* = [[1]] for every sample, so the exact proxy is 0; 1e-300 was added
+    # to it (and printed by `plsh bounds --n 1`) from when a zero proxy was refused
+    from plsh_ref.bounds import spectral_error_bound
+
+    got = spectral_error_bound(1, 4.0, 16, 0.01)
+    assert got.variance_proxy == 0.0
+    assert got.eps == spectral_error_bound(1, 4.0, 16, 0.01, variance=0.0).eps
