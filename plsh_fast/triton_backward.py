@@ -115,14 +115,26 @@ def _store_tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, 
 
 
 @triton.jit
-def _probabilities(logits, counts, live, lse2, scale_log2, VARIANT: tl.constexpr):
-    """``P = C exp2(x log2 e - lse2)`` on admissible pairs (``C > 0``, live row), else 0."""
+def _row_stats(Stats, row, valid):
+    """``(live, m, log2 l)`` of the rows ``row`` (masked by ``valid``) of the forward's
+    statistics (``plsh_forward_triton(..., return_stats=True)``): ``live`` for a row with an
+    admissible key, ``m`` and ``log2 l`` set to 0 on the others."""
+    m = tl.load(Stats + 2 * row, mask=valid, other=float("-inf"))
+    log2_l = tl.load(Stats + 2 * row + 1, mask=valid, other=0.0)
+    live = m > float("-inf")
+    return live, tl.where(live, m, 0.0), tl.where(live, log2_l, 0.0)
+
+
+@triton.jit
+def _probabilities(logits, counts, live, m, log2_l, scale_log2, VARIANT: tl.constexpr):
+    """``P = C exp2((x log2 e - m) - log2 l)`` on admissible pairs (``C > 0``, live row),
+    else 0 (``x log2 e - m`` first: exact near the row maximum, proofs_notes/backward.md)."""
     logits = logits * scale_log2
     weight = counts.to(tl.float32)  # counts are built in the logits (MMA) layout
     admissible = (weight > 0.0) & live[:, None]
     if VARIANT != 0:  # negative control: counts ignored (mask only), forward/backward mismatch
         weight = tl.where(admissible, 1.0, 0.0)
-    return tl.where(admissible, tl.exp2(logits - lse2[:, None]) * weight, 0.0)
+    return tl.where(admissible, tl.exp2(logits - m[:, None] - log2_l[:, None]) * weight, 0.0)
 
 
 # tf32x3 written out (the float32 dK/dV kernel on sm_90, TileConfig.dkdv_manual_x3): the
@@ -185,7 +197,7 @@ def _bwd_dq_kernel(
     K,
     V,
     DOut,
-    Lse,
+    Stats,
     Delta,
     DQ,
     RowStart,
@@ -222,7 +234,6 @@ def _bwd_dq_kernel(
     n_q_tiles,
     scale,
     scale_log2,
-    log2_s,
     D: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -280,10 +291,8 @@ def _bwd_dq_kernel(
         dv1_valid = offs_dv1 < DV
         do1 = _tile(do_base, offs_m, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
     row = bh * n_q + offs_m
-    lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
+    live, row_max, log2_l = _row_stats(Stats, row, m_valid)
     delta = tl.load(Delta + row, mask=m_valid, other=0.0)
-    live = lse > float("-inf")
-    lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     rng = KeyRange + (h.to(tl.int64) * n_q_tiles + m_tile) * 2
     for start_n in tl.range(tl.load(rng), tl.load(rng + 1), BLOCK_N, num_stages=NUM_STAGES):
@@ -311,7 +320,7 @@ def _bwd_dq_kernel(
             num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY, logits,
             CAUSAL,
         )  # fmt: skip
-        p = _probabilities(logits, counts, live, lse2, scale_log2, VARIANT)
+        p = _probabilities(logits, counts, live, row_max, log2_l, scale_log2, VARIANT)
         dp = tl.dot(do, v_t, input_precision=DOT_PREC)
         if BLOCK_DV1 > 0:
             v1 = _tile(
@@ -342,7 +351,7 @@ def _bwd_dkdv_kernel(
     K,
     V,
     DOut,
-    Lse,
+    Stats,
     Delta,
     DK,
     DV_,
@@ -385,7 +394,6 @@ def _bwd_dkdv_kernel(
     n_k_tiles,
     scale,
     scale_log2,
-    log2_s,
     D: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -491,12 +499,10 @@ def _bwd_dkdv_kernel(
             q = _tile(q_base, rows, sqm, offs_d, sqd, m_valid, d_valid, UPCAST)
             do = _tile(do_base, rows, sdm, offs_dv, sdd, m_valid, dv_valid, UPCAST)
             row0 = (b * num_heads + h) * n_q + m64
-            lse = tl.load(Lse + row0 + rows, mask=m_valid, other=float("-inf"))
+            live, row_max, log2_l = _row_stats(Stats, row0 + rows, m_valid)
             delta = tl.load(Delta + row0 + rows, mask=m_valid, other=0.0)
             # Transposed tiles (keys along the rows): every dot has BLOCK_N rows, so that
             # BLOCK_M can be small (registers) while the MMAs stay warpgroup-sized.
-            live = lse > float("-inf")
-            lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
             if BLOCK_D1 > 0 and (ACC_D1 or not MANUAL_X3):
                 q1 = _tile(q_base, rows, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
             if MANUAL_X3:
@@ -520,7 +526,8 @@ def _bwd_dkdv_kernel(
             admissible_t = (weight_t > 0.0) & (m_valid & live)[None, :]
             if VARIANT != 0:  # negative control: counts ignored (mask only)
                 weight_t = tl.where(admissible_t, 1.0, 0.0)
-            p_t = tl.where(admissible_t, tl.exp2(logits_t - lse2[None, :]) * weight_t, 0.0)
+            p_t = tl.exp2(logits_t - row_max[None, :] - log2_l[None, :])
+            p_t = tl.where(admissible_t, p_t * weight_t, 0.0)
             dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PREC)
             if ACC_DV1:
                 dv1 += tl.dot(p_t.to(do1.dtype), do1, input_precision=DOT_PREC)
@@ -580,6 +587,7 @@ def plsh_backward_triton(
     scale: float,
     causal: bool,
     *,
+    stats=None,
     plan=None,
     positions_sorted: bool | None = None,
     _block_m: int | None = None,
@@ -602,10 +610,21 @@ def plsh_backward_triton(
     out : torch.Tensor
         ``(batch, num_heads, n_q, head_dim_v)`` forward output.
     lse : torch.Tensor
-        float32 ``(batch, num_heads, n_q)`` forward LSE (``-inf`` for empty rows).
+        float32 ``(batch, num_heads, n_q)`` forward LSE (``-inf`` for empty rows); read
+        only when ``stats`` is ``None``.
     grad_out : torch.Tensor
         ``(batch, num_heads, n_q, head_dim_v)`` gradient of the loss with respect to ``out``
         (any strides, same dtype as ``out``).
+    stats : torch.Tensor or None
+        The forward's float32 ``(batch, num_heads, n_q, 2)`` softmax statistics
+        (``plsh_forward_triton(..., return_stats=True)``: row maximum and ``log2`` of the row
+        sum): the probabilities are recomputed as ``C 2^((x log2 e - m) - log2 l)``, whose
+        error does not grow with the logits' magnitude (``proofs_notes/backward.md``).
+        ``None``: recomputed from ``lse`` as ``C 2^(x log2 e - (lse log2 e + log2 s))``,
+        FlashAttention's form, whose float32 rounding of ``lse`` is a relative error of
+        about ``|lse| 2^-24`` of every probability in the row (float32 gradients then fail
+        the SPEC section 6 rule from logits of standard deviation about 9,
+        ``tests/test_gradient_precision.py``).
     plan : plsh_fast.tiling.TilePlan or None
         The forward pass's plan (``plsh_forward_triton(..., return_plan=True)``), reused
         instead of planning again (then the positions are taken as sorted, no check and no
@@ -633,6 +652,10 @@ def plsh_backward_triton(
     assert out.shape == grad_out.shape and lse.shape == (batch, num_heads, n_q)
     assert num_heads % num_heads_kv == 0 and pitch.shape[0] == num_heads
     num_samples = pitch.shape[1]
+    if stats is None:  # FlashAttention's recompute from the rounded LSE (docstring)
+        lse = lse.to(torch.float32)
+        stats = torch.stack([lse * LOG2E + math.log2(num_samples), torch.zeros_like(lse)], -1)
+    assert stats.shape == (batch, num_heads, n_q, 2) and stats.dtype == torch.float32
     kw = dict(
         _block_m=_block_m,
         _block_n=_block_n,
@@ -650,7 +673,7 @@ def plsh_backward_triton(
         k_order, k_inverse = position_order(key_positions)
         if q_order is not None or k_order is not None:
             # Unsorted positions: the gradients of the forward's sorted rows, put back.
-            query, out, lse, grad_out = take_rows(q_order, query, out, lse, grad_out)
+            query, out, lse, grad_out, stats = take_rows(q_order, query, out, lse, grad_out, stats)
             key, value = take_rows(k_order, key, value)
             dq, dk, dv = plsh_backward_triton(
                 query,
@@ -665,6 +688,7 @@ def plsh_backward_triton(
                 sort_positions(key_positions, k_order),
                 scale,
                 causal,
+                stats=stats,
                 positions_sorted=True,
                 **kw,
             )
@@ -697,7 +721,7 @@ def plsh_backward_triton(
         )
     assert (plan.block_m, plan.block_n, plan.causal, plan.n_k) == (block_m, block_n, causal, n_k)
     n_q_tiles = triton.cdiv(n_q, block_m)
-    lse = lse.to(torch.float32).contiguous()
+    stats = stats.contiguous()
     grad_out = grad_out.to(query.dtype)
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
     (block_d, block_d1), (block_dv, block_dv1) = (
@@ -740,13 +764,12 @@ def plsh_backward_triton(
         num_stages=num_stages,
     )
     scale = float(scale)
-    log2_s = math.log2(num_samples)
     _bwd_dq_kernel[(n_q_tiles * batch * num_heads,)](
         query,
         key,
         value,
         grad_out,
-        lse,
+        stats,
         delta,
         dq,
         plan.row_start,
@@ -768,7 +791,6 @@ def plsh_backward_triton(
         n_q_tiles,
         scale,
         scale * LOG2E,
-        log2_s,
         num_warps=_num_warps or tiles.dq_num_warps,
         **dict(common, BLOCK_N=dq_block_n),
     )
@@ -805,7 +827,7 @@ def plsh_backward_triton(
         k_,
         v_,
         do_,
-        lse,
+        stats,
         delta,
         dk,
         dv,
@@ -830,7 +852,6 @@ def plsh_backward_triton(
         n_k_tiles,
         scale,
         scale * LOG2E,
-        log2_s,
         num_warps=_num_warps or tiles.dkdv_num_warps,
         SPLIT_D=split_d,
         MANUAL_X3=manual_x3,

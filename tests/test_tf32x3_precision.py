@@ -172,13 +172,13 @@ def _check(problem, arith, arch=90):
     q, k, v, g = problem["qkvg"]
     c, s, scale = problem["counts"], problem["s"], problem["scale"]
     _, fwd, bwd = _gpu_tiles(q.shape[3], arch)
-    out, lse = emulated_forward(arith, q, k, v, c, s, scale, **fwd)
+    out, lse, stats = emulated_forward(arith, q, k, v, c, s, scale, return_stats=True, **fwd)
     ref, base = problem["ref"], problem["base"]
     ratios = [
         assert_close_to_reference(out, ref[0], base[0], "float32", name="output"),
         assert_close_to_reference(lse, ref[1], base[1], "float32", name="lse"),
     ]
-    grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale, **bwd)
+    grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale, stats=stats, **bwd)
     # Floor relative to the largest gradient entry, as tests/test_triton_backward.py.
     magnitude = max(float(r.abs().max()) for r in problem["grad_ref"])
     for name, x, r, b in zip(
@@ -211,21 +211,21 @@ def test_emulation_follows_the_kernels(d):
     tpos = torch.from_numpy(pos)
     tiles, fwd, bwd = _gpu_tiles(d)
     blocks = dict(_tiles=tiles)
-    out, lse = _triton_interp.call(
+    out, lse, stats = _triton_interp.call(
         triton_forward.plsh_forward_triton, q, k, v, pitch, offset, tpos, tpos, scale, True,
-        **blocks,
+        return_stats=True, **blocks,
     )  # fmt: skip
     grads = _triton_interp.call(
         triton_backward.plsh_backward_triton, q, k, v, out, lse, g, pitch, offset, tpos, tpos,
-        scale, True, _dkdv_block_m=tiles.dkdv_block_m, **blocks,
+        scale, True, stats=stats, _dkdv_block_m=tiles.dkdv_block_m, **blocks,
     )  # fmt: skip
     arith = KernelArithmetic("tf32x3" if _triton_interp.COMPILED else "ieee")
-    e_out, e_lse = emulated_forward(arith, q, k, v, c, s, scale, **fwd)
-    e_grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale, **bwd)
+    e_out, e_lse, e_stats = emulated_forward(arith, q, k, v, c, s, scale, return_stats=True, **fwd)
+    e_grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale, stats=stats.cpu(), **bwd)
     for name, got, want in zip(
-        ("output", "lse", "grad_query", "grad_key", "grad_value"),
-        (out, lse, *grads),
-        (e_out, e_lse, *e_grads),
+        ("output", "lse", "stats", "grad_query", "grad_key", "grad_value"),
+        (out, lse, stats, *grads),
+        (e_out, e_lse, e_stats, *e_grads),
     ):
         _assert_agree(got, want, name)
     # Negative control: the emulation with the counts replaced by the mask disagrees.
