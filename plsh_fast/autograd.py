@@ -11,18 +11,24 @@ of being recomputed. Under ``torch.compile`` the same two functions run inside t
 tensors between forward and backward, so there the CPU plans travel as one int64 tensor
 (:func:`plans_to_tensor`, :func:`attach_plans`) and are reused all the same.
 
+The Triton backward reads the forward's softmax statistics (float32 ``(batch, heads,
+n_q, 2)``: row maximum and ``log2`` of the row sum), kept on the context / returned by the
+operator, not the rounded float32 LSE; the CPU backward needs neither
+(``proofs_notes/backward.md``, section 3).
+
 A gradient flowing into the returned LSE is supported on both backends without a second
-kernel: ``d lse_i / d S_ij = P_ij``, and the backends compute ``dS = P o (dO V^T - delta)``
-with ``delta_i = sum_k dO_ik O_ik``. Appending a column of ones to ``V``, a column of zeros
-to ``O`` and the LSE gradient ``g`` as a column of ``dO`` turns this into
-``dS = P o (dO V^T - delta + g 1^T)``, exactly the sum of both contributions; the extra
-column of the value gradient is dropped. The column is appended whenever an LSE gradient
-is passed (no host check of whether it is zero, which would synchronise the device).
+kernel: ``d lse_i / d S_ij = P_ij``. The CPU backward takes it as ``grad_lse``. The Triton
+kernels compute ``dS = P o (dO V^T - delta)`` with ``delta_i = sum_k dO_ik O_ik``;
+appending a column of ones to ``V``, a column of zeros to ``O`` and the LSE gradient ``g``
+as a column of ``dO`` turns this into ``dS = P o (dO V^T - delta + g 1^T)``, exactly the
+sum of both contributions; the extra column of the value gradient is dropped. The column
+is appended whenever an LSE gradient is passed (no host check of whether it is zero, which
+would synchronise the device).
 
 References
 ----------
-``proofs_notes/backward.md`` (gradients from the saved output and LSE); SPEC section 5
-(padded batches).
+``proofs_notes/backward.md`` (gradients from the saved output and statistics); SPEC
+section 5 (padded batches).
 """
 
 from __future__ import annotations

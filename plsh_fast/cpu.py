@@ -47,15 +47,18 @@ matrix:
    then the keys at or past each row's causal cut are masked, in the columns at or past
    the group's smallest cut only (for self-attention, the last ``T`` columns). The
    result is bit-identical to counting every row.
-7. Softmax with that bias, its LSE and the gradients are computed by torch's fused CPU
-   flash-attention kernel (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its
-   backward) on the stacked tiles, in float32 (float64 for float64 inputs; a value
-   head_dim different from the query's is zero-padded). That operator is private, so it is
-   used only on the torch releases it was verified on and after a once-per-process
-   self-check against the plain implementation (:func:`fused_tiles_available`); otherwise
-   a plain torch implementation of the same formulas (public operators only) runs
-   (:data:`USE_FUSED_TILES`). The backward
-   recomputes the probabilities from the saved LSE (``proofs_notes/backward.md``).
+7. Softmax with that bias and its LSE are computed by torch's fused CPU flash-attention
+   kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``) on the stacked tiles, in
+   float32 (float64 for float64 inputs; a value head_dim different from the query's is
+   zero-padded). That operator is private, so it is used only on the torch releases it
+   was verified on and after a once-per-process self-check against the plain
+   implementation (:func:`fused_tiles_available`); otherwise a plain torch implementation
+   of the same formulas (public operators only) runs (:data:`USE_FUSED_TILES`). The
+   backward runs plain torch formulas on the same tiles: since a tile's window holds all
+   admissible keys of its rows, it recomputes each row's softmax whole (max-subtracted,
+   like the dense float32 yardstick) instead of from the saved float32 LSE, whose rounding
+   grows with the logits (``proofs_notes/backward.md``, section 3; torch's fused backward
+   takes that LSE).
 8. Plans are kept across calls. The plan and the count biases depend only on the
    partition, the positions, the causal flag and the compute dtype, which a model layer
    with a fixed partition repeats every step; the tile kernel alone measured about half

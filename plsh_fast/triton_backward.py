@@ -1,9 +1,13 @@
 """Triton backward kernels of PLSH attention (gradients of the counts-weighted softmax).
 
 With ``x_ij = c q_i.k_j`` (``c`` the scale), weights ``C_ij`` (collision counts, SPEC
-section 3) and the saved ``lse_i = log(sum_j C_ij e^{x_ij} / s)``, the attention
-probabilities are ``P_ij = C_ij exp(x_ij - lse_i - log s)`` and, as for plain softmax
-attention (the counts are constants),
+section 3) and the forward's statistics ``m_i`` (the row maximum of ``x_ij log2 e``) and
+``log2 l_i`` (``l_i = sum_j C_ij 2^(x_ij log2 e - m_i)``), the attention probabilities are
+``P_ij = C_ij 2^((x_ij log2 e - m_i) - log2 l_i)``, without the float32 rounding of
+``lse_i = (m_i + log2 l_i) ln 2 - ln s`` (``proofs_notes/backward.md``, section 3; the
+dQ kernel holds ``fl(m_i + log2 l_i)`` and the launch code undoes its rounding,
+:func:`dq_rounding_factor`) and, as for plain softmax attention (the counts are
+constants),
 
 ``dV_j = sum_i P_ij dO_i``, ``dP_ij = dO_i . v_j``, ``dS_ij = P_ij (dP_ij - D_i)`` with
 ``D_i = dO_i . O_i``, ``dQ_i = c sum_j dS_ij k_j``, ``dK_j = c sum_i dS_ij q_i``
@@ -43,7 +47,7 @@ from .triton_forward import (
     tile_config,
 )
 
-__all__ = ["plsh_backward_triton"]
+__all__ = ["dq_rounding_factor", "plsh_backward_triton"]
 
 
 @triton.jit(do_not_specialize=["n_q", "num_heads", "n_q_tiles"])
@@ -115,26 +119,45 @@ def _store_tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, 
 
 
 @triton.jit
+def _row_max(Stats, row, valid):
+    """``(live, m)`` of the rows ``row`` (masked by ``valid``) of the forward's statistics
+    (``plsh_forward_triton(..., return_stats=True)``): ``live`` for a row with an
+    admissible key, its row maximum ``m`` (log2 domain; 0 on the other rows)."""
+    m = tl.load(Stats + 2 * row, mask=valid, other=float("-inf"))
+    live = m > float("-inf")
+    return live, tl.where(live, m, 0.0)
+
+
+@triton.jit
+def _log2_row_sum(Stats, row, valid, live):
+    """``log2 l`` of the rows ``row`` of the forward's statistics (0 where not ``live``)."""
+    return tl.where(live, tl.load(Stats + 2 * row + 1, mask=valid, other=0.0), 0.0)
+
+
+@triton.jit
 def _row_stats(Stats, row, valid):
     """``(live, m, log2 l)`` of the rows ``row`` (masked by ``valid``) of the forward's
-    statistics (``plsh_forward_triton(..., return_stats=True)``): ``live`` for a row with an
-    admissible key, ``m`` and ``log2 l`` set to 0 on the others."""
-    m = tl.load(Stats + 2 * row, mask=valid, other=float("-inf"))
-    log2_l = tl.load(Stats + 2 * row + 1, mask=valid, other=0.0)
+    statistics, both read by one 8-byte load per row (the dK/dV kernel's software pipeline
+    prefetches it with the query tiles; two loads spilled there with Triton 3.6); ``m`` and
+    ``log2 l`` are 0 where not ``live``."""
+    pair = tl.load(
+        Stats.to(tl.pointer_type(tl.int64)) + row, mask=valid, other=0xFF800000
+    )  # (m, log2 l) little-endian; masked rows: m = -inf
+    m = (pair & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    log2_l = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
     live = m > float("-inf")
     return live, tl.where(live, m, 0.0), tl.where(live, log2_l, 0.0)
 
 
 @triton.jit
-def _probabilities(logits, counts, live, m, log2_l, scale_log2, VARIANT: tl.constexpr):
-    """``P = C exp2((x log2 e - m) - log2 l)`` on admissible pairs (``C > 0``, live row),
-    else 0 (``x log2 e - m`` first: exact near the row maximum, proofs_notes/backward.md)."""
+def _probabilities(logits, counts, live, lse2, scale_log2, VARIANT: tl.constexpr):
+    """``C exp2(x log2 e - lse2)`` on admissible pairs (``C > 0``, live row), else 0."""
     logits = logits * scale_log2
     weight = counts.to(tl.float32)  # counts are built in the logits (MMA) layout
     admissible = (weight > 0.0) & live[:, None]
     if VARIANT != 0:  # negative control: counts ignored (mask only), forward/backward mismatch
         weight = tl.where(admissible, 1.0, 0.0)
-    return tl.where(admissible, tl.exp2(logits - m[:, None] - log2_l[:, None]) * weight, 0.0)
+    return tl.where(admissible, tl.exp2(logits - lse2[:, None]) * weight, 0.0)
 
 
 # tf32x3 written out (the float32 dK/dV kernel on sm_90, TileConfig.dkdv_manual_x3): the
@@ -291,7 +314,11 @@ def _bwd_dq_kernel(
         dv1_valid = offs_dv1 < DV
         do1 = _tile(do_base, offs_m, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
     row = bh * n_q + offs_m
-    live, row_max, log2_l = _row_stats(Stats, row, m_valid)
+    # mu = fl(m + log2 l), one row vector across the loop (as an LSE would be): the loop's
+    # C 2^(x log2 e - mu) is P 2^-e, e = mu - m - log2 l; the launch code multiplies the rows
+    # of dQ by 2^e (dq_rounding_factor).
+    live, row_max = _row_max(Stats, row, m_valid)
+    lse2 = row_max + _log2_row_sum(Stats, row, m_valid, live)
     delta = tl.load(Delta + row, mask=m_valid, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     rng = KeyRange + (h.to(tl.int64) * n_q_tiles + m_tile) * 2
@@ -320,7 +347,7 @@ def _bwd_dq_kernel(
             num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY, logits,
             CAUSAL,
         )  # fmt: skip
-        p = _probabilities(logits, counts, live, row_max, log2_l, scale_log2, VARIANT)
+        p = _probabilities(logits, counts, live, lse2, scale_log2, VARIANT)
         dp = tl.dot(do, v_t, input_precision=DOT_PREC)
         if BLOCK_DV1 > 0:
             v1 = _tile(
@@ -551,6 +578,33 @@ def _bwd_dkdv_kernel(
         _store_tile(dk_base, rows_n, skgn, offs_d1, skgd, n_valid, d1_valid, dk1 * scale)
     if ACC_DV1:
         _store_tile(dv_base, rows_n, svgn, offs_dv1, svgd, n_valid, dv1_valid, dv1)
+
+
+def dq_rounding_factor(stats: torch.Tensor) -> torch.Tensor:
+    """``2^e`` per row, ``e = mu - m - log2 l`` the rounding error of ``mu = fl(m + log2 l)``.
+
+    The dQ kernel holds one row vector across its key loop, ``mu``, and computes
+    ``C 2^(x log2 e - mu) = P 2^-e``; its rows are multiplied by this factor afterwards
+    (in the kernel's epilogue the row multiply made the float32 sm_90 kernel spill). ``mu``
+    is formed here by the same float32 addition as in the kernel, so ``e`` is the kernel's
+    error exactly when ``|m| >= log2 l`` (Fast2Sum: ``mu - m`` is then exact), else to
+    float32 rounding of ``log2 l`` (``proofs_notes/backward.md``).
+
+    Parameters
+    ----------
+    stats : torch.Tensor
+        float32 ``(batch, num_heads, n_q, 2)``: ``m`` and ``log2 l`` per row
+        (``plsh_forward_triton(..., return_stats=True)``).
+
+    Returns
+    -------
+    torch.Tensor
+        float32 ``(batch, num_heads, n_q)``; 1 on rows without an admissible key.
+    """
+    m, log2_l = stats.unbind(-1)
+    live = m > float("-inf")
+    mu = m + log2_l
+    return torch.where(live, torch.exp2((mu - m) - log2_l), 1.0)
 
 
 def rows_fit_int32(x: torch.Tensor, block: int) -> bool:
@@ -794,6 +848,7 @@ def plsh_backward_triton(
         num_warps=_num_warps or tiles.dq_num_warps,
         **dict(common, BLOCK_N=dq_block_n),
     )
+    dq.mul_(dq_rounding_factor(stats)[..., None])
     # The dK/dV kernel walks the query range in tiles of at most tiles.dkdv_block_m rows (its
     # two float32 accumulators stay in registers); query ranges start at multiples of
     # block_m, hence of any divisor of it.

@@ -12,7 +12,9 @@ expected window is shorter, ``~ sigma (ln s + 0.58)``, ``proofs_notes/window_wid
 ``lse_i = m_i + log(sum_j C_ij exp(c q_i.k_j - m_i)) - log(s)``,
 
 with ``m_i`` the running maximum of the logits over admissible keys (``C_ij > 0``; the
-causal mask is part of the counts' row ranges). Since ``C_ij <= s`` the weights never
+causal mask is part of the counts' row ranges). For the backward it also stores ``m_i``
+and ``log2`` of the row sum (log2 domain), the LSE without its float32 rounding
+(``proofs_notes/backward.md``, section 3). Since ``C_ij <= s`` the weights never
 overflow, and no logarithm of a count is taken. The counts of a tile pair come from
 :func:`plsh_fast.tiling.tile_counts` (one-sided events: 1.5 integer instructions per
 element and mixed sample, none for samples whose start is before or after the whole tile

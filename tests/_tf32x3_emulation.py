@@ -362,8 +362,10 @@ def emulated_backward(
     stats : torch.Tensor or None
         The forward's ``(batch, num_heads, n_q, 2)`` row maximum and ``log2`` row sum
         (``emulated_forward(..., return_stats=True)``): ``P = C 2^((x log2 e - m) - log2
-        l)``, as the kernels with ``stats``; ``None``: ``P = C 2^(x log2 e - lse2)`` with
-        ``lse2 = lse log2 e + log2 s``, as the kernels without.
+        l)`` in the dK/dV kernel, ``P 2^-e = C 2^(x log2 e - mu)`` with ``mu = fl(m + log2
+        l)`` in the dQ kernel (its rows times ``2^e`` afterwards), as the kernels with
+        ``stats``; ``None``: ``P = C 2^(x log2 e - lse2)`` with ``lse2 = lse log2 e + log2
+        s``, as the kernels without.
 
     Returns
     -------
@@ -381,7 +383,9 @@ def emulated_backward(
     row_max = torch.where(live, stats[..., 0], 0.0)
     log2_l = torch.where(live, stats[..., 1], 0.0)
 
-    # dQ: one program per query tile, over the key tiles.
+    # dQ: one program per query tile, over the key tiles, with mu = fl(m + log2 l); its
+    # rows times 2^e afterwards (the launch code's dq_rounding_factor).
+    mu = row_max + log2_l
     qt, dot_ = _tiles(query, block_m), _tiles(grad_out, block_m)
     tm = qt.shape[2]
     rows = tm * block_m
@@ -390,8 +394,7 @@ def emulated_backward(
     w_all = _pad_counts(c, max(rows, -(-n_q // dkdv_block_m) * dkdv_block_m), cols)
     w_all = w_all.to(torch.float32)
     pad = rows - n_q
-    max_t = torch.nn.functional.pad(row_max, (0, pad)).reshape(batch, num_heads, tm, block_m)
-    log2_l_t = torch.nn.functional.pad(log2_l, (0, pad)).reshape(batch, num_heads, tm, block_m)
+    mu_t = torch.nn.functional.pad(mu, (0, pad)).reshape(batch, num_heads, tm, block_m)
     live_t = torch.nn.functional.pad(live, (0, pad)).reshape(batch, num_heads, tm, block_m)
     delta_t = torch.nn.functional.pad(delta, (0, pad)).reshape(batch, num_heads, tm, block_m)
     w_q = w_all[None, :, :rows].reshape(1, num_heads, tm, block_m, cols)
@@ -402,12 +405,12 @@ def emulated_backward(
         w = w_q[..., n0 : n0 + block_n]
         admissible = (w > 0.0) & live_t[..., None]
         logits = arith.chained_dot(qt, kt.transpose(-1, -2), d_split) * scale_log2
-        x = logits - max_t[..., None] - log2_l_t[..., None]
-        p = torch.where(admissible, arith.exp2(x) * w, 0.0)
+        p = torch.where(admissible, arith.exp2(logits - mu_t[..., None]) * w, 0.0)
         dp = arith.chained_dot(dot_, vt.transpose(-1, -2), dv_split)
         ds = p * (dp - delta_t[..., None])
         dq = arith.dot(ds, kt, dq)  # dq += tl.dot(ds, k)
     dq = (dq * _f32(scale)).reshape(batch, num_heads, rows, -1)[:, :, :n_q]
+    dq = dq * torch.where(live, torch.exp2((mu - row_max) - log2_l), 1.0)[..., None]
 
     # dK, dV: one program per key tile, over the query rows in steps of dkdv_block_m.
     kt, vt = _tiles(key, block_n), _tiles(value, block_n)
