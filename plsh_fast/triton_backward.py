@@ -776,6 +776,8 @@ def plsh_backward_triton(
     assert (plan.block_m, plan.block_n, plan.causal, plan.n_k) == (block_m, block_n, causal, n_k)
     n_q_tiles = triton.cdiv(n_q, block_m)
     stats = stats.contiguous()
+    if stats.data_ptr() % 8:  # the dK/dV kernel reads each row's pair as one 8-byte word
+        stats = stats.clone()
     grad_out = grad_out.to(query.dtype)
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
     (block_d, block_d1), (block_dv, block_dv1) = (
