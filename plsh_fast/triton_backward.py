@@ -138,8 +138,9 @@ def _log2_row_sum(Stats, row, valid, live):
 def _row_stats(Stats, row, valid):
     """``(live, m, log2 l)`` of the rows ``row`` (masked by ``valid``) of the forward's
     statistics, both read by one 8-byte load per row (the dK/dV kernel's software pipeline
-    prefetches it with the query tiles; two loads spilled there with Triton 3.6); ``m`` and
-    ``log2 l`` are 0 where not ``live``."""
+    prefetches it with the query tiles; in its float32 sm_90 layout two loads spilled with
+    Triton 3.6, and in the float32 sm_80 one this load did); ``m`` and ``log2 l`` are 0
+    where not ``live``."""
     pair = tl.load(
         Stats.to(tl.pointer_type(tl.int64)) + row, mask=valid, other=0xFF800000
     )  # (m, log2 l) little-endian; masked rows: m = -inf
@@ -439,6 +440,7 @@ def _bwd_dkdv_kernel(
     CAUSAL: tl.constexpr,
     SPLIT_D: tl.constexpr,
     MANUAL_X3: tl.constexpr,
+    STATS_PAIR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if SPLIT_D:  # two programs per key tile, each accumulating one column half of dK, dV
@@ -526,7 +528,11 @@ def _bwd_dkdv_kernel(
             q = _tile(q_base, rows, sqm, offs_d, sqd, m_valid, d_valid, UPCAST)
             do = _tile(do_base, rows, sdm, offs_dv, sdd, m_valid, dv_valid, UPCAST)
             row0 = (b * num_heads + h) * n_q + m64
-            live, row_max, log2_l = _row_stats(Stats, row0 + rows, m_valid)
+            if STATS_PAIR:  # one 8-byte load (two spilled 12 B: float32 sm_90, Triton 3.6)
+                live, row_max, log2_l = _row_stats(Stats, row0 + rows, m_valid)
+            else:  # two loads (one 8-byte load spilled 8 B: float32 sm_80, Triton 3.6)
+                live, row_max = _row_max(Stats, row0 + rows, m_valid)
+                log2_l = _log2_row_sum(Stats, row0 + rows, m_valid, live)
             delta = tl.load(Delta + row0 + rows, mask=m_valid, other=0.0)
             # Transposed tiles (keys along the rows): every dot has BLOCK_N rows, so that
             # BLOCK_M can be small (registers) while the MMAs stay warpgroup-sized.
@@ -912,6 +918,7 @@ def plsh_backward_triton(
         num_warps=_num_warps or tiles.dkdv_num_warps,
         SPLIT_D=split_d,
         MANUAL_X3=manual_x3,
+        STATS_PAIR=manual_x3,  # the register footprint measured best (kernel comment)
         **dict(common, BLOCK_M=dkdv_block_m, BLOCK_N=dkdv_block_n, **chunks),
     )
     return dq, dk, dv
