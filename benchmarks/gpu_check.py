@@ -314,7 +314,9 @@ def check_case(
     pitch, offset = _partition_tensors(part, device)
     qp = torch.tensor(qpos, device=device)
     kp = torch.tensor(kpos, device=device)
-    out, lse = plsh_forward_triton(q, k, v, pitch, offset, qp, kp, scale, causal)
+    out, lse, stats = plsh_forward_triton(
+        q, k, v, pitch, offset, qp, kp, scale, causal, return_stats=True
+    )
     q64, k64, v64 = (t.double().cpu().numpy() for t in (q, k, v))
     ref_out, ref_lse = plsh_attention(
         q64, k64, v64, part, causal=causal, scale=scale, query_positions=qpos, key_positions=kpos
@@ -326,7 +328,9 @@ def check_case(
     ratios = {}
     ratios["output"] = assert_close_to_reference(out, ref_out, base_out, dtype_name, name="output")
     ratios["lse"] = assert_close_to_reference(lse, ref_lse, base_lse, dtype_name, name="lse")
-    grads = plsh_backward_triton(q, k, v, out, lse, g, pitch, offset, qp, kp, scale, causal)
+    grads = plsh_backward_triton(
+        q, k, v, out, lse, g, pitch, offset, qp, kp, scale, causal, stats=stats
+    )
     ref = _dense_grads(q.double(), k.double(), v.double(), g.double(), bias, scale, torch.float64)
     base = _dense_grads(q, k, v, g, bias, scale, dtype)
     magnitude = max(float(r.abs().max()) for r in ref)
@@ -421,9 +425,13 @@ def check_large(device, n=None, window=1024, tail=128):
     pos = torch.arange(n, device=device)
     pitch, offset = _partition_tensors(part, device)
     scale = 1.0 / math.sqrt(d)
-    out, lse = plsh_forward_triton(q, k, v, pitch, offset, pos, pos, scale, True)
+    out, lse, stats = plsh_forward_triton(
+        q, k, v, pitch, offset, pos, pos, scale, True, return_stats=True
+    )
     g = torch.randn(shape, generator=gen, device=device, dtype=torch.bfloat16)
-    dq, dk, dv = plsh_backward_triton(q, k, v, out, lse, g, pitch, offset, pos, pos, scale, True)
+    dq, dk, dv = plsh_backward_triton(
+        q, k, v, out, lse, g, pitch, offset, pos, pos, scale, True, stats=stats
+    )
     # window: last W positions of batch entry 1; rows/keys in the last C are exact there
     W, C = window, tail
     sl = slice(n - W, n)
@@ -656,12 +664,12 @@ def bench_one(device, n, s, args, state):
     if "backward" not in args.skip:
 
         def ours_fwd_bwd():
-            o, l_, plan = plsh_forward_triton(
+            o, l_, st, plan = plsh_forward_triton(
                 q, k, v, pitch, offset, pos, pos, scale, True, positions_sorted=True,
-                return_plan=True,
+                return_plan=True, return_stats=True,
             )  # fmt: skip
             return plsh_backward_triton(
-                q, k, v, o, l_, g, pitch, offset, pos, pos, scale, True, plan=plan
+                q, k, v, o, l_, g, pitch, offset, pos, pos, scale, True, stats=st, plan=plan
             )
 
         rec["plsh_fwd_bwd_ms"], _ = _timeit(ours_fwd_bwd)

@@ -218,7 +218,7 @@ def plsh_attention(
     else:
         from .ops import attention  # noqa: PLC0415 (registers the operator on first use)
 
-        out, lse, _ = attention(*args)
+        out, lse, _, _ = attention(*args)
     return (out, lse) if return_lse else out
 
 

@@ -11,18 +11,24 @@ of being recomputed. Under ``torch.compile`` the same two functions run inside t
 tensors between forward and backward, so there the CPU plans travel as one int64 tensor
 (:func:`plans_to_tensor`, :func:`attach_plans`) and are reused all the same.
 
+The Triton backward reads the forward's softmax statistics (float32 ``(batch, heads,
+n_q, 2)``: row maximum and ``log2`` of the row sum), kept on the context / returned by the
+operator, not the rounded float32 LSE; the CPU backward needs neither
+(``proofs_notes/backward.md``, section 3).
+
 A gradient flowing into the returned LSE is supported on both backends without a second
-kernel: ``d lse_i / d S_ij = P_ij``, and the backends compute ``dS = P o (dO V^T - delta)``
-with ``delta_i = sum_k dO_ik O_ik``. Appending a column of ones to ``V``, a column of zeros
-to ``O`` and the LSE gradient ``g`` as a column of ``dO`` turns this into
-``dS = P o (dO V^T - delta + g 1^T)``, exactly the sum of both contributions; the extra
-column of the value gradient is dropped. The column is appended whenever an LSE gradient
-is passed (no host check of whether it is zero, which would synchronise the device).
+kernel: ``d lse_i / d S_ij = P_ij``. The CPU backward takes it as ``grad_lse``. The Triton
+kernels compute ``dS = P o (dO V^T - delta)`` with ``delta_i = sum_k dO_ik O_ik``;
+appending a column of ones to ``V``, a column of zeros to ``O`` and the LSE gradient ``g``
+as a column of ``dO`` turns this into ``dS = P o (dO V^T - delta + g 1^T)``, exactly the
+sum of both contributions; the extra column of the value gradient is dropped. The column
+is appended whenever an LSE gradient is passed (no host check of whether it is zero, which
+would synchronise the device).
 
 References
 ----------
-``proofs_notes/backward.md`` (gradients from the saved output and LSE); SPEC section 5
-(padded batches).
+``proofs_notes/backward.md`` (gradients from the saved output and statistics); SPEC
+section 5 (padded batches).
 """
 
 from __future__ import annotations
@@ -82,11 +88,15 @@ def attention_forward(
     causal: bool,
     backend: str,
 ):
-    """``(out, lse, groups)``: PLSH attention of a (padded) batch.
+    """``(out, lse, stats, groups)``: PLSH attention of a (padded) batch.
 
     Arguments as :func:`plsh_fast.cpu.plsh_forward_cpu`, validated, except that positions
     may be ``(batch, n)`` and ``attention_mask`` ``(batch, n_k)`` or ``None``
     (:mod:`plsh_fast.padding`). ``groups`` carry the plans for :func:`attention_backward`.
+    ``stats``: Triton, the forward's float32 ``(batch, num_heads, n_q, 2)`` softmax
+    statistics for the backward (row maximum and ``log2`` of the row sum,
+    :func:`plsh_fast.triton_forward.plsh_forward_triton`); CPU, ``None`` (its backward
+    recomputes each row's softmax inside the row's tile).
     """
     forward, _, planner = kernels(backend)
     batch, num_heads, n_q, _ = query.shape
@@ -99,8 +109,8 @@ def attention_forward(
                 pitch, offset, group.query_positions, group.key_positions, causal, q.dtype
             )
             kwargs["plan"] = group.plan
-        else:  # Triton: the forward returns its plan for the backward to reuse
-            kwargs["return_plan"] = True
+        else:  # Triton: the forward returns its statistics and plan for the backward
+            kwargs["return_plan"] = kwargs["return_stats"] = True
         result = forward(
             q,
             k,
@@ -114,21 +124,26 @@ def attention_forward(
             **kwargs,
         )
         if planner is None:
-            o, l_, group.plan = result  # None when the rows had to be sorted
-            return o, l_
-        return result
+            o, l_, st, group.plan = result  # plan None when the rows had to be sorted
+            return o, l_, st
+        return (*result, None)
 
     if len(groups) == 1 and groups[0].whole:
-        out, lse = run(groups[0], query, key, value)
-        return out, lse, groups
+        out, lse, stats = run(groups[0], query, key, value)
+        return out, lse, stats, groups
     out = query.new_zeros(batch, num_heads, n_q, value.shape[3])
     lse = torch.full(
         (batch, num_heads, n_q), -math.inf, dtype=lse_dtype(query.dtype), device=query.device
     )
+    stats = None
+    if planner is None:
+        stats = torch.full(
+            (batch, num_heads, n_q, 2), -math.inf, dtype=torch.float32, device=query.device
+        )
     for group in groups:
         if group.query_positions.numel() == 0 or group.key_positions.numel() == 0:
             continue  # nothing admissible: output 0, LSE -inf as initialised
-        o, l = run(
+        o, l, st = run(
             group,
             group.take(query, group.queries),
             group.take(key, group.keys),
@@ -136,7 +151,9 @@ def attention_forward(
         )
         group.put(out, o, group.queries)
         group.put(lse, l, group.queries)
-    return out, lse, groups
+        if stats is not None:
+            group.put(stats, st, group.queries)
+    return out, lse, stats, groups
 
 
 def attention_backward(
@@ -157,10 +174,13 @@ def attention_backward(
     backend: str,
     groups=None,
     plans=None,
+    stats=None,
 ):
     """``(grad_query, grad_key, grad_value)`` of :func:`attention_forward`.
 
     ``grad_out`` or ``grad_lse`` may be ``None`` (no gradient flows into that output).
+    ``stats``: the forward's (Triton; ``None`` on CPU, or to recompute the probabilities
+    from the rounded ``lse``, :func:`plsh_fast.triton_backward.plsh_backward_triton`).
     ``groups``: the forward's (with their plans); recomputed when ``None``, then given
     the plans of ``plans`` (:func:`plans_to_tensor`) if passed. Pad query
     rows, pad keys and keys no query reaches get exactly zero gradient.
@@ -173,15 +193,19 @@ def attention_backward(
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     grad_out = grad_out.to(out.dtype)
-    augmented = grad_lse is not None
+    g = None if grad_lse is None else torch.where(torch.isfinite(lse), grad_lse, 0)
+    augmented = g is not None and backend != "cpu"  # the CPU backward takes g itself
     if augmented:
-        g = torch.where(torch.isfinite(lse), grad_lse, 0).to(out.dtype)
         value = torch.cat([value, value.new_ones(*value.shape[:3], 1)], dim=-1)
         out = torch.cat([out, out.new_zeros(*out.shape[:3], 1)], dim=-1)
-        grad_out = torch.cat([grad_out, g[..., None]], dim=-1)
+        grad_out = torch.cat([grad_out, g.to(out.dtype)[..., None]], dim=-1)
 
-    def run(group, *tensors):
+    def run(group, *tensors, stats=None, grad_lse=None):
         kwargs = {} if group.plan is None else {"plan": group.plan}
+        if stats is not None:
+            kwargs["stats"] = stats
+        if grad_lse is not None and not augmented:
+            kwargs["grad_lse"] = grad_lse
         return backward(
             *tensors,
             pitch,
@@ -194,7 +218,9 @@ def attention_backward(
         )
 
     if len(groups) == 1 and groups[0].whole:
-        grad_query, grad_key, grad_value = run(groups[0], query, key, value, out, lse, grad_out)
+        grad_query, grad_key, grad_value = run(
+            groups[0], query, key, value, out, lse, grad_out, stats=stats, grad_lse=g
+        )
     else:
         grad_query, grad_key, grad_value = (torch.zeros_like(t) for t in (query, key, value))
         for group in groups:
@@ -208,6 +234,8 @@ def attention_backward(
                 group.take(out, group.queries),
                 group.take(lse, group.queries),
                 group.take(grad_out, group.queries),
+                stats=None if stats is None else group.take(stats, group.queries),
+                grad_lse=None if g is None else group.take(g, group.queries),
             )
             group.put(grad_query, gq, group.queries)
             group.put(grad_key, gk, group.keys)
@@ -280,7 +308,7 @@ class PLSHAttentionFunction(torch.autograd.Function):
         causal,
         backend,
     ):
-        out, lse, groups = attention_forward(
+        out, lse, stats, groups = attention_forward(
             query,
             key,
             value,
@@ -293,7 +321,7 @@ class PLSHAttentionFunction(torch.autograd.Function):
             causal,
             backend,
         )
-        ctx.save_for_backward(query, key, value, out, lse, pitch, offset)
+        ctx.save_for_backward(query, key, value, out, lse, stats, pitch, offset)
         ctx.groups = groups
         ctx.scale, ctx.causal, ctx.backend = scale, causal, backend
         ctx.set_materialize_grads(False)
@@ -302,7 +330,7 @@ class PLSHAttentionFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out, grad_lse):
-        query, key, value, out, lse, pitch, offset = ctx.saved_tensors
+        query, key, value, out, lse, stats, pitch, offset = ctx.saved_tensors
         grads = attention_backward(
             query,
             key,
@@ -320,6 +348,7 @@ class PLSHAttentionFunction(torch.autograd.Function):
             ctx.causal,
             ctx.backend,
             groups=ctx.groups,
+            stats=stats,
         )
         needs = ctx.needs_input_grad
         return (*(g if need else None for g, need in zip(grads, needs)),) + (None,) * 8

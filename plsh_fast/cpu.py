@@ -47,15 +47,18 @@ matrix:
    then the keys at or past each row's causal cut are masked, in the columns at or past
    the group's smallest cut only (for self-attention, the last ``T`` columns). The
    result is bit-identical to counting every row.
-7. Softmax with that bias, its LSE and the gradients are computed by torch's fused CPU
-   flash-attention kernel (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its
-   backward) on the stacked tiles, in float32 (float64 for float64 inputs; a value
-   head_dim different from the query's is zero-padded). That operator is private, so it is
-   used only on the torch releases it was verified on and after a once-per-process
-   self-check against the plain implementation (:func:`fused_tiles_available`); otherwise
-   a plain torch implementation of the same formulas (public operators only) runs
-   (:data:`USE_FUSED_TILES`). The backward
-   recomputes the probabilities from the saved LSE (``proofs_notes/backward.md``).
+7. Softmax with that bias and its LSE are computed by torch's fused CPU flash-attention
+   kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``) on the stacked tiles, in
+   float32 (float64 for float64 inputs; a value head_dim different from the query's is
+   zero-padded). That operator is private, so it is used only on the torch releases it
+   was verified on and after a once-per-process self-check against the plain
+   implementation (:func:`fused_tiles_available`); otherwise a plain torch implementation
+   of the same formulas (public operators only) runs (:data:`USE_FUSED_TILES`). The
+   backward runs plain torch formulas on the same tiles: since a tile's window holds all
+   admissible keys of its rows, it recomputes each row's softmax whole (max-subtracted,
+   like the dense float32 yardstick) instead of from the saved float32 LSE, whose rounding
+   grows with the logits (``proofs_notes/backward.md``, section 3; torch's fused backward
+   takes that LSE).
 8. Plans are kept across calls. The plan and the count biases depend only on the
    partition, the positions, the causal flag and the compute dtype, which a model layer
    with a fixed partition repeats every step; the tile kernel alone measured about half
@@ -186,9 +189,6 @@ FUSED_TORCH_VERSIONS = ((2, 3), (2, 14))
 _FUSED_OK: bool | None = None  # result of the version check and self-check, once
 _FUSED_LOCK = threading.Lock()
 _FUSED = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_FUSED_BACKWARD = getattr(
-    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None
-)
 
 
 def tile_size(mean_pitch: float, n_q: int) -> int:
@@ -849,20 +849,21 @@ def _torch_version() -> tuple[int, int]:
 
 
 def fused_tiles_available() -> bool:
-    """Whether the tiles run on torch's private fused CPU flash-attention operator.
+    """Whether the forward's tiles run on torch's private fused CPU flash-attention operator.
 
-    ``aten::_scaled_dot_product_flash_attention_for_cpu`` (and its backward) is private:
-    its presence, signature, LSE convention and mask semantics may change between torch
-    releases. It is used only when :data:`USE_FUSED_TILES` is set, both operators exist,
-    the torch version lies in :data:`FUSED_TORCH_VERSIONS` (the releases it was verified
-    on), and a self-check passes once per process: on a small seeded problem with masked
-    (``-inf``) and finite bias entries its output, LSE and gradients must match the plain
-    torch implementation to float32 rounding. Otherwise the plain implementation runs
-    (same formulas, module step 7). The self-check uses its own generator (the global RNG
-    is untouched) and runs under ``no_grad``.
+    ``aten::_scaled_dot_product_flash_attention_for_cpu`` is private: its presence,
+    signature, LSE convention and mask semantics may change between torch releases. It is
+    used only when :data:`USE_FUSED_TILES` is set, the operator exists, the torch version
+    lies in :data:`FUSED_TORCH_VERSIONS` (the releases it was verified on), and a
+    self-check passes once per process: on a small seeded problem with masked (``-inf``)
+    and finite bias entries its output and LSE must match the plain torch implementation
+    to float32 rounding. Otherwise the plain implementation runs (same formulas, module
+    step 7). The self-check uses its own generator (the global RNG is untouched) and runs
+    under ``no_grad``. The backward always runs the plain formulas (its fused operator
+    recomputes the probabilities from the float32 LSE; :func:`plsh_backward_cpu`).
     """
     global _FUSED_OK
-    if not USE_FUSED_TILES or _FUSED is None or _FUSED_BACKWARD is None:
+    if not USE_FUSED_TILES or _FUSED is None:
         return False
     if _FUSED_OK is None:
         with _FUSED_LOCK:
@@ -873,20 +874,18 @@ def fused_tiles_available() -> bool:
 
 
 def _fused_self_check() -> bool:
-    """The fused operator agrees with :func:`_plain_tiles_forward` / backward (see above)."""
+    """The fused operator agrees with :func:`_plain_tiles_forward` (see above)."""
     g = torch.Generator().manual_seed(20261201)
-    q, k, v, dout = (torch.randn(1, 2, m, 8, generator=g) for m in (5, 7, 7, 5))
+    q, k, v = (torch.randn(1, 2, m, 8, generator=g) for m in (5, 7, 7))
     bias = torch.log(torch.randint(0, 4, (1, 2, 5, 7), generator=g).float() / 3.0)
     bias[..., 0] = 0.0  # every row has an admissible key
     try:
         with torch.no_grad():
             out, lse = _fused_tiles_forward(q, k, v, bias, 0.3)
             ref_out, ref_lse = _plain_tiles_forward(q, k, v, bias, 0.3)
-            grads = _fused_tiles_backward(dout, q, k, v, out, lse, bias, 0.3)
-            ref_grads = _plain_tiles_backward(dout, q, k, v, ref_out, ref_lse, bias, 0.3)
     except (RuntimeError, TypeError, ValueError):
         return False
-    pairs = [(out, ref_out), (lse, ref_lse), *zip(grads, ref_grads)]
+    pairs = [(out, ref_out), (lse, ref_lse)]
     return all(a.shape == b.shape and torch.allclose(a, b, rtol=1e-4, atol=1e-5) for a, b in pairs)
 
 
@@ -945,37 +944,28 @@ def _plain_tiles_forward(q, k, v, bias, scale):
     return out, (row_max + denom.log())[..., 0]
 
 
-def _tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
-    """Gradients of :func:`tiles_forward` given its output and LSE (finite on every row)."""
-    if fused_tiles_available():
-        return _fused_tiles_backward(grad_out, q, k, v, out, lse, bias, scale)
-    return _plain_tiles_backward(grad_out, q, k, v, out, lse, bias, scale)
+def _tiles_backward(grad_out, q, k, v, bias, scale, empty, grad_lse=None):
+    """Gradients of :func:`tiles_forward`: ``(B, G, T, d)``, ``(B, G, W, d)``, ``(B, G, W, dv)``.
 
-
-def _fused_tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
-    width = max(q.shape[-1], v.shape[-1])
-    dv = v.shape[-1]
-    gq, gk, gv = _FUSED_BACKWARD(
-        _pad_last(grad_out, width),
-        _pad_last(q, width),
-        _pad_last(k, width),
-        _pad_last(v, width),
-        _pad_last(out, width),
-        lse.to(torch.float32) if q.dtype != torch.float64 else lse,
-        0.0,
-        False,
-        attn_mask=bias,
-        scale=scale,
-    )
-    d = q.shape[-1]
-    return gq[..., :d], gk[..., :d], gv[..., :dv]
-
-
-def _plain_tiles_backward(grad_out, q, k, v, out, lse, bias, scale):
+    ``empty`` (``(G, T)`` bool, broadcast over the batch) marks rows whose bias is ``-inf``
+    everywhere; ``grad_lse`` (``(B, G, T)`` or ``None``) is the gradient with respect to
+    the tile rows' LSE. A tile's key window holds every admissible key of each of its rows
+    (module step 2), so each row's softmax is recomputed whole, as the dense float32
+    yardstick of SPEC section 6 does: ``P = softmax(x)`` (``x - max`` exact near the
+    maximum; ``exp(x - lse)`` would carry the float32 rounding of ``lse``, about
+    ``|lse| 2^-24``, into every probability of the row) and ``dS = P o (dP - delta + g)``
+    with ``delta_i = sum_j P_ij dP_ij`` (the softmax backward; ``dO_i . O_i`` from the
+    saved output would leave its rounding in ``dS`` of saturated rows, where the exact
+    ``dP_ij - delta_i`` nearly vanishes), ``proofs_notes/backward.md``. Empty rows get
+    probability 0 (``softmax`` of an all ``-inf`` row is NaN).
+    """
     logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
-    probs = logits.sub_(lse[..., None]).exp_()
-    delta = (grad_out * out).sum(dim=-1, keepdim=True)
-    d_logits = torch.matmul(grad_out, v.transpose(-1, -2)).sub_(delta).mul_(probs)
+    probs = torch.softmax(logits, dim=-1).masked_fill_(empty[..., None], 0.0)
+    d_logits = torch.matmul(grad_out, v.transpose(-1, -2)).mul_(probs)  # P o dP
+    delta = d_logits.sum(dim=-1, keepdim=True)
+    if grad_lse is not None:
+        delta = delta.sub_(grad_lse[..., None])
+    d_logits = d_logits.sub_(probs * delta)
     grad_q = torch.matmul(d_logits, k).mul_(scale)
     grad_k = torch.matmul(d_logits.transpose(-1, -2), q).mul_(scale)
     grad_v = torch.matmul(probs.transpose(-1, -2), grad_out)
@@ -1355,23 +1345,30 @@ def plsh_backward_cpu(
     causal: bool,
     *,
     plan=None,
+    grad_lse=None,
 ):
-    """Gradients of PLSH attention on CPU from the saved output and LSE.
+    """Gradients of PLSH attention on CPU, each row's softmax recomputed in its tile.
 
-    With ``P_ij = exp(scale q_i . k_j + log C_ij - log s - lse_i)`` (the attention
-    probabilities), ``dP = dO V^T``, ``delta_i = sum_k dO_ik O_ik`` and
+    With the attention probabilities ``P_i = softmax_j(scale q_i . k_j + log(C_ij / s))``
+    (recomputed whole: a query tile's key window holds all of its rows' admissible keys),
+    ``dP = dO V^T``, ``delta_i = sum_j P_ij dP_ij - g_i`` (``g``: ``grad_lse``) and
     ``dS = P o (dP - delta)``: ``dQ = scale dS K``, ``dK = scale dS^T Q``, ``dV = P^T dO``
-    (``proofs_notes/backward.md``). Keys that no query can reach get exactly zero
-    gradient; empty rows contribute nothing.
+    (``proofs_notes/backward.md``). Neither the saved LSE nor the saved output is read:
+    the float32 gradients keep the accuracy of the dense float32 yardstick at any logit
+    magnitude (``tests/test_gradient_precision.py``). Keys that no query can reach get
+    exactly zero gradient; empty rows contribute nothing.
 
     Parameters
     ----------
     query, key, value, pitch, offset, query_positions, key_positions, scale, causal, plan
         As :func:`plsh_forward_cpu` (pass the forward's ``plan`` to skip planning again).
     out, lse : torch.Tensor
-        The forward's results.
+        The forward's results (the signature of the Triton path's backward; not read).
     grad_out : torch.Tensor
         ``(batch, num_heads, n_q, head_dim_v)``, gradient of the loss w.r.t. ``out``.
+    grad_lse : torch.Tensor or None
+        ``(batch, num_heads, n_q)``, gradient of the loss w.r.t. ``lse`` (0 on rows
+        without an admissible key), or ``None``.
 
     Returns
     -------
@@ -1387,11 +1384,8 @@ def plsh_backward_cpu(
     )
     dtype, rows, group = plan.dtype, plan.padded_rows, num_heads // key.shape[1]
     d_out = _per_head(_sorted_rows(grad_out, plan.query_order, rows, dtype))
-    o_all = _per_head(_sorted_rows(out, plan.query_order, rows, dtype))
-    # LSE of the tile softmax (the forward's, bias log(C / s)); 0 on empty rows, whose bias
-    # is masked everywhere, so that their probabilities are exactly 0.
-    tile_lse = _sorted_rows(lse[..., None], plan.query_order, rows, dtype)[..., 0]
-    tile_lse = torch.where(torch.isfinite(tile_lse), tile_lse, 0.0)
+    if grad_lse is not None:
+        grad_lse = _sorted_rows(grad_lse[..., None], plan.query_order, rows, dtype)[..., 0]
     grad_q = torch.zeros(batch, num_heads, rows, query.shape[-1], dtype=dtype)
     workers = torch.get_num_threads()
     specs = _chunk_specs(plan, workers)
@@ -1421,10 +1415,10 @@ def plsh_backward_cpu(
             chunk.take_rows(q[h]),
             keys,
             values,
-            chunk.take_rows(o_all[h]),
-            chunk.take_rows(tile_lse[:, h]),
             chunk.bias.expand(batch, -1, -1, -1),
             scale,
+            chunk.empty,
+            None if grad_lse is None else chunk.take_rows(grad_lse[:, h]),
         )
         chunk.put_rows(grad_q[:, h], gq)  # disjoint rows
         for acc, grad in ((grad_k[worker][:, hk], gk), (grad_v[worker][:, hk], gv)):

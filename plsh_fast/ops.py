@@ -53,16 +53,19 @@ def attention(
     scale: float,
     causal: bool,
     backend: str,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(out, lse, plans)``: :func:`plsh_fast.autograd.attention_forward` as an operator.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(out, lse, stats, plans)``: :func:`plsh_fast.autograd.attention_forward` as an operator.
 
     Arguments validated by :func:`plsh_fast.plsh_attention` (shapes there). Returns
     ``out`` ``(batch, num_heads, n_q, head_dim_v)`` in the query dtype, ``lse``
-    ``(batch, num_heads, n_q)`` float32 (float64 for float64 inputs), and the CPU plans
-    as an int64 CPU tensor of data-dependent length (:func:`plsh_fast.autograd.plans_to_tensor`;
-    for the backward, not differentiable).
+    ``(batch, num_heads, n_q)`` float32 (float64 for float64 inputs), the softmax
+    statistics for the backward (Triton: float32 ``(batch, num_heads, n_q, 2)``, row maximum
+    and ``log2`` of the row sum, :func:`plsh_fast.triton_forward.plsh_forward_triton`; CPU:
+    float32 ``(0,)``, unused) and the CPU plans as an int64 CPU tensor of data-dependent
+    length (:func:`plsh_fast.autograd.plans_to_tensor`). ``stats`` and ``plans`` are for
+    the backward, not differentiable.
     """
-    out, lse, groups = _forward_impl(
+    out, lse, stats, groups = _forward_impl(
         query,
         key,
         value,
@@ -76,7 +79,9 @@ def attention(
         backend,
     )
     plans = plans_to_tensor(groups) if backend == "cpu" else torch.zeros(0, dtype=torch.int64)
-    return out.contiguous(), lse.to(lse_dtype(query.dtype)).contiguous(), plans
+    if stats is None:
+        stats = torch.zeros(0, dtype=torch.float32, device=query.device)
+    return out.contiguous(), lse.to(lse_dtype(query.dtype)).contiguous(), stats.contiguous(), plans
 
 
 @attention.register_fake
@@ -87,8 +92,10 @@ def _attention_fake(
     batch, num_heads, n_q, _ = query.shape
     out = query.new_empty(batch, num_heads, n_q, value.shape[3])
     lse = query.new_empty(batch, num_heads, n_q, dtype=lse_dtype(query.dtype))
+    shape = (batch, num_heads, n_q, 2) if backend == "triton" else (0,)
+    stats = query.new_empty(shape, dtype=torch.float32)
     plans = torch.empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
-    return out, lse, plans
+    return out, lse, stats, plans
 
 
 @torch.library.custom_op("plsh::attention_backward", mutates_args=())
@@ -100,6 +107,7 @@ def attention_backward(
     value: torch.Tensor,
     out: torch.Tensor,
     lse: torch.Tensor,
+    stats: torch.Tensor,
     pitch: torch.Tensor,
     offset: torch.Tensor,
     query_positions: torch.Tensor,
@@ -111,7 +119,7 @@ def attention_backward(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(grad_query, grad_key, grad_value)``: :func:`plsh_fast.autograd.attention_backward`
-    with the forward's ``plans``."""
+    with the forward's ``stats`` (an empty one: none) and ``plans``."""
     grads = _backward_impl(
         query,
         key,
@@ -129,6 +137,7 @@ def attention_backward(
         causal,
         backend,
         plans=plans,
+        stats=stats if stats.numel() else None,
     )
     # Contiguous, as the fake implementation promises, and never aliasing an input.
     return tuple(
@@ -154,17 +163,18 @@ def _attention_backward_fake(grad_out, grad_lse, query, key, value, *_):
 
 def _setup_context(ctx, inputs, output):
     (query, key, value, pitch, offset, qpos, kpos, mask, scale, causal, backend) = inputs
-    out, lse, plans = output
-    ctx.mark_non_differentiable(plans)
-    ctx.save_for_backward(query, key, value, out, lse, pitch, offset, qpos, kpos, mask, plans)
+    out, lse, stats, plans = output
+    ctx.mark_non_differentiable(stats, plans)
+    saved = (query, key, value, out, lse, stats, pitch, offset, qpos, kpos, mask, plans)
+    ctx.save_for_backward(*saved)
     ctx.scale, ctx.causal, ctx.backend = scale, causal, backend
     # An unused output then gets ``None`` instead of a zeros tensor: no LSE column is
     # appended when only ``out`` is used (the eager Function does the same).
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, grad_out, grad_lse, _grad_plans):
-    query, key, value, out, lse, pitch, offset, qpos, kpos, mask, plans = ctx.saved_tensors
+def _backward(ctx, grad_out, grad_lse, _grad_stats, _grad_plans):
+    query, key, value, out, lse, stats, pitch, offset, qpos, kpos, mask, plans = ctx.saved_tensors
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     gq, gk, gv = attention_backward(
@@ -175,6 +185,7 @@ def _backward(ctx, grad_out, grad_lse, _grad_plans):
         value,
         out,
         lse,
+        stats,
         pitch,
         offset,
         qpos,

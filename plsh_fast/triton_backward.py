@@ -1,9 +1,13 @@
 """Triton backward kernels of PLSH attention (gradients of the counts-weighted softmax).
 
 With ``x_ij = c q_i.k_j`` (``c`` the scale), weights ``C_ij`` (collision counts, SPEC
-section 3) and the saved ``lse_i = log(sum_j C_ij e^{x_ij} / s)``, the attention
-probabilities are ``P_ij = C_ij exp(x_ij - lse_i - log s)`` and, as for plain softmax
-attention (the counts are constants),
+section 3) and the forward's statistics ``m_i`` (the row maximum of ``x_ij log2 e``) and
+``log2 l_i`` (``l_i = sum_j C_ij 2^(x_ij log2 e - m_i)``), the attention probabilities are
+``P_ij = C_ij 2^((x_ij log2 e - m_i) - log2 l_i)``, without the float32 rounding of
+``lse_i = (m_i + log2 l_i) ln 2 - ln s`` (``proofs_notes/backward.md``, section 3; the
+dQ kernel holds ``fl(m_i + log2 l_i)`` and the launch code undoes its rounding,
+:func:`dq_rounding_factor`) and, as for plain softmax attention (the counts are
+constants),
 
 ``dV_j = sum_i P_ij dO_i``, ``dP_ij = dO_i . v_j``, ``dS_ij = P_ij (dP_ij - D_i)`` with
 ``D_i = dO_i . O_i``, ``dQ_i = c sum_j dS_ij k_j``, ``dK_j = c sum_i dS_ij q_i``
@@ -43,7 +47,7 @@ from .triton_forward import (
     tile_config,
 )
 
-__all__ = ["plsh_backward_triton"]
+__all__ = ["dq_rounding_factor", "plsh_backward_triton"]
 
 
 @triton.jit(do_not_specialize=["n_q", "num_heads", "n_q_tiles"])
@@ -115,8 +119,40 @@ def _store_tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, 
 
 
 @triton.jit
+def _row_max(Stats, row, valid):
+    """``(live, m)`` of the rows ``row`` (masked by ``valid``) of the forward's statistics
+    (``plsh_forward_triton(..., return_stats=True)``): ``live`` for a row with an
+    admissible key, its row maximum ``m`` (log2 domain; 0 on the other rows)."""
+    m = tl.load(Stats + 2 * row, mask=valid, other=float("-inf"))
+    live = m > float("-inf")
+    return live, tl.where(live, m, 0.0)
+
+
+@triton.jit
+def _log2_row_sum(Stats, row, valid, live):
+    """``log2 l`` of the rows ``row`` of the forward's statistics (0 where not ``live``)."""
+    return tl.where(live, tl.load(Stats + 2 * row + 1, mask=valid, other=0.0), 0.0)
+
+
+@triton.jit
+def _row_stats(Stats, row, valid):
+    """``(live, m, log2 l)`` of the rows ``row`` (masked by ``valid``) of the forward's
+    statistics, both read by one 8-byte load per row (the dK/dV kernel's software pipeline
+    prefetches it with the query tiles; in its float32 sm_90 layout two loads spilled with
+    Triton 3.6, and in the float32 sm_80 one this load did); ``m`` and ``log2 l`` are 0
+    where not ``live``."""
+    pair = tl.load(
+        Stats.to(tl.pointer_type(tl.int64)) + row, mask=valid, other=0xFF800000
+    )  # (m, log2 l) little-endian; masked rows: m = -inf
+    m = (pair & 0xFFFFFFFF).to(tl.int32).to(tl.float32, bitcast=True)
+    log2_l = (pair >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    live = m > float("-inf")
+    return live, tl.where(live, m, 0.0), tl.where(live, log2_l, 0.0)
+
+
+@triton.jit
 def _probabilities(logits, counts, live, lse2, scale_log2, VARIANT: tl.constexpr):
-    """``P = C exp2(x log2 e - lse2)`` on admissible pairs (``C > 0``, live row), else 0."""
+    """``C exp2(x log2 e - lse2)`` on admissible pairs (``C > 0``, live row), else 0."""
     logits = logits * scale_log2
     weight = counts.to(tl.float32)  # counts are built in the logits (MMA) layout
     admissible = (weight > 0.0) & live[:, None]
@@ -185,7 +221,7 @@ def _bwd_dq_kernel(
     K,
     V,
     DOut,
-    Lse,
+    Stats,
     Delta,
     DQ,
     RowStart,
@@ -222,7 +258,6 @@ def _bwd_dq_kernel(
     n_q_tiles,
     scale,
     scale_log2,
-    log2_s,
     D: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -280,10 +315,12 @@ def _bwd_dq_kernel(
         dv1_valid = offs_dv1 < DV
         do1 = _tile(do_base, offs_m, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
     row = bh * n_q + offs_m
-    lse = tl.load(Lse + row, mask=m_valid, other=float("-inf"))
+    # mu = fl(m + log2 l), one row vector across the loop (as an LSE would be): the loop's
+    # C 2^(x log2 e - mu) is P 2^-e, e = mu - m - log2 l; the launch code multiplies the rows
+    # of dQ by 2^e (dq_rounding_factor).
+    live, row_max = _row_max(Stats, row, m_valid)
+    lse2 = row_max + _log2_row_sum(Stats, row, m_valid, live)
     delta = tl.load(Delta + row, mask=m_valid, other=0.0)
-    live = lse > float("-inf")
-    lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
     rng = KeyRange + (h.to(tl.int64) * n_q_tiles + m_tile) * 2
     for start_n in tl.range(tl.load(rng), tl.load(rng + 1), BLOCK_N, num_stages=NUM_STAGES):
@@ -342,7 +379,7 @@ def _bwd_dkdv_kernel(
     K,
     V,
     DOut,
-    Lse,
+    Stats,
     Delta,
     DK,
     DV_,
@@ -385,7 +422,6 @@ def _bwd_dkdv_kernel(
     n_k_tiles,
     scale,
     scale_log2,
-    log2_s,
     D: tl.constexpr,
     DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -404,6 +440,7 @@ def _bwd_dkdv_kernel(
     CAUSAL: tl.constexpr,
     SPLIT_D: tl.constexpr,
     MANUAL_X3: tl.constexpr,
+    STATS_PAIR: tl.constexpr,
 ):
     pid = tl.program_id(0)
     if SPLIT_D:  # two programs per key tile, each accumulating one column half of dK, dV
@@ -491,12 +528,14 @@ def _bwd_dkdv_kernel(
             q = _tile(q_base, rows, sqm, offs_d, sqd, m_valid, d_valid, UPCAST)
             do = _tile(do_base, rows, sdm, offs_dv, sdd, m_valid, dv_valid, UPCAST)
             row0 = (b * num_heads + h) * n_q + m64
-            lse = tl.load(Lse + row0 + rows, mask=m_valid, other=float("-inf"))
+            if STATS_PAIR:  # one 8-byte load (two spilled 12 B: float32 sm_90, Triton 3.6)
+                live, row_max, log2_l = _row_stats(Stats, row0 + rows, m_valid)
+            else:  # two loads (one 8-byte load spilled 8 B: float32 sm_80, Triton 3.6)
+                live, row_max = _row_max(Stats, row0 + rows, m_valid)
+                log2_l = _log2_row_sum(Stats, row0 + rows, m_valid, live)
             delta = tl.load(Delta + row0 + rows, mask=m_valid, other=0.0)
             # Transposed tiles (keys along the rows): every dot has BLOCK_N rows, so that
             # BLOCK_M can be small (registers) while the MMAs stay warpgroup-sized.
-            live = lse > float("-inf")
-            lse2 = tl.where(live, lse * 1.4426950408889634 + log2_s, 0.0)
             if BLOCK_D1 > 0 and (ACC_D1 or not MANUAL_X3):
                 q1 = _tile(q_base, rows, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
             if MANUAL_X3:
@@ -520,7 +559,8 @@ def _bwd_dkdv_kernel(
             admissible_t = (weight_t > 0.0) & (m_valid & live)[None, :]
             if VARIANT != 0:  # negative control: counts ignored (mask only)
                 weight_t = tl.where(admissible_t, 1.0, 0.0)
-            p_t = tl.where(admissible_t, tl.exp2(logits_t - lse2[None, :]) * weight_t, 0.0)
+            p_t = tl.exp2(logits_t - row_max[None, :] - log2_l[None, :])
+            p_t = tl.where(admissible_t, p_t * weight_t, 0.0)
             dv += tl.dot(p_t.to(do.dtype), do, input_precision=DOT_PREC)
             if ACC_DV1:
                 dv1 += tl.dot(p_t.to(do1.dtype), do1, input_precision=DOT_PREC)
@@ -544,6 +584,33 @@ def _bwd_dkdv_kernel(
         _store_tile(dk_base, rows_n, skgn, offs_d1, skgd, n_valid, d1_valid, dk1 * scale)
     if ACC_DV1:
         _store_tile(dv_base, rows_n, svgn, offs_dv1, svgd, n_valid, dv1_valid, dv1)
+
+
+def dq_rounding_factor(stats: torch.Tensor) -> torch.Tensor:
+    """``2^e`` per row, ``e = mu - m - log2 l`` the rounding error of ``mu = fl(m + log2 l)``.
+
+    The dQ kernel holds one row vector across its key loop, ``mu``, and computes
+    ``C 2^(x log2 e - mu) = P 2^-e``; its rows are multiplied by this factor afterwards
+    (in the kernel's epilogue the row multiply made the float32 sm_90 kernel spill). ``mu``
+    is formed here by the same float32 addition as in the kernel, so ``e`` is the kernel's
+    error exactly when ``|m| >= log2 l`` (Fast2Sum: ``mu - m`` is then exact), else to
+    float32 rounding of ``log2 l`` (``proofs_notes/backward.md``).
+
+    Parameters
+    ----------
+    stats : torch.Tensor
+        float32 ``(batch, num_heads, n_q, 2)``: ``m`` and ``log2 l`` per row
+        (``plsh_forward_triton(..., return_stats=True)``).
+
+    Returns
+    -------
+    torch.Tensor
+        float32 ``(batch, num_heads, n_q)``; 1 on rows without an admissible key.
+    """
+    m, log2_l = stats.unbind(-1)
+    live = m > float("-inf")
+    mu = m + log2_l
+    return torch.where(live, torch.exp2((mu - m) - log2_l), 1.0)
 
 
 def rows_fit_int32(x: torch.Tensor, block: int) -> bool:
@@ -580,6 +647,7 @@ def plsh_backward_triton(
     scale: float,
     causal: bool,
     *,
+    stats=None,
     plan=None,
     positions_sorted: bool | None = None,
     _block_m: int | None = None,
@@ -602,10 +670,21 @@ def plsh_backward_triton(
     out : torch.Tensor
         ``(batch, num_heads, n_q, head_dim_v)`` forward output.
     lse : torch.Tensor
-        float32 ``(batch, num_heads, n_q)`` forward LSE (``-inf`` for empty rows).
+        float32 ``(batch, num_heads, n_q)`` forward LSE (``-inf`` for empty rows); read
+        only when ``stats`` is ``None``.
     grad_out : torch.Tensor
         ``(batch, num_heads, n_q, head_dim_v)`` gradient of the loss with respect to ``out``
         (any strides, same dtype as ``out``).
+    stats : torch.Tensor or None
+        The forward's float32 ``(batch, num_heads, n_q, 2)`` softmax statistics
+        (``plsh_forward_triton(..., return_stats=True)``: row maximum and ``log2`` of the row
+        sum): the probabilities are recomputed as ``C 2^((x log2 e - m) - log2 l)``, whose
+        error does not grow with the logits' magnitude (``proofs_notes/backward.md``).
+        ``None``: recomputed from ``lse`` as ``C 2^(x log2 e - (lse log2 e + log2 s))``,
+        FlashAttention's form, whose float32 rounding of ``lse`` is a relative error of
+        about ``|lse| 2^-24`` of every probability in the row (float32 gradients then fail
+        the SPEC section 6 rule from logits of standard deviation about 9,
+        ``tests/test_gradient_precision.py``).
     plan : plsh_fast.tiling.TilePlan or None
         The forward pass's plan (``plsh_forward_triton(..., return_plan=True)``), reused
         instead of planning again (then the positions are taken as sorted, no check and no
@@ -633,6 +712,10 @@ def plsh_backward_triton(
     assert out.shape == grad_out.shape and lse.shape == (batch, num_heads, n_q)
     assert num_heads % num_heads_kv == 0 and pitch.shape[0] == num_heads
     num_samples = pitch.shape[1]
+    if stats is None:  # FlashAttention's recompute from the rounded LSE (docstring)
+        lse = lse.to(torch.float32)
+        stats = torch.stack([lse * LOG2E + math.log2(num_samples), torch.zeros_like(lse)], -1)
+    assert stats.shape == (batch, num_heads, n_q, 2) and stats.dtype == torch.float32
     kw = dict(
         _block_m=_block_m,
         _block_n=_block_n,
@@ -650,7 +733,7 @@ def plsh_backward_triton(
         k_order, k_inverse = position_order(key_positions)
         if q_order is not None or k_order is not None:
             # Unsorted positions: the gradients of the forward's sorted rows, put back.
-            query, out, lse, grad_out = take_rows(q_order, query, out, lse, grad_out)
+            query, out, lse, grad_out, stats = take_rows(q_order, query, out, lse, grad_out, stats)
             key, value = take_rows(k_order, key, value)
             dq, dk, dv = plsh_backward_triton(
                 query,
@@ -665,6 +748,7 @@ def plsh_backward_triton(
                 sort_positions(key_positions, k_order),
                 scale,
                 causal,
+                stats=stats,
                 positions_sorted=True,
                 **kw,
             )
@@ -697,7 +781,9 @@ def plsh_backward_triton(
         )
     assert (plan.block_m, plan.block_n, plan.causal, plan.n_k) == (block_m, block_n, causal, n_k)
     n_q_tiles = triton.cdiv(n_q, block_m)
-    lse = lse.to(torch.float32).contiguous()
+    stats = stats.contiguous()
+    if stats.data_ptr() % 8:  # the dK/dV kernel reads each row's pair as one 8-byte word
+        stats = stats.clone()
     grad_out = grad_out.to(query.dtype)
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
     (block_d, block_d1), (block_dv, block_dv1) = (
@@ -740,13 +826,12 @@ def plsh_backward_triton(
         num_stages=num_stages,
     )
     scale = float(scale)
-    log2_s = math.log2(num_samples)
     _bwd_dq_kernel[(n_q_tiles * batch * num_heads,)](
         query,
         key,
         value,
         grad_out,
-        lse,
+        stats,
         delta,
         dq,
         plan.row_start,
@@ -768,10 +853,10 @@ def plsh_backward_triton(
         n_q_tiles,
         scale,
         scale * LOG2E,
-        log2_s,
         num_warps=_num_warps or tiles.dq_num_warps,
         **dict(common, BLOCK_N=dq_block_n),
     )
+    dq.mul_(dq_rounding_factor(stats)[..., None])
     # The dK/dV kernel walks the query range in tiles of at most tiles.dkdv_block_m rows (its
     # two float32 accumulators stay in registers); query ranges start at multiples of
     # block_m, hence of any divisor of it.
@@ -805,7 +890,7 @@ def plsh_backward_triton(
         k_,
         v_,
         do_,
-        lse,
+        stats,
         delta,
         dk,
         dv,
@@ -830,10 +915,10 @@ def plsh_backward_triton(
         n_k_tiles,
         scale,
         scale * LOG2E,
-        log2_s,
         num_warps=_num_warps or tiles.dkdv_num_warps,
         SPLIT_D=split_d,
         MANUAL_X3=manual_x3,
+        STATS_PAIR=manual_x3,  # the register footprint measured best (kernel comment)
         **dict(common, BLOCK_M=dkdv_block_m, BLOCK_N=dkdv_block_n, **chunks),
     )
     return dq, dk, dv

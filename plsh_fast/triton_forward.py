@@ -12,7 +12,9 @@ expected window is shorter, ``~ sigma (ln s + 0.58)``, ``proofs_notes/window_wid
 ``lse_i = m_i + log(sum_j C_ij exp(c q_i.k_j - m_i)) - log(s)``,
 
 with ``m_i`` the running maximum of the logits over admissible keys (``C_ij > 0``; the
-causal mask is part of the counts' row ranges). Since ``C_ij <= s`` the weights never
+causal mask is part of the counts' row ranges). For the backward it also stores ``m_i``
+and ``log2`` of the row sum (log2 domain), the LSE without its float32 rounding
+(``proofs_notes/backward.md``, section 3). Since ``C_ij <= s`` the weights never
 overflow, and no logarithm of a count is taken. The counts of a tile pair come from
 :func:`plsh_fast.tiling.tile_counts` (one-sided events: 1.5 integer instructions per
 element and mixed sample, none for samples whose start is before or after the whole tile
@@ -59,6 +61,7 @@ def _fwd_kernel(
     V,
     Out,
     Lse,
+    Stats,
     RowStart,
     RowEnd,
     KeyRange,
@@ -242,7 +245,12 @@ def _fwd_kernel(
             out1.to(Out.dtype.element_ty),
             mask=m_valid[:, None] & dv1_valid[None, :],
         )
-    tl.store(Lse + (b64 * num_heads + h) * n_q + offs_m, lse, mask=m_valid)
+    row = (b64 * num_heads + h) * n_q + offs_m
+    tl.store(Lse + row, lse, mask=m_valid)
+    # For the backward, the LSE without rounding (log2 domain): the row maximum m_i that
+    # the forward subtracted and log2 of the row sum l_i; -inf and -inf on an empty row.
+    tl.store(Stats + 2 * row, m_i, mask=m_valid)
+    tl.store(Stats + 2 * row + 1, tl.where(nonempty, tl.log2(l_safe), m_i), mask=m_valid)
 
 
 def aligned_rows(x: torch.Tensor) -> torch.Tensor:
@@ -503,6 +511,7 @@ def plsh_forward_triton(
     plan=None,
     positions_sorted: bool | None = None,
     return_plan: bool = False,
+    return_stats: bool = False,
     _block_m: int | None = None,
     _block_n: int | None = None,
     _variant: int = 0,
@@ -544,13 +553,24 @@ def plsh_forward_triton(
         Also return the :class:`plsh_fast.tiling.TilePlan` (for
         :func:`plsh_fast.triton_backward.plsh_backward_triton`'s ``plan``); ``None`` when
         the positions had to be sorted (the plan then describes the sorted rows).
+    return_stats : bool
+        Also return the softmax statistics ``stats`` that
+        :func:`plsh_fast.triton_backward.plsh_backward_triton` takes as ``stats=`` to
+        recompute the probabilities without the float32 rounding of the LSE
+        (``proofs_notes/backward.md``).
 
     Returns
     -------
-    (out, lse) or (out, lse, plan) : tuple
+    (out, lse[, stats][, plan]) : tuple
         ``out`` ``(batch, num_heads, n_q, head_dim_v)`` in the query dtype (contiguous);
         ``lse`` float32 ``(batch, num_heads, n_q)``, ``log sum_j A_ij M~_ij`` (natural log).
-        A row with no admissible key has ``out = 0`` and ``lse = -inf``.
+        A row with no admissible key has ``out = 0`` and ``lse = -inf``. ``stats`` (only
+        with ``return_stats``): float32 ``(batch, num_heads, n_q, 2)``, per row the
+        maximum ``m_i`` of the admissible logits in the log2 domain (``c q_i.k_j log2 e``,
+        exactly the value the kernel subtracted) and ``log2 l_i``, ``l_i = sum_j C_ij
+        2^(c q_i.k_j log2 e - m_i)``, so that ``lse_i = (m_i + log2 l_i) ln 2 - ln s``;
+        ``(-inf, -inf)`` on a row with no admissible key. ``plan`` only with
+        ``return_plan``.
 
     References
     ----------
@@ -586,7 +606,7 @@ def plsh_forward_triton(
             # counts need sorted keys) and put the rows back.
             (query,) = take_rows(q_order, query)
             key, value = take_rows(k_order, key, value)
-            out, lse = plsh_forward_triton(
+            out, lse, stats = plsh_forward_triton(
                 query,
                 key,
                 value,
@@ -597,15 +617,17 @@ def plsh_forward_triton(
                 scale,
                 causal,
                 positions_sorted=True,
+                return_stats=True,
                 **kw,
             )
-            out, lse = take_rows(q_inverse, out, lse)
-            return (out, lse, None) if return_plan else (out, lse)
+            out, lse, stats = take_rows(q_inverse, out, lse, stats)
+            return _results(out, lse, stats, None, return_stats, return_plan)
     dev = query.device
     out = torch.zeros((batch, num_heads, n_q, head_dim_v), dtype=query.dtype, device=dev)
     lse = torch.full((batch, num_heads, n_q), float("-inf"), dtype=torch.float32, device=dev)
+    stats = torch.full((batch, num_heads, n_q, 2), float("-inf"), dtype=torch.float32, device=dev)
     if batch == 0 or n_q == 0 or n_k == 0:
-        return (out, lse, None) if return_plan else (out, lse)
+        return _results(out, lse, stats, None, return_stats, return_plan)
     query, key, value = (aligned_rows(x) for x in (query, key, value))  # cp.async
     tiles = _tiles or tile_config(head_dim, head_dim_v, dev, query.dtype)
     block_m = _block_m or tiles.block_m
@@ -637,6 +659,7 @@ def plsh_forward_triton(
         value,
         out,
         lse,
+        stats,
         plan.row_start,
         plan.row_end,
         plan.key_range,
@@ -675,4 +698,9 @@ def plsh_forward_triton(
         num_stages=num_stages,
         maxnreg=tiles.fwd_maxnreg,
     )
-    return (out, lse, plan) if return_plan else (out, lse)
+    return _results(out, lse, stats, plan, return_stats, return_plan)
+
+
+def _results(out, lse, stats, plan, return_stats: bool, return_plan: bool) -> tuple:
+    """``(out, lse[, stats][, plan])`` as :func:`plsh_forward_triton` returns them."""
+    return (out, lse) + ((stats,) if return_stats else ()) + ((plan,) if return_plan else ())

@@ -251,6 +251,7 @@ def emulated_forward(
     block_m: int = 64,
     block_n: int = 16,
     d_split: tuple[int, int] = (0, 0),
+    return_stats: bool = False,
 ):
     """The float32 forward of ``plsh_fast.triton_forward._fwd_kernel`` under ``arith``.
 
@@ -272,11 +273,17 @@ def emulated_forward(
         The kernels' column chunks ``(BLOCK_D, BLOCK_D1)`` of ``head_dim`` (the reduction of
         ``q . k``); ``(0, 0)``: one chunk.
 
+    return_stats : bool
+        Also return the kernel's softmax statistics (``plsh_forward_triton(...,
+        return_stats=True)``).
+
     Returns
     -------
-    (out, lse) : tuple of torch.Tensor
+    (out, lse) or (out, lse, stats) : tuple of torch.Tensor
         float32 ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``
-        (natural log); a row without an admissible key gives 0 and ``-inf``.
+        (natural log); a row without an admissible key gives 0 and ``-inf``. ``stats``:
+        float32 ``(batch, num_heads, n_q, 2)``, the row maximum (log2 domain) and
+        ``log2`` of the row sum; ``(-inf, -inf)`` on an empty row.
     """
     batch, num_heads, n_q, _ = query.shape
     qt = _tiles(query, block_m)
@@ -307,10 +314,14 @@ def emulated_forward(
     out = torch.where(nonempty[..., None], arith.div(acc, l_safe[..., None]), 0.0)
     lse = m_i * _f32(0.6931471805599453) + torch.log(l_safe) - _f32(math.log(num_samples))
     lse = torch.where(nonempty, lse, -math.inf)
-    return (
+    result = (
         out.reshape(batch, num_heads, tm * block_m, -1)[:, :, :n_q],
         lse.reshape(batch, num_heads, tm * block_m)[:, :, :n_q],
     )
+    if not return_stats:
+        return result
+    stats = torch.stack([m_i, torch.where(nonempty, torch.log2(l_safe), m_i)], dim=-1)
+    return (*result, stats.reshape(batch, num_heads, tm * block_m, 2)[:, :, :n_q])
 
 
 def emulated_backward(
@@ -330,6 +341,7 @@ def emulated_backward(
     dkdv_block_m: int = 16,
     d_split: tuple[int, int] = (0, 0),
     dv_split: tuple[int, int] = (0, 0),
+    stats: torch.Tensor | None = None,
 ):
     """The float32 ``_delta_kernel``, ``_bwd_dq_kernel`` and ``_bwd_dkdv_kernel`` of
     ``plsh_fast.triton_backward`` under ``arith``.
@@ -339,7 +351,7 @@ def emulated_backward(
     arith, query, key, value, counts, num_samples, scale, block_m, block_n
         As :func:`emulated_forward`.
     out, lse : torch.Tensor
-        The forward's float32 output and LSE (natural log).
+        The forward's float32 output and LSE (natural log; read only without ``stats``).
     grad_out : torch.Tensor
         float32 ``(batch, num_heads, n_q, head_dim_v)``.
     dkdv_block_m : int
@@ -347,6 +359,13 @@ def emulated_backward(
     d_split, dv_split : tuple of int
         Column chunks of ``head_dim`` and ``head_dim_v`` (the reductions of ``q . k`` and
         ``dO . v``).
+    stats : torch.Tensor or None
+        The forward's ``(batch, num_heads, n_q, 2)`` row maximum and ``log2`` row sum
+        (``emulated_forward(..., return_stats=True)``): ``P = C 2^((x log2 e - m) - log2
+        l)`` in the dK/dV kernel, ``P 2^-e = C 2^(x log2 e - mu)`` with ``mu = fl(m + log2
+        l)`` in the dQ kernel (its rows times ``2^e`` afterwards), as the kernels with
+        ``stats``; ``None``: ``P = C 2^(x log2 e - lse2)`` with ``lse2 = lse log2 e + log2
+        s``, as the kernels without.
 
     Returns
     -------
@@ -357,10 +376,16 @@ def emulated_backward(
     c = torch.as_tensor(counts)
     scale_log2 = _f32(scale * LOG2E)
     delta = (out * grad_out).sum(dim=-1)  # _delta_kernel: D_i = dO_i . O_i
-    live = lse > -math.inf
-    lse2 = torch.where(live, lse * _f32(LOG2E) + _f32(math.log2(num_samples)), 0.0)
+    if stats is None:  # the kernels' conversion of an LSE alone
+        lse2 = lse * _f32(LOG2E) + _f32(math.log2(num_samples))
+        stats = torch.stack([lse2, torch.zeros_like(lse2)], dim=-1)
+    live = stats[..., 0] > -math.inf
+    row_max = torch.where(live, stats[..., 0], 0.0)
+    log2_l = torch.where(live, stats[..., 1], 0.0)
 
-    # dQ: one program per query tile, over the key tiles.
+    # dQ: one program per query tile, over the key tiles, with mu = fl(m + log2 l); its
+    # rows times 2^e afterwards (the launch code's dq_rounding_factor).
+    mu = row_max + log2_l
     qt, dot_ = _tiles(query, block_m), _tiles(grad_out, block_m)
     tm = qt.shape[2]
     rows = tm * block_m
@@ -369,7 +394,7 @@ def emulated_backward(
     w_all = _pad_counts(c, max(rows, -(-n_q // dkdv_block_m) * dkdv_block_m), cols)
     w_all = w_all.to(torch.float32)
     pad = rows - n_q
-    lse2_t = torch.nn.functional.pad(lse2, (0, pad)).reshape(batch, num_heads, tm, block_m)
+    mu_t = torch.nn.functional.pad(mu, (0, pad)).reshape(batch, num_heads, tm, block_m)
     live_t = torch.nn.functional.pad(live, (0, pad)).reshape(batch, num_heads, tm, block_m)
     delta_t = torch.nn.functional.pad(delta, (0, pad)).reshape(batch, num_heads, tm, block_m)
     w_q = w_all[None, :, :rows].reshape(1, num_heads, tm, block_m, cols)
@@ -380,11 +405,12 @@ def emulated_backward(
         w = w_q[..., n0 : n0 + block_n]
         admissible = (w > 0.0) & live_t[..., None]
         logits = arith.chained_dot(qt, kt.transpose(-1, -2), d_split) * scale_log2
-        p = torch.where(admissible, arith.exp2(logits - lse2_t[..., None]) * w, 0.0)
+        p = torch.where(admissible, arith.exp2(logits - mu_t[..., None]) * w, 0.0)
         dp = arith.chained_dot(dot_, vt.transpose(-1, -2), dv_split)
         ds = p * (dp - delta_t[..., None])
         dq = arith.dot(ds, kt, dq)  # dq += tl.dot(ds, k)
     dq = (dq * _f32(scale)).reshape(batch, num_heads, rows, -1)[:, :, :n_q]
+    dq = dq * torch.where(live, torch.exp2((mu - row_max) - log2_l), 1.0)[..., None]
 
     # dK, dV: one program per key tile, over the query rows in steps of dkdv_block_m.
     kt, vt = _tiles(key, block_n), _tiles(value, block_n)
@@ -396,13 +422,14 @@ def emulated_backward(
         q = _pad_rows(query[:, :, m0:m1], dkdv_block_m)[:, :, None]
         do = _pad_rows(grad_out[:, :, m0:m1], dkdv_block_m)[:, :, None]
         width = (0, dkdv_block_m - (m1 - m0))
-        lse2_m = torch.nn.functional.pad(lse2[:, :, m0:m1], width)[:, :, None, None, :]
+        max_m = torch.nn.functional.pad(row_max[:, :, m0:m1], width)[:, :, None, None, :]
+        log2_l_m = torch.nn.functional.pad(log2_l[:, :, m0:m1], width)[:, :, None, None, :]
         live_m = torch.nn.functional.pad(live[:, :, m0:m1], width)[:, :, None, None, :]
         delta_m = torch.nn.functional.pad(delta[:, :, m0:m1], width)[:, :, None, None, :]
         w_t = w_k[None, ..., m0 : m0 + dkdv_block_m]
         admissible = (w_t > 0.0) & live_m
         logits_t = arith.chained_dot(kt, q.transpose(-1, -2), d_split) * scale_log2
-        p_t = torch.where(admissible, arith.exp2(logits_t - lse2_m) * w_t, 0.0)
+        p_t = torch.where(admissible, arith.exp2(logits_t - max_m - log2_l_m) * w_t, 0.0)
         dv = arith.dot(p_t, do, dv)  # dv += tl.dot(p_t, do)
         dp_t = arith.chained_dot(vt, do.transpose(-1, -2), dv_split)
         ds_t = p_t * (dp_t - delta_m)

@@ -79,7 +79,7 @@ def test_operator_that_raises_is_not_used(fresh_check):
     def broken(*args, **kwargs):
         raise RuntimeError("changed signature")
 
-    fresh_check.setattr(cpu, "_FUSED_BACKWARD", broken)
+    fresh_check.setattr(cpu, "_FUSED", broken)
     assert not cpu.fused_tiles_available()
     out, _ = _run(*_problem())
     assert torch.isfinite(out).all()

@@ -61,11 +61,12 @@ def _kernel_grads(q, k, v, g, partition, qpos, kpos, scale, causal, **kw):
     pitch = torch.from_numpy(np.array(partition.pitch))
     offset = torch.from_numpy(np.array(partition.offset))
     qp, kp = torch.from_numpy(qpos), torch.from_numpy(kpos)
-    out, lse = _triton_interp.call(
+    out, lse, stats = _triton_interp.call(
         triton_forward.plsh_forward_triton,
         q, k, v, pitch, offset, qp, kp, scale, causal, _block_m=BLOCK, _block_n=BLOCK,
+        return_stats=True,
     )  # fmt: skip
-    blocks = dict(_block_m=BLOCK, _block_n=BLOCK)
+    blocks = dict(_block_m=BLOCK, _block_n=BLOCK, stats=stats)
     blocks.update(kw)
     return _triton_interp.call(
         triton_backward.plsh_backward_triton,
@@ -171,18 +172,20 @@ def test_plan_saved_by_the_forward_gives_the_same_gradients(monkeypatch):
     offset = torch.from_numpy(np.array(partition.offset))
     blocks = dict(_block_m=BLOCK, _block_n=BLOCK)
     call = _triton_interp.call
-    out, lse, plan = call(
+    out, lse, stats, plan = call(
         triton_forward.plsh_forward_triton,
-        q, k, v, pitch, offset, pos, pos, 0.5, True, return_plan=True, **blocks,
+        q, k, v, pitch, offset, pos, pos, 0.5, True, return_plan=True, return_stats=True,
+        **blocks,
     )  # fmt: skip
     fresh = call(
         triton_backward.plsh_backward_triton,
-        q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, **blocks,
+        q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, stats=stats, **blocks,
     )  # fmt: skip
     planned = _triton_interp.record_plans(monkeypatch, triton_backward)
     saved = call(
         triton_backward.plsh_backward_triton,
-        q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, plan=plan, **blocks,
+        q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, stats=stats, plan=plan,
+        **blocks,
     )  # fmt: skip
     assert planned == []  # no planning in the backward pass
     assert all(torch.equal(a, b) for a, b in zip(fresh, saved))

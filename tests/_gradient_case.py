@@ -1,0 +1,52 @@
+"""The large-logit gradient case shared by ``test_gradient_precision.py`` and
+``test_tf32x3_precision.py``: 40 positions, two heads of head_dim 8, ``s = 3``, causal,
+logits scaled by ``scale_qk**2`` (standard deviation 1, 9, 64 for 1, 3, 8)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from plsh_ref.partition import count_bias, counts, draw_partition
+from plsh_ref.testing.tolerance import assert_close_to_reference
+
+__all__ = ["D", "N", "PARTITION", "S", "SCALE", "bias", "dense_gradients", "inputs", "worst_ratio"]
+
+N, D, S = 40, 8, 3
+PARTITION = draw_partition(np.array([2.0, 9.0]), S, seed=0)
+SCALE = 1.0 / math.sqrt(D)
+
+
+def inputs(scale_qk: float, seed: int = 0):
+    """float64 ``(query, key, value, grad_out)``, each ``(1, 2, N, D)``."""
+    rng = np.random.default_rng(seed)
+    q, k, v, g = (rng.standard_normal((1, 2, N, D)) for _ in range(4))
+    return [torch.from_numpy(x) for x in (q * scale_qk, k * scale_qk, v, g)]
+
+
+def bias(dtype):
+    """The dense ``log(C / s)`` bias ``(1, 2, N, N)`` (``-inf`` where ``C = 0``)."""
+    c = counts(PARTITION, np.arange(N), np.arange(N), causal=True)
+    return torch.from_numpy(count_bias(c, S))[None].to(dtype)
+
+
+def dense_gradients(q, k, v, g, dtype):
+    """Autograd of plain softmax attention with the dense ``log(C / s)`` bias."""
+    a, b, w = (x.detach().to(dtype).clone().requires_grad_() for x in (q, k, v))
+    probs = torch.softmax(a @ b.transpose(-1, -2) * SCALE + bias(dtype), dim=-1)
+    ((probs @ w) * g.to(dtype)).sum().backward()
+    return a.grad, b.grad, w.grad
+
+
+def worst_ratio(grads, q, k, v, g) -> float:
+    """Largest ``error / allowed`` of the three gradients (float32 ``grads``) under the
+    SPEC section 6 rule, the floor relative to the largest gradient; raises past the rule."""
+    ref = dense_gradients(q, k, v, g, torch.float64)
+    base = dense_gradients(q, k, v, g, torch.float32)
+    floor = max(float(r.abs().max()) for r in ref)
+    return max(
+        assert_close_to_reference(x.numpy(), r.numpy(), b.numpy(), "float32", floor_scale=floor)
+        for x, r, b in zip(grads, ref, base)
+    )
