@@ -114,7 +114,8 @@ def _fwd_bwd(dtype, d, **kw):
 # causal) on Hopper for every kernel, its forward at s = 64 (the counts cost per sample),
 # the forward on Ampere, float32 (tf32x3) at d = 128 on
 # Hopper and d = 64 on Ampere for every kernel, and the float16 dQ kernel at d = 64 on
-# Ampere (the configurations that spilled before the float32/sm_80 tiles).
+# Ampere (the configurations that spilled before the float32/sm_80 tiles), head sizes
+# that are not multiples of 16 and unequal head sizes (each guards a tile_config rule).
 CI_CONFIGS = (
     KernelConfig("_bins_kernel"),
     *_fwd_bwd("bfloat16", 128),
@@ -126,6 +127,9 @@ CI_CONFIGS = (
     # head sizes that are not multiples of 16: pipelined only through aligned_rows
     KernelConfig("_fwd_kernel", "bfloat16", 72),
     KernelConfig("_bwd_dkdv_kernel", "float32", 120),
+    # unequal head sizes: the narrower one whole in the backward (TileConfig.narrow_whole)
+    KernelConfig("_bwd_dq_kernel", "float32", 128, head_dim_v=64),
+    KernelConfig("_bwd_dkdv_kernel", "float16", 64, head_dim_v=128, arch=80),
 )
 # Every shipped configuration class (benchmarks/aot_report.py --set full; slow tests).
 FULL_CONFIGS = (
@@ -150,7 +154,27 @@ FULL_CONFIGS = (
     ],
     *_fwd_bwd("float32", 64),
     *_fwd_bwd("float32", 96),
+    # head sizes users ship besides the powers of two: every branch of tile_config at
+    # head_dim <= 128 (float32 on sm_90: one chunk at 80, halves above 96; float32 on
+    # sm_80: 64-row tiles up to 64, 16 x 16 above; the half types), strides that are not
+    # multiples of 16 (40, 72, 120: aligned_rows) and unequal head sizes
+    *[
+        c
+        for arch in (90, 80)
+        for dtype in ("bfloat16", "float32")
+        for d in (40, 72, 80, 112, 120)
+        for c in _fwd_bwd(dtype, d, arch=arch)
+    ],
+    *[
+        c
+        for arch in (90, 80)
+        for dtype in ("bfloat16", "float16", "float32")
+        for d, dv in ((64, 128), (128, 64))
+        for c in _fwd_bwd(dtype, d, head_dim_v=dv, arch=arch)
+    ],
+    KernelConfig("_fwd_kernel", "float32", 256),  # the float32 tiles of width 256
 )
+FULL_CONFIGS = tuple(dict.fromkeys(FULL_CONFIGS))  # each once (CI's are repeated above)
 
 
 class _Recorder:

@@ -354,6 +354,11 @@ class TileConfig:
         once per program, in four column quarters (narrower MMA operands keep fewer
         registers live), and dK, dV accumulated per quarter (a fresh tf32x3 accumulator of
         a quarter's width per dot).
+    narrow_whole : bool
+        Unequal head sizes: the backward kernels take the narrower of ``head_dim`` and
+        ``head_dim_v`` in one piece (:func:`head_dim_split` without halves) and only the
+        wider in column halves (``column_halves``), except the dK/dV kernel's column-half
+        programs (``dkdv_split_d``), which need halves of both (:meth:`backward_chunks`).
     """
 
     block_m: int
@@ -370,6 +375,7 @@ class TileConfig:
     dkdv_block_n: int | None = None
     dkdv_split_d: bool = False
     dkdv_manual_x3: bool = False
+    narrow_whole: bool = False
 
     def halves(self, forward: bool) -> bool:
         """Whether the forward (``forward=True``) or the backward kernels take ``head_dim``
@@ -377,6 +383,22 @@ class TileConfig:
         if forward and self.fwd_column_halves is not None:
             return self.fwd_column_halves
         return self.column_halves
+
+    def backward_chunks(
+        self, head_dim: int, head_dim_v: int, dkdv: bool
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Column chunks ``((BLOCK_D, BLOCK_D1), (BLOCK_DV, BLOCK_DV1))`` of ``head_dim`` and
+        ``head_dim_v`` in the dQ kernel (``dkdv=False``) or the dK/dV kernel (before its
+        column-half programs halve them again): :func:`head_dim_split` of each, in halves
+        where :meth:`halves` says so, but with :attr:`narrow_whole` the narrower of unequal
+        head sizes in one piece (not in the dK/dV kernel's column-half programs,
+        :attr:`dkdv_split_d`)."""
+        halves = self.halves(forward=False)
+        whole = self.narrow_whole and not (dkdv and self.dkdv_split_d)
+        widest = max(head_dim, head_dim_v)
+        return tuple(
+            head_dim_split(d, halves and not (whole and d < widest)) for d in (head_dim, head_dim_v)
+        )
 
 
 def tile_config(
@@ -440,7 +462,8 @@ def tile_config(
     widest = max(head_dim, head_dim_v)
     fp32 = dtype == torch.float32
     if device.type != "cuda":  # the interpreter: the column chunks of a GPU, small tiles
-        return TileConfig(16, 16, 4, 1, 4, 16, 4, fp32 and widest <= 128)
+        halves = fp32 and widest <= 128
+        return TileConfig(16, 16, 4, 1, 4, 16, 4, halves, narrow_whole=halves)
     if capability is None:
         capability = torch.cuda.get_device_capability(device)
     hopper = capability[0] >= 9
@@ -449,15 +472,22 @@ def tile_config(
             return TileConfig(
                 64, 16, 4, 2, 8, 16, 4, True,
                 fwd_column_halves=pow2(widest) == widest or widest > 96,
-                dkdv_block_n=64, dkdv_split_d=True, dkdv_manual_x3=True,
+                fwd_maxnreg=254 if 96 < widest < 128 else None,
+                dkdv_block_n=64, dkdv_split_d=True, dkdv_manual_x3=True, narrow_whole=True,
             )  # fmt: skip
         if widest <= 64:
-            return TileConfig(64, 16, 4, 2, 8, 16, 8, True)
-        return TileConfig(16, 16, 4, 2, 8, 16, 8, True, fwd_maxnreg=255)  # sm_80, d 65..128
+            return TileConfig(64, 16, 4, 2, 8, 16, 8, True, narrow_whole=True)
+        return TileConfig(  # sm_80, d 65..128
+            16, 16, 4, 2, 8, 16, 8, True, fwd_maxnreg=255, narrow_whole=True
+        )
     if widest <= 128 and not hopper:  # mma.sync keeps the accumulators in registers
-        return TileConfig(64, 32, 4, 3, 4, 16, 4, True, dq_block_n=16)
-    if widest <= 128:
-        return TileConfig(64, 64, 4, 3, 4, 16, 4, dq_block_n=32)
+        return TileConfig(64, 32, 4, 3, 4, 16, 4, True, dq_block_n=16, narrow_whole=True)
+    if widest <= 128:  # backward column halves above 96 but at 128 (forward: one chunk)
+        halves = 96 < widest < 128
+        return TileConfig(
+            64, 64, 4, 3, 4, 16, 4, halves, dq_block_n=32, fwd_column_halves=False,
+            narrow_whole=halves,
+        )  # fmt: skip
     if fp32:  # float32 tiles of width 256: stay inside shared memory
         return TileConfig(32, 32, 8, 2, 8, 16, 8)
     return TileConfig(64, 32, 8, 2, 8, 16, 8)
