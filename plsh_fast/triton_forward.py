@@ -411,19 +411,25 @@ def tile_config(
     """The shipped :class:`TileConfig` for a head size, dtype and GPU.
 
     Chosen from the AOT compile tables (``benchmarks/aot_report.py --set full``,
-    ``benchmarks/results/aot_2026-12-01_session3*.md``, Triton 3.9 and 3.6) so that at the
-    head sizes of that set (64, 96, 128 and 256, 128/64 in the forward; float32, float16,
-    bfloat16; sm_90 and sm_80; 1 to 64 samples) no kernel spills registers, the key/query
-    loops stay software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90
-    (``mma.sync`` on sm_80; also the bfloat16 dK/dV kernel at head_dim 256) and the shared
-    memory fits; speed is a GPU measurement (``benchmarks/gpu_check.py``). Head sizes
-    that are not multiples of 16 (40, 72, 120) are pipelined and spill-free too, with the
-    launch code's :func:`aligned_rows` copy (without it they lost ``cp.async`` and some
-    spilled). Not so (``benchmarks/results/aot_2026-12-01_other_head_dims.md``): with
-    Triton 3.6 the bfloat16 dK/dV kernel at head_dim 120 (64 B) and the float32 forward at
-    112 (24 B), the float32 dQ kernel on sm_90 at unequal head sizes (40-88 B), the
-    float16 dK/dV kernel on sm_80 at 64/128 (8 B); more than 64 samples make the sample
-    loop a runtime loop (no ``cp.async``). The float32 dK/dV kernel on sm_90 takes
+    ``benchmarks/results/aot_2026-12-01_session4*.md``, Triton 3.9 and 3.6) so that at the
+    head sizes of that set (40, 64, 72, 80, 96, 112, 120, 128 and 256, 64/128 and 128/64;
+    float32, float16, bfloat16; sm_90 and sm_80; 1 to 64 samples) no kernel at
+    ``head_dim <= 128`` spills registers, the key/query loops stay software-pipelined
+    (``cp.async``), the dots use ``wgmma`` on sm_90 (``mma.sync`` on sm_80; also the
+    bfloat16 dK/dV kernel at head_dim 256) and the shared memory fits; speed is a GPU
+    measurement (``benchmarks/gpu_check.py``). Head sizes that are not multiples of 16
+    (40, 72, 120) need the launch code's :func:`aligned_rows` copy for that (without it
+    they lost ``cp.async`` and some spilled). At unequal head sizes the backward kernels
+    take the narrower one whole (:attr:`TileConfig.narrow_whole`: in halves it spilled
+    40-88 B in the float32 dQ kernel on sm_90 and 8-52 B in the half-type dK/dV kernel on
+    sm_80). On sm_90 the half types' backward kernels take column halves at a head_dim
+    strictly between 96 and 128 (in one 128-wide chunk the dK/dV kernel spilled 64 B at
+    104 and 120 with Triton 3.6) and the float32 forward there runs with ``maxnreg = 254``
+    (ptxas's own 255 spilled 24 B at 112 with 3.6, and 254 spills 16 B at 128 with 3.6, so
+    128 keeps ptxas's choice; ``benchmarks/results/aot_2026-12-01_other_head_dims.md``,
+    "Session 4"). Not so: more than 64 samples make the sample loop a runtime loop (no
+    ``cp.async``), and the float32 forward at head_dim 256 on sm_90 (32-row tiles:
+    ``mma.sync``, and it spills). The float32 dK/dV kernel on sm_90 takes
     64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
     programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
     :attr:`TileConfig.dkdv_manual_x3`; ``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``);
