@@ -172,6 +172,7 @@ FULL_CONFIGS = (
         for d, dv in ((64, 128), (128, 64))
         for c in _fwd_bwd(dtype, d, head_dim_v=dv, arch=arch)
     ],
+    *_fwd_bwd("bfloat16", 112, head_dim_v=64),  # sm_90 half types: backward halves at 112
     KernelConfig("_fwd_kernel", "float32", 256),  # the float32 tiles of width 256
 )
 FULL_CONFIGS = tuple(dict.fromkeys(FULL_CONFIGS))  # each once (CI's are repeated above)
