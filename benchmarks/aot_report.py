@@ -497,6 +497,9 @@ def main(argv=None) -> int:
     parser.add_argument("--label", default="", help="suffix of the result file names")
     args = parser.parse_args(argv)
     configs = CI_CONFIGS if args.set == "ci" else FULL_CONFIGS
+    # The tree the kernels are compiled from, read before anything is written: rewriting a
+    # committed results file (or a second version's run writing its own) made it "+dirty".
+    commit = _commit()
     rows = []
     for cfg in configs:
         try:
@@ -510,7 +513,7 @@ def main(argv=None) -> int:
     header = (
         f"# AOT compile report ({date})\n\n"
         f"Triton {triton.__version__}, torch {torch.__version__}, ptxas from the triton wheel; "
-        f"kernels of commit `{_commit()}`; compiled on a CPU-only machine (no GPU; "
+        f"kernels of commit `{commit}`; compiled on a CPU-only machine (no GPU; "
         f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform(terse=True)}), "
         f"{len(rows)} configurations (`--set {args.set}`), compile times on a shared VM. "
         "Produced by `benchmarks/aot_report.py`; columns in its module docstring.\n\n"
@@ -520,9 +523,7 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write(header + counts_cost(rows) + table + "\n")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump(
-            dict(date=date, triton=triton.__version__, commit=_commit(), rows=rows), f, indent=1
-        )
+        json.dump(dict(date=date, triton=triton.__version__, commit=commit, rows=rows), f, indent=1)
     return 0 if all("error" not in r for r in rows) else 1
 
 
