@@ -114,7 +114,8 @@ def _fwd_bwd(dtype, d, **kw):
 # causal) on Hopper for every kernel, its forward at s = 64 (the counts cost per sample),
 # the forward on Ampere, float32 (tf32x3) at d = 128 on
 # Hopper and d = 64 on Ampere for every kernel, and the float16 dQ kernel at d = 64 on
-# Ampere (the configurations that spilled before the float32/sm_80 tiles).
+# Ampere (the configurations that spilled before the float32/sm_80 tiles), head sizes
+# that are not multiples of 16 and unequal head sizes (each guards a tile_config rule).
 CI_CONFIGS = (
     KernelConfig("_bins_kernel"),
     *_fwd_bwd("bfloat16", 128),
@@ -126,6 +127,9 @@ CI_CONFIGS = (
     # head sizes that are not multiples of 16: pipelined only through aligned_rows
     KernelConfig("_fwd_kernel", "bfloat16", 72),
     KernelConfig("_bwd_dkdv_kernel", "float32", 120),
+    # unequal head sizes: the narrower one whole in the backward (TileConfig.narrow_whole)
+    KernelConfig("_bwd_dq_kernel", "float32", 128, head_dim_v=64),
+    KernelConfig("_bwd_dkdv_kernel", "float16", 64, head_dim_v=128, arch=80),
 )
 # Every shipped configuration class (benchmarks/aot_report.py --set full; slow tests).
 FULL_CONFIGS = (
@@ -150,7 +154,28 @@ FULL_CONFIGS = (
     ],
     *_fwd_bwd("float32", 64),
     *_fwd_bwd("float32", 96),
+    # head sizes users ship besides the powers of two: every branch of tile_config at
+    # head_dim <= 128 (float32 on sm_90: one chunk at 80, halves above 96; float32 on
+    # sm_80: 64-row tiles up to 64, 16 x 16 above; the half types), strides that are not
+    # multiples of 16 (40, 72, 120: aligned_rows) and unequal head sizes
+    *[
+        c
+        for arch in (90, 80)
+        for dtype in ("bfloat16", "float32")
+        for d in (40, 72, 80, 112, 120)
+        for c in _fwd_bwd(dtype, d, arch=arch)
+    ],
+    *[
+        c
+        for arch in (90, 80)
+        for dtype in ("bfloat16", "float16", "float32")
+        for d, dv in ((64, 128), (128, 64))
+        for c in _fwd_bwd(dtype, d, head_dim_v=dv, arch=arch)
+    ],
+    *_fwd_bwd("bfloat16", 112, head_dim_v=64),  # sm_90 half types: backward halves at 112
+    KernelConfig("_fwd_kernel", "float32", 256),  # the float32 tiles of width 256
 )
+FULL_CONFIGS = tuple(dict.fromkeys(FULL_CONFIGS))  # each once (CI's are repeated above)
 
 
 class _Recorder:
@@ -472,6 +497,9 @@ def main(argv=None) -> int:
     parser.add_argument("--label", default="", help="suffix of the result file names")
     args = parser.parse_args(argv)
     configs = CI_CONFIGS if args.set == "ci" else FULL_CONFIGS
+    # The tree the kernels are compiled from, read before anything is written: rewriting a
+    # committed results file (or a second version's run writing its own) made it "+dirty".
+    commit = _commit()
     rows = []
     for cfg in configs:
         try:
@@ -485,7 +513,7 @@ def main(argv=None) -> int:
     header = (
         f"# AOT compile report ({date})\n\n"
         f"Triton {triton.__version__}, torch {torch.__version__}, ptxas from the triton wheel; "
-        f"kernels of commit `{_commit()}`; compiled on a CPU-only machine (no GPU; "
+        f"kernels of commit `{commit}`; compiled on a CPU-only machine (no GPU; "
         f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform(terse=True)}), "
         f"{len(rows)} configurations (`--set {args.set}`), compile times on a shared VM. "
         "Produced by `benchmarks/aot_report.py`; columns in its module docstring.\n\n"
@@ -495,9 +523,7 @@ def main(argv=None) -> int:
     with open(os.path.join(args.out, stem + ".md"), "w") as f:
         f.write(header + counts_cost(rows) + table + "\n")
     with open(os.path.join(args.out, stem + ".json"), "w") as f:
-        json.dump(
-            dict(date=date, triton=triton.__version__, commit=_commit(), rows=rows), f, indent=1
-        )
+        json.dump(dict(date=date, triton=triton.__version__, commit=commit, rows=rows), f, indent=1)
     return 0 if all("error" not in r for r in rows) else 1
 
 

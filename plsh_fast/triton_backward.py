@@ -42,7 +42,6 @@ from .triton_forward import (
     LOG2E,
     aligned_rows,
     dot_precision,
-    head_dim_split,
     pow2,
     tile_config,
 )
@@ -786,9 +785,8 @@ def plsh_backward_triton(
         stats = stats.clone()
     grad_out = grad_out.to(query.dtype)
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
-    (block_d, block_d1), (block_dv, block_dv1) = (
-        head_dim_split(head_dim, tiles.halves(forward=False)),
-        head_dim_split(head_dim_v, tiles.halves(forward=False)),
+    (block_d, block_d1), (block_dv, block_dv1) = tiles.backward_chunks(
+        head_dim, head_dim_v, dkdv=False
     )
     _delta_kernel[(n_q_tiles * batch * num_heads,)](
         out,
@@ -871,6 +869,9 @@ def plsh_backward_triton(
         wide = dataclasses.replace(plan, block_n=dkdv_block_n, query_range=None)
         query_range = plan_query_range(wide).query_range
     n_k_tiles = triton.cdiv(n_k, dkdv_block_n)
+    (block_d, block_d1), (block_dv, block_dv1) = tiles.backward_chunks(
+        head_dim, head_dim_v, dkdv=True
+    )
     halves = block_d == block_d1 and block_dv == block_dv1  # equal column halves
     split_d = tiles.dkdv_split_d and halves and block_d1 > 0 and block_dv1 > 0
     # Column quarters of at least 16 (the smallest tl.dot operand), in column-half programs.

@@ -362,6 +362,11 @@ class TileConfig:
         once per program, in four column quarters (narrower MMA operands keep fewer
         registers live), and dK, dV accumulated per quarter (a fresh tf32x3 accumulator of
         a quarter's width per dot).
+    narrow_whole : bool
+        Unequal head sizes: the backward kernels take the narrower of ``head_dim`` and
+        ``head_dim_v`` in one piece (:func:`head_dim_split` without halves) and only the
+        wider in column halves (``column_halves``), except the dK/dV kernel's column-half
+        programs (``dkdv_split_d``), which need halves of both (:meth:`backward_chunks`).
     """
 
     block_m: int
@@ -378,6 +383,7 @@ class TileConfig:
     dkdv_block_n: int | None = None
     dkdv_split_d: bool = False
     dkdv_manual_x3: bool = False
+    narrow_whole: bool = False
 
     def halves(self, forward: bool) -> bool:
         """Whether the forward (``forward=True``) or the backward kernels take ``head_dim``
@@ -385,6 +391,22 @@ class TileConfig:
         if forward and self.fwd_column_halves is not None:
             return self.fwd_column_halves
         return self.column_halves
+
+    def backward_chunks(
+        self, head_dim: int, head_dim_v: int, dkdv: bool
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Column chunks ``((BLOCK_D, BLOCK_D1), (BLOCK_DV, BLOCK_DV1))`` of ``head_dim`` and
+        ``head_dim_v`` in the dQ kernel (``dkdv=False``) or the dK/dV kernel (before its
+        column-half programs halve them again): :func:`head_dim_split` of each, in halves
+        where :meth:`halves` says so, but with :attr:`narrow_whole` the narrower of unequal
+        head sizes in one piece (not in the dK/dV kernel's column-half programs,
+        :attr:`dkdv_split_d`)."""
+        halves = self.halves(forward=False)
+        whole = self.narrow_whole and not (dkdv and self.dkdv_split_d)
+        widest = max(head_dim, head_dim_v)
+        return tuple(
+            head_dim_split(d, halves and not (whole and d < widest)) for d in (head_dim, head_dim_v)
+        )
 
 
 def tile_config(
@@ -397,19 +419,25 @@ def tile_config(
     """The shipped :class:`TileConfig` for a head size, dtype and GPU.
 
     Chosen from the AOT compile tables (``benchmarks/aot_report.py --set full``,
-    ``benchmarks/results/aot_2026-12-01_session3*.md``, Triton 3.9 and 3.6) so that at the
-    head sizes of that set (64, 96, 128 and 256, 128/64 in the forward; float32, float16,
-    bfloat16; sm_90 and sm_80; 1 to 64 samples) no kernel spills registers, the key/query
-    loops stay software-pipelined (``cp.async``), the dots use ``wgmma`` on sm_90
-    (``mma.sync`` on sm_80; also the bfloat16 dK/dV kernel at head_dim 256) and the shared
-    memory fits; speed is a GPU measurement (``benchmarks/gpu_check.py``). Head sizes
-    that are not multiples of 16 (40, 72, 120) are pipelined and spill-free too, with the
-    launch code's :func:`aligned_rows` copy (without it they lost ``cp.async`` and some
-    spilled). Not so (``benchmarks/results/aot_2026-12-01_other_head_dims.md``): with
-    Triton 3.6 the bfloat16 dK/dV kernel at head_dim 120 (64 B) and the float32 forward at
-    112 (24 B), the float32 dQ kernel on sm_90 at unequal head sizes (40-88 B), the
-    float16 dK/dV kernel on sm_80 at 64/128 (8 B); more than 64 samples make the sample
-    loop a runtime loop (no ``cp.async``). The float32 dK/dV kernel on sm_90 takes
+    ``benchmarks/results/aot_2026-12-01_session4*.md``, Triton 3.9 and 3.6) so that at the
+    head sizes of that set (40, 64, 72, 80, 96, 112, 120, 128 and 256, 64/128 and 128/64;
+    float32, float16, bfloat16; sm_90 and sm_80; 1 to 64 samples) no kernel at
+    ``head_dim <= 128`` spills registers, the key/query loops stay software-pipelined
+    (``cp.async``), the dots use ``wgmma`` on sm_90 (``mma.sync`` on sm_80; also the
+    bfloat16 dK/dV kernel at head_dim 256) and the shared memory fits; speed is a GPU
+    measurement (``benchmarks/gpu_check.py``). Head sizes that are not multiples of 16
+    (40, 72, 120) need the launch code's :func:`aligned_rows` copy for that (without it
+    they lost ``cp.async`` and some spilled). At unequal head sizes the backward kernels
+    take the narrower one whole (:attr:`TileConfig.narrow_whole`: in halves it spilled
+    40-88 B in the float32 dQ kernel on sm_90 and 8-52 B in the half-type dK/dV kernel on
+    sm_80). On sm_90 the half types' backward kernels take column halves at a head_dim
+    strictly between 96 and 128 (in one 128-wide chunk the dK/dV kernel spilled 64 B at
+    104 and 120 with Triton 3.6) and the float32 forward there runs with ``maxnreg = 254``
+    (ptxas's own 255 spilled 24 B at 112 with 3.6, and 254 spills 16 B at 128 with 3.6, so
+    128 keeps ptxas's choice; ``benchmarks/results/aot_2026-12-01_other_head_dims.md``,
+    "Session 4"). Not so: more than 64 samples make the sample loop a runtime loop (no
+    ``cp.async``), and the float32 forward at head_dim 256 on sm_90 (32-row tiles:
+    ``mma.sync``, and it spills). The float32 dK/dV kernel on sm_90 takes
     64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
     programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
     :attr:`TileConfig.dkdv_manual_x3`; ``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``);
@@ -448,7 +476,8 @@ def tile_config(
     widest = max(head_dim, head_dim_v)
     fp32 = dtype == torch.float32
     if device.type != "cuda":  # the interpreter: the column chunks of a GPU, small tiles
-        return TileConfig(16, 16, 4, 1, 4, 16, 4, fp32 and widest <= 128)
+        halves = fp32 and widest <= 128
+        return TileConfig(16, 16, 4, 1, 4, 16, 4, halves, narrow_whole=halves)
     if capability is None:
         capability = torch.cuda.get_device_capability(device)
     hopper = capability[0] >= 9
@@ -457,15 +486,22 @@ def tile_config(
             return TileConfig(
                 64, 16, 4, 2, 8, 16, 4, True,
                 fwd_column_halves=pow2(widest) == widest or widest > 96,
-                dkdv_block_n=64, dkdv_split_d=True, dkdv_manual_x3=True,
+                fwd_maxnreg=254 if 96 < widest < 128 else None,
+                dkdv_block_n=64, dkdv_split_d=True, dkdv_manual_x3=True, narrow_whole=True,
             )  # fmt: skip
         if widest <= 64:
-            return TileConfig(64, 16, 4, 2, 8, 16, 8, True)
-        return TileConfig(16, 16, 4, 2, 8, 16, 8, True, fwd_maxnreg=255)  # sm_80, d 65..128
+            return TileConfig(64, 16, 4, 2, 8, 16, 8, True, narrow_whole=True)
+        return TileConfig(  # sm_80, d 65..128
+            16, 16, 4, 2, 8, 16, 8, True, fwd_maxnreg=255, narrow_whole=True
+        )
     if widest <= 128 and not hopper:  # mma.sync keeps the accumulators in registers
-        return TileConfig(64, 32, 4, 3, 4, 16, 4, True, dq_block_n=16)
-    if widest <= 128:
-        return TileConfig(64, 64, 4, 3, 4, 16, 4, dq_block_n=32)
+        return TileConfig(64, 32, 4, 3, 4, 16, 4, True, dq_block_n=16, narrow_whole=True)
+    if widest <= 128:  # backward column halves above 96 but at 128 (forward: one chunk)
+        halves = 96 < widest < 128
+        return TileConfig(
+            64, 64, 4, 3, 4, 16, 4, halves, dq_block_n=32, fwd_column_halves=False,
+            narrow_whole=halves,
+        )  # fmt: skip
     if fp32:  # float32 tiles of width 256: stay inside shared memory
         return TileConfig(32, 32, 8, 2, 8, 16, 8)
     return TileConfig(64, 32, 8, 2, 8, 16, 8)

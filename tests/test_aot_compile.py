@@ -111,6 +111,24 @@ def test_report_is_shared_only_within_one_xdist_run(tmp_path):
     assert one.parent == tmp_path / "pytest-7" and one != other
 
 
+def test_report_names_the_commit_read_before_it_writes(tmp_path, monkeypatch):
+    """The markdown and JSON name the tree as it was before the report wrote anything: a
+    results file that is committed and rewritten (or a second run's output) used to make
+    the JSON, read after the markdown was written, say ``+dirty``."""
+    states = iter(["abc1234", "abc1234+dirty", "abc1234+dirty"])
+    monkeypatch.setattr(aot, "_commit", lambda: next(states))
+    monkeypatch.setattr(aot, "CI_CONFIGS", (aot.KernelConfig("_delta_kernel"),))
+    monkeypatch.setattr(aot, "compile_config", lambda cfg: dict(config=cfg.name, sass=1))
+    # main() edits these two variables: restored after the test
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("TRITON_DEFAULT_FP_FUSION", os.environ.get("TRITON_DEFAULT_FP_FUSION", "1"))
+    assert aot.main(["--set", "ci", "--out", str(tmp_path), "--label", "t"]) == 0
+    (md,) = tmp_path.glob("aot_*_t.md")
+    (js,) = tmp_path.glob("aot_*_t.json")
+    assert "kernels of commit `abc1234`;" in md.read_text()
+    assert json.loads(js.read_text())["commit"] == "abc1234"
+
+
 def _expect(request, check, name):
     reason = KNOWN.get((check, name))
     if reason is not None:

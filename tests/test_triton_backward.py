@@ -280,12 +280,13 @@ def test_unsorted_positions_give_the_gradients_in_the_callers_order(monkeypatch)
 @pytest.mark.parametrize("head_dims", [(48, 80), (20, 96)])
 def test_head_dims_split_in_two_column_chunks(head_dims, dtype_name):
     """Two column chunks in every backward kernel: float16 48 = 32 + 16, 80 = 64 + 16,
-    96 = 64 + 32; float32 in equal halves 48 -> 32 + 32, 20 -> 16 + 16, 80 and 96 -> 64 +
-    64 (``TileConfig.column_halves``): the reference gradients."""
+    96 = 64 + 32; float32 the wider head size in equal halves, 80 and 96 -> 64 + 64
+    (``TileConfig.column_halves``), the narrower whole, 48 = 32 + 16 and 20 -> 32
+    (``TileConfig.narrow_whole``): the reference gradients."""
     d, dv = head_dims
     dtype = DTYPES[dtype_name]
-    halves = triton_forward.tile_config(d, dv, _triton_interp.DEVICE, dtype).column_halves
-    assert halves == (dtype == torch.float32)
+    tiles = triton_forward.tile_config(d, dv, _triton_interp.DEVICE, dtype)
+    assert tiles.column_halves == tiles.narrow_whole == (dtype == torch.float32)
     rng = np.random.default_rng(d + dv)
     partition, q, k, v, g = _case(rng, 1, 2, 1, 30, 30, d, dv, 3, dtype, np.array([3.0, 14.0]), d)
     pos = np.arange(30)

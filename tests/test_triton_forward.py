@@ -10,6 +10,8 @@ are 16 x 16 so that several query and key tiles, partial tiles and skipped tiles
 
 from __future__ import annotations
 
+import dataclasses
+
 import _triton_interp  # noqa: F401  (picks compiled/interpreted before triton kernels load)
 import numpy as np
 import pytest
@@ -455,8 +457,10 @@ def test_tile_configs_are_consistent(dtype, capability):
     """Every shipped GPU tile configuration: power-of-two tiles, a dK/dV query tile that
     divides the plan's, pipelined loops (>= 2 stages); float32 at head_dim <= 128 in two
     column halves, except the sm_90 forward at a head_dim that is not a power of two (the
-    AOT tables' spill-free configurations)."""
-    for d in (16, 40, 64, 96, 128, 200, 256):
+    AOT tables' spill-free configurations); on sm_90 the half types take backward column
+    halves and float32 ``maxnreg = 254`` in the forward only between 96 and 128; the
+    narrower of unequal head sizes is whole wherever the backward takes column halves."""
+    for d in (16, 40, 64, 96, 112, 120, 128, 200, 256):
         cfg = triton_forward.tile_config(d, d, torch.device("cuda"), dtype, capability)
         for size in (cfg.block_m, cfg.block_n, cfg.dkdv_block_m):
             assert size >= 16 and size & (size - 1) == 0
@@ -468,12 +472,35 @@ def test_tile_configs_are_consistent(dtype, capability):
             assert cfg.column_halves == cfg.halves(forward=False) == (d <= 128)
             odd_hopper_fp32 = dtype == torch.float32 and capability >= (9, 0) and d in (40, 96)
             assert cfg.halves(forward=True) == (d <= 128 and not odd_hopper_fp32)
+        else:
+            assert cfg.halves(forward=False) == (96 < d < 128) and not cfg.halves(forward=True)
+        assert cfg.narrow_whole == cfg.column_halves
+        hopper_fp32 = dtype == torch.float32 and capability >= (9, 0)
+        assert (cfg.fwd_maxnreg == 254) == (hopper_fp32 and 96 < d < 128)
         assert triton_forward.default_blocks(d, d, torch.device("cuda"), dtype, capability) == (
             cfg.block_m,
             cfg.block_n,
             cfg.num_warps,
             cfg.num_stages,
         )
+
+
+def test_backward_chunks_keep_the_narrower_head_size_whole():
+    """``TileConfig.narrow_whole``: the narrower of unequal head sizes in one piece (64, or
+    40 -> 32 + 16), the wider in halves; equal sizes and ``narrow_whole=False`` in halves;
+    the dK/dV kernel's column-half programs (``dkdv_split_d``) keep halves of both."""
+    base = triton_forward.TileConfig(64, 16, 4, 2, 8, 16, 4, True)
+    whole = dataclasses.replace(base, narrow_whole=True)
+    assert base.backward_chunks(64, 128, dkdv=False) == ((32, 32), (64, 64))
+    assert whole.backward_chunks(64, 128, dkdv=False) == ((64, 0), (64, 64))
+    assert whole.backward_chunks(128, 64, dkdv=True) == ((64, 64), (64, 0))
+    assert whole.backward_chunks(40, 96, dkdv=False) == ((32, 16), (64, 64))
+    assert whole.backward_chunks(128, 128, dkdv=False) == ((64, 64), (64, 64))
+    split = dataclasses.replace(whole, dkdv_split_d=True)
+    assert split.backward_chunks(64, 128, dkdv=True) == ((32, 32), (64, 64))
+    assert split.backward_chunks(64, 128, dkdv=False) == ((64, 0), (64, 64))
+    halfless = dataclasses.replace(whole, column_halves=False)
+    assert halfless.backward_chunks(64, 128, dkdv=False) == ((64, 0), (128, 0))
 
 
 @pytest.mark.parametrize("head_dims", [(40, 40), (96, 72)])
