@@ -98,7 +98,7 @@ def _fwd_kernel(
     BLOCK_D1: tl.constexpr,
     BLOCK_DV1: tl.constexpr,
     S_BLOCK: tl.constexpr,
-    MULTI_CHUNK: tl.constexpr,
+    PASSES: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
     VARIANT: tl.constexpr,
@@ -201,7 +201,7 @@ def _fwd_kernel(
         if VARIANT != 3:  # counts built in the logits' (MMA) layout
             counts = tile_counts_all(
                 RowStart, RowEnd, CausalEnd, h, start_n, offs_m, m_first, m_last, n_q,
-                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY,
+                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, PASSES, False, CLASSIFY,
                 logits, CAUSAL,
             )  # fmt: skip
             weight = counts.to(tl.float32)
@@ -626,7 +626,7 @@ def plsh_forward_triton(
     n_q_tiles = triton.cdiv(n_q, block_m)
     interp = _interpreting()
     upcast = query.dtype == torch.bfloat16 and interp
-    s_block, multi = sample_block(num_samples)
+    s_block, passes = sample_block(num_samples)
     split_d = head_dim_split(head_dim, tiles.halves(forward=True))
     split_dv = head_dim_split(head_dim_v, tiles.halves(forward=True))
     grid = (n_q_tiles * batch * num_heads,)
@@ -664,7 +664,7 @@ def plsh_forward_triton(
         BLOCK_D1=split_d[1],
         BLOCK_DV1=split_dv[1],
         S_BLOCK=s_block,
-        MULTI_CHUNK=multi,
+        PASSES=passes,
         UPCAST=upcast,
         DOT_PREC=dot_precision(query.dtype, interp or upcast),
         VARIANT=int(_variant),

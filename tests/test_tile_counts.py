@@ -36,7 +36,7 @@ pytestmark = pytest.mark.triton
 def _counts_kernel(
     RowStart, RowEnd, CausalEnd, Out, n_q, n_k, num_samples,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
-    MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr,
+    PASSES: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr,
     CAUSAL: tl.constexpr,
 ):  # fmt: skip
     # grid (query tiles, key tiles, heads): Out[h, i, j] = C_ij of the tile pair.
@@ -51,7 +51,7 @@ def _counts_kernel(
     n_valid = offs_n < n_k
     c = tile_counts_all(
         RowStart, RowEnd, CausalEnd, h, n0, offs_m, m_first, m_last, n_q, num_samples,
-        BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, TRANSPOSED, CLASSIFY, None, CAUSAL,
+        BLOCK_M, BLOCK_N, S_BLOCK, PASSES, TRANSPOSED, CLASSIFY, None, CAUSAL,
     )  # fmt: skip
     base = Out + h.to(tl.int64) * n_q * n_k
     if TRANSPOSED:
@@ -68,16 +68,19 @@ def _counts_kernel(
         )
 
 
-def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify):
+def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify, passes=None):
+    """The kernel's counts ``(num_heads, n_q, n_k)``; ``passes``: override the number of
+    static passes of :func:`tiling.sample_block` (0: its runtime loop)."""
     num_heads, n_q, _ = plan.row_start.shape
-    s_block, multi = tiling.sample_block(num_samples)
+    s_block, default_passes = tiling.sample_block(num_samples)
+    passes = default_passes if passes is None else passes
     out = torch.full((num_heads, n_q, n_k), -1, dtype=torch.int32)
 
     def run(row_start, row_end, causal_end, out):
         grid = (triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n), num_heads)
         _counts_kernel[grid](
             row_start, row_end, causal_end, out, n_q, n_k, num_samples,
-            BLOCK_M=block_m, BLOCK_N=block_n, S_BLOCK=s_block, MULTI_CHUNK=multi,
+            BLOCK_M=block_m, BLOCK_N=block_n, S_BLOCK=s_block, PASSES=passes,
             TRANSPOSED=transposed, CLASSIFY=classify, CAUSAL=plan.causal,
         )  # fmt: skip
         return out
@@ -98,14 +101,16 @@ def _plan(partition, qpos, kpos, causal, block_m, block_n):
     )
 
 
-def _check(qpos, kpos, sigma, s, seed, causal, block_m, block_n):
+def _check(
+    qpos, kpos, sigma, s, seed, causal, block_m, block_n, passes=None, classify=(True, False)
+):
     partition = draw_partition(np.asarray(sigma, dtype=np.float64), s, seed=seed)
     plan = _plan(partition, qpos, kpos, causal, block_m, block_n)
     want = counts(partition, qpos, kpos, causal=causal)
     for transposed in (False, True):
-        for classify in (True, False):
-            got = _kernel_counts(plan, len(kpos), s, block_m, block_n, transposed, classify)
-            np.testing.assert_array_equal(got, want, err_msg=f"{transposed=} {classify=}")
+        for cls in classify:
+            got = _kernel_counts(plan, len(kpos), s, block_m, block_n, transposed, cls, passes)
+            np.testing.assert_array_equal(got, want, err_msg=f"{transposed=} classify={cls}")
 
 
 @settings(max_examples=6)
@@ -131,6 +136,39 @@ def test_counts_tile_with_two_sample_blocks(causal):
     """s = 70 > 64 (two passes of 64 samples), query and key tiles of different sizes."""
     qpos, kpos = np.arange(20) + 12, np.arange(40)
     _check(qpos, kpos, [0.6, 12.0], 70, 3, causal, 16, 32)
+
+
+@pytest.mark.parametrize(("s", "causal"), [(65, True), (130, False), (200, True), (200, False)])
+def test_counts_tile_with_several_static_passes(s, causal):
+    """s = 65, 130, 200: two to four statically unrolled passes of 64 samples, the last one
+    partial (a non-multiple of 64), query and key tiles of different sizes."""
+    assert tiling.sample_block(s) == (64, -(-s // 64))
+    qpos, kpos = np.arange(20) + 12, np.arange(40)
+    _check(qpos, kpos, [0.6, 12.0], s, s, causal, 16, 32)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_counts_tile_runtime_pass_loop(causal):
+    """The runtime loop over the passes (``PASSES = 0``, what :func:`tiling.sample_block`
+    picks above ``MAX_STATIC_SAMPLES``), here at s = 130 (three passes): the same counts."""
+    qpos, kpos = np.arange(20) + 12, np.arange(40)
+    _check(qpos, kpos, [0.6, 12.0], 130, 5, causal, 16, 32, passes=0, classify=(True,))
+
+
+def test_sample_block_covers_every_sample_with_the_fewest_passes():
+    """``(S_BLOCK, PASSES)``: a power of two in ``[2, MAX_SAMPLE_BLOCK]``, the smallest one
+    covering ``s`` up to 64, then ``MAX_SAMPLE_BLOCK``; ``PASSES`` static passes cover ``s``
+    with fewer than ``S_BLOCK`` samples to spare, up to ``MAX_STATIC_SAMPLES``; 0 above."""
+    assert tiling.MAX_SAMPLE_BLOCK == 64 and tiling.MAX_STATIC_SAMPLES >= 128
+    for s in range(1, 2 * tiling.MAX_STATIC_SAMPLES + 2):
+        block, passes = tiling.sample_block(s)
+        assert block & (block - 1) == 0 and 2 <= block <= tiling.MAX_SAMPLE_BLOCK, s
+        assert block == tiling.MAX_SAMPLE_BLOCK or block // 2 < s <= block or s == 1, s
+        needed = -(-s // block)
+        if needed * block <= tiling.MAX_STATIC_SAMPLES:
+            assert passes == needed, s
+        else:
+            assert passes == 0, s
 
 
 def test_counts_tile_negative_control():

@@ -222,14 +222,16 @@ def test_query_gradients_with_narrower_key_tiles():
         )
 
 
-def test_many_samples_use_several_sample_blocks():
-    """s = 70 > 64: every backward kernel sums the counts over two sample blocks."""
+@pytest.mark.parametrize(("s", "causal"), [(70, True), (130, False), (200, True)])
+def test_many_samples_use_several_sample_blocks(s, causal):
+    """s = 70, 130, 200 > 64: every backward kernel sums the counts over two, three and four
+    statically unrolled sample blocks (the last one partial)."""
     rng = np.random.default_rng(19)
     partition, q, k, v, g = _case(
-        rng, 1, 2, 1, 24, 24, 6, 6, 70, torch.float32, np.array([2.0, 9.0]), 19
+        rng, 1, 2, 1, 24, 24, 6, 6, s, torch.float32, np.array([2.0, 9.0]), 19
     )
     pos = np.arange(24)
-    _check_grads(q, k, v, g, partition, pos, pos, 0.6, True, "float32")
+    _check_grads(q, k, v, g, partition, pos, pos, 0.6, causal, "float32")
 
 
 def test_tile_classification_gives_the_same_gradients():
