@@ -114,7 +114,8 @@ def _fwd_bwd(dtype, d, **kw):
 # causal) on Hopper for every kernel, its forward at s = 64 (the counts cost per sample),
 # the forward on Ampere, float32 (tf32x3) at d = 128 on
 # Hopper and d = 64 on Ampere for every kernel, and the float16 dQ kernel at d = 64 on
-# Ampere (the configurations that spilled before the float32/sm_80 tiles).
+# Ampere (the configurations that spilled before the float32/sm_80 tiles), head sizes that
+# are not multiples of 16, and the forward at s = 65 (two sample-block passes).
 CI_CONFIGS = (
     KernelConfig("_bins_kernel"),
     *_fwd_bwd("bfloat16", 128),
@@ -126,6 +127,8 @@ CI_CONFIGS = (
     # head sizes that are not multiples of 16: pipelined only through aligned_rows
     KernelConfig("_fwd_kernel", "bfloat16", 72),
     KernelConfig("_bwd_dkdv_kernel", "float32", 120),
+    # s > 64: the sample blocks' passes unrolled statically, the key loop still pipelined
+    KernelConfig("_fwd_kernel", "bfloat16", 128, num_samples=65),
 )
 # Every shipped configuration class (benchmarks/aot_report.py --set full; slow tests).
 FULL_CONFIGS = (
@@ -150,6 +153,11 @@ FULL_CONFIGS = (
     ],
     *_fwd_bwd("float32", 64),
     *_fwd_bwd("float32", 96),
+    # s > 64 (tiling.sample_block: two and four static passes of 64 samples)
+    *_fwd_bwd("bfloat16", 128, num_samples=128),
+    *_fwd_bwd("bfloat16", 128, num_samples=256),
+    *_fwd_bwd("float32", 128, num_samples=128),
+    *[dataclasses.replace(c, arch=80) for c in _fwd_bwd("bfloat16", 128, num_samples=128)],
 )
 
 

@@ -222,10 +222,10 @@ def test_query_gradients_with_narrower_key_tiles():
         )
 
 
-@pytest.mark.parametrize(("s", "causal"), [(70, True), (130, False), (200, True)])
+@pytest.mark.parametrize(("s", "causal"), [(70, True), (200, False)])
 def test_many_samples_use_several_sample_blocks(s, causal):
-    """s = 70, 130, 200 > 64: every backward kernel sums the counts over two, three and four
-    statically unrolled sample blocks (the last one partial)."""
+    """s = 70, 200 > 64: every backward kernel sums the counts over two and four statically
+    unrolled sample blocks (the last one partial; start and end events at 200)."""
     rng = np.random.default_rng(19)
     partition, q, k, v, g = _case(
         rng, 1, 2, 1, 24, 24, 6, 6, s, torch.float32, np.array([2.0, 9.0]), 19
