@@ -62,6 +62,8 @@ __all__ = [
 
 #: Largest sample block handled by one unrolled pass of :func:`tile_counts`.
 MAX_SAMPLE_BLOCK = 64
+#: Samples per statically unrolled pass above ``MAX_SAMPLE_BLOCK`` (:func:`sample_block`).
+MULTI_PASS_BLOCK = 32
 #: Most samples whose passes :func:`tile_counts_all` unrolls statically (:func:`sample_block`).
 MAX_STATIC_SAMPLES = 256
 
@@ -312,13 +314,17 @@ def sample_block(num_samples: int) -> tuple[int, int]:
     """``(S_BLOCK, PASSES)`` for :func:`tile_counts_all`: samples per unrolled pass of
     :func:`tile_counts` and the number of passes.
 
-    ``S_BLOCK`` is a power of two, at most ``MAX_SAMPLE_BLOCK``; ``PASSES = ceil(s /
-    S_BLOCK)`` passes are unrolled statically (``tl.static_range``: no loop inside the
-    caller's key loop, which stays software-pipelined) up to ``MAX_STATIC_SAMPLES``
-    samples (``PASSES * S_BLOCK``); above it ``PASSES = 0``: a runtime loop over the
-    passes (static code of that many samples would only grow the kernel and its compile
-    time; the key loop around it is then not pipelined). One kernel is compiled per
-    ``(S_BLOCK, PASSES)`` (``num_samples`` itself is not specialised).
+    Up to ``MAX_SAMPLE_BLOCK`` (64) samples: one pass of the smallest power of two ``>= s``
+    (at least 2). Above: ``PASSES = ceil(s / MULTI_PASS_BLOCK)`` passes of
+    ``MULTI_PASS_BLOCK`` (32) samples, unrolled statically (``tl.static_range``: no loop
+    inside the caller's key loop, which stays software-pipelined), up to
+    ``MAX_STATIC_SAMPLES`` (256) samples; 32-sample passes, with int32 bit masks, kept the
+    float32 forward and dQ kernels on sm_90 spill-free with Triton 3.6 where 64-sample
+    passes spilled 16-32 B, and pad ``s`` less (``benchmarks/results/
+    aot_2026-12-01_samples.md``). Above ``MAX_STATIC_SAMPLES``: ``(MAX_SAMPLE_BLOCK, 0)``,
+    a runtime loop over the passes (static code of that many samples would only grow the
+    kernel and its compile time; the key loop around it is then not pipelined). One kernel
+    is compiled per ``(S_BLOCK, PASSES)`` (``num_samples`` itself is not specialised).
 
     Parameters
     ----------
@@ -330,13 +336,15 @@ def sample_block(num_samples: int) -> tuple[int, int]:
     tuple of int
         ``(S_BLOCK, PASSES)``.
 
-    Source: issue 14 (pipelined K/V loads); measured in
-    ``benchmarks/results/aot_2026-12-01_samples.md``.
+    Source: issue 14 (pipelined K/V loads).
     """
     s = int(num_samples)
-    block = min(MAX_SAMPLE_BLOCK, max(2, triton.next_power_of_2(s)))
-    passes = -(-s // block)
-    return block, (passes if passes * block <= MAX_STATIC_SAMPLES else 0)
+    if s <= MAX_SAMPLE_BLOCK:
+        return max(2, triton.next_power_of_2(s)), 1
+    passes = -(-s // MULTI_PASS_BLOCK)
+    if passes * MULTI_PASS_BLOCK > MAX_STATIC_SAMPLES:
+        return MAX_SAMPLE_BLOCK, 0
+    return MULTI_PASS_BLOCK, passes
 
 
 @triton.jit
