@@ -115,7 +115,7 @@ def _fwd_bwd(dtype, d, **kw):
 # the forward on Ampere, float32 (tf32x3) at d = 128 on
 # Hopper and d = 64 on Ampere for every kernel, and the float16 dQ kernel at d = 64 on
 # Ampere (the configurations that spilled before the float32/sm_80 tiles), head sizes that
-# are not multiples of 16, and the forward at s = 65 (two sample-block passes).
+# are not multiples of 16, and the forward at s = 65 (three static 32-sample passes).
 CI_CONFIGS = (
     KernelConfig("_bins_kernel"),
     *_fwd_bwd("bfloat16", 128),
@@ -153,7 +153,7 @@ FULL_CONFIGS = (
     ],
     *_fwd_bwd("float32", 64),
     *_fwd_bwd("float32", 96),
-    # s > 64 (tiling.sample_block: two and four static passes of 64 samples)
+    # s > 64 (tiling.sample_block: four and eight static passes of 32 samples)
     *_fwd_bwd("bfloat16", 128, num_samples=128),
     *_fwd_bwd("bfloat16", 128, num_samples=256),
     *_fwd_bwd("float32", 128, num_samples=128),

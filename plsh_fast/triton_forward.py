@@ -16,7 +16,7 @@ causal mask is part of the counts' row ranges). Since ``C_ij <= s`` the weights 
 overflow, and no logarithm of a count is taken. The counts of a tile pair come from
 :func:`plsh_fast.tiling.tile_counts` (one-sided events: 1.5 integer instructions per
 element and mixed sample, none for samples whose start is before or after the whole tile
-pair; more than 64 samples in statically unrolled passes of 64). The key loop is a
+pair; more than 64 samples in statically unrolled passes of 32). The key loop is a
 software-pipelined ``tl.range`` (key/value tiles loaded ``num_stages - 1`` steps ahead,
 ``cp.async``/TMA on sm_80+/sm_90; ``benchmarks/aot_report.py`` checks it; at most 256
 samples, above which the passes are a runtime loop, :func:`plsh_fast.tiling.sample_block`). Programs take
@@ -402,10 +402,10 @@ def tile_config(
     Triton 3.6 the bfloat16 dK/dV kernel at head_dim 120 (64 B) and the float32 forward at
     112 (24 B), the float32 dQ kernel on sm_90 at unequal head sizes (40-88 B), the
     float16 dK/dV kernel on sm_80 at 64/128 (8 B). More than 64 samples (up to 256) are
-    two to four statically unrolled sample-block passes (:func:`plsh_fast.tiling.sample_block`):
-    the loops stay pipelined and spill-free at head_dim 128 but for the float32 dQ kernel on
-    sm_90 (8 B, ``benchmarks/results/aot_2026-12-01_samples.md``); above 256 samples the
-    passes are a runtime loop (no ``cp.async``). The float32 dK/dV kernel on sm_90 takes
+    statically unrolled passes of 32 samples (:func:`plsh_fast.tiling.sample_block`): the
+    loops stay pipelined; for the spills measured at head_dim 128 see
+    ``benchmarks/results/aot_2026-12-01_samples.md``; above 256 samples the passes are a
+    runtime loop (no ``cp.async``). The float32 dK/dV kernel on sm_90 takes
     64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
     programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
     :attr:`TileConfig.dkdv_manual_x3`; ``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``);

@@ -70,10 +70,13 @@ def _counts_kernel(
 
 def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify, passes=None):
     """The kernel's counts ``(num_heads, n_q, n_k)``; ``passes``: override the number of
-    static passes of :func:`tiling.sample_block` (0: its runtime loop)."""
+    static passes of :func:`tiling.sample_block` (0: its runtime loop, over passes of
+    ``MAX_SAMPLE_BLOCK`` samples as above ``MAX_STATIC_SAMPLES``)."""
     num_heads, n_q, _ = plan.row_start.shape
     s_block, default_passes = tiling.sample_block(num_samples)
     passes = default_passes if passes is None else passes
+    if passes == 0:
+        s_block = tiling.MAX_SAMPLE_BLOCK
     out = torch.full((num_heads, n_q, n_k), -1, dtype=torch.int32)
 
     def run(row_start, row_end, causal_end, out):
@@ -138,37 +141,46 @@ def test_counts_tile_with_two_sample_blocks(causal):
     _check(qpos, kpos, [0.6, 12.0], 70, 3, causal, 16, 32)
 
 
-@pytest.mark.parametrize(("s", "causal"), [(65, True), (130, False), (200, True), (200, False)])
-def test_counts_tile_with_several_static_passes(s, causal):
-    """s = 65, 130, 200: two to four statically unrolled passes of 64 samples, the last one
-    partial (a non-multiple of 64), query and key tiles of different sizes."""
-    assert tiling.sample_block(s) == (64, -(-s // 64))
+@pytest.mark.parametrize(
+    ("s", "causal", "classify"),
+    [(65, True, (True, False)), (130, False, (True,)), (200, True, (True,))],
+)
+def test_counts_tile_with_several_static_passes(s, causal, classify):
+    """s = 65, 130, 200: three, five and seven statically unrolled passes of 32 samples, the
+    last one partial (not a multiple of 32), query and key tiles of different sizes (both
+    orientations; without the tile classification at 65 only: interpreter time)."""
+    assert tiling.sample_block(s) == (tiling.MULTI_PASS_BLOCK, -(-s // tiling.MULTI_PASS_BLOCK))
     qpos, kpos = np.arange(20) + 12, np.arange(40)
-    _check(qpos, kpos, [0.6, 12.0], s, s, causal, 16, 32)
+    _check(qpos, kpos, [0.6, 12.0], s, s, causal, 16, 32, classify=classify)
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_counts_tile_runtime_pass_loop(causal):
     """The runtime loop over the passes (``PASSES = 0``, what :func:`tiling.sample_block`
-    picks above ``MAX_STATIC_SAMPLES``), here at s = 130 (three passes): the same counts."""
+    picks above ``MAX_STATIC_SAMPLES``), here at s = 130 (three passes of 64): the same
+    counts."""
     qpos, kpos = np.arange(20) + 12, np.arange(40)
     _check(qpos, kpos, [0.6, 12.0], 130, 5, causal, 16, 32, passes=0, classify=(True,))
 
 
 def test_sample_block_covers_every_sample_with_the_fewest_passes():
-    """``(S_BLOCK, PASSES)``: a power of two in ``[2, MAX_SAMPLE_BLOCK]``, the smallest one
-    covering ``s`` up to 64, then ``MAX_SAMPLE_BLOCK``; ``PASSES`` static passes cover ``s``
-    with fewer than ``S_BLOCK`` samples to spare, up to ``MAX_STATIC_SAMPLES``; 0 above."""
-    assert tiling.MAX_SAMPLE_BLOCK == 64 and tiling.MAX_STATIC_SAMPLES >= 128
-    for s in range(1, 2 * tiling.MAX_STATIC_SAMPLES + 2):
+    """``(S_BLOCK, PASSES)``: up to ``MAX_SAMPLE_BLOCK`` samples one pass of the smallest
+    power of two (at least 2) covering ``s``; above, ``MULTI_PASS_BLOCK``-sample passes,
+    as few as cover ``s``, while they hold at most ``MAX_STATIC_SAMPLES``; beyond that the
+    runtime loop (``PASSES = 0``) over ``MAX_SAMPLE_BLOCK``-sample passes."""
+    big, multi, cap = tiling.MAX_SAMPLE_BLOCK, tiling.MULTI_PASS_BLOCK, tiling.MAX_STATIC_SAMPLES
+    assert big == 64 and multi & (multi - 1) == 0 and multi <= big < cap
+    for s in range(1, 2 * cap + 2):
         block, passes = tiling.sample_block(s)
-        assert block & (block - 1) == 0 and 2 <= block <= tiling.MAX_SAMPLE_BLOCK, s
-        assert block == tiling.MAX_SAMPLE_BLOCK or block // 2 < s <= block or s == 1, s
-        needed = -(-s // block)
-        if needed * block <= tiling.MAX_STATIC_SAMPLES:
-            assert passes == needed, s
+        assert block & (block - 1) == 0 and 2 <= block <= big, s
+        if s <= big:
+            assert passes == 1 and (block // 2 < s <= block or s == 1), s
+        elif -(-s // multi) * multi <= cap:
+            assert block == multi and passes == -(-s // multi), s
         else:
-            assert passes == 0, s
+            assert (block, passes) == (big, 0), s
+        if passes:
+            assert (passes - 1) * block < s <= passes * block <= max(cap, block), s
 
 
 def test_counts_tile_negative_control():

@@ -230,10 +230,10 @@ def test_tile_classification_is_exact(s):
 
 @pytest.mark.parametrize(("s", "causal"), [(70, True), (130, False), (200, True)])
 def test_many_samples_use_several_sample_blocks(s, causal):
-    """s = 70, 130, 200 > 64: the counts are summed over two, three and four statically
-    unrolled sample blocks (the last one partial); still the reference."""
+    """s = 70, 130, 200 > 64: the counts are summed over three, five and seven statically
+    unrolled 32-sample blocks (the last one partial); still the reference."""
     q, k, v, partition, qpos, kpos, _ = _fixed_case(n=24, s=s, causal=causal)
-    assert tiling.sample_block(s) == (64, -(-s // 64))
+    assert tiling.sample_block(s) == (tiling.MULTI_PASS_BLOCK, -(-s // tiling.MULTI_PASS_BLOCK))
     ref, base = _reference(q, k, v, partition, qpos, kpos, causal, 0.5, "float32")
     _check(*_run(q, k, v, partition, qpos, kpos, causal, 0.5), ref, base, "float32")
 
