@@ -403,10 +403,11 @@ def tile_config(
     112 (24 B), the float32 dQ kernel on sm_90 at unequal head sizes (40-88 B), the
     float16 dK/dV kernel on sm_80 at 64/128 (8 B). More than 64 samples (up to 256) are
     statically unrolled passes of 32 samples (:func:`plsh_fast.tiling.sample_block`): the
-    loops stay pipelined, spill-free at head_dim 128 in the measured configurations
-    (``benchmarks/results/aot_2026-12-01_samples.md``) but for the float32 dQ kernel on
-    sm_90 with Triton 3.9 (16 B at 65 samples, 96 B at 256; none with 3.6); above 256
-    samples the passes are a runtime loop (no ``cp.async``). The float32 dK/dV kernel on sm_90 takes
+    loops stay pipelined, spill-free at head_dim 128 in the measured bfloat16
+    configurations (``benchmarks/results/aot_2026-12-01_samples.md``) but the sm_80 dK/dV
+    kernel at 256 samples (72 B, Triton 3.9), not so float32 on
+    sm_90 (Triton 3.9: the dQ kernel 16-96 B at 65-256 samples, the forward 16 B at 256;
+    3.6: the forward 40 B at 256); above 256 samples the passes are a runtime loop (no ``cp.async``). The float32 dK/dV kernel on sm_90 takes
     64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
     programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
     :attr:`TileConfig.dkdv_manual_x3`; ``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``);
