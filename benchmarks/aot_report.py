@@ -115,7 +115,8 @@ def _fwd_bwd(dtype, d, **kw):
 # the forward on Ampere, float32 (tf32x3) at d = 128 on
 # Hopper and d = 64 on Ampere for every kernel, and the float16 dQ kernel at d = 64 on
 # Ampere (the configurations that spilled before the float32/sm_80 tiles), head sizes
-# that are not multiples of 16 and unequal head sizes (each guards a tile_config rule).
+# that are not multiples of 16, unequal head sizes (each guards a tile_config rule) and
+# the forward at s = 65 (three static 32-sample passes).
 CI_CONFIGS = (
     KernelConfig("_bins_kernel"),
     *_fwd_bwd("bfloat16", 128),
@@ -130,6 +131,8 @@ CI_CONFIGS = (
     # unequal head sizes: the narrower one whole in the backward (TileConfig.narrow_whole)
     KernelConfig("_bwd_dq_kernel", "float32", 128, head_dim_v=64),
     KernelConfig("_bwd_dkdv_kernel", "float16", 64, head_dim_v=128, arch=80),
+    # s > 64: the sample blocks' passes unrolled statically, the key loop still pipelined
+    KernelConfig("_fwd_kernel", "bfloat16", 128, num_samples=65),
 )
 # Every shipped configuration class (benchmarks/aot_report.py --set full; slow tests).
 FULL_CONFIGS = (
@@ -174,6 +177,11 @@ FULL_CONFIGS = (
     ],
     *_fwd_bwd("bfloat16", 112, head_dim_v=64),  # sm_90 half types: backward halves at 112
     KernelConfig("_fwd_kernel", "float32", 256),  # the float32 tiles of width 256
+    # s > 64 (tiling.sample_block: four and eight static passes of 32 samples)
+    *_fwd_bwd("bfloat16", 128, num_samples=128),
+    *_fwd_bwd("bfloat16", 128, num_samples=256),
+    *_fwd_bwd("float32", 128, num_samples=128),
+    *[dataclasses.replace(c, arch=80) for c in _fwd_bwd("bfloat16", 128, num_samples=128)],
 )
 FULL_CONFIGS = tuple(dict.fromkeys(FULL_CONFIGS))  # each once (CI's are repeated above)
 

@@ -62,6 +62,10 @@ __all__ = [
 
 #: Largest sample block handled by one unrolled pass of :func:`tile_counts`.
 MAX_SAMPLE_BLOCK = 64
+#: Samples per statically unrolled pass above ``MAX_SAMPLE_BLOCK`` (:func:`sample_block`).
+MULTI_PASS_BLOCK = 32
+#: Most samples whose passes :func:`tile_counts_all` unrolls statically (:func:`sample_block`).
+MAX_STATIC_SAMPLES = 256
 
 
 # Reductions through ``tl.reduce`` with Triton's own combine functions: the same code as
@@ -306,11 +310,41 @@ def plan_query_range(plan: TilePlan) -> TilePlan:
     return plan
 
 
-def sample_block(num_samples: int) -> tuple[int, bool]:
-    """``(S_BLOCK, MULTI_CHUNK)`` for :func:`tile_counts`: samples per unrolled pass (a power
-    of two, at most ``MAX_SAMPLE_BLOCK``) and whether several passes are needed."""
-    block = min(MAX_SAMPLE_BLOCK, max(2, triton.next_power_of_2(int(num_samples))))
-    return block, num_samples > block
+def sample_block(num_samples: int) -> tuple[int, int]:
+    """``(S_BLOCK, PASSES)`` for :func:`tile_counts_all`: samples per unrolled pass of
+    :func:`tile_counts` and the number of passes.
+
+    Up to ``MAX_SAMPLE_BLOCK`` (64) samples: one pass of the smallest power of two ``>= s``
+    (at least 2). Above: ``PASSES = ceil(s / MULTI_PASS_BLOCK)`` passes of
+    ``MULTI_PASS_BLOCK`` (32) samples, unrolled statically (``tl.static_range``: no loop
+    inside the caller's key loop, which stays software-pipelined), up to
+    ``MAX_STATIC_SAMPLES`` (256) samples; 32-sample passes, with int32 bit masks, kept the
+    float32 forward and dQ kernels on sm_90 spill-free with Triton 3.6 where 64-sample
+    passes spilled 16-32 B, and pad ``s`` less (``benchmarks/results/
+    aot_2026-12-01_samples.md``). Above ``MAX_STATIC_SAMPLES``: ``(MAX_SAMPLE_BLOCK, 0)``,
+    a runtime loop over the passes (static code of that many samples would only grow the
+    kernel and its compile time; the key loop around it is then not pipelined). One kernel
+    is compiled per ``(S_BLOCK, PASSES)`` (``num_samples`` itself is not specialised).
+
+    Parameters
+    ----------
+    num_samples : int
+        ``s >= 1``.
+
+    Returns
+    -------
+    tuple of int
+        ``(S_BLOCK, PASSES)``.
+
+    Source: issue 14 (pipelined K/V loads).
+    """
+    s = int(num_samples)
+    if s <= MAX_SAMPLE_BLOCK:
+        return max(2, triton.next_power_of_2(s)), 1
+    passes = -(-s // MULTI_PASS_BLOCK)
+    if passes * MULTI_PASS_BLOCK > MAX_STATIC_SAMPLES:
+        return MAX_SAMPLE_BLOCK, 0
+    return MULTI_PASS_BLOCK, passes
 
 
 @triton.jit
@@ -384,6 +418,8 @@ def tile_counts(
     CLASSIFY: tl.constexpr = True,
     like=None,
     CAUSAL: tl.constexpr = False,
+    acc=None,
+    LAST: tl.constexpr = True,
 ):
     """Counts ``C_ij = sum_t [a_t(i) <= j < b_t(i)]`` of samples ``c0 .. c0 + S_BLOCK - 1``
     for one (query tile, key tile ``[n0, n0 + BLOCK_N)``) pair, int32 ``(BLOCK_M,
@@ -429,6 +465,14 @@ def tile_counts(
     that layout (without it Triton 3.6 builds them in a blocked layout with 32 rows per
     thread and converts the tile through shared memory every step).
 
+    ``acc``, ``LAST`` (the passes of :func:`tile_counts_all`): ``acc`` is the previous
+    passes' unfinished tile (this pass's events are added to it instead of a zero tile);
+    ``LAST=False`` returns this pass's tile unfinished: in the forward/dQ orientation the
+    packed ``uint32 (BLOCK_M, BLOCK_N // 2)`` two-column tile, not unpacked, and (both
+    orientations) without the causal mask. The packed lanes stay exact over several passes
+    as long as ``s BLOCK_N < 2**16`` (the final lanes are the counts times ``BLOCK_N``; the
+    sums are modulo ``2**32``).
+
     Cost (SASS, ``benchmarks/results/counts_sass_2026-12-01.md``): a mixed event is a
     58-instruction block plus a bit test and a branch in the forward and dQ kernels
     (64 x 64 tiles, 4 warps).
@@ -460,7 +504,10 @@ def tile_counts(
         b_bits = _lane_bits(b_mixed, lane, S_BLOCK)
         n_const -= tl.reduce((b_full | b_mixed).to(tl.int32), 0, sum_combine)
     if TRANSPOSED:
-        counts = _zero_tile(like, BLOCK_M, BLOCK_N, TRANSPOSED) + n_const
+        if acc is not None:
+            counts = acc + n_const
+        else:
+            counts = _zero_tile(like, BLOCK_M, BLOCK_N, TRANSPOSED) + n_const
         for t in tl.static_range(S_BLOCK):
             if ((a_bits >> t) & 1) != 0:  # [j >= a]
                 a1 = tl.load(RowStart + row + t) - 1
@@ -478,7 +525,9 @@ def tile_counts(
         tl.static_assert(2 * S_BLOCK * BLOCK_N < 65536, "16-bit lanes would overflow")
         HALF: tl.constexpr = BLOCK_N // 2
         ONE2: tl.constexpr = BLOCK_N * 65537
-        if like is not None:
+        if acc is not None:
+            w2 = acc
+        elif like is not None:
             lo_t, hi_t = tl.split(like.reshape(BLOCK_M, HALF, 2))
             w2 = (lo_t.to(tl.uint32, bitcast=True) >> 16) >> 16
         else:
@@ -499,10 +548,13 @@ def tile_counts(
                         tl.uint32, bitcast=True
                     )
                     w2 += (y[:, None] - x_b[None, :]) & ONE2
-        lo = ((w2 & 65535) // BLOCK_N).to(tl.int32, bitcast=True)
-        hi2 = (w2 // (BLOCK_N * 65536)).to(tl.int32, bitcast=True)
-        counts = tl.join(lo, hi2).reshape(BLOCK_M, BLOCK_N)
-    if CAUSAL:
+        if LAST:
+            lo = ((w2 & 65535) // BLOCK_N).to(tl.int32, bitcast=True)
+            hi2 = (w2 // (BLOCK_N * 65536)).to(tl.int32, bitcast=True)
+            counts = tl.join(lo, hi2).reshape(BLOCK_M, BLOCK_N)
+        else:
+            counts = w2
+    if CAUSAL and LAST:
         if ce_first < hi:  # the causal end splits the tile pair
             ce = tl.load(CausalEnd + tl.minimum(offs_m, n_q - 1) + (n0 >> 31))
             if TRANSPOSED:
@@ -516,13 +568,18 @@ def tile_counts(
 def tile_counts_all(
     RowStart, RowEnd, CausalEnd, h, n0, offs_m, m_first, m_last, n_q, num_samples,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
-    MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr, like=None,
+    PASSES: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr, like=None,
     CAUSAL: tl.constexpr = False,
 ):  # fmt: skip
-    """:func:`tile_counts` over all ``num_samples`` samples: one unrolled pass of
-    ``S_BLOCK`` samples, or (``MULTI_CHUNK``, ``s > MAX_SAMPLE_BLOCK``) a loop of passes
-    (then the caller's key loop is not software-pipelined)."""
-    if MULTI_CHUNK:
+    """:func:`tile_counts` over all ``num_samples`` samples, int32 ``(BLOCK_M, BLOCK_N)``
+    (``TRANSPOSED``: ``(BLOCK_N, BLOCK_M)``): the sum of the passes over the sample blocks
+    ``[c0, c0 + S_BLOCK)``, ``c0 = 0, S_BLOCK, ...`` (samples past ``num_samples`` count
+    nothing; integer sums, so the order of the passes does not matter and the counts are
+    exact). ``(S_BLOCK, PASSES)`` come from :func:`sample_block`: ``PASSES >= 1`` passes
+    unrolled statically (``PASSES * S_BLOCK >= num_samples``, no loop, so the caller's key
+    loop stays software-pipelined), or ``PASSES = 0``, above ``MAX_STATIC_SAMPLES``: a
+    runtime loop of passes (then the caller's key loop is not software-pipelined)."""
+    if PASSES == 0:
         counts = _zero_tile(like, BLOCK_M, BLOCK_N, TRANSPOSED)
         for c0 in range(0, num_samples, S_BLOCK):
             counts += tile_counts(
@@ -530,8 +587,17 @@ def tile_counts_all(
                 num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, CAUSAL,
             )  # fmt: skip
     else:
+        # Passes 1.. continue the previous passes' tile (packed two columns per int32 in
+        # the forward/dQ orientation); the last one unpacks it and applies the causal mask.
+        tl.static_assert(PASSES * S_BLOCK * BLOCK_N < 65536, "16-bit lanes would overflow")
         counts = tile_counts(
             RowStart, RowEnd, CausalEnd, h, 0, n0, offs_m, m_first, m_last, n_q, num_samples,
-            BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, CAUSAL,
+            BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like, CAUSAL, None, PASSES == 1,
         )  # fmt: skip
+        for p in tl.static_range(1, PASSES):
+            counts = tile_counts(
+                RowStart, RowEnd, CausalEnd, h, p * S_BLOCK, n0, offs_m, m_first, m_last,
+                n_q, num_samples, BLOCK_M, BLOCK_N, S_BLOCK, TRANSPOSED, CLASSIFY, like,
+                CAUSAL, counts, p == PASSES - 1,
+            )  # fmt: skip
     return counts

@@ -266,7 +266,7 @@ def _bwd_dq_kernel(
     BLOCK_D1: tl.constexpr,
     BLOCK_DV1: tl.constexpr,
     S_BLOCK: tl.constexpr,
-    MULTI_CHUNK: tl.constexpr,
+    PASSES: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
     VARIANT: tl.constexpr,
@@ -344,7 +344,7 @@ def _bwd_dq_kernel(
             logits = tl.dot(q1, tl.trans(k1), logits, input_precision=DOT_PREC)
         counts = tile_counts_all(
             RowStart, RowEnd, CausalEnd, h, start_n, offs_m, m_first, m_last, n_q,
-            num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY, logits,
+            num_samples, BLOCK_M, BLOCK_N, S_BLOCK, PASSES, False, CLASSIFY, logits,
             CAUSAL,
         )  # fmt: skip
         p = _probabilities(logits, counts, live, lse2, scale_log2, VARIANT)
@@ -430,7 +430,7 @@ def _bwd_dkdv_kernel(
     BLOCK_D1: tl.constexpr,
     BLOCK_DV1: tl.constexpr,
     S_BLOCK: tl.constexpr,
-    MULTI_CHUNK: tl.constexpr,
+    PASSES: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
     VARIANT: tl.constexpr,
@@ -549,7 +549,7 @@ def _bwd_dkdv_kernel(
             counts_t = tile_counts_all(
                 RowStart, RowEnd, CausalEnd, h, n0, m64 + rows.to(tl.int64), start_m,
                 tl.minimum(start_m + BLOCK_M, n_q) - 1, n_q, num_samples,
-                BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, True, CLASSIFY, logits_t, CAUSAL,
+                BLOCK_M, BLOCK_N, S_BLOCK, PASSES, True, CLASSIFY, logits_t, CAUSAL,
             )  # fmt: skip
             if BLOCK_DV1 > 0:
                 do1 = _tile(do_base, rows, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
@@ -803,7 +803,7 @@ def plsh_backward_triton(
     )
     interp = type(_bwd_dq_kernel).__name__ == "InterpretedFunction"
     upcast = query.dtype == torch.bfloat16 and interp
-    s_block, multi = sample_block(num_samples)
+    s_block, passes = sample_block(num_samples)
     common = dict(
         D=head_dim,
         DV=head_dim_v,
@@ -814,7 +814,7 @@ def plsh_backward_triton(
         BLOCK_D1=block_d1,
         BLOCK_DV1=block_dv1,
         S_BLOCK=s_block,
-        MULTI_CHUNK=multi,
+        PASSES=passes,
         UPCAST=upcast,
         DOT_PREC=dot_precision(query.dtype, interp or upcast),
         VARIANT=int(_variant),

@@ -18,9 +18,10 @@ and ``log2`` of the row sum (log2 domain), the LSE without its float32 rounding
 overflow, and no logarithm of a count is taken. The counts of a tile pair come from
 :func:`plsh_fast.tiling.tile_counts` (one-sided events: 1.5 integer instructions per
 element and mixed sample, none for samples whose start is before or after the whole tile
-pair). The key loop is a
+pair; more than 64 samples in statically unrolled passes of 32). The key loop is a
 software-pipelined ``tl.range`` (key/value tiles loaded ``num_stages - 1`` steps ahead,
-``cp.async``/TMA on sm_80+/sm_90; ``benchmarks/aot_report.py`` checks it). Programs take
+``cp.async``/TMA on sm_80+/sm_90; ``benchmarks/aot_report.py`` checks it; at most 256
+samples, above which the passes are a runtime loop, :func:`plsh_fast.tiling.sample_block`). Programs take
 the heads with the most planned work first and, within a head, the last query tiles first.
 """
 
@@ -101,7 +102,7 @@ def _fwd_kernel(
     BLOCK_D1: tl.constexpr,
     BLOCK_DV1: tl.constexpr,
     S_BLOCK: tl.constexpr,
-    MULTI_CHUNK: tl.constexpr,
+    PASSES: tl.constexpr,
     UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
     VARIANT: tl.constexpr,
@@ -204,7 +205,7 @@ def _fwd_kernel(
         if VARIANT != 3:  # counts built in the logits' (MMA) layout
             counts = tile_counts_all(
                 RowStart, RowEnd, CausalEnd, h, start_n, offs_m, m_first, m_last, n_q,
-                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, False, CLASSIFY,
+                num_samples, BLOCK_M, BLOCK_N, S_BLOCK, PASSES, False, CLASSIFY,
                 logits, CAUSAL,
             )  # fmt: skip
             weight = counts.to(tl.float32)
@@ -435,9 +436,13 @@ def tile_config(
     104 and 120 with Triton 3.6) and the float32 forward there runs with ``maxnreg = 254``
     (ptxas's own 255 spilled 24 B at 112 with 3.6, and 254 spills 16 B at 128 with 3.6, so
     128 keeps ptxas's choice; ``benchmarks/results/aot_2026-12-01_other_head_dims.md``,
-    "Session 4"). Not so: more than 64 samples make the sample loop a runtime loop (no
-    ``cp.async``), and the float32 forward at head_dim 256 on sm_90 (32-row tiles:
-    ``mma.sync``, and it spills). The float32 dK/dV kernel on sm_90 takes
+    "Session 4"). More than 64 samples (up to 256) are statically unrolled passes of 32
+    samples (:func:`plsh_fast.tiling.sample_block`): the loops stay pipelined
+    (``benchmarks/results/aot_2026-12-01_samples.md``). Not so: above 256 samples the
+    passes are a runtime loop (no ``cp.async``); the float32 forward at head_dim 256 on
+    sm_90 (32-row tiles: ``mma.sync``, and it spills); at more than 64 samples the
+    float32 kernels on sm_90 and the bfloat16 dK/dV kernel on sm_80 at 256 samples spill
+    (listed in the samples results file). The float32 dK/dV kernel on sm_90 takes
     64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
     programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
     :attr:`TileConfig.dkdv_manual_x3`; ``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``);
@@ -684,7 +689,7 @@ def plsh_forward_triton(
     n_q_tiles = triton.cdiv(n_q, block_m)
     interp = _interpreting()
     upcast = query.dtype == torch.bfloat16 and interp
-    s_block, multi = sample_block(num_samples)
+    s_block, passes = sample_block(num_samples)
     split_d = head_dim_split(head_dim, tiles.halves(forward=True))
     split_dv = head_dim_split(head_dim_v, tiles.halves(forward=True))
     grid = (n_q_tiles * batch * num_heads,)
@@ -723,7 +728,7 @@ def plsh_forward_triton(
         BLOCK_D1=split_d[1],
         BLOCK_DV1=split_dv[1],
         S_BLOCK=s_block,
-        MULTI_CHUNK=multi,
+        PASSES=passes,
         UPCAST=upcast,
         DOT_PREC=dot_precision(query.dtype, interp or upcast),
         VARIANT=int(_variant),

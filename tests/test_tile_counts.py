@@ -36,7 +36,7 @@ pytestmark = pytest.mark.triton
 def _counts_kernel(
     RowStart, RowEnd, CausalEnd, Out, n_q, n_k, num_samples,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
-    MULTI_CHUNK: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr,
+    PASSES: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr,
     CAUSAL: tl.constexpr,
 ):  # fmt: skip
     # grid (query tiles, key tiles, heads): Out[h, i, j] = C_ij of the tile pair.
@@ -51,7 +51,7 @@ def _counts_kernel(
     n_valid = offs_n < n_k
     c = tile_counts_all(
         RowStart, RowEnd, CausalEnd, h, n0, offs_m, m_first, m_last, n_q, num_samples,
-        BLOCK_M, BLOCK_N, S_BLOCK, MULTI_CHUNK, TRANSPOSED, CLASSIFY, None, CAUSAL,
+        BLOCK_M, BLOCK_N, S_BLOCK, PASSES, TRANSPOSED, CLASSIFY, None, CAUSAL,
     )  # fmt: skip
     base = Out + h.to(tl.int64) * n_q * n_k
     if TRANSPOSED:
@@ -68,16 +68,22 @@ def _counts_kernel(
         )
 
 
-def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify):
+def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify, passes=None):
+    """The kernel's counts ``(num_heads, n_q, n_k)``; ``passes``: override the number of
+    static passes of :func:`tiling.sample_block` (0: its runtime loop, over passes of
+    ``MAX_SAMPLE_BLOCK`` samples as above ``MAX_STATIC_SAMPLES``)."""
     num_heads, n_q, _ = plan.row_start.shape
-    s_block, multi = tiling.sample_block(num_samples)
+    s_block, default_passes = tiling.sample_block(num_samples)
+    passes = default_passes if passes is None else passes
+    if passes == 0:
+        s_block = tiling.MAX_SAMPLE_BLOCK
     out = torch.full((num_heads, n_q, n_k), -1, dtype=torch.int32)
 
     def run(row_start, row_end, causal_end, out):
         grid = (triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n), num_heads)
         _counts_kernel[grid](
             row_start, row_end, causal_end, out, n_q, n_k, num_samples,
-            BLOCK_M=block_m, BLOCK_N=block_n, S_BLOCK=s_block, MULTI_CHUNK=multi,
+            BLOCK_M=block_m, BLOCK_N=block_n, S_BLOCK=s_block, PASSES=passes,
             TRANSPOSED=transposed, CLASSIFY=classify, CAUSAL=plan.causal,
         )  # fmt: skip
         return out
@@ -98,14 +104,16 @@ def _plan(partition, qpos, kpos, causal, block_m, block_n):
     )
 
 
-def _check(qpos, kpos, sigma, s, seed, causal, block_m, block_n):
+def _check(
+    qpos, kpos, sigma, s, seed, causal, block_m, block_n, passes=None, classify=(True, False)
+):
     partition = draw_partition(np.asarray(sigma, dtype=np.float64), s, seed=seed)
     plan = _plan(partition, qpos, kpos, causal, block_m, block_n)
     want = counts(partition, qpos, kpos, causal=causal)
     for transposed in (False, True):
-        for classify in (True, False):
-            got = _kernel_counts(plan, len(kpos), s, block_m, block_n, transposed, classify)
-            np.testing.assert_array_equal(got, want, err_msg=f"{transposed=} {classify=}")
+        for cls in classify:
+            got = _kernel_counts(plan, len(kpos), s, block_m, block_n, transposed, cls, passes)
+            np.testing.assert_array_equal(got, want, err_msg=f"{transposed=} classify={cls}")
 
 
 @settings(max_examples=6)
@@ -131,6 +139,48 @@ def test_counts_tile_with_two_sample_blocks(causal):
     """s = 70 > 64 (two passes of 64 samples), query and key tiles of different sizes."""
     qpos, kpos = np.arange(20) + 12, np.arange(40)
     _check(qpos, kpos, [0.6, 12.0], 70, 3, causal, 16, 32)
+
+
+@pytest.mark.parametrize(
+    ("s", "causal", "classify"),
+    [(65, True, (True, False)), (130, False, (True,)), (200, True, (True,))],
+)
+def test_counts_tile_with_several_static_passes(s, causal, classify):
+    """s = 65, 130, 200: three, five and seven statically unrolled passes of 32 samples, the
+    last one partial (not a multiple of 32), query and key tiles of different sizes (both
+    orientations; without the tile classification at 65 only: interpreter time)."""
+    assert tiling.sample_block(s) == (tiling.MULTI_PASS_BLOCK, -(-s // tiling.MULTI_PASS_BLOCK))
+    qpos, kpos = np.arange(20) + 12, np.arange(40)
+    _check(qpos, kpos, [0.6, 12.0], s, s, causal, 16, 32, classify=classify)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_counts_tile_runtime_pass_loop(causal):
+    """The runtime loop over the passes (``PASSES = 0``, what :func:`tiling.sample_block`
+    picks above ``MAX_STATIC_SAMPLES``), here at s = 130 (three passes of 64): the same
+    counts."""
+    qpos, kpos = np.arange(20) + 12, np.arange(40)
+    _check(qpos, kpos, [0.6, 12.0], 130, 5, causal, 16, 32, passes=0, classify=(True,))
+
+
+def test_sample_block_covers_every_sample_with_the_fewest_passes():
+    """``(S_BLOCK, PASSES)``: up to ``MAX_SAMPLE_BLOCK`` samples one pass of the smallest
+    power of two (at least 2) covering ``s``; above, ``MULTI_PASS_BLOCK``-sample passes,
+    as few as cover ``s``, while they hold at most ``MAX_STATIC_SAMPLES``; beyond that the
+    runtime loop (``PASSES = 0``) over ``MAX_SAMPLE_BLOCK``-sample passes."""
+    big, multi, cap = tiling.MAX_SAMPLE_BLOCK, tiling.MULTI_PASS_BLOCK, tiling.MAX_STATIC_SAMPLES
+    assert big == 64 and multi & (multi - 1) == 0 and multi <= big < cap
+    for s in range(1, 2 * cap + 2):
+        block, passes = tiling.sample_block(s)
+        assert block & (block - 1) == 0 and 2 <= block <= big, s
+        if s <= big:
+            assert passes == 1 and (block // 2 < s <= block or s == 1), s
+        elif -(-s // multi) * multi <= cap:
+            assert block == multi and passes == -(-s // multi), s
+        else:
+            assert (block, passes) == (big, 0), s
+        if passes:
+            assert (passes - 1) * block < s <= passes * block <= max(cap, block), s
 
 
 def test_counts_tile_negative_control():

@@ -225,14 +225,17 @@ def test_query_gradients_with_narrower_key_tiles():
         )
 
 
-def test_many_samples_use_several_sample_blocks():
-    """s = 70 > 64: every backward kernel sums the counts over two sample blocks."""
+@pytest.mark.parametrize(("s", "causal", "n"), [(70, True, 24), (200, False, 16)])
+def test_many_samples_use_several_sample_blocks(s, causal, n):
+    """s = 70, 200 > 64: every backward kernel sums the counts over three and seven
+    statically unrolled 32-sample blocks (the last one partial; start and end events at
+    200)."""
     rng = np.random.default_rng(19)
     partition, q, k, v, g = _case(
-        rng, 1, 2, 1, 24, 24, 6, 6, 70, torch.float32, np.array([2.0, 9.0]), 19
+        rng, 1, 2, 1, n, n, 6, 6, s, torch.float32, np.array([2.0, 9.0]), 19
     )
-    pos = np.arange(24)
-    _check_grads(q, k, v, g, partition, pos, pos, 0.6, True, "float32")
+    pos = np.arange(n)
+    _check_grads(q, k, v, g, partition, pos, pos, 0.6, causal, "float32")
 
 
 def test_tile_classification_gives_the_same_gradients():

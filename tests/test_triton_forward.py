@@ -213,7 +213,6 @@ def test_plan_row_ranges_give_reference_counts(mode, causal, n_q, n_k, s, seed):
     end = plan.row_end.numpy()[..., None]
     got = ((j >= start) & (j < end)).sum(axis=2)
     np.testing.assert_array_equal(got, counts(partition, qpos, kpos, causal=causal))
-    assert tiling.sample_block(s) == (min(64, max(2, 1 << (s - 1).bit_length())), s > 64)
 
 
 @pytest.mark.parametrize("s", [6, 70])
@@ -231,9 +230,12 @@ def test_tile_classification_is_exact(s):
         assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
 
 
-def test_many_samples_use_several_sample_blocks():
-    """s = 70 > 64: the counts loop runs over two sample blocks; still the reference."""
-    q, k, v, partition, qpos, kpos, causal = _fixed_case(n=24, s=70)
+@pytest.mark.parametrize(("s", "causal"), [(70, True), (130, False), (200, True)])
+def test_many_samples_use_several_sample_blocks(s, causal):
+    """s = 70, 130, 200 > 64: the counts are summed over three, five and seven statically
+    unrolled 32-sample blocks (the last one partial); still the reference."""
+    q, k, v, partition, qpos, kpos, _ = _fixed_case(n=24, s=s, causal=causal)
+    assert tiling.sample_block(s) == (tiling.MULTI_PASS_BLOCK, -(-s // tiling.MULTI_PASS_BLOCK))
     ref, base = _reference(q, k, v, partition, qpos, kpos, causal, 0.5, "float32")
     _check(*_run(q, k, v, partition, qpos, kpos, causal, 0.5), ref, base, "float32")
 
