@@ -182,6 +182,8 @@ FULL_CONFIGS = (
     *_fwd_bwd("bfloat16", 128, num_samples=256),
     *_fwd_bwd("float32", 128, num_samples=128),
     *[dataclasses.replace(c, arch=80) for c in _fwd_bwd("bfloat16", 128, num_samples=128)],
+    # s > 64 on sm_80: the half types' dK/dV kernel with maxnreg = 255 (TileConfig.dkdv_maxnreg)
+    KernelConfig("_bwd_dkdv_kernel", "bfloat16", 128, num_samples=256, arch=80),
 )
 FULL_CONFIGS = tuple(dict.fromkeys(FULL_CONFIGS))  # each once (CI's are repeated above)
 
@@ -250,8 +252,9 @@ def _launches(cfg: KernelConfig, n: int = 4096):
     offset = pitch * torch.rand((num_heads, cfg.num_samples), dtype=torch.float64, generator=gen)
     pos = torch.arange(n, dtype=torch.int64)
     tiles = triton_forward.tile_config(
-        d, dv, torch.device("cuda"), dtype, capability=divmod(cfg.arch, 10)
-    )
+        d, dv, torch.device("cuda"), dtype, capability=divmod(cfg.arch, 10),
+        num_samples=cfg.num_samples,
+    )  # fmt: skip
     blocks = dict(_tiles=tiles)
     with capture_launches() as calls:
         if cfg.kernel in ("_fwd_kernel", "_bins_kernel"):

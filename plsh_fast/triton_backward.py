@@ -760,7 +760,7 @@ def plsh_backward_triton(
         return dq, dk, dv
     # 16-element row strides for the pipelined loads (cp.async)
     query, key, value, grad_out = (aligned_rows(x) for x in (query, key, value, grad_out))
-    tiles = _tiles or tile_config(head_dim, head_dim_v, dev, query.dtype)
+    tiles = _tiles or tile_config(head_dim, head_dim_v, dev, query.dtype, num_samples=num_samples)
     block_m = _block_m or tiles.block_m
     block_n = _block_n or tiles.block_n
     num_stages = _num_stages or tiles.num_stages
@@ -852,6 +852,7 @@ def plsh_backward_triton(
         scale,
         scale * LOG2E,
         num_warps=_num_warps or tiles.dq_num_warps,
+        maxnreg=tiles.dq_maxnreg,
         **dict(common, BLOCK_N=dq_block_n),
     )
     dq.mul_(dq_rounding_factor(stats)[..., None])
@@ -917,6 +918,7 @@ def plsh_backward_triton(
         scale,
         scale * LOG2E,
         num_warps=_num_warps or tiles.dkdv_num_warps,
+        maxnreg=tiles.dkdv_maxnreg,
         SPLIT_D=split_d,
         MANUAL_X3=manual_x3,
         STATS_PAIR=manual_x3,  # the register footprint measured best (kernel comment)

@@ -35,7 +35,14 @@ import triton
 import triton.language as tl
 
 from .ordering import position_order, sort_positions, take_rows
-from .tiling import make_plan, max_combine, sample_block, sum_combine, tile_counts_all
+from .tiling import (
+    MAX_SAMPLE_BLOCK,
+    make_plan,
+    max_combine,
+    sample_block,
+    sum_combine,
+    tile_counts_all,
+)
 
 __all__ = [
     "TileConfig",
@@ -345,6 +352,8 @@ class TileConfig:
     fwd_maxnreg : int or None
         Registers per thread ptxas may use in the forward kernel (Triton's ``maxnreg``
         launch option, PTX ``.maxnreg``; ``None``: ptxas's own choice).
+    dq_maxnreg, dkdv_maxnreg : int or None
+        The same for the dQ and the dK/dV kernel.
     dkdv_block_n : int or None
         Key tile of the dK/dV kernel (``None``: ``block_n``); its query ranges are planned for
         this tile (:func:`plsh_fast.tiling.plan_query_range`), so it need not divide or be
@@ -385,6 +394,8 @@ class TileConfig:
     dkdv_split_d: bool = False
     dkdv_manual_x3: bool = False
     narrow_whole: bool = False
+    dq_maxnreg: int | None = None
+    dkdv_maxnreg: int | None = None
 
     def halves(self, forward: bool) -> bool:
         """Whether the forward (``forward=True``) or the backward kernels take ``head_dim``
@@ -416,6 +427,7 @@ def tile_config(
     device: torch.device,
     dtype: torch.dtype = torch.bfloat16,
     capability: tuple[int, int] | None = None,
+    num_samples: int | None = None,
 ) -> TileConfig:
     """The shipped :class:`TileConfig` for a head size, dtype and GPU.
 
@@ -441,8 +453,12 @@ def tile_config(
     (``benchmarks/results/aot_2026-12-01_samples.md``). Not so: above 256 samples the
     passes are a runtime loop (no ``cp.async``); the float32 forward at head_dim 256 on
     sm_90 (32-row tiles: ``mma.sync``, and it spills); at more than 64 samples the
-    float32 kernels on sm_90 and the bfloat16 dK/dV kernel on sm_80 at 256 samples spill
-    (listed in the samples results file). The float32 dK/dV kernel on sm_90 takes
+    float32 forward and dQ kernels on sm_90 (listed in the samples results file, "After
+    the s > 64 rules"). ``num_samples`` above 64 (more than one pass of the counts) lets
+    ptxas use 255 registers in the half types' dK/dV kernel on sm_80 at head_dim <= 128
+    (:attr:`TileConfig.dkdv_maxnreg`; left to itself it stopped at 168 and spilled 72 B at
+    256 samples with Triton 3.9); up to 64 samples (or ``None``) the configuration is the
+    same as without it. The float32 dK/dV kernel on sm_90 takes
     64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
     programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
     :attr:`TileConfig.dkdv_manual_x3`; ``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``);
@@ -477,9 +493,16 @@ def tile_config(
         float16, bfloat16 or float32.
     capability : tuple of int or None
         CUDA compute capability (default: the device's).
+    num_samples : int or None
+        Partition samples ``s`` of the call (``None``: the configuration of ``s <= 64``).
+
+    Returns
+    -------
+    TileConfig
     """
     widest = max(head_dim, head_dim_v)
     fp32 = dtype == torch.float32
+    many = num_samples is not None and num_samples > MAX_SAMPLE_BLOCK  # more than one pass
     if device.type != "cuda":  # the interpreter: the column chunks of a GPU, small tiles
         halves = fp32 and widest <= 128
         return TileConfig(16, 16, 4, 1, 4, 16, 4, halves, narrow_whole=halves)
@@ -500,7 +523,10 @@ def tile_config(
             16, 16, 4, 2, 8, 16, 8, True, fwd_maxnreg=255, narrow_whole=True
         )
     if widest <= 128 and not hopper:  # mma.sync keeps the accumulators in registers
-        return TileConfig(64, 32, 4, 3, 4, 16, 4, True, dq_block_n=16, narrow_whole=True)
+        return TileConfig(
+            64, 32, 4, 3, 4, 16, 4, True, dq_block_n=16, narrow_whole=True,
+            dkdv_maxnreg=255 if many else None,
+        )  # fmt: skip
     if widest <= 128:  # backward column halves above 96 but at 128 (forward: one chunk)
         halves = 96 < widest < 128
         return TileConfig(
@@ -670,7 +696,7 @@ def plsh_forward_triton(
     if batch == 0 or n_q == 0 or n_k == 0:
         return _results(out, lse, stats, None, return_stats, return_plan)
     query, key, value = (aligned_rows(x) for x in (query, key, value))  # cp.async
-    tiles = _tiles or tile_config(head_dim, head_dim_v, dev, query.dtype)
+    tiles = _tiles or tile_config(head_dim, head_dim_v, dev, query.dtype, num_samples=num_samples)
     block_m = _block_m or tiles.block_m
     block_n = _block_n or tiles.block_n
     num_warps = _num_warps or tiles.num_warps

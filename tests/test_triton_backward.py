@@ -226,16 +226,22 @@ def test_query_gradients_with_narrower_key_tiles():
 
 
 @pytest.mark.parametrize(("s", "causal", "n"), [(70, True, 24), (200, False, 16)])
-def test_many_samples_use_several_sample_blocks(s, causal, n):
+def test_many_samples_use_several_sample_blocks(s, causal, n, monkeypatch):
     """s = 70, 200 > 64: every backward kernel sums the counts over three and seven
     statically unrolled 32-sample blocks (the last one partial; start and end events at
-    200)."""
+    200). The launch code asks ``tile_config`` for the tiles of ``s`` samples."""
     rng = np.random.default_rng(19)
     partition, q, k, v, g = _case(
         rng, 1, 2, 1, n, n, 6, 6, s, torch.float32, np.array([2.0, 9.0]), 19
     )
+    asked = []
+    real = triton_backward.tile_config
+    monkeypatch.setattr(
+        triton_backward, "tile_config", lambda *a, **kw: asked.append(kw) or real(*a, **kw)
+    )
     pos = np.arange(n)
     _check_grads(q, k, v, g, partition, pos, pos, 0.6, causal, "float32")
+    assert [kw.get("num_samples") for kw in asked] == [s]
 
 
 def test_tile_classification_gives_the_same_gradients():

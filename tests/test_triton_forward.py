@@ -231,13 +231,20 @@ def test_tile_classification_is_exact(s):
 
 
 @pytest.mark.parametrize(("s", "causal"), [(70, True), (130, False), (200, True)])
-def test_many_samples_use_several_sample_blocks(s, causal):
+def test_many_samples_use_several_sample_blocks(s, causal, monkeypatch):
     """s = 70, 130, 200 > 64: the counts are summed over three, five and seven statically
-    unrolled 32-sample blocks (the last one partial); still the reference."""
+    unrolled 32-sample blocks (the last one partial); still the reference. The launch code
+    asks :func:`tile_config` for the tiles of ``s`` samples."""
     q, k, v, partition, qpos, kpos, _ = _fixed_case(n=24, s=s, causal=causal)
     assert tiling.sample_block(s) == (tiling.MULTI_PASS_BLOCK, -(-s // tiling.MULTI_PASS_BLOCK))
+    asked = []
+    real = triton_forward.tile_config
+    monkeypatch.setattr(
+        triton_forward, "tile_config", lambda *a, **kw: asked.append(kw) or real(*a, **kw)
+    )
     ref, base = _reference(q, k, v, partition, qpos, kpos, causal, 0.5, "float32")
     _check(*_run(q, k, v, partition, qpos, kpos, causal, 0.5), ref, base, "float32")
+    assert [kw.get("num_samples") for kw in asked] == [s]
 
 
 def test_no_counts_ablation_is_the_causal_window_mask():
@@ -485,6 +492,27 @@ def test_tile_configs_are_consistent(dtype, capability):
             cfg.num_warps,
             cfg.num_stages,
         )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("capability", [(9, 0), (8, 0)])
+def test_tile_config_rules_for_more_than_64_samples(dtype, capability):
+    """``tile_config(..., num_samples=s)``: up to 64 samples (one pass of the counts) the
+    configuration without ``num_samples`` (the AOT tables' s <= 64 kernels); above, only
+    the rules of ``benchmarks/results/aot_2026-12-01_samples.md`` ("After the s > 64
+    rules"): the half types on sm_80 at head_dim <= 128 let ptxas use 255 registers in the
+    dK/dV kernel (it stopped at 168 and spilled 72 B at s = 256, Triton 3.9)."""
+    dev = torch.device("cuda")
+    for d in (16, 40, 64, 96, 112, 120, 128, 200, 256):
+        base = triton_forward.tile_config(d, d, dev, dtype, capability)
+        for s in (1, 2, 16, 33, 64):
+            assert triton_forward.tile_config(d, d, dev, dtype, capability, num_samples=s) == base
+        rules = {}
+        if dtype != torch.float32 and capability < (9, 0) and d <= 128:
+            rules["dkdv_maxnreg"] = 255
+        for s in (65, 96, 128, 256, 257, 1000):
+            cfg = triton_forward.tile_config(d, d, dev, dtype, capability, num_samples=s)
+            assert cfg == dataclasses.replace(base, **rules)
 
 
 def test_backward_chunks_keep_the_narrower_head_size_whole():
