@@ -657,7 +657,7 @@ def plsh_backward_triton(
     _dkdv_block_m: int | None = None,
     _dq_block_n: int | None = None,
     _dkdv_block_n: int | None = None,
-    _classify: bool = True,
+    _classify: bool | None = None,
     _tiles=None,
 ):
     """Gradients of PLSH attention with respect to query, key and value (Triton).
@@ -818,7 +818,7 @@ def plsh_backward_triton(
         UPCAST=upcast,
         DOT_PREC=dot_precision(query.dtype, interp or upcast),
         VARIANT=int(_variant),
-        CLASSIFY=bool(_classify),
+        CLASSIFY=bool(tiles.classify if _classify is None else _classify),
         NUM_STAGES=num_stages,
         CAUSAL=bool(causal),
         num_stages=num_stages,

@@ -354,6 +354,10 @@ class TileConfig:
         launch option, PTX ``.maxnreg``; ``None``: ptxas's own choice).
     dq_maxnreg, dkdv_maxnreg : int or None
         The same for the dQ and the dK/dV kernel.
+    classify : bool
+        The counts classify each sample per tile pair as full, disjoint or mixed and skip
+        the comparisons of the first two (uniform branches; :func:`plsh_fast.tiling.tile_counts`);
+        ``False``: every sample is compared (the same counts, bit for bit).
     dkdv_block_n : int or None
         Key tile of the dK/dV kernel (``None``: ``block_n``); its query ranges are planned for
         this tile (:func:`plsh_fast.tiling.plan_query_range`), so it need not divide or be
@@ -396,6 +400,7 @@ class TileConfig:
     narrow_whole: bool = False
     dq_maxnreg: int | None = None
     dkdv_maxnreg: int | None = None
+    classify: bool = True
 
     def halves(self, forward: bool) -> bool:
         """Whether the forward (``forward=True``) or the backward kernels take ``head_dim``
@@ -452,13 +457,17 @@ def tile_config(
     samples (:func:`plsh_fast.tiling.sample_block`): the loops stay pipelined
     (``benchmarks/results/aot_2026-12-01_samples.md``). Not so: above 256 samples the
     passes are a runtime loop (no ``cp.async``); the float32 forward at head_dim 256 on
-    sm_90 (32-row tiles: ``mma.sync``, and it spills); at more than 64 samples the
-    float32 forward and dQ kernels on sm_90 (listed in the samples results file, "After
-    the s > 64 rules"). ``num_samples`` above 64 (more than one pass of the counts) lets
-    ptxas use 255 registers in the half types' dK/dV kernel on sm_80 at head_dim <= 128
-    (:attr:`TileConfig.dkdv_maxnreg`; left to itself it stopped at 168 and spilled 72 B at
-    256 samples with Triton 3.9); up to 64 samples (or ``None``) the configuration is the
-    same as without it. The float32 dK/dV kernel on sm_90 takes
+    sm_90 (32-row tiles: ``mma.sync``, and it spills); at 256 samples the float32 dQ
+    kernel (24 B, Triton 3.9) and forward (16 B, 3.6) on sm_90, and the float32 dQ kernel
+    at head_dim 112 from 65 samples (8 B, 3.9; the samples results file, "After the s > 64
+    rules"). ``num_samples`` above 64 (more than one pass of the counts): the half types'
+    dK/dV kernel on sm_80 at head_dim <= 128 may use 255 registers
+    (:attr:`TileConfig.dkdv_maxnreg`; left to itself ptxas stopped at 168 and spilled 72 B
+    at 256 samples with Triton 3.9), and float32 on sm_90 at head_dim <= 128 compares
+    every sample (:attr:`TileConfig.classify` off: the skips of full and disjoint samples
+    made the dQ kernel spill 16 B at 65 samples, 32 B at 128, 96 B at 256 and the forward
+    16 B (3.9) and 40 B (3.6) at 256); up to 64 samples (or ``None``) the configuration is
+    the same as without it. The float32 dK/dV kernel on sm_90 takes
     64-key tiles (a warpgroup MMA's rows; the plan's key tile stays 16) in two column-half
     programs with its own tf32x3 (:attr:`TileConfig.dkdv_split_d`,
     :attr:`TileConfig.dkdv_manual_x3`; ``benchmarks/results/aot_2026-12-01_fp32_dkdv.md``);
@@ -516,6 +525,7 @@ def tile_config(
                 fwd_column_halves=pow2(widest) == widest or widest > 96,
                 fwd_maxnreg=254 if 96 < widest < 128 else None,
                 dkdv_block_n=64, dkdv_split_d=True, dkdv_manual_x3=True, narrow_whole=True,
+                classify=not many,
             )  # fmt: skip
         if widest <= 64:
             return TileConfig(64, 16, 4, 2, 8, 16, 8, True, narrow_whole=True)
@@ -584,7 +594,7 @@ def plsh_forward_triton(
     _variant: int = 0,
     _num_warps=None,
     _num_stages=None,
-    _classify: bool = True,
+    _classify: bool | None = None,
     _tiles: TileConfig | None = None,
 ):
     """PLSH attention forward on the fused Triton kernel.
@@ -758,7 +768,7 @@ def plsh_forward_triton(
         UPCAST=upcast,
         DOT_PREC=dot_precision(query.dtype, interp or upcast),
         VARIANT=int(_variant),
-        CLASSIFY=bool(_classify),
+        CLASSIFY=bool(tiles.classify if _classify is None else _classify),
         NUM_STAGES=num_stages,
         CAUSAL=bool(causal),
         num_warps=num_warps,
