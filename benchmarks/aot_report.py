@@ -115,8 +115,9 @@ def _fwd_bwd(dtype, d, **kw):
 # the forward on Ampere, float32 (tf32x3) at d = 128 on
 # Hopper and d = 64 on Ampere for every kernel, and the float16 dQ kernel at d = 64 on
 # Ampere (the configurations that spilled before the float32/sm_80 tiles), head sizes
-# that are not multiples of 16, unequal head sizes (each guards a tile_config rule) and
-# the forward at s = 65 (three static 32-sample passes).
+# that are not multiples of 16, unequal head sizes (each guards a tile_config rule),
+# the forward at s = 65 (three static 32-sample passes) and the float32 dQ kernel there
+# (TileConfig.classify).
 CI_CONFIGS = (
     KernelConfig("_bins_kernel"),
     *_fwd_bwd("bfloat16", 128),
@@ -133,6 +134,9 @@ CI_CONFIGS = (
     KernelConfig("_bwd_dkdv_kernel", "float16", 64, head_dim_v=128, arch=80),
     # s > 64: the sample blocks' passes unrolled statically, the key loop still pipelined
     KernelConfig("_fwd_kernel", "bfloat16", 128, num_samples=65),
+    # float32 on sm_90 above 64 samples compares every sample (TileConfig.classify; the
+    # skips spilled 16 B here with Triton 3.9)
+    KernelConfig("_bwd_dq_kernel", "float32", 128, num_samples=65),
 )
 # Every shipped configuration class (benchmarks/aot_report.py --set full; slow tests).
 FULL_CONFIGS = (
@@ -184,6 +188,8 @@ FULL_CONFIGS = (
     *[dataclasses.replace(c, arch=80) for c in _fwd_bwd("bfloat16", 128, num_samples=128)],
     # s > 64 on sm_80: the half types' dK/dV kernel with maxnreg = 255 (TileConfig.dkdv_maxnreg)
     KernelConfig("_bwd_dkdv_kernel", "bfloat16", 128, num_samples=256, arch=80),
+    # s = 256, float32 on sm_90 without the skips (TileConfig.classify)
+    *_fwd_bwd("float32", 128, num_samples=256),
 )
 FULL_CONFIGS = tuple(dict.fromkeys(FULL_CONFIGS))  # each once (CI's are repeated above)
 
