@@ -415,9 +415,9 @@ class TileConfig:
         """Column chunks ``((BLOCK_D, BLOCK_D1), (BLOCK_DV, BLOCK_DV1))`` of ``head_dim`` and
         ``head_dim_v`` in the dQ kernel (``dkdv=False``) or the dK/dV kernel (before its
         column-half programs halve them again): :func:`head_dim_split` of each, in halves
-        where :meth:`halves` says so, but with :attr:`narrow_whole` the narrower of unequal
+        where :meth:`halves` says so, but with :attr:`TileConfig.narrow_whole` the narrower of unequal
         head sizes in one piece (not in the dK/dV kernel's column-half programs,
-        :attr:`dkdv_split_d`)."""
+        :attr:`TileConfig.dkdv_split_d`)."""
         halves = self.halves(forward=False)
         whole = self.narrow_whole and not (dkdv and self.dkdv_split_d)
         widest = max(head_dim, head_dim_v)

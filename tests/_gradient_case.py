@@ -19,10 +19,10 @@ PARTITION = draw_partition(np.array([2.0, 9.0]), S, seed=0)
 SCALE = 1.0 / math.sqrt(D)
 
 
-def inputs(scale_qk: float, seed: int = 0):
-    """float64 ``(query, key, value, grad_out)``, each ``(1, 2, N, D)``."""
+def inputs(scale_qk: float, seed: int = 0, head_dim: int = D):
+    """float64 ``(query, key, value, grad_out)``, each ``(1, 2, N, head_dim)``."""
     rng = np.random.default_rng(seed)
-    q, k, v, g = (rng.standard_normal((1, 2, N, D)) for _ in range(4))
+    q, k, v, g = (rng.standard_normal((1, 2, N, head_dim)) for _ in range(4))
     return [torch.from_numpy(x) for x in (q * scale_qk, k * scale_qk, v, g)]
 
 
@@ -33,9 +33,11 @@ def bias(dtype):
 
 
 def dense_gradients(q, k, v, g, dtype):
-    """Autograd of plain softmax attention with the dense ``log(C / s)`` bias."""
+    """Autograd of plain softmax attention with the dense ``log(C / s)`` bias (scale
+    ``head_dim**-0.5``, ``SCALE`` at the case's head_dim)."""
     a, b, w = (x.detach().to(dtype).clone().requires_grad_() for x in (q, k, v))
-    probs = torch.softmax(a @ b.transpose(-1, -2) * SCALE + bias(dtype), dim=-1)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    probs = torch.softmax(a @ b.transpose(-1, -2) * scale + bias(dtype), dim=-1)
     ((probs @ w) * g.to(dtype)).sum().backward()
     return a.grad, b.grad, w.grad
 

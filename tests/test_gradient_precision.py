@@ -12,7 +12,8 @@ row maximum ``m`` (log2 domain) and ``log2`` of the row sum for the backward, wh
 computes ``P = C 2^((x log2 e - m) - log2 l)``, and the CPU backward recomputes each row's
 max-subtracted softmax inside the tile that holds the row's whole key window
 (``proofs_notes/backward.md``). Checked here: both backends pass the rule at unit scale
-and at standard deviation 64; negative controls: the recompute from the rounded float32
+and at standard deviation 64 at head_dim 8; at head_dim 64 the CPU path passes and the
+Triton path still fails (a strict xfail, the known limitation below); negative controls: the recompute from the rounded float32
 LSE fails it at standard deviation 64, both as dense float32 arithmetic and as the Triton
 kernels' own LSE form (``plsh_backward_triton`` without ``stats``).
 """
@@ -87,6 +88,42 @@ def test_float32_gradients_pass_the_rule_at_unit_and_large_logits(backend, scale
             request.node.add_marker(pytest.mark.xfail(strict=False, reason=reason))
     q, k, v, g = inputs(scale_qk)
     assert worst_ratio(_api_gradients(backend, q, k, v, g), q, k, v, g) <= 1.0
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("scale_qk", [1.0, 8.0])
+def test_triton_gradients_at_head_dim_64_still_fail_at_large_logits(scale_qk, request):
+    """Known limitation (a fresh-user review of the split statistics, 2026-12-01): at
+    head_dim 64 the Triton gradients still exceed the rule at logit standard deviation 64
+    (interpreter: ``grad_value`` 2.5 times the allowed error at this case, 4.5 with seed 1,
+    4.7 at head_dim 128; head_dim 8 above passes, head_dim 32 fails in ``grad_query``).
+    The split removes the LSE's rounding, but ``y_ij - m_i`` is zero at the maximising key
+    only if the backward's recomputed logit rounds exactly as the forward's did (the dK/dV
+    kernel computes the transposed tile, another operand order), and the kernels keep
+    ``D_i = dO_i . O_i`` with the saved output's rounding (``proofs_notes/backward.md``,
+    section 3). The CPU path (whole rows recomputed, ``delta = sum P dP``) passes this case
+    (``test_cpu_gradients_at_head_dim_64_pass_at_large_logits``). Strict xfail in the
+    interpreter so the test flips when it is fixed; unit scale is the passing control."""
+    import _triton_interp
+
+    _load_triton()
+    if scale_qk == 8.0:
+        request.node.add_marker(
+            pytest.mark.xfail(
+                strict=not _triton_interp.COMPILED,
+                raises=AssertionError,
+                reason="recomputed logits round unlike the forward's; D_i = dO . O (docstring)",
+            )
+        )
+    q, k, v, g = inputs(scale_qk, head_dim=64)
+    assert worst_ratio(_api_gradients("triton", q, k, v, g), q, k, v, g) <= 1.0
+
+
+@pytest.mark.parametrize("scale_qk", [1.0, 8.0])
+def test_cpu_gradients_at_head_dim_64_pass_at_large_logits(scale_qk):
+    """The CPU backward at the head_dim of the Triton limitation above: within the rule."""
+    q, k, v, g = inputs(scale_qk, head_dim=64)
+    assert worst_ratio(_api_gradients("cpu", q, k, v, g), q, k, v, g) <= 1.0
 
 
 @pytest.mark.parametrize("scale_qk", [1.0, 8.0])

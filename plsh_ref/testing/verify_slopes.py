@@ -33,13 +33,21 @@ from .problems import round_to_dtype
 from .suite import KernelContractError, load_kernel
 from .tolerance import EPS
 
-__all__ = ["HELP", "SUMMARY", "SlopeReport", "add_arguments", "check_slopes_function", "run"]
+__all__ = [
+    "HELP",
+    "MAX_HEADS",
+    "SUMMARY",
+    "SlopeReport",
+    "add_arguments",
+    "check_slopes_function",
+    "run",
+]
 
-#: one line for ``plsh --help``
 #: Largest ``--max-heads``: the check calls the function once per head count, so its
 #: cost grows as ``max_heads**2``; no model has come near this many heads.
 MAX_HEADS = 4096
 
+#: one line for ``plsh --help``
 SUMMARY = "check an ALiBi slope function against Press et al.'s"
 
 #: one-line description of the subcommand
