@@ -506,6 +506,18 @@ def test_citation_file_prefers_the_paper():
     assert "Wolfson, Daniel and Wagner, Tal" in entry and "2605.09472" in entry
 
 
+def test_train_lm_refuses_a_model_over_max_memory_before_allocating(capsys):
+    # --d-model 100000000 ended in torch's "can't allocate memory" traceback (exit 1)
+    pytest.importorskip("torch")
+    assert cli.main(["train-lm", "--d-model", "100000000", "--heads", "1"]) == 2
+    err = _one_line_error(capsys, "train-lm")
+    assert "error: --d-model: 100000000 would need about" in err and "--max-memory" in err
+    from plsh_fast.experiments import train_lm
+
+    args = _parser("train-lm").parse_args([])  # the default model fits (negative control)
+    assert train_lm.model_memory_estimate(args.d_model, args.layers) < args.max_memory * 2**30
+
+
 def test_train_lm_refuses_a_size_over_max_memory_and_renames_backend_fast(capsys):
     pytest.importorskip("torch")
     argv = ["train-lm", "--seq-len", "100000", "--eval-tokens", "400000"]

@@ -232,6 +232,18 @@ def memory_estimate(
     return int(max(train, evaluation))
 
 
+def model_memory_estimate(d_model: int, layers: int, mlp_ratio: int = 4) -> int:
+    """Bytes of the model's parameters with their gradients and AdamW's two moments (an
+    upper estimate: 16 bytes per float32 parameter).
+
+    The byte embedding and output layer hold ``2 * 256 * d_model`` parameters, each layer
+    ``(4 + 2 * mlp_ratio) d_model**2`` (query/key/value/output projections and the MLP)
+    plus ``O(d_model)`` biases and norms (``plsh_fast.experiments.model``).
+    """
+    per_layer = (4 + 2 * mlp_ratio) * d_model**2 + (8 + mlp_ratio) * d_model
+    return int(16 * (2 * 256 * d_model + layers * per_layer))
+
+
 def _check_args(args) -> tuple[list[str], list[int], list[int]]:
     from .model import parse_variant
 
@@ -289,6 +301,10 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
         args.seq_len,
         memory_estimate(args.seq_len, args.batch_size, args.heads, args.layers, factors[-1]),
         args.max_memory,
+    )
+    # before nn.Embedding allocates: --d-model 100000000 ended in torch's RuntimeError
+    check_memory(
+        "--d-model", args.d_model, model_memory_estimate(args.d_model, args.layers), args.max_memory
     )
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise ValueError(f"lr: must be finite and > 0, got {args.lr}")
