@@ -129,6 +129,17 @@ BAD_KERNELS = """
         ([f"{EX}:numpy_alibi", "--timeout", "0"], "--timeout: must be > 0"),
         # 0 ran only the empty-sequence cases and printed PASS
         ([f"{EX}:numpy_alibi", "--max-seq-len", "0"], "--max-seq-len: must be >= 1"),
+        # sizes are checked before any case is drawn (numpy's "Unable to allocate 3.15 TiB")
+        (
+            [f"{EX}:numpy_alibi", "--max-seq-len", "100000000000"],
+            "--max-seq-len: 100000000000 would need about",
+        ),
+        (
+            [f"{EX}:numpy_alibi", "--max-head-dim", "1000000000"],
+            "--max-head-dim: 1000000000 would need about",
+        ),
+        ([f"{EX}:numpy_alibi", "--max-batch", "1000000000"], "--max-batch: 1000000000 would"),
+        ([f"{EX}:numpy_alibi", "--max-memory", "0"], "--max-memory: must be > 0 GiB"),
         (
             [f"{EX}:numpy_alibi", "--framework", "numpy", "--device", "cuda"],
             "numpy kernels run on cpu",

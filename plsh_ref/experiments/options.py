@@ -9,8 +9,8 @@ One vocabulary for all subcommands (``reproduce``, ``spectrum``, ``bounds``, ``v
 * ``--sigma``: one or several length scales (space- or comma-separated).
 * ``--seed``: the seed, its default shown in ``--help``.
 * ``--quiet``: no progress bars and no commentary; results and the output path only.
-* ``--max-memory GIB``: ``spectrum``, ``reproduce`` and ``train-lm``, whose arrays grow like
-  ``n^2`` or ``s * n``, refuse before allocating a size whose estimated memory exceeds this
+* ``--max-memory GIB``: ``spectrum``, ``reproduce``, ``train-lm`` and ``verify``, whose
+  arrays grow like ``n^2`` or ``s * n``, refuse before allocating a size whose estimated memory exceeds this
   limit, default :data:`DEFAULT_MAX_MEMORY_GIB` = 8 GiB (:func:`check_memory`).
 
 Old spellings (``--output``, ``--samples``, ``--sigmas``, ``--seeds``, ``--no-progress``)

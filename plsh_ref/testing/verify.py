@@ -38,7 +38,12 @@ import time
 
 import numpy as np
 
-from ..experiments.options import JoinedValues, option_message
+from ..experiments.options import (
+    JoinedValues,
+    add_max_memory_option,
+    check_memory,
+    option_message,
+)
 from .problems import DTYPES, POSITION_MODES, ProblemSpec
 from .reference import KINDS
 from .suite import (
@@ -188,6 +193,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--worst", type=int, default=5, help="number of worst cases to list (default: 5)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="one line per case")
+    add_max_memory_option(parser)
 
 
 def _fail(message: str) -> int:
@@ -204,6 +210,31 @@ def _check_json_path(path) -> None:
         raise KernelContractError(f"--json: folder {folder!r} does not exist")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise KernelContractError(f"--json: folder {folder!r} is not writable")
+
+
+def case_memory_estimate(batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+    """Bytes of the largest case's arrays (an estimate): the float64 reference's dense
+    ``(batch, heads, seq_len, seq_len)`` arrays (counts or bias, logits, probabilities and
+    their temporaries: six) and eight ``(batch, heads, seq_len, head_dim)`` inputs and
+    outputs in float64."""
+    return 8 * batch * heads * seq_len * (6 * seq_len + 8 * head_dim)
+
+
+def _check_case_memory(args) -> None:
+    # before any case is drawn: --max-seq-len 100000000000 reached numpy's "Unable to
+    # allocate 3.15 TiB"; each option is checked with the ones before it, so the message
+    # names the option that makes the largest case too big
+    n, d, b, h = args.max_seq_len, args.max_head_dim, args.max_batch, args.max_heads
+    for option, value, need in (
+        ("--max-seq-len", n, case_memory_estimate(1, 1, n, 1)),
+        ("--max-head-dim", d, case_memory_estimate(1, 1, n, d)),
+        ("--max-batch", b, case_memory_estimate(b, 1, n, d)),
+        ("--max-heads", h, case_memory_estimate(b, h, n, d)),
+    ):
+        try:
+            check_memory(option, value, need, args.max_memory)
+        except ValueError as exc:
+            raise KernelContractError(str(exc)) from None
 
 
 def _options(args):
@@ -236,6 +267,7 @@ def _options(args):
     ):
         if value < minimum:
             raise KernelContractError(f"--{name}: must be >= {minimum}, got {value}")
+    _check_case_memory(args)
     if not (args.timeout > 0 and np.isfinite(args.timeout)):
         raise KernelContractError(f"--timeout: must be > 0 seconds, got {args.timeout}")
     if args.json:
