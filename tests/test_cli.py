@@ -516,6 +516,12 @@ def test_train_lm_refuses_a_model_over_max_memory_before_allocating(capsys):
 
     args = _parser("train-lm").parse_args([])  # the default model fits (negative control)
     assert train_lm.model_memory_estimate(args.d_model, args.layers) < args.max_memory * 2**30
+    from plsh_fast.experiments.model import ByteLM
+
+    for d_model, layers in ((64, 2), (256, 6)):  # an upper estimate: 16 bytes per parameter
+        model = ByteLM("none", d_model=d_model, num_layers=layers)
+        params = sum(p.numel() for p in model.parameters())
+        assert 16 * params <= train_lm.model_memory_estimate(d_model, layers) < 20 * params
 
 
 def test_train_lm_refuses_a_size_over_max_memory_and_renames_backend_fast(capsys):

@@ -238,7 +238,19 @@ def model_memory_estimate(d_model: int, layers: int, mlp_ratio: int = 4) -> int:
 
     The byte embedding and output layer hold ``2 * 256 * d_model`` parameters, each layer
     ``(4 + 2 * mlp_ratio) d_model**2`` (query/key/value/output projections and the MLP)
-    plus ``O(d_model)`` biases and norms (``plsh_fast.experiments.model``).
+    plus ``O(d_model)`` biases and norms (``plsh_fast.experiments.model``); checked
+    against the parameter count of ``ByteLM`` (``tests/test_cli.py``).
+
+    Parameters
+    ----------
+    d_model, layers, mlp_ratio : int
+        The model's width, number of layers and MLP width factor.
+
+    Returns
+    -------
+    int
+        Bytes. Nothing is raised here; ``plsh train-lm`` compares the result with
+        ``--max-memory``.
     """
     per_layer = (4 + 2 * mlp_ratio) * d_model**2 + (8 + mlp_ratio) * d_model
     return int(16 * (2 * 256 * d_model + layers * per_layer))

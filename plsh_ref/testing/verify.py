@@ -58,7 +58,15 @@ from .suite import (
     slope_mode,
 )
 
-__all__ = ["HELP", "SUMMARY", "add_arguments", "case_features", "run", "shared_axes"]
+__all__ = [
+    "HELP",
+    "SUMMARY",
+    "add_arguments",
+    "case_features",
+    "case_memory_estimate",
+    "run",
+    "shared_axes",
+]
 
 #: one line for ``plsh --help``
 SUMMARY = "check a user's attention kernel against the reference"
@@ -213,10 +221,25 @@ def _check_json_path(path) -> None:
 
 
 def case_memory_estimate(batch: int, heads: int, seq_len: int, head_dim: int) -> int:
-    """Bytes of the largest case's arrays (an estimate): the float64 reference's dense
-    ``(batch, heads, seq_len, seq_len)`` arrays (counts or bias, logits, probabilities and
-    their temporaries: six) and eight ``(batch, heads, seq_len, head_dim)`` inputs and
-    outputs in float64."""
+    """Bytes of one case's arrays (an estimate, not a measurement), for ``plsh verify
+    --max-memory``.
+
+    Counted: six dense float64 ``(batch, heads, seq_len, seq_len)`` arrays of the
+    reference (counts or bias, logits, probabilities and their temporaries) and eight
+    float64 ``(batch, heads, seq_len, head_dim)`` inputs and outputs.
+
+    Parameters
+    ----------
+    batch, heads, seq_len, head_dim : int
+        The case's sizes (the largest ones ``--max-batch``, ``--max-heads``,
+        ``--max-seq-len``, ``--max-head-dim`` allow).
+
+    Returns
+    -------
+    int
+        Bytes. Nothing is checked or raised here; ``plsh verify`` compares the result with
+        ``--max-memory`` (:func:`plsh_ref.experiments.options.check_memory`).
+    """
     return 8 * batch * heads * seq_len * (6 * seq_len + 8 * head_dim)
 
 
