@@ -6,7 +6,8 @@ whose bins put positions ``p_i`` and ``p_j`` together. One program handles one q
 of one (batch, head) and makes a single pass over the keys its rows can reach (planned
 by :mod:`plsh_fast.tiling`, about ``BLOCK_M`` plus the largest of the ``s`` pitches,
 ``~ sigma (ln s + ln ln s)``, keys per causal tile for sorted positions; one query's
-expected window is shorter, ``~ sigma (ln s + 0.58)``, ``proofs_notes/window_width.md``), with an online softmax in which key ``j`` is weighted by ``C_ij``:
+expected window is shorter, ``~ sigma (ln s + 0.58)``, ``proofs_notes/window_width.md``),
+with an online softmax in which key ``j`` is weighted by ``C_ij``:
 
 ``out_i = sum_j C_ij exp(c q_i.k_j - m_i) v_j / sum_j C_ij exp(c q_i.k_j - m_i)``,
 ``lse_i = m_i + log(sum_j C_ij exp(c q_i.k_j - m_i)) - log(s)``,
@@ -20,9 +21,9 @@ overflow, and no logarithm of a count is taken. The counts of a tile pair come f
 element and mixed sample, none for samples whose start is before or after the whole tile
 pair; more than 64 samples in statically unrolled passes of 32). The key loop is a
 software-pipelined ``tl.range`` (key/value tiles loaded ``num_stages - 1`` steps ahead,
-``cp.async``/TMA on sm_80+/sm_90; ``benchmarks/aot_report.py`` checks it; at most 256
-samples, above which the passes are a runtime loop, :func:`plsh_fast.tiling.sample_block`). Programs take
-the heads with the most planned work first and, within a head, the last query tiles first.
+``cp.async``/TMA on sm_80+/sm_90; ``benchmarks/aot_report.py`` checks it; up to 256
+samples, above which the passes are a runtime loop, :func:`plsh_fast.tiling.sample_block`).
+Programs take the heads with the most planned work first and, within a head, the last query tiles first.
 """
 
 from __future__ import annotations
@@ -415,8 +416,8 @@ class TileConfig:
         """Column chunks ``((BLOCK_D, BLOCK_D1), (BLOCK_DV, BLOCK_DV1))`` of ``head_dim`` and
         ``head_dim_v`` in the dQ kernel (``dkdv=False``) or the dK/dV kernel (before its
         column-half programs halve them again): :func:`head_dim_split` of each, in halves
-        where :meth:`halves` says so, but with :attr:`TileConfig.narrow_whole` the narrower of unequal
-        head sizes in one piece (not in the dK/dV kernel's column-half programs,
+        where :meth:`halves` says so, but with :attr:`TileConfig.narrow_whole` the narrower
+        of unequal head sizes in one piece (not in the dK/dV kernel's column-half programs,
         :attr:`TileConfig.dkdv_split_d`)."""
         halves = self.halves(forward=False)
         whole = self.narrow_whole and not (dkdv and self.dkdv_split_d)

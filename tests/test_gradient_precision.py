@@ -13,8 +13,8 @@ computes ``P = C 2^((x log2 e - m) - log2 l)``, and the CPU backward recomputes 
 max-subtracted softmax inside the tile that holds the row's whole key window
 (``proofs_notes/backward.md``). Checked here: both backends pass the rule at unit scale
 and at standard deviation 64 at head_dim 8; at head_dim 64 the CPU path passes and the
-Triton path still fails (a strict xfail, the known limitation below); negative controls: the recompute from the rounded float32
-LSE fails it at standard deviation 64, both as dense float32 arithmetic and as the Triton
+Triton path still fails (a strict xfail, the known limitation below); negative controls:
+the recompute from the rounded float32 LSE fails it at standard deviation 64, both as dense float32 arithmetic and as the Triton
 kernels' own LSE form (``plsh_backward_triton`` without ``stats``).
 """
 

@@ -10,8 +10,8 @@ One vocabulary for all subcommands (``reproduce``, ``spectrum``, ``bounds``, ``v
 * ``--seed``: the seed, its default shown in ``--help``.
 * ``--quiet``: no progress bars and no commentary; results and the output path only.
 * ``--max-memory GIB``: ``spectrum``, ``reproduce``, ``train-lm`` and ``verify``, whose
-  arrays grow like ``n^2`` or ``s * n``, refuse before allocating a size whose estimated memory exceeds this
-  limit, default :data:`DEFAULT_MAX_MEMORY_GIB` = 8 GiB (:func:`check_memory`).
+  arrays grow like ``n^2`` or ``s * n``, refuse before allocating a size whose estimated
+  memory exceeds this limit, default :data:`DEFAULT_MAX_MEMORY_GIB` = 8 GiB (:func:`check_memory`).
 
 Old spellings (``--output``, ``--samples``, ``--sigmas``, ``--seeds``, ``--no-progress``)
 are accepted until version 0.2 and print a deprecation line on stderr
