@@ -236,3 +236,29 @@ def test_dq_rounding_factor_is_the_exact_rounding_of_mu():
     bound = 4 * math.log2(4096 * 64) * 2**-24
     assert float((factor[1:][~fast2sum] - exact[~fast2sum]).abs().max()) <= bound
     assert float((exact - 1).abs().max()) > 2**-20  # the correction is not negligible
+
+
+def test_subtraction_of_the_row_maximum_rounds_as_proofs_notes_says():
+    """``proofs_notes/backward.md`` section 3: ``fl(y - m)`` in float32 is exact for
+    ``y`` in ``[m/2, 2m]`` (Sterbenz), and its rounding changes ``P = C 2^((y - m) -
+    log2 l)`` (``1 <= C <= s``, ``l >= max(1, C 2^(y - m))``) by at most
+    ``(ln s + 1) 2^-24`` in absolute value, whatever ``|m|``."""
+    rng = np.random.default_rng(0)
+    s, count = 64, 200_000
+    m = (rng.uniform(-1, 1, count) * 10.0 ** rng.uniform(0, 4, count)).astype(np.float32)
+    t = rng.exponential(8.0, count)  # distance below the maximum, log2 units
+    y = (m.astype(np.float64) - t).astype(np.float32)
+    diff32 = (y - m).astype(np.float64)  # float32 subtraction
+    exact = y.astype(np.float64) - m.astype(np.float64)
+    same_sign = np.sign(y) == np.sign(m)
+    sterbenz = same_sign & (np.abs(y) >= np.abs(m) / 2) & (np.abs(y) <= 2 * np.abs(m))
+    assert sterbenz.sum() > count // 4 and (~sterbenz).sum() > count // 100
+    assert not np.array_equal(diff32, exact)  # elsewhere the subtraction does round
+    assert np.array_equal(diff32[sterbenz], exact[sterbenz])
+    c = rng.integers(1, s + 1, count).astype(np.float64)
+    l = np.maximum(1.0, c * np.exp2(exact)) * rng.uniform(1, 4, count)
+    err = np.abs(c * np.exp2(diff32 - np.log2(l)) - c * np.exp2(exact - np.log2(l)))
+    bound = (math.log(s) + 1) * 2.0**-24
+    assert float(err.max()) <= bound
+    # the bound is not vacuous: the worst case found is within a factor 8 of it
+    assert float(err.max()) >= bound / 8
