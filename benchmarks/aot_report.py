@@ -20,7 +20,7 @@ launch code runs on small CPU tensors with every kernel replaced by a recorder
 (:func:`capture_launches`), and each recorded launch is specialised by Triton's own
 binder for the chosen target, exactly as ``kernel[grid](...)`` would on a GPU (pointers
 16-byte aligned, integers equal to 1 made constants, multiples of 16 marked divisible,
-``do_not_specialize`` honoured). ``tests/test_aot_compile.py`` uses the same functions.
+``do_not_specialize`` honoured). ``tests/fast/triton/test_aot_compile.py`` uses the same functions.
 
 Usage: ``python benchmarks/aot_report.py [--set ci|full] [--out DIR]`` prints the table and
 writes ``aot_<date>.md`` and ``.json`` into ``--out`` (default ``benchmarks/results``).

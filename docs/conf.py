@@ -51,7 +51,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.mathjax",
     # MathJax 3.2 bundled and copied into _static/mathjax: formulas render without network
-    # (the default mathjax_path is a CDN URL); tests/test_docs_build.py checks the built page.
+    # (the default mathjax_path is a CDN URL); tests/doc/test_docs_build.py checks the built page.
     "sphinx-mathjax-offline",
     "sphinx.ext.doctest",
     "sphinx.ext.viewcode",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from plsh_ref.partition import DEFAULT_NUM_SAMPLES
 from plsh_ref.validation import check_bool, check_scale
 
 from . import _validation as V
@@ -12,8 +13,6 @@ from .autograd import PLSHAttentionFunction
 from .partition import partition_tensors, resolve_partition
 
 __all__ = ["plsh_attention"]
-
-DEFAULT_NUM_SAMPLES = 16
 
 
 def plsh_attention(

@@ -38,6 +38,7 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from .dense import working_dtype
 from .padding import group_batch
 
 __all__ = [
@@ -46,7 +47,6 @@ __all__ = [
     "attention_backward",
     "attention_forward",
     "kernels",
-    "lse_dtype",
     "plans_to_tensor",
 ]
 
@@ -68,11 +68,6 @@ def kernels(backend: str):
 
         return plsh_forward_triton, plsh_backward_triton, None
     raise ValueError(f"backend: must be 'cpu' or 'triton', got {backend!r}")
-
-
-def lse_dtype(dtype: torch.dtype) -> torch.dtype:
-    """dtype of the LSE for inputs of ``dtype``: float64 for float64, else float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def attention_forward(
@@ -133,7 +128,7 @@ def attention_forward(
         return out, lse, stats, groups
     out = query.new_zeros(batch, num_heads, n_q, value.shape[3])
     lse = torch.full(
-        (batch, num_heads, n_q), -math.inf, dtype=lse_dtype(query.dtype), device=query.device
+        (batch, num_heads, n_q), -math.inf, dtype=working_dtype(query.dtype), device=query.device
     )
     stats = None
     if planner is None:

@@ -1355,7 +1355,7 @@ def plsh_backward_cpu(
     ``dS = P o (dP - delta)``: ``dQ = scale dS K``, ``dK = scale dS^T Q``, ``dV = P^T dO``
     (``proofs_notes/backward.md``). Neither the saved LSE nor the saved output is read:
     the float32 gradients keep the accuracy of the dense float32 yardstick at any logit
-    magnitude (``tests/test_gradient_precision.py``). Keys that no query can reach get
+    magnitude (``tests/fast/test_gradient_precision.py``). Keys that no query can reach get
     exactly zero gradient; empty rows contribute nothing.
 
     Parameters

@@ -29,6 +29,7 @@ from plsh_ref.validation import check_scale
 from . import _validation as V
 from . import padding
 from .api import plsh_attention
+from .dense import working_dtype
 from .partition import bins, count_bias, partition_tensors
 
 __all__ = ["PLSHDecodingCache", "binary64_bound", "cache_bound"]
@@ -377,7 +378,7 @@ class PLSHDecodingCache:
             ]
             self._last = [None] * batch
         out = query.new_zeros((batch, shape[0], m, shape[3]))
-        lse_dtype = torch.float64 if query.dtype == torch.float64 else torch.float32
+        lse_dtype = working_dtype(query.dtype)
         lse = torch.full((batch, shape[0], m), -math.inf, dtype=lse_dtype, device=device)
         for b, (keep, pos) in enumerate(new_pos):
             if pos.numel() == 0:
@@ -437,7 +438,7 @@ class PLSHDecodingCache:
             return o[0], l_[0]
         num_heads_kv = k.shape[0]
         group = num_heads // num_heads_kv
-        work = torch.float64 if q.dtype == torch.float64 else torch.float32
+        work = working_dtype(q.dtype)
         kx, vx = k.to(work), v.to(work)  # no copy when already in the working dtype
         counts = (qbins[..., :, None] == kbins[..., None, :]).sum(dim=1)  # (H, m, L)
         counts.mul_(kpos[None, None, :] <= qpos[None, :, None])

@@ -92,7 +92,7 @@ def _bin_floor(pitch: np.ndarray, offset: np.ndarray, positions: np.ndarray) -> 
 
     The binary64 formula of :func:`plsh_ref.partition.bins` (which evaluates all pairs of
     positions and hashes) applied to one position per hash; equal to it bit for bit
-    (``tests/test_distributed.py::test_key_reach_equals_count_oracle``).
+    (``tests/fast/test_distributed.py::test_key_reach_equals_count_oracle``).
     """
     return np.floor((positions.astype(np.float64) - offset) / pitch)
 

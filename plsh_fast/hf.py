@@ -6,7 +6,7 @@ Importing this module registers two attention implementations with
 
 * ``"plsh"``: PLSH attention (:func:`plsh_fast.plsh_attention`) with one partition sample
   per layer, drawn from a model-level seed and the layer index
-  (:func:`plsh_fast.nn.derived_seed`), slopes from the model's head count (Press et al.);
+  (:func:`plsh_ref.partition.derived_seed`), slopes from the model's head count (Press et al.);
 * ``"alibi"``: exact ALiBi attention with the same slopes and positions (the reference the
   paper approximates), through ``scaled_dot_product_attention`` with a dense bias.
 
@@ -42,14 +42,13 @@ import numpy as np
 import torch
 
 from plsh_ref.alibi import alibi_slopes
-from plsh_ref.partition import PartitionSample, draw_partition
+from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
 from plsh_ref.validation import check_bool, check_int, check_num_samples, check_scale
 
 from .api import plsh_attention
 from .decoding import cache_bound
-from .nn import derived_seed
+from .dense import expand_kv
 from .partition import bins, partition_tensors
-from .peers import expand_kv
 
 try:  # transformers is an optional dependency (extra "hf")
     from transformers import AttentionInterface
@@ -74,12 +73,11 @@ __all__ = [
 ATTN_IMPLEMENTATIONS = ("plsh", "alibi")
 
 #: defaults used when a model is built with attn_implementation="plsh" and no set-up call
-DEFAULT_NUM_SAMPLES = 16
 DEFAULT_SEED = 0
 
 
 def layer_seed(seed: int, layer: int) -> int:
-    """Seed of layer ``layer``'s partition: :func:`plsh_fast.nn.derived_seed` ``(seed, layer)``."""
+    """Seed of layer ``layer``'s partition: :func:`plsh_ref.partition.derived_seed` ``(seed, layer)``."""
     return derived_seed(seed, layer)
 
 

@@ -33,15 +33,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from plsh_ref.partition import PartitionSample, draw_partition
+from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
 from plsh_ref.samplers import resolve_group_size
 from plsh_ref.validation import check_bool, check_int, check_positive_float, check_scale
 
 from . import _validation as V
 from . import padding as P
+from .dense import expand_kv
 from .partition import bins as torch_bins
 from .partition import count_bias
-from .peers import expand_kv
 
 __all__ = [
     "PLSHAttention",
@@ -151,38 +151,6 @@ def _in_backward_pass() -> bool:
     """Whether an autograd backward pass is running in this thread (checkpoint recompute)."""
     task_id = getattr(torch._C, "_current_graph_task_id", None)
     return task_id is not None and task_id() != -1
-
-
-def derived_seed(seed: int, *keys: int) -> int:
-    """A child seed ``SeedSequence([seed, *keys])`` as a 63-bit ``int`` (one definition).
-
-    Used for the ``draw``-th training partition of a module (``derived_seed(seed, draw)``)
-    and for the partition seed of layer ``l`` of a model (``derived_seed(seed, l)``,
-    :mod:`plsh_fast.experiments.model`). Children of distinct key tuples are independent
-    streams (numpy ``SeedSequence`` entropy mixing); the top bit is dropped so that the
-    result is a valid non-negative ``seed``.
-
-    Parameters
-    ----------
-    seed : int
-        Parent seed ``>= 0``.
-    *keys : int
-        Non-negative integers naming the child (draw index, layer index, ...).
-
-    Returns
-    -------
-    int
-        In ``[0, 2**63)``.
-
-    Raises
-    ------
-    TypeError, ValueError
-        If ``seed`` or a key is not an integer ``>= 0``.
-    """
-    seed = check_int("seed", seed, minimum=0)
-    keys = [check_int("keys", k, minimum=0) for k in keys]
-    state = np.random.SeedSequence([seed, *keys]).generate_state(1, np.uint64)[0]
-    return int(state >> np.uint64(1))
 
 
 def seed_layers(model: nn.Module, seed: int) -> list[int]:
@@ -316,7 +284,7 @@ class PLSHAttention(nn.Module):
     def __init__(
         self,
         num_heads: int,
-        num_samples: int = 16,
+        num_samples: int = DEFAULT_NUM_SAMPLES,
         *,
         slopes=None,
         causal: bool = True,

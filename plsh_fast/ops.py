@@ -35,7 +35,8 @@ import torch
 
 from .autograd import attention_backward as _backward_impl
 from .autograd import attention_forward as _forward_impl
-from .autograd import lse_dtype, plans_to_tensor
+from .autograd import plans_to_tensor
+from .dense import working_dtype
 
 __all__ = ["attention", "attention_backward", "training_partition"]
 
@@ -81,7 +82,12 @@ def attention(
     plans = plans_to_tensor(groups) if backend == "cpu" else torch.zeros(0, dtype=torch.int64)
     if stats is None:
         stats = torch.zeros(0, dtype=torch.float32, device=query.device)
-    return out.contiguous(), lse.to(lse_dtype(query.dtype)).contiguous(), stats.contiguous(), plans
+    return (
+        out.contiguous(),
+        lse.to(working_dtype(query.dtype)).contiguous(),
+        stats.contiguous(),
+        plans,
+    )
 
 
 @attention.register_fake
@@ -91,7 +97,7 @@ def _attention_fake(
 ):  # fmt: skip
     batch, num_heads, n_q, _ = query.shape
     out = query.new_empty(batch, num_heads, n_q, value.shape[3])
-    lse = query.new_empty(batch, num_heads, n_q, dtype=lse_dtype(query.dtype))
+    lse = query.new_empty(batch, num_heads, n_q, dtype=working_dtype(query.dtype))
     shape = (batch, num_heads, n_q, 2) if backend == "triton" else (0,)
     stats = query.new_empty(shape, dtype=torch.float32)
     plans = torch.empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
@@ -215,16 +221,15 @@ def training_partition(
 
     The draw of :meth:`plsh_fast.nn.PLSHAttention.training_partition`:
     :func:`plsh_ref.partition.draw_partition` with ``sigma = 1 / slopes``,
-    ``like.shape[1]`` samples and seed :func:`plsh_fast.nn.derived_seed` ``(seed, k)``,
+    ``like.shape[1]`` samples and seed :func:`plsh_ref.partition.derived_seed` ``(seed, k)``,
     drawn on the host (numpy, SPEC section 2) and returned as float64 tensors on
     ``like``'s device. ``draw_counter`` is an int64 CPU scalar tensor, advanced in place;
     as an operator the draw runs inside a compiled graph, once per call, and the counter
     never becomes a constant of the graph. ``sampler``/``group_size``: those of the module
     (``group_size`` ignored for ``"iid"``).
     """
-    from plsh_ref.partition import draw_partition
+    from plsh_ref.partition import derived_seed, draw_partition
 
-    from .nn import derived_seed
     from .partition import partition_tensors
 
     draw = int(draw_counter)

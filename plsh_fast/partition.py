@@ -6,7 +6,7 @@ function. This module only converts it to float64 device tensors and evaluates t
 ``floor((float64(p) - offset) / pitch)`` with torch's binary64 subtraction and division,
 which are the correctly rounded IEEE 754 operations that :func:`plsh_ref.partition.bins`
 uses (SPEC section 2): the two give identical int64 bins (tested bit for bit in
-``tests/test_cpu_path.py``).
+``tests/fast/cpu/test_cpu_path.py``).
 """
 
 from __future__ import annotations

@@ -58,6 +58,7 @@ from plsh_ref.partition import PartitionSample
 from plsh_ref.validation import check_bool, check_int, check_partition, check_scale, check_slopes
 
 from . import _validation as V
+from .dense import expand_kv, working_dtype
 
 __all__ = [
     "alibi_attention",
@@ -76,33 +77,6 @@ __all__ = [
     "sdpa_alibi_attention",
     "window_mask_mod",
 ]
-
-
-def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Repeat the kv heads of ``x`` ``(batch, num_heads_kv, n, dim)`` to ``num_heads`` heads.
-
-    Query head ``h`` reads kv head ``h // (num_heads // num_heads_kv)`` (grouped-query
-    attention); ``x`` itself when there is nothing to repeat. The torch form of
-    :func:`plsh_ref.attention.expand_kv`.
-
-    Raises
-    ------
-    TypeError
-        ``x`` not a 4-D ``torch.Tensor``; ``num_heads`` not an int.
-    ValueError
-        ``num_heads`` not a positive multiple of ``num_heads_kv`` (it silently returned
-        ``num_heads_kv`` or 0 heads before).
-    """
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        raise TypeError(f"x: must be a 4-D torch.Tensor, got {type(x).__name__}")
-    if isinstance(num_heads, bool) or not isinstance(num_heads, (int, np.integer, torch.SymInt)):
-        raise TypeError(f"num_heads: must be an int, got {type(num_heads).__name__}")
-    if x.shape[1] < 1 or num_heads < 1 or num_heads % x.shape[1]:
-        raise ValueError(
-            f"num_heads: {num_heads} is not a multiple of num_heads_kv={x.shape[1]} of x"
-        )
-    group = num_heads // x.shape[1]
-    return x if group == 1 else x.repeat_interleave(group, dim=1)
 
 
 def _positions(n_q: int, n_k: int, query_positions, key_positions, device):
@@ -163,7 +137,7 @@ def alibi_bias(
         raise TypeError("slopes: required (e.g. plsh_ref.alibi.alibi_slopes(num_heads))")
     m_host = np.atleast_1d(np.asarray(slopes, dtype=np.float64))
     m_host = check_slopes(m_host, m_host.shape[0])
-    work = torch.float64 if dtype == torch.float64 else torch.float32
+    work = working_dtype(dtype)
     qpos, kpos = _positions(n_q, n_k, query_positions, key_positions, device)
     dist = qpos.to(work)[:, None] - kpos.to(work)[None, :]
     m = torch.tensor(m_host, dtype=work, device=device)[:, None, None]
@@ -711,7 +685,7 @@ def flex_reduction_attention(
     flex = compiled_flex_attention() if flex is None else flex
     qs, ks, vs = (t.expand(s, *t.shape[1:]) for t in (query, key, value))
     out_t, aux = flex(qs, ks, vs, block_mask=block_mask, scale=c, return_aux=AuxRequest(lse=True))
-    work = torch.float64 if query.dtype == torch.float64 else torch.float32
+    work = working_dtype(query.dtype)
     lse_t = aux.lse.to(work)  # (s, H, n)
     row_max = lse_t.amax(dim=0)
     empty = torch.isneginf(row_max)

@@ -683,7 +683,7 @@ def plsh_backward_triton(
         FlashAttention's form, whose float32 rounding of ``lse`` is a relative error of
         about ``|lse| 2^-24`` of every probability in the row (float32 gradients then fail
         the SPEC section 6 rule from logits of standard deviation about 9,
-        ``tests/test_gradient_precision.py``).
+        ``tests/fast/test_gradient_precision.py``).
     plan : plsh_fast.tiling.TilePlan or None
         The forward pass's plan (``plsh_forward_triton(..., return_plan=True)``), reused
         instead of planning again (then the positions are taken as sorted, no check and no

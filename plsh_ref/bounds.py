@@ -620,7 +620,7 @@ def output_error_certificate(
     ``i``. A row whose PLSH weights all vanish (``Z~_i = 0``, impossible for aligned
     self-attention) outputs 0 and gets the bound ``max_j |v_jk|``; a row with no
     admissible key gets 0. The version with the signed sum ``|sum_j E_ij|`` is false
-    (``tests/test_bounds.py`` exhibits a counterexample).
+    (``tests/ref/test_bounds.py`` exhibits a counterexample).
 
     Parameters
     ----------

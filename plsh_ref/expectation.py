@@ -126,7 +126,7 @@ def collision_probability_mp(distance, sigma, *, dps: int = 50):
     -------
     mpmath.mpf
         The integral, correct to about ``dps - 5`` digits (checked against
-        ``exp(-r / sigma)`` to 40 digits at ``dps = 50`` in ``tests/test_expectation.py``).
+        ``exp(-r / sigma)`` to 40 digits at ``dps = 50`` in ``tests/ref/test_expectation.py``).
 
     Raises
     ------

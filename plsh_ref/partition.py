@@ -28,13 +28,18 @@ from .validation import (
     check_sigma,
 )
 
+#: default number of partition samples ``s`` of every entry point that draws a partition
+DEFAULT_NUM_SAMPLES = 16
+
 __all__ = [
+    "DEFAULT_NUM_SAMPLES",
     "PartitionSample",
     "bins",
     "block_sizes",
     "blocks",
     "count_bias",
     "counts",
+    "derived_seed",
     "draw_partition",
     "empirical_mean",
     "head_rng",
@@ -515,3 +520,35 @@ def empirical_mean(
         As :func:`counts`.
     """
     return counts(partition, query_positions, key_positions, causal=causal) / partition.num_samples
+
+
+def derived_seed(seed: int, *keys: int) -> int:
+    """A child seed ``SeedSequence([seed, *keys])`` as a 63-bit ``int`` (one definition).
+
+    Used for the ``draw``-th training partition of a module (``derived_seed(seed, draw)``)
+    and for the partition seed of layer ``l`` of a model (``derived_seed(seed, l)``,
+    :mod:`plsh_fast.experiments.model`; the layers of :mod:`plsh_fast.nn` and :mod:`plsh_fast.hf`). Children of distinct key tuples are independent
+    streams (numpy ``SeedSequence`` entropy mixing); the top bit is dropped so that the
+    result is a valid non-negative ``seed``.
+
+    Parameters
+    ----------
+    seed : int
+        Parent seed ``>= 0``.
+    *keys : int
+        Non-negative integers naming the child (draw index, layer index, ...).
+
+    Returns
+    -------
+    int
+        In ``[0, 2**63)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If ``seed`` or a key is not an integer ``>= 0``.
+    """
+    seed = check_int("seed", seed, minimum=0)
+    keys = [check_int("keys", k, minimum=0) for k in keys]
+    state = np.random.SeedSequence([seed, *keys]).generate_state(1, np.uint64)[0]
+    return int(state >> np.uint64(1))

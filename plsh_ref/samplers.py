@@ -159,7 +159,7 @@ def gamma2_quantile(lower, upper, sigma) -> np.ndarray:
     cancelling subtraction: ``scipy.special.gammaincinv(2, lower)`` is used where
     ``lower < 1/2`` and ``gammainccinv(2, upper)`` elsewhere (relative error below
     ``1e-13`` against mpmath for tail probabilities ``1e-300..1/2`` on either side,
-    ``tests/test_samplers.py``).
+    ``tests/ref/test_samplers.py``).
 
     Parameters
     ----------

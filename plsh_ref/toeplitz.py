@@ -210,7 +210,7 @@ def kms_eigenvalues(n: int, sigma) -> np.ndarray:
     """Eigenvalues of ``L*`` (``n x n`` KMS matrix), float64, in decreasing order.
 
     ``f(theta_k)`` for the angles of :func:`kms_angles`. Agrees with
-    ``numpy.linalg.eigvalsh`` to a few ulps of ``||L*||`` (``tests/test_toeplitz.py``).
+    ``numpy.linalg.eigvalsh`` to a few ulps of ``||L*||`` (``tests/ref/test_toeplitz.py``).
 
     Parameters
     ----------

@@ -3,7 +3,7 @@
 Writes ``plsh_ref/data/kms_eigsy_n64.json``: for ``n = 64`` and a few ``sigma`` (binary64
 values, stored exactly as ``float.hex``), the eigenvalues of ``L*_ij = exp(-|i-j|/sigma)``
 computed by ``mpmath.eigsy`` (Jacobi/QL on the dense matrix) at 60 working digits and
-stored as 50-digit strings. ``tests/test_toeplitz.py`` checks the secular-equation solver
+stored as 50-digit strings. ``tests/ref/test_toeplitz.py`` checks the secular-equation solver
 (``plsh_ref.toeplitz.kms_eigenvalues_mp``) against it; the dense solve takes about 15 s per
 sigma, too slow for every test run (as scipy does for its mpmath references).
 

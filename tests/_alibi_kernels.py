@@ -1,4 +1,4 @@
-"""Seeded-bug ALiBi kernels for the acceptance matrix of the validation toolkit (issue 11).
+"""Seeded-bug ALiBi kernels for the acceptance matrix of the validation toolkit.
 
 ``make_kernel(**bugs)`` builds a numpy ALiBi kernel with the ``plsh verify`` contract
 (``attention_mask`` included) computed in the input dtype; with no bug it is correct, and

@@ -1,4 +1,4 @@
-"""One rank of the context-parallel tests (``tests/test_distributed.py`` starts the ranks).
+"""One rank of the context-parallel tests (``tests/fast/test_distributed.py`` starts the ranks).
 
 ``python tests/_distributed_worker.py RANK WORLD_SIZE STORE_FILE OUT_DIR`` joins a gloo
 process group (file rendezvous, every collective bounded by a timeout), runs every case

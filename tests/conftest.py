@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, settings
 # Fix the Triton mode (compiled on CUDA, interpreter on CPU) before any test imports
 # torch._dynamo or triton: a test module that imports ``_triton_interp`` only inside a test
 # otherwise gets kernels that fail in the interpreter when torch._dynamo was imported first
-# (seen with tests/test_nn.py before tests/test_padding_fast.py in one process).
+# (seen with tests/fast/test_nn.py before tests/fast/test_padding_fast.py in one process).
 if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("triton"):
     import _triton_interp  # noqa: F401
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from plsh_ref.alibi import alibi_slopes, resolve_positions
+from plsh_ref.partition import derived_seed
 from plsh_ref.validation import check_int
 
 from ..nn import (
@@ -31,7 +32,6 @@ from ..nn import (
     PLSHSelfAttention,
     biased_sdpa,
     check_attention_inputs,
-    derived_seed,
 )
 
 __all__ = [
@@ -177,7 +177,7 @@ class ByteLM(nn.Module):
     mlp_ratio : int
         MLP hidden width / ``d_model``.
     seed : int
-        Partition seed; layer ``l`` uses :func:`plsh_fast.nn.derived_seed` ``(seed, l)``.
+        Partition seed; layer ``l`` uses :func:`plsh_ref.partition.derived_seed` ``(seed, l)``.
     backend : {"auto", "cpu", "triton", "dense"}
         PLSH backend (see :class:`plsh_fast.nn.PLSHAttention`).
     block_sizes : sequence of int, optional

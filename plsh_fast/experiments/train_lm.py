@@ -239,7 +239,7 @@ def model_memory_estimate(d_model: int, layers: int, mlp_ratio: int = 4) -> int:
     The byte embedding and output layer hold ``2 * 256 * d_model`` parameters, each layer
     ``(4 + 2 * mlp_ratio) d_model**2`` (query/key/value/output projections and the MLP)
     plus ``O(d_model)`` biases and norms (``plsh_fast.experiments.model``); checked
-    against the parameter count of ``ByteLM`` (``tests/test_cli.py``).
+    against the parameter count of ``ByteLM`` (``tests/cli/test_cli.py``).
 
     Parameters
     ----------

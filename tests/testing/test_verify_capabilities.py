@@ -1,0 +1,325 @@
+"""`plsh verify`: capabilities, slope modes, framework detection,
+timeout, traceback, JSON report, shared-axis summary, NaN positions, the import path and
+the current folder, and `plsh verify-slopes`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from plsh_ref.cli import main
+from plsh_ref.testing import ProblemSpec, check_case, examples
+from plsh_ref.testing.suite import KernelContractError, kernel_capabilities
+
+EX = "plsh_ref.testing.examples"
+
+
+def verify(capsys, *args):
+    code = main(["verify", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _module(tmp_path, monkeypatch, source, name="user_kernels_v2"):
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop(name, None)
+
+
+KERNELS = """
+    import time
+    import numpy as np
+    from plsh_ref.testing import examples
+
+    def no_bidirectional(query, key, value, *, slopes, causal, scale, query_positions,
+                         key_positions, attention_mask=None):
+        if not causal:
+            raise NotImplementedError("causal only")
+        return examples.numpy_alibi(query, key, value, slopes=slopes, causal=causal,
+                                    scale=scale, query_positions=query_positions,
+                                    key_positions=key_positions,
+                                    attention_mask=attention_mask)
+
+    no_bidirectional.supports = {"bidirectional": False}
+
+    def unknown_capability(query, key, value, *, slopes, causal, scale, query_positions,
+                           key_positions):
+        return query
+
+    unknown_capability.supports = {"flash": False}
+
+    def sleepy(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+        time.sleep(3)
+        return query
+
+    def raises(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+        return helper(query)
+
+    def helper(query):
+        raise RuntimeError("deep inside the kernel")
+
+    def nan_rows(query, key, value, *, slopes, causal, scale, query_positions, key_positions,
+                 attention_mask=None):
+        out, lse = examples.numpy_alibi(query, key, value, slopes=slopes, causal=causal,
+                                        scale=scale, query_positions=query_positions,
+                                        key_positions=key_positions,
+                                        attention_mask=attention_mask)
+        return np.where(np.isneginf(lse)[..., None], np.nan, out).astype(query.dtype)
+
+    def returns_list(query, key, value, *, slopes, causal, scale, query_positions,
+                     key_positions):
+        return [[1.0]]
+
+    def torch_only(query, key, value, *, slopes, causal, scale, query_positions,
+                   key_positions):
+        return query.new_zeros(1)  # numpy arrays have no new_zeros
+    """
+
+
+def test_capabilities_skip_and_list_cases_never_counted_as_passed(capsys, tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch, KERNELS)
+    code, out, err = verify(capsys, "user_kernels_v2:no_bidirectional", "--cases", "20")
+    assert code == 0, out + err
+    assert "skipped (never counted as passed)" in out and "unsupported: bidirectional" in out
+    passed, total = map(int, out.split(" cases passed")[0].split()[-1].split("/"))
+    skipped = int(out.split(" skipped in ")[0].split()[-1])
+    assert skipped > 0 and passed + skipped == total
+    assert "PASS (" in out and "skipped)" in out
+    # negative control: without the declaration the same kernel fails those cases
+    monkeypatch.setattr(sys.modules["user_kernels_v2"].no_bidirectional, "supports", {})
+    code, out, _ = verify(capsys, "user_kernels_v2:no_bidirectional", "--cases", "20")
+    assert code == 1 and "raised NotImplementedError: causal only" in out
+
+
+def test_unknown_capability_is_bad_input(capsys, tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch, KERNELS)
+    code, _, err = verify(capsys, "user_kernels_v2:unknown_capability")
+    assert code == 2 and err.strip().count("\n") == 0
+    assert "supports: unknown capability 'flash'" in err
+    with pytest.raises(KernelContractError, match="must be True or False"):
+        kernel_capabilities(examples.numpy_alibi, {"gqa": "no"})
+
+
+def test_unsupported_option_skips(capsys):
+    code, out, _ = verify(capsys, f"{EX}:numpy_alibi", "--unsupported", "gqa,head_dim_v")
+    assert code == 0 and "unsupported: gqa" in out and "unsupported=gqa,head_dim_v" in out
+
+
+def test_timeout_fails_the_case_and_verify_moves_on(capsys, tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch, KERNELS)
+    code, out, _ = verify(
+        capsys,
+        "user_kernels_v2:sleepy",
+        "--framework",
+        "numpy",
+        "--timeout",
+        "0.2",
+        "--cases",
+        "1",
+        "--no-battery",
+    )
+    assert code == 1 and "timed out: no result after 0.2 s (--timeout)" in out
+
+
+def test_traceback_option(capsys, tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch, KERNELS)
+    args = ["user_kernels_v2:raises", "--framework", "numpy", "--cases", "2"]
+    code, out, _ = verify(capsys, *args)
+    assert code == 1 and "raised RuntimeError: deep inside the kernel" in out
+    assert "Traceback" not in out
+    code, out, _ = verify(capsys, *args, "--traceback")
+    assert "Traceback (most recent call last)" in out and "in helper" in out
+
+
+def test_nan_positions_and_empty_rows_are_labelled(tmp_path, monkeypatch):
+    _module(tmp_path, monkeypatch, KERNELS)
+    import user_kernels_v2
+
+    problem = ProblemSpec(n_q=6, n_k=3, causal=True, dtype="float64").build()  # 3 empty rows
+    result = check_case(user_kernels_v2.nan_rows, problem)
+    assert not result.passed and result.empty_rows == 2 * 3
+    assert "output contains NaN at 24 entries, first (0, 0, 0, 0)" in result.message
+    assert "all on rows without admissible keys: expected output 0" in result.message
+
+
+def test_json_report_and_shared_axes(capsys, tmp_path):
+    path = tmp_path / "r.json"
+    code, out, _ = verify(
+        capsys, f"{EX}:interleaved_gqa_alibi", "--cases", "30", "--json", str(path)
+    )
+    report = json.loads(path.read_text())
+    assert code == 1 == report["exit_status"]
+    assert report["failed"] == sum(c["status"] == "FAIL" for c in report["cases"])
+    # every failure is a grouped-query case, and the summary says so first
+    assert all("gqa(1<H_kv<H)" in c["features"] for c in report["cases"] if c["status"] == "FAIL")
+    top = report["shared_axes"][0]
+    assert top["axis"] == "gqa(1<H_kv<H)" and top["failures"] == top["num_failures"]
+    assert "what the failing cases share" in out
+    line = "gqa(1<H_kv<H)"
+    assert any(
+        l.strip().startswith(line) and f"{top['failures']}/{top['num_failures']} vs" in l
+        for l in out.splitlines()
+    )
+    assert {c["case"] for c in report["cases"] if c["battery"]} >= {"gqa_grouped", "no_keys"}
+
+
+def test_framework_is_detected_or_bad_input(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    _module(tmp_path, monkeypatch, KERNELS)
+    code, out, _ = verify(capsys, f"{EX}:sdpa_alibi", "--cases", "3", "--no-battery")
+    assert code == 0 and "framework=torch" in out
+    code, _, err = verify(capsys, "user_kernels_v2:returns_list")
+    assert code == 2 and err.startswith(
+        "plsh verify: error: framework: cannot tell what the kernel"
+    )
+    assert "--framework numpy or --framework torch" in err and err.count("\n") == 1
+
+
+def test_standard_slopes_mode_from_the_signature(capsys):
+    code, out, _ = verify(capsys, f"{EX}:numpy_alibi_standard_slopes", "--cases", "20")
+    assert code == 0 and "slopes=standard" in out
+    code, _, err = verify(capsys, f"{EX}:numpy_alibi", "--slopes", "standard")
+    assert code == 2 and "it takes slopes: use --slopes given" in err
+
+
+def test_kernel_in_the_current_folder_no_files_written(tmp_path):
+    (tmp_path / "my_kernel.py").write_text(
+        "from plsh_ref.testing.examples import numpy_alibi as attention\n"
+    )
+    before = sorted(os.listdir(tmp_path))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "HYPOTHESIS_STORAGE_DIRECTORY")
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "plsh_ref.cli", "verify", "my_kernel:attention", "--cases", "5"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    after = sorted(n for n in os.listdir(tmp_path) if n != "__pycache__")
+    assert after == before  # no .hypothesis/, no plsh_out/
+
+
+SLOPES = """
+    import numpy as np
+    from plsh_ref.alibi import alibi_slopes
+    from plsh_ref.testing.problems import round_to_dtype
+
+    def good(num_heads):
+        return alibi_slopes(num_heads).tolist()
+
+    def power_of_two_rule(num_heads):
+        return np.exp2(-8.0 * np.arange(1, num_heads + 1) / num_heads)
+
+    def bf16(num_heads):
+        return round_to_dtype(alibi_slopes(num_heads), "bfloat16")
+
+    def raises(num_heads):
+        if num_heads == 5:
+            raise ValueError("five")
+        return alibi_slopes(num_heads)
+
+    def short(num_heads):
+        return alibi_slopes(num_heads)[:-1] if num_heads > 3 else alibi_slopes(num_heads)
+    """
+
+
+@pytest.mark.parametrize(
+    "function, code, expected",
+    [
+        ("good", 0, "bit-exact. PASS"),
+        (f"{EX}:press_slopes", 0, "float64 rounding (the rule spelled differently): fine"),
+        ("power_of_two_rule", 1, "first: num_heads=3"),
+        ("bf16", 1, "num_heads 9-64: LOW PRECISION: the right rule rounded to bfloat16"),
+    ],
+)
+def test_verify_slopes(capsys, tmp_path, monkeypatch, function, code, expected):
+    _module(tmp_path, monkeypatch, SLOPES, name="user_slopes")
+    target = function if ":" in function else f"user_slopes:{function}"
+    assert main(["verify-slopes", target]) == code
+    out = capsys.readouterr().out
+    assert expected in out, out
+    if function == "power_of_two_rule":
+        assert "WRONG RULE" in out and "largest relative error" in out
+
+
+@pytest.mark.parametrize(
+    "function, message",
+    [
+        ("raises", "the function raised ValueError for num_heads=5: five"),
+        ("short", "for num_heads=4 the function returned shape (3,), expected (4,)"),
+        ("missing", "has no attribute 'missing'"),
+    ],
+)
+def test_verify_slopes_bad_input(capsys, tmp_path, monkeypatch, function, message):
+    _module(tmp_path, monkeypatch, SLOPES, name="user_slopes")
+    assert main(["verify-slopes", f"user_slopes:{function}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_verify_slopes_error_names_the_option(capsys):
+    # said "max-heads:" without the dashes
+    assert main(["verify-slopes", "plsh_ref.alibi:alibi_slopes", "--max-heads", "0"]) == 2
+    err = capsys.readouterr().err
+    assert err == "plsh verify-slopes: error: --max-heads: must be in 1..4096, got 0\n", err
+
+
+def test_verify_slopes_caps_max_heads_before_the_run(capsys):
+    # --max-heads 100000 ran for minutes (max_heads**2 slope values) without a cap
+    from plsh_ref.testing.verify_slopes import MAX_HEADS
+
+    function = "plsh_ref.alibi:alibi_slopes"
+    assert main(["verify-slopes", function, "--max-heads", str(MAX_HEADS + 1)]) == 2
+    err = capsys.readouterr().err
+    expected = f"must be in 1..{MAX_HEADS}, got {MAX_HEADS + 1}"
+    assert err == f"plsh verify-slopes: error: --max-heads: {expected}\n", err
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (2.0, TypeError), (True, TypeError)])
+def test_check_slopes_function_refuses_bad_max_heads(bad, error):
+    from plsh_ref.testing.verify_slopes import check_slopes_function
+
+    calls = []
+    with pytest.raises(error, match="max_heads"):
+        check_slopes_function(lambda h: calls.append(h), bad)
+    assert not calls
+
+
+def test_verify_slopes_catches_rounding_only_from_nine_heads():
+    """bf16 holds 2^(-k) exactly: power-of-two head counts up to 8 stay exact."""
+    from plsh_ref.alibi import alibi_slopes
+    from plsh_ref.testing.problems import round_to_dtype
+    from plsh_ref.testing.verify_slopes import check_slopes_function
+
+    report = check_slopes_function(lambda h: round_to_dtype(alibi_slopes(h), "bfloat16"), 16)
+    assert report.wrong == list(range(9, 17)) and not report.passed()
+    assert 0 < report.max_relative_error <= 2.0**-8  # round to nearest: half a bf16 ulp
+
+
+def test_a_run_where_every_case_is_skipped_fails(capsys):
+    def kernel(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+        raise AssertionError("never called")
+
+    kernel.supports = {"causal": False, "bidirectional": False}
+    from plsh_ref.testing.battery import battery
+
+    results = [check_case(kernel, spec.build()) for _, spec in battery()]
+    assert all(r.skipped and not r.passed and r.status == "skip" for r in results)
+
+
+def test_cli_run_where_every_case_is_skipped_exits_1(capsys):
+    code, out, _ = verify(
+        capsys, f"{EX}:numpy_alibi", "--unsupported", "causal,bidirectional", "--cases", "5"
+    )
+    assert code == 1 and "FAIL: no case ran (every case was skipped)" in out
