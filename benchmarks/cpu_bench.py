@@ -93,7 +93,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from plsh_fast import cpu as plsh_cpu  # noqa: E402
 from plsh_fast import peers, plsh_attention  # noqa: E402
-from plsh_fast.partition import partition_tensors  # noqa: E402
+from plsh_fast._partition import partition_tensors  # noqa: E402
 from plsh_ref.alibi import alibi_slopes  # noqa: E402
 from plsh_ref.partition import PartitionSample, draw_partition  # noqa: E402
 

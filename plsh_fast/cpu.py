@@ -93,12 +93,12 @@ thread with torch's usual intra-op threads (:func:`per_thread_limits_available`)
 
 The plan (sorted positions, tiles, block ranges and the tile groups) is built by
 :func:`plan_cpu`; the forward and the backward accept it as ``plan=`` so that
-:mod:`plsh_fast.autograd` computes it once per forward and reuses it in the backward.
+:mod:`plsh_fast._autograd` computes it once per forward and reuses it in the backward.
 
 The two public functions have the signature of the Triton path
 (:func:`plsh_fast.triton_forward.plsh_forward_triton`,
 :func:`plsh_fast.triton_backward.plsh_backward_triton`), so that
-:mod:`plsh_fast.autograd` dispatches uniformly. They trust their arguments: validation
+:mod:`plsh_fast._autograd` dispatches uniformly. They trust their arguments: validation
 happens in :func:`plsh_fast.plsh_attention`.
 """
 
@@ -119,8 +119,8 @@ import torch
 
 from plsh_ref.partition import count_bias
 
-from .ordering import position_order
-from .partition import bins
+from ._ordering import position_order
+from ._partition import bins
 
 __all__ = [
     "BAND_MAX_TILE",
@@ -1171,7 +1171,7 @@ def plan_to_tensor(plan: _Plan) -> torch.Tensor:
     """The plan's tile groups as one int64 1-D CPU tensor (for :func:`plan_from_tensor`).
 
     Custom operators pass only tensors from a forward to its backward
-    (:mod:`plsh_fast.ops`); this is how the compiled backward reuses the forward's plan.
+    (:mod:`plsh_fast._ops`); this is how the compiled backward reuses the forward's plan.
     ``[-1]`` when the forward built no tile groups (empty inputs).
     """
     if plan.specs is None:

@@ -45,10 +45,10 @@ from plsh_ref.alibi import alibi_slopes
 from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
 from plsh_ref.validation import check_bool, check_int, check_num_samples, check_scale
 
+from ._partition import bins, partition_tensors
 from .api import plsh_attention
 from .decoding import cache_bound
 from .dense import expand_kv
-from .partition import bins, partition_tensors
 
 try:  # transformers is an optional dependency (extra "hf")
     from transformers import AttentionInterface

@@ -9,7 +9,7 @@ float64 division), so they are bit-identical to :func:`plsh_ref.partition.bins`
 and without a host synchronisation, the row ranges of the counts:
 
 * with key positions sorted (the kernels' entry points sort rows by position,
-  :mod:`plsh_fast.ordering`), the keys that share query ``i``'s bin of sample ``t`` are one
+  :mod:`plsh_fast._ordering`), the keys that share query ``i``'s bin of sample ``t`` are one
   contiguous index range ``[a_t(i), b_t(i))`` (a bin is a non-decreasing function of the
   position): ``a_t(i)`` / ``b_t(i)`` is the number of keys whose bin is ``<`` / ``<=``
   the query's bin (``torch.searchsorted`` on the exact integer bins, so the ranges are

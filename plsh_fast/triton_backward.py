@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .ordering import position_order, sort_positions, take_rows
+from ._ordering import position_order, sort_positions, take_rows
 from .tiling import (
     make_plan,
     plan_query_range,

@@ -35,7 +35,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .ordering import position_order, sort_positions, take_rows
+from ._ordering import position_order, sort_positions, take_rows
 from .tiling import (
     MAX_SAMPLE_BLOCK,
     make_plan,
@@ -623,7 +623,7 @@ def plsh_forward_triton(
         ``True``: the caller guarantees both position vectors are non-decreasing (e.g. the
         default ``arange`` positions), so no check runs and the forward pass has **no host
         synchronisation**. ``None`` (default): checked (one synchronisation) and unsorted
-        rows are sorted and put back (:mod:`plsh_fast.ordering`).
+        rows are sorted and put back (:mod:`plsh_fast._ordering`).
     plan : plsh_fast.tiling.TilePlan or None
         A plan of an earlier call on the same (sorted) positions, partition and ``causal``
         (``return_plan=True``): reused, no planning and no check of the positions.

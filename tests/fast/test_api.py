@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-import plsh_fast.autograd as fast_autograd
+import plsh_fast._autograd as fast_autograd
 from plsh_fast import plsh_attention
 from plsh_ref.alibi import alibi_slopes
 from plsh_ref.partition import draw_partition

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from torch._dynamo.backends.debugging import aot_eager  # noqa: E402
 
-import plsh_fast.ops as ops  # noqa: E402
+import plsh_fast._ops as ops  # noqa: E402
 from plsh_fast import plsh_attention  # noqa: E402
 from plsh_fast.nn import PLSHAttention, PLSHSelfAttention  # noqa: E402
 

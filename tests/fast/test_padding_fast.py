@@ -13,7 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import plsh_ref  # noqa: E402
-from plsh_fast import padding, plsh_attention  # noqa: E402
+from plsh_fast import _padding as padding  # noqa: E402
+from plsh_fast import plsh_attention  # noqa: E402
 from plsh_fast.nn import PLSHAttention, PLSHSelfAttention  # noqa: E402
 from plsh_ref.alibi import alibi_slopes  # noqa: E402
 from plsh_ref.partition import bins, draw_partition  # noqa: E402

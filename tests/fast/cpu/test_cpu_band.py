@@ -15,7 +15,7 @@ import torch
 from _cpu_problems import check_against_reference, make_problem
 
 from plsh_fast import cpu, plsh_attention
-from plsh_fast.partition import partition_tensors
+from plsh_fast._partition import partition_tensors
 from plsh_ref.partition import draw_partition
 
 SIGMAS = np.array([2.0, 6.0, 40.0, 300.0])  # tiles 16, 16, 32 (bands) and 128 (not)

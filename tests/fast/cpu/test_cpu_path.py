@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import plsh_fast.cpu as cpu
 from plsh_fast import plsh_attention
-from plsh_fast.partition import bins as torch_bins
-from plsh_fast.partition import partition_tensors
+from plsh_fast._partition import bins as torch_bins
+from plsh_fast._partition import partition_tensors
 from plsh_ref.partition import PartitionSample, draw_partition
 from plsh_ref.partition import bins as ref_bins
 
