@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from plsh_ref.alibi import check_slopes, sigma_from_slopes
 from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
 from plsh_ref.samplers import resolve_group_size
 from plsh_ref.validation import check_bool, check_int, check_positive_float, check_scale
@@ -302,7 +303,8 @@ class PLSHAttention(nn.Module):
         num_samples = V.check_num_samples(num_samples)
         self.sampler = sampler
         self.group_size = resolve_group_size(sampler, num_samples, group_size)
-        m = V.check_slopes(slopes, num_heads)
+        m = check_slopes(slopes, num_heads)
+        sigma = sigma_from_slopes(m)
         if scale is not None:
             scale = check_positive_float("scale", scale)
         if resample not in _RESAMPLE:
@@ -330,7 +332,7 @@ class PLSHAttention(nn.Module):
         # module's device), advanced in place by plsh::training_partition.
         self.register_buffer("draw_counter", torch.zeros((), dtype=torch.int64), persistent=False)
         self.register_buffer("slopes", torch.from_numpy(m.copy()))
-        part = draw_partition(1.0 / m, num_samples, self.seed, **self._sampler_kwargs())
+        part = draw_partition(sigma, num_samples, self.seed, **self._sampler_kwargs())
         self.register_buffer("pitch", torch.from_numpy(part.pitch.copy()))
         self.register_buffer("offset", torch.from_numpy(part.offset.copy()))
 
@@ -534,12 +536,9 @@ class PLSHAttention(nn.Module):
         if self.exact or self.backend == "dense":
             batch, _, n_q, _ = query.shape
             n_k, device = key.shape[2], query.device
-            qpos = P.check_positions("query_positions", query_positions, batch, n_q, device)
-            kpos = P.check_positions("key_positions", key_positions, batch, n_k, device)
-            mask = P.check_attention_mask(attention_mask, batch, n_k, device)
-            default_q, default_k = P.default_positions(n_q, n_k, device)
-            qpos = default_q if qpos is None else qpos
-            kpos = default_k if kpos is None else kpos
+            qpos, kpos, mask = P.resolve_positions(
+                query_positions, key_positions, attention_mask, batch, n_q, n_k, device
+            )
             if not torch.compiler.is_compiling():
                 mask = _eager_mask_values(mask)
                 real_q, real_k = P.real_positions(qpos, kpos, mask, batch)

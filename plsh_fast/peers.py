@@ -53,9 +53,9 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from plsh_ref.alibi import resolve_positions
-from plsh_ref.partition import PartitionSample
-from plsh_ref.validation import check_bool, check_int, check_partition, check_scale, check_slopes
+from plsh_ref.alibi import check_slopes, resolve_positions
+from plsh_ref.partition import PartitionSample, check_partition
+from plsh_ref.validation import check_bool, check_int, check_scale
 
 from . import _validation as V
 from .dense import expand_kv, working_dtype

@@ -19,15 +19,13 @@ import warnings
 
 import numpy as np
 
-from .alibi import alibi_bias, resolve_batch_positions, resolve_positions
-from .partition import PartitionSample, bins, count_bias, counts
+from .alibi import alibi_bias, check_slopes, resolve_batch_positions, resolve_positions
+from .partition import PartitionSample, bins, check_partition, count_bias, counts
 from .validation import (
     as_float_array,
     check_bool,
     check_int,
-    check_partition,
     check_scale,
-    check_slopes,
 )
 
 __all__ = [
