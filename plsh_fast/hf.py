@@ -47,8 +47,8 @@ from plsh_ref.validation import check_bool, check_int, check_num_samples, check_
 
 from ._partition import bins, partition_tensors
 from .api import plsh_attention
-from .decoding import cache_bound
-from .dense import expand_kv
+from .decoding import cache_bound, reachable_keys
+from .dense import alibi_bias, expand_kv
 
 try:  # transformers is an optional dependency (extra "hf")
     from transformers import AttentionInterface
@@ -277,9 +277,7 @@ def _alibi_core(query, key, value, slopes, qpos, kpos, kmask, causal, scaling, w
     ``window``: transformers' sliding window, key kept iff ``p_query - p_key < window``.
     """
     batch, num_heads, n_q, head_dim = query.shape
-    slopes_t = torch.as_tensor(slopes, dtype=torch.float32, device=query.device)
-    dist = (qpos[:, None, :, None] - kpos[:, None, None, :]).to(torch.float32)
-    bias = -slopes_t[None, :, None, None] * dist.abs()
+    bias = alibi_bias(slopes, qpos, kpos, causal=False, dtype=torch.float32)
     keep = kmask[:, None, None, :]
     if causal:
         keep = keep & (kpos[:, None, None, :] <= qpos[:, None, :, None])
@@ -619,10 +617,11 @@ def swap_bloom_attention(
 class PLSHCacheLayer(DynamicLayer):
     """One layer of :class:`PLSHCache`: a dynamic layer that evicts unreachable keys.
 
-    After appending the new keys, every leading cache slot that shares no bin with the
-    smallest new query position, in any sample of any head and for every sequence of the
-    batch, is dropped: no current or later query can give it a nonzero count
-    (``proofs_notes/decoding_cache.md``, Claim 1). The slots kept are the union over the
+    After appending the new keys, every leading cache slot whose bins all lie before those
+    of the smallest new query position, in every sample of every head and for every
+    sequence of the batch, is dropped (:func:`plsh_fast.decoding.reachable_keys`, the one
+    eviction rule of both caches): no current or later query can give it a nonzero count
+    (``proofs_notes/decoding_cache.md``, Claim 1 and section 4). The slots kept are the union over the
     batch of the sequences' reachable keys: at most ``cache_bound(partition)`` plus the
     spread of left padding across the batch.
     """
@@ -703,7 +702,7 @@ class PLSHCacheLayer(DynamicLayer):
             h, s = slot_bins.shape[:2]
             slot_bins = slot_bins.reshape(h, s, batch, -1)
             ref_bins = bins(self._pitch, self._offset, ref).reshape(h, s, batch, 1)
-            reach = (slot_bins >= ref_bins).any(dim=1).any(dim=0)  # (batch, slots)
+            reach = reachable_keys(slot_bins, ref_bins)  # (batch, slots)
             alive = (reach & self.keep).any(dim=0)  # padding is never reachable
             first = int(torch.nonzero(alive).min()) if bool(alive.any()) else alive.numel()
             if first:

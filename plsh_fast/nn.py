@@ -42,7 +42,7 @@ from . import _padding as P
 from . import _validation as V
 from ._partition import bins as torch_bins
 from ._partition import count_bias
-from .dense import expand_kv
+from .dense import alibi_bias, dense_counts, expand_kv
 
 __all__ = [
     "PLSHAttention",
@@ -545,7 +545,9 @@ class PLSHAttention(nn.Module):
                 P.check_position_range("query_positions", real_q)
                 P.check_position_range("key_positions", real_k)
             if self.exact:
-                bias = _alibi_bias(self.slopes, qpos, kpos, self.causal)
+                q2 = qpos if qpos.dim() == 2 else qpos[None]
+                k2 = kpos if kpos.dim() == 2 else kpos[None]
+                bias = alibi_bias(self.slopes, q2, k2, causal=self.causal)
             else:
                 bias = _log_count_bias(*self._forward_partition(), qpos, kpos, self.causal)
             bias = _mask_bias(bias, mask, n_q, n_k)
@@ -576,54 +578,20 @@ def _eager_mask_values(mask):
     return mask != 0
 
 
-def _pairwise(qpos: torch.Tensor, kpos: torch.Tensor):
-    """``(p_i, p_j)`` broadcast to ``(B or 1, 1, n_q, n_k)`` from 1-D or 2-D positions."""
-    qpos = qpos if qpos.dim() == 2 else qpos[None]
-    kpos = kpos if kpos.dim() == 2 else kpos[None]
-    return qpos[:, None, :, None], kpos[:, None, None, :]
-
-
-def _alibi_bias(slopes, qpos, kpos, causal: bool) -> torch.Tensor:
-    """Exact ALiBi bias ``-m_h |p_i - p_j|`` (``-inf`` causally), float64 ``(B|1, H, n_q, n_k)``.
-
-    The torch form of :func:`plsh_ref.alibi.alibi_bias` (float64, same operations).
-    """
-    pi, pj = _pairwise(qpos, kpos)
-    distance = (pi - pj).abs().to(torch.float64)
-    bias = -slopes.to(torch.float64)[None, :, None, None] * distance
-    if causal:
-        bias = bias.masked_fill(pj > pi, -math.inf)
-    return bias
-
-
 def _log_count_bias(pitch, offset, qpos, kpos, causal: bool) -> torch.Tensor:
     """``log(C / s)`` (``-inf`` where ``C = 0``), float64 ``(B|1, H, n_q, n_k)``.
 
-    ``C[h, i, j] = #{t : bin_t(p_i) = bin_t(p_j)}`` times the causal mask, with the bins
-    of :func:`plsh_fast._partition.bins` (binary64, equal to the reference's); summed one
-    sample at a time, so memory is ``O(B H n_q n_k)``.
+    :func:`plsh_fast.dense.dense_counts` of the bins of :func:`plsh_fast._partition.bins`
+    (binary64, equal to the reference's), then :func:`plsh_fast._partition.count_bias`.
     """
-    num_samples = pitch.shape[1]
     q2 = qpos if qpos.dim() == 2 else qpos[None]
     k2 = kpos if kpos.dim() == 2 else kpos[None]
     bq = torch_bins(pitch, offset, q2.reshape(-1)).view(*pitch.shape, *q2.shape)
     bk = torch_bins(pitch, offset, k2.reshape(-1)).view(*pitch.shape, *k2.shape)
     # (H, s, B, n) -> (B, H, s, n)
     bq, bk = bq.permute(2, 0, 1, 3), bk.permute(2, 0, 1, 3)
-    count = torch.zeros(
-        max(bq.shape[0], bk.shape[0]),
-        pitch.shape[0],
-        q2.shape[1],
-        k2.shape[1],
-        dtype=torch.float64,
-        device=pitch.device,
-    )
-    for t in range(num_samples):
-        count += bq[:, :, t, :, None] == bk[:, :, t, None, :]
-    if causal:
-        pi, pj = _pairwise(qpos, kpos)
-        count = count.masked_fill(pj > pi, 0.0)
-    return count_bias(count, num_samples)
+    count = dense_counts(bq, bk, q2[:, None], k2[:, None], causal=causal)
+    return count_bias(count, pitch.shape[1])
 
 
 def _mask_bias(bias, mask, n_q: int, n_k: int):

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from plsh_fast.decoding import PLSHDecodingCache, cache_bound  # noqa: E402
-from plsh_ref import alibi_slopes, draw_partition  # noqa: E402
+from plsh_fast.decoding import PLSHDecodingCache, cache_bound, reachable_keys  # noqa: E402
+from plsh_ref import PartitionSample, alibi_slopes, draw_partition  # noqa: E402
 from plsh_ref.attention import plsh_attention as ref_plsh_attention  # noqa: E402
 from plsh_ref.expectation import largest_pitch_cdf  # noqa: E402
 from plsh_ref.partition import bins as ref_bins  # noqa: E402
@@ -44,7 +44,14 @@ def _reference_rows(q, k, v, part, pos):
     """float64 reference output and the same-dtype baseline for one sequence's real tokens."""
     qn, kn, vn = (t.double().numpy() for t in (q, k, v))
     ref, _ = ref_plsh_attention(
-        qn, kn, vn, part, causal=True, query_positions=pos, key_positions=pos
+        qn,
+        kn,
+        vn,
+        partition=part,
+        causal=True,
+        query_positions=pos,
+        key_positions=pos,
+        return_lse=True,
     )
     with np.errstate(divide="ignore"):
         bias = np.log(ref_counts(part, pos, pos, causal=True) / part.num_samples)
@@ -268,3 +275,50 @@ def test_decoding_near_2_53_with_wide_pitches_stays_exact():
     full = plsh_attention(q, k, v, partition=part, query_positions=pos, key_positions=pos)
     torch.testing.assert_close(out, full, rtol=1e-12, atol=1e-12)
     assert max(sizes) <= binary64_bound(part, 2**53 - 1)
+
+
+def _bins_of(partition, positions):
+    return torch.from_numpy(ref_bins(partition, np.asarray(positions)))
+
+
+def test_reachable_keys_keeps_keys_after_the_reference():
+    """The one eviction rule (proofs_notes/decoding_cache.md, Claim 3) where ``==`` and ``>=``
+    differ: keys after the reference in a later bin must stay."""
+    part = PartitionSample(np.array([[4.0]]), np.array([[0.0]]))  # bins 0,0,0,0,1,1,1,1
+    keys = np.arange(8)
+    kb, rb = _bins_of(part, keys), _bins_of(part, [3])
+    keep = reachable_keys(kb, rb)
+    assert keep.tolist() == [True] * 8  # ">=": the tokens 4..7 after r = 3 are kept
+    assert (kb == rb).any(dim=1).any(dim=0).tolist() == [True] * 4 + [False] * 4  # "==" drops them
+    assert reachable_keys(kb, _bins_of(part, [5])).tolist() == [False] * 4 + [True] * 4
+    # drawn partitions: (a) dropped keys have count 0 for every later query, (b) for keys
+    # at or before r the rule is "shares a bin with r"
+    for seed in range(5):
+        part = draw_partition(np.array([2.0, 5.0]), 3, seed=seed)
+        keys = np.arange(60)
+        kb = _bins_of(part, keys)
+        for r in (10, 31, 59):
+            keep = reachable_keys(kb, _bins_of(part, [r]))
+            later = np.arange(r, 80)
+            c = ref_counts(part, later, keys, causal=True).sum(axis=(0, 1))  # over heads, queries
+            assert np.all(c[~keep.numpy()] == 0)
+            before = kb[..., : r + 1]
+            same = (before == _bins_of(part, [r])).any(dim=1).any(dim=0)
+            assert torch.equal(keep[: r + 1], same)
+    with pytest.raises(TypeError, match="^key_bins"):
+        reachable_keys(kb.float(), rb)
+    with pytest.raises(ValueError, match="^reference_bins"):
+        reachable_keys(kb, rb[0])
+
+
+def test_cache_right_after_a_prefill_holds_only_keys_the_newest_query_reaches():
+    """The decoding cache evicts after attending, from the newest query: after a prefill
+    longer than the bound it holds exactly the keys sharing a bin with the newest token
+    (from the smallest new query it would keep the whole prompt)."""
+    part = draw_partition(np.array([3.0, 6.0]), 4, seed=2)
+    cache = PLSHDecodingCache(part)
+    q = torch.randn(1, 2, 300, 8, dtype=torch.float64)
+    cache.update(q, q, q)
+    kb = _bins_of(part, np.arange(300))
+    expected = int((kb == kb[..., -1:]).any(dim=1).any(dim=0).sum())
+    assert int(cache.cached_tokens()[0]) == expected < cache.bound < 300

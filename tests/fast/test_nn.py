@@ -63,10 +63,12 @@ def test_eval_equals_reference_plsh_with_module_partition(heads_kv):
     core = PLSHAttention(4, 12, seed=7, backend="dense").eval()
     q, k, v = _qkv(n=40, heads_kv=heads_kv)
     out = core(q, k, v)
-    ref, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.partition, causal=True)
+    ref, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.partition, causal=True, return_lse=True)
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
     # and a different partition gives a different function (the check can fail)
-    other, _ = plsh_ref.plsh_attention(*_np(q, k, v), draw_partition(core.sigma, 12, 8))
+    other, _ = plsh_ref.plsh_attention(
+        *_np(q, k, v), draw_partition(core.sigma, 12, 8), return_lse=True
+    )
     assert np.max(np.abs(other - ref)) > 1e-3
 
 
@@ -79,7 +81,7 @@ def test_exact_equals_dense_alibi_reference(causal, heads_kv):
     qpos = np.arange(20) + 109
     out = core(q, k, v, qpos, kpos)
     ref, _ = plsh_ref.alibi_attention(
-        *_np(q, k, v), causal=causal, query_positions=qpos, key_positions=kpos
+        *_np(q, k, v), causal=causal, query_positions=qpos, key_positions=kpos, return_lse=True
     )
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
     # negative control: PLSH with few samples is measurably different from exact ALiBi
@@ -92,7 +94,7 @@ def test_exact_in_float32_within_sdpa_rounding():
     core = PLSHAttention(4, exact=True)
     q, k, v = _qkv(n=33, dtype=torch.float32)
     out = core(q, k, v).double().numpy()
-    ref, _ = plsh_ref.alibi_attention(*_np(q.double(), k.double(), v.double()))
+    ref, _ = plsh_ref.alibi_attention(*_np(q.double(), k.double(), v.double()), return_lse=True)
     # measured 0.6 eps relative to max|ref|; PLSH (s=16) instead of exact is ~1e6 eps off
     assert np.max(np.abs(out - ref)) <= 4 * np.finfo(np.float32).eps * np.max(np.abs(ref))
 
@@ -102,7 +104,7 @@ def test_longer_sequences_than_ever_seen_just_work():
     core = PLSHAttention(4, 8, seed=1, backend="dense").eval()
     q, k, v = _qkv(n=300, batch=1, d=4)
     out = core(q, k, v)
-    ref, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.partition)
+    ref, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.partition, return_lse=True)
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
     # causal prefix consistency: the first 100 rows do not depend on the later tokens
     short = core(q[:, :, :100], k[:, :, :100], v[:, :, :100])
@@ -115,6 +117,7 @@ def test_longer_sequences_than_ever_seen_just_work():
         core.partition,
         query_positions=pos,
         key_positions=pos,
+        return_lse=True,
     )
     np.testing.assert_allclose(far.numpy(), ref_far, rtol=0, atol=1e-12)
 
@@ -131,7 +134,7 @@ def test_training_resamples_every_forward_and_eval_is_fixed():
     np.testing.assert_array_equal(
         core.training_partition(1).pitch, PLSHAttention(4, 10, seed=5).training_partition(1).pitch
     )
-    ref_b, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.training_partition(1))
+    ref_b, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.training_partition(1), return_lse=True)
     np.testing.assert_allclose(b.detach().numpy(), ref_b, rtol=0, atol=1e-12)
     core.eval()
     c, d = core(q, k, v), core(q, k, v)
@@ -191,7 +194,7 @@ def test_empty_rows_give_zero_output_and_zero_gradient():
 def test_biased_sdpa_equals_reference_biased_attention():
     q, k, v = _qkv(n=9, heads=4, heads_kv=2, n_k=11)
     bias = np.random.default_rng(0).normal(size=(4, 9, 11))
-    ref, _ = plsh_ref.biased_attention(*_np(q, k, v), bias)
+    ref, _ = plsh_ref.biased_attention(*_np(q, k, v), bias, return_lse=True)
     np.testing.assert_allclose(
         biased_sdpa(q, k, v, torch.from_numpy(bias)).numpy(), ref, rtol=0, atol=1e-12
     )

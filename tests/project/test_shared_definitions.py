@@ -66,8 +66,8 @@ def test_reference_plsh_attention_uses_count_bias():
     partition = draw_partition(np.array([2.0, 9.0]), 5, seed=1)
     pos = np.arange(24)
     bias = count_bias(counts(partition, pos, pos, causal=True), 5)
-    out, lse = biased_attention(q, k, v, bias)
-    ref, ref_lse = plsh_attention(q, k, v, partition)
+    out, lse = biased_attention(q, k, v, bias, return_lse=True)
+    ref, ref_lse = plsh_attention(q, k, v, partition=partition, return_lse=True)
     np.testing.assert_array_equal(out, ref)
     np.testing.assert_array_equal(lse, ref_lse)
 
