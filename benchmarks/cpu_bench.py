@@ -225,7 +225,7 @@ def flex_runner(n: int, slopes, window=None):
 def reduction(q, k, v, partition: PartitionSample) -> torch.Tensor:
     """The paper's reduction: one block-diagonal pass per sample, merged by the LSE
     (:func:`plsh_fast.peers.reduction_attention`, each pass our CPU path)."""
-    return peers.reduction_attention(q, k, v, partition, causal=True, check_finite=False)
+    return peers.reduction_attention(q, k, v, partition=partition, causal=True, check_finite=False)
 
 
 def support_width(partition: PartitionSample, n: int) -> tuple[list[float], list[float]]:

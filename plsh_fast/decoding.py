@@ -315,9 +315,11 @@ class PLSHDecodingCache:
             if bool(((mask != 0) & (mask != 1)).any()):
                 raise ValueError("attention_mask: integer masks must hold only 0 and 1")
             mask = mask.bool()
-        positions = padding.check_positions("positions", positions, batch, m, torch.device("cpu"))
+        positions = padding.check_positions(
+            "query_positions", positions, batch, m, torch.device("cpu")
+        )
         if positions is not None:
-            padding.check_position_range("positions", positions)
+            padding.check_position_range("query_positions", positions)
             positions = positions.expand(batch, m)
         return batch, m, shape, mask, positions
 
@@ -469,10 +471,10 @@ class PLSHDecodingCache:
                 start = 0 if last[b] is None else last[b] + 1
                 pos = start + torch.arange(int(keep.sum()), dtype=torch.int64)
             if pos.numel() > 1 and bool((pos[1:] <= pos[:-1]).any()):
-                raise ValueError(f"positions: must increase strictly along sequence {b}")
+                raise ValueError(f"query_positions: must increase strictly along sequence {b}")
             if pos.numel() and last[b] is not None and int(pos[0]) <= last[b]:
                 raise ValueError(
-                    f"positions: decode step out of order for sequence {b}: position "
+                    f"query_positions: decode step out of order for sequence {b}: position "
                     f"{int(pos[0])} after {last[b]}"
                 )
             new_pos.append((keep, pos))

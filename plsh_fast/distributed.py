@@ -684,16 +684,16 @@ def context_parallel_plsh_attention(
     value,
     *,
     partition=None,
-    group=None,
-    causal: bool = True,
-    scale=None,
-    chunk_start=None,
     slopes=None,
     num_samples=None,
     seed=None,
+    causal: bool = True,
+    scale=None,
+    chunk_start=None,
     return_lse: bool = False,
     backend: str = "auto",
     check_finite: bool = True,
+    group=None,
 ):
     """PLSH attention of a sequence split in contiguous chunks over a process group.
 

@@ -43,12 +43,13 @@ import torch
 
 from plsh_ref.alibi import alibi_slopes
 from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
-from plsh_ref.validation import check_bool, check_int, check_num_samples, check_scale
+from plsh_ref.validation import check_bool, check_num_samples, check_scale
 
 from ._partition import bins, partition_tensors
 from .api import plsh_attention
 from .decoding import cache_bound, reachable_keys
 from .dense import alibi_bias, expand_kv
+from .nn import resolve_seed
 
 try:  # transformers is an optional dependency (extra "hf")
     from transformers import AttentionInterface
@@ -72,7 +73,8 @@ __all__ = [
 #: the attention implementations this module registers
 ATTN_IMPLEMENTATIONS = ("plsh", "alibi")
 
-#: defaults used when a model is built with attn_implementation="plsh" and no set-up call
+#: the model-level seed that set_alibi_attention and swap_bloom_attention used by default
+#: before seed=None drew one (pass seed=DEFAULT_SEED for the old partitions)
 DEFAULT_SEED = 0
 
 
@@ -137,8 +139,10 @@ def layer_partition(module, num_heads: int) -> PartitionSample:
     module : torch.nn.Module
         A transformers attention module with a ``layer_idx``. :func:`set_alibi_attention`
         sets ``module.plsh_partition``; otherwise one is drawn with ``num_samples`` /
-        ``seed`` from the model config's ``plsh_num_samples`` / ``plsh_seed`` (defaults
-        16 and 0) for layer ``module.layer_idx``.
+        ``seed`` from the model config's ``plsh_num_samples`` / ``plsh_seed`` for layer
+        ``module.layer_idx`` (defaults: 16, and a model-level seed drawn once by
+        :func:`plsh_fast.nn.resolve_seed` and written to the config as ``plsh_seed``, the
+        package's seed policy).
     num_heads : int
         The query head count (slopes: :func:`plsh_ref.alibi.alibi_slopes` ``(num_heads)``).
 
@@ -163,7 +167,12 @@ def layer_partition(module, num_heads: int) -> PartitionSample:
             )
         config = getattr(module, "config", None)
         s = int(getattr(config, "plsh_num_samples", DEFAULT_NUM_SAMPLES))
-        seed = int(getattr(config, "plsh_seed", DEFAULT_SEED))
+        seed = getattr(config, "plsh_seed", None)
+        if seed is None:
+            seed = resolve_seed(None)
+            if config is not None:
+                config.plsh_seed = seed  # every layer of the model shares it
+        seed = int(seed)
         part = draw_partition(1.0 / alibi_slopes(num_heads), s, layer_seed(seed, int(layer)))
         module.plsh_partition = part
     if part.num_heads != num_heads:
@@ -382,7 +391,7 @@ def set_alibi_attention(
     *,
     layers=None,
     num_samples: int = DEFAULT_NUM_SAMPLES,
-    seed: int = DEFAULT_SEED,
+    seed: int | None = None,
     remove_rope: bool = True,
 ):
     """Switch a transformers model to ALiBi/PLSH attention; optionally drop its RoPE.
@@ -399,9 +408,11 @@ def set_alibi_attention(
         and still use the chosen attention (ALiBi on top of RoPE).
     num_samples : int
         ``s`` of every layer's partition (``"plsh"``).
-    seed : int
+    seed : int, optional
         Model-level seed; layer ``l`` draws with ``layer_seed(seed, l)``; written to the
-        config as ``plsh_seed`` / ``plsh_num_samples``.
+        config as ``plsh_seed`` / ``plsh_num_samples``. ``None``: drawn once from torch's
+        default generator (:func:`plsh_fast.nn.resolve_seed`; it was 0 before, pass
+        ``seed=0`` for the old partitions).
     remove_rope : bool
         Remove the rotary embedding in ``layers`` (forward pre-hook that makes the rotation
         the identity: ``cos = 1``, ``sin = 0``).
@@ -431,7 +442,7 @@ def set_alibi_attention(
         )
     remove_rope = check_bool("remove_rope", remove_rope)
     num_samples = check_num_samples(num_samples)
-    seed = check_int("seed", seed, minimum=0)
+    seed = resolve_seed(seed)
     if not getattr(type(model), "_supports_attention_backend", False):
         raise ValueError(
             f"model: {type(model).__name__} does not dispatch attention through "
@@ -553,7 +564,7 @@ def swap_bloom_attention(
     attn_implementation: str = "plsh",
     *,
     num_samples: int = DEFAULT_NUM_SAMPLES,
-    seed: int = DEFAULT_SEED,
+    seed: int | None = None,
 ):
     """Replace the built-in ALiBi attention of a BLOOM model by ``"plsh"`` or exact ``"alibi"``.
 
@@ -594,7 +605,7 @@ def swap_bloom_attention(
             f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
         )
     num_samples = check_num_samples(num_samples)
-    seed = check_int("seed", seed, minimum=0)
+    seed = resolve_seed(seed)
     from transformers.models.bloom.modeling_bloom import BloomAttention
 
     found = [m for m in model.modules() if isinstance(m, BloomAttention)]

@@ -657,8 +657,8 @@ def reduction_attention(
     query,
     key,
     value,
-    partition: PartitionSample,
-    *,
+    *args,
+    partition: PartitionSample | None = None,
     causal: bool = True,
     scale=None,
     query_positions=None,
@@ -686,7 +686,8 @@ def reduction_attention(
     query, key, value : torch.Tensor
         As :func:`plsh_fast.plsh_attention`.
     partition : plsh_ref.partition.PartitionSample
-        ``num_heads`` heads, ``s`` samples.
+        Keyword-only and required: ``num_heads`` heads, ``s`` samples (positional still
+        works for one release, with a DeprecationWarning).
     causal, scale, query_positions, key_positions, backend, check_finite
         As :func:`plsh_fast.plsh_attention` (the inputs are checked for NaN/inf once, not
         once per sample).
@@ -710,10 +711,19 @@ def reduction_attention(
     References
     ----------
     Wolfson & Wagner (2026), section 2 (the reduction) and Theorem 2.2; SPEC section 3 (a);
-    :func:`plsh_ref.attention.plsh_attention` with ``backend="reduction"`` is the float64
+    :func:`plsh_ref.attention.plsh_attention` with ``method="reduction"`` is the float64
     reference.
     """
     from .api import plsh_attention  # noqa: PLC0415 (api imports this package's kernels)
+
+    if args:
+        if len(args) > 1 or partition is not None:
+            raise TypeError("partition: pass it once, as the keyword partition=")
+        warn_deprecated(
+            "peers.reduction_attention(query, key, value, partition) with a positional partition",
+            "reduction_attention(query, key, value, partition=...)",
+        )
+        partition = args[0]
 
     return_lse = check_bool("return_lse", return_lse)
     V.check_qkv(query, key, value)

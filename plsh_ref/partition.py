@@ -343,7 +343,7 @@ def resolve_partition(
     """The partition of a call of the attention family: ``partition``, or a fresh draw.
 
     The one resolution of the ``partition``, ``slopes``, ``num_samples`` and ``seed``
-    arguments (the reference, the fast path, the nn modules, distributed): a given
+    arguments (the fast path and distributed): a given
     partition is checked against the others (:func:`check_partition`); otherwise one is
     drawn by :func:`draw_partition` with ``sigma = 1 / slopes`` (:func:`plsh_ref.alibi.check_slopes`:
     default ALiBi slopes for ``None``), ``num_samples`` samples (default

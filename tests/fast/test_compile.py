@@ -56,7 +56,7 @@ def _stack():
         PLSHSelfAttention(32, 4, num_samples=4),
         PLSHSelfAttention(32, 4, num_samples=3, backend="cpu", resample="fixed"),
         PLSHSelfAttention(32, 4, num_samples=4, backend="dense"),
-        PLSHSelfAttention(32, 4, exact=True),
+        PLSHSelfAttention(32, 4, method="exact"),
     )
 
 

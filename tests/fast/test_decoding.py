@@ -34,7 +34,9 @@ def _decode(cache, q, k, v, prefill, positions=None, mask=None):
         pos = None if positions is None else positions[..., a:b]
         am = None if mask is None else mask[:, a:b]
         pieces.append(
-            cache.update(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], pos, attention_mask=am)
+            cache.update(
+                q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], query_positions=pos, attention_mask=am
+            )
         )
         sizes.append(int(cache.cached_tokens().max()))
     return torch.cat(pieces, dim=2), sizes
@@ -182,12 +184,12 @@ def test_bad_input():
     cache = PLSHDecodingCache(part)
     q, k, v = _inputs(1, 2, 2, 4, 4, torch.float32)
     cache.update(q, k, v)
-    with pytest.raises(ValueError, match="^partition"):
+    with pytest.raises(ValueError, match="^partition"), pytest.warns(DeprecationWarning):
         cache.update(q[:, :, :1], k[:, :, :1], v[:, :, :1], partition=other)
-    with pytest.raises(ValueError, match="^positions: decode step out of order"):
-        cache.update(q[:, :, :1], k[:, :, :1], v[:, :, :1], positions=[2])
-    with pytest.raises(ValueError, match="^positions: must increase"):
-        cache.update(q[:, :, :2], k[:, :, :2], v[:, :, :2], positions=[9, 9])
+    with pytest.raises(ValueError, match="^query_positions: decode step out of order"):
+        cache.update(q[:, :, :1], k[:, :, :1], v[:, :, :1], query_positions=[2])
+    with pytest.raises(ValueError, match="^query_positions: must increase"):
+        cache.update(q[:, :, :2], k[:, :, :2], v[:, :, :2], query_positions=[9, 9])
     with pytest.raises(ValueError, match="^query: batch"):
         cache.update(*(torch.cat([t, t]) for t in (q, k, v)))
     with pytest.raises(ValueError, match="^query"):
@@ -213,8 +215,8 @@ def test_refused_first_call_leaves_the_cache_unset():
     part = draw_partition([4.0, 8.0], num_samples=4, seed=0)
     cache = PLSHDecodingCache(part)
     q, k, v = _inputs(2, 2, 2, 3, 4, torch.float64)
-    with pytest.raises(ValueError, match="^positions: must increase"):
-        cache.update(q, k, v, positions=[2, 1, 0])
+    with pytest.raises(ValueError, match="^query_positions: must increase"):
+        cache.update(q, k, v, query_positions=[2, 1, 0])
     assert cache.batch_size == 0
     q, k, v = _inputs(1, 2, 1, 3, 4, torch.float32)
     out = cache.update(q, k, v)  # another batch, kv heads and dtype: a fresh cache
@@ -228,8 +230,8 @@ def test_bad_scale_and_positions_name_the_argument():
     with pytest.raises(TypeError, match="^scale"):
         PLSHDecodingCache(part, scale=True)
     q, k, v = _inputs(1, 2, 2, 3, 4, torch.float32)
-    with pytest.raises(TypeError, match="^positions"):
-        PLSHDecodingCache(part).update(q, k, v, positions="abc")
+    with pytest.raises(TypeError, match="^query_positions"):
+        PLSHDecodingCache(part).update(q, k, v, query_positions="abc")
 
 
 def test_non_finite_inputs_are_refused_unless_allowed():

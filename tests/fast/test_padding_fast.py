@@ -199,9 +199,11 @@ def test_modules_fast_dense_exact_with_padding():
     outs = {}
     for backend in ("auto", "dense"):
         core = PLSHAttention(HEADS, 6, seed=4, backend=backend).eval()
-        outs[backend] = core(q, k, v, pos, pos, attention_mask=mask)
+        outs[backend] = core(q, k, v, query_positions=pos, key_positions=pos, attention_mask=mask)
     torch.testing.assert_close(outs["auto"], outs["dense"], rtol=1e-10, atol=1e-12)
-    exact = PLSHAttention(HEADS, exact=True)(q, k, v, pos, pos, attention_mask=mask)
+    exact = PLSHAttention(HEADS, method="exact")(
+        q, k, v, query_positions=pos, key_positions=pos, attention_mask=mask
+    )
     ref, _ = plsh_ref.alibi_attention(
         q.numpy(),
         k.numpy(),
@@ -214,7 +216,7 @@ def test_modules_fast_dense_exact_with_padding():
     np.testing.assert_allclose(exact.numpy(), ref, rtol=0, atol=1e-12)
     layer = PLSHSelfAttention(16, 4, attention=PLSHAttention(4, 6, seed=1)).double().eval()
     x = torch.randn(len(LENGTHS), N, 16, dtype=torch.float64)
-    y = layer(x, pos, attention_mask=mask)
+    y = layer(x, query_positions=pos, attention_mask=mask)
     y1 = layer(x[2:3, N - LENGTHS[2] :])
     torch.testing.assert_close(y[2:3, N - LENGTHS[2] :], y1, rtol=1e-10, atol=1e-12)
 

@@ -136,12 +136,12 @@ def test_reduction_peer_matches_reference(case, dtype):
     q, k, v = _qkv((2, 4, n_q, 8), (2, 2, n_k, 8), dtype, seed=2)
     partition = draw_partition(np.array([2.0, 5.0, 11.0, 40.0]), 6, seed=3)
     out, lse = peers.reduction_attention(
-        q, k, v, partition, query_positions=qp, key_positions=kp, return_lse=True
+        q, k, v, partition=partition, query_positions=qp, key_positions=kp, return_lse=True
     )
     assert out.dtype == dtype and out.shape == q.shape
     ref, ref_lse = plsh_attention(
         *_np(q, k, v),
-        partition,
+        partition=partition,
         query_positions=qp,
         key_positions=kp,
         method="reduction",
@@ -258,8 +258,8 @@ def test_peers_refuse_bad_input():
         (ValueError, "slopes", lambda: peers.sdpa_alibi_bias([0.5, -1.0], 4, 4)),
         (ValueError, "n_q", lambda: peers.sdpa_alibi_bias([0.5], -1, 4)),
         (ValueError, "chunk_size", lambda: peers.chunked_alibi_attention(q, k, v, chunk_size=0)),
-        (ValueError, "partition", lambda: peers.reduction_attention(q, k, v, part)),
-        (TypeError, "partition", lambda: peers.reduction_attention(q, k, v, (1, 2))),
+        (ValueError, "partition", lambda: peers.reduction_attention(q, k, v, partition=part)),
+        (TypeError, "partition", lambda: peers.reduction_attention(q, k, v, partition=(1, 2))),
         (ValueError, "bias", lambda: peers.sdpa_alibi_attention(q, k, v, bias=torch.zeros(2, 4))),
         (TypeError, "window", lambda: peers.window_mask_mod([1, 2])),
         (TypeError, "slopes", lambda: peers.alibi_score_mod([0.5])),
@@ -277,7 +277,7 @@ def test_peers_refuse_bad_input():
         (
             ValueError,
             "query",
-            lambda: peers.reduction_attention(q * math.nan, k, v, part.heads(0, 2)),
+            lambda: peers.reduction_attention(q * math.nan, k, v, partition=part.heads(0, 2)),
         ),
     ]
     for exc, name, call in cases:
@@ -339,7 +339,9 @@ def test_flex_reduction_peer_matches_reference(mask):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out, lse = peers.flex_reduction_attention(q, k, v, bm, s, flex=flex_attention)
-    ref, ref_lse = plsh_attention(*_np(q, k, v), partition, method="reduction", return_lse=True)
+    ref, ref_lse = plsh_attention(
+        *_np(q, k, v), partition=partition, method="reduction", return_lse=True
+    )
     pos = np.arange(n)
     bias = count_bias(counts(partition, pos, pos, causal=True), s)
     _check(out, q, k, v, bias, ref, "float32", lse=lse, ref_lse=ref_lse)

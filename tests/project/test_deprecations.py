@@ -43,6 +43,59 @@ def test_validation_unknown_name_still_raises_attribute_error():
         plsh_ref.validation.no_such_check  # noqa: B018
 
 
+# ---------------------------------------------------------------- plsh_ref.attention
+
+
+def _ref_case():
+    from plsh_ref.partition import draw_partition
+
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((2, 2, 5, 3)) for _ in range(3))
+    return q, k, v, draw_partition(1.0 / alibi_slopes(2), 4, seed=3)
+
+
+def test_reference_positional_partition_keeps_the_old_pair():
+    from plsh_ref.attention import plsh_attention
+
+    q, k, v, part = _ref_case()
+    new = plsh_attention(q, k, v, partition=part, return_lse=True)
+    with pytest.warns(DeprecationWarning, match="partition=") as record:
+        old = plsh_attention(q, k, v, partition=part, return_lse=True)
+    assert len(record) == 1  # one warning for the old form, not a second for the return
+    assert isinstance(old, tuple) and all(np.array_equal(a, b) for a, b in zip(old, new))
+
+
+def test_reference_backend_is_the_old_spelling_of_method():
+    from plsh_ref.attention import plsh_attention
+
+    q, k, v, part = _ref_case()
+    new = plsh_attention(q, k, v, partition=part, method="reduction", return_lse=False)
+    with pytest.warns(DeprecationWarning, match="method='reduction'"):
+        old = plsh_attention(q, k, v, partition=part, method="reduction", return_lse=False)
+    np.testing.assert_array_equal(old, new)
+
+
+@pytest.mark.parametrize(
+    "name", ["plsh_attention", "alibi_attention", "no_bias_attention", "fixed_block_attention",
+             "biased_attention"],
+)  # fmt: skip
+def test_reference_without_return_lse_returns_the_old_pair(name):
+    import plsh_ref.attention as A
+
+    q, k, v, part = _ref_case()
+    extra = {
+        "plsh_attention": ((), {"partition": part}),
+        "fixed_block_attention": ((3,), {}),
+        "biased_attention": ((np.zeros((2, 5, 5)),), {}),
+    }.get(name, ((), {}))
+    fn = getattr(A, name)
+    out, lse = fn(q, k, v, *extra[0], **extra[1], return_lse=True)
+    assert np.array_equal(fn(q, k, v, *extra[0], **extra[1], return_lse=False), out)
+    with pytest.warns(DeprecationWarning, match="return_lse=True"):
+        old = fn(q, k, v, *extra[0], **extra[1])
+    assert isinstance(old, tuple) and np.array_equal(old[0], out) and np.array_equal(old[1], lse)
+
+
 # ------------------------------------------------------------------- plsh_fast.peers
 
 
@@ -99,4 +152,67 @@ def test_decoding_update_partition_argument_deprecated():
     new = PLSHDecodingCache(part).update(q, q, q, query_positions=pos)
     with pytest.warns(DeprecationWarning, match="constructor"):
         old = PLSHDecodingCache(part).update(q, q, q, query_positions=pos, partition=part)
+    assert torch.equal(old, new)
+
+
+# ------------------------------------------------------------------------ plsh_fast.nn
+
+
+def test_nn_exact_is_the_old_spelling_of_method_exact():
+    torch = pytest.importorskip("torch")
+    from plsh_fast.nn import PLSHAttention
+
+    q = torch.randn(1, 2, 7, 4, generator=torch.Generator().manual_seed(2))
+    new = PLSHAttention(2, 3, method="exact", seed=0)
+    with pytest.warns(DeprecationWarning, match="method='exact'"):
+        old = PLSHAttention(2, 3, exact=True, seed=0)
+    assert old.method == "exact" and old.exact
+    assert torch.equal(old(q, q, q), new(q, q, q))
+    with pytest.raises(ValueError, match="^backend: method='exact'"):
+        PLSHAttention(2, 3, method="exact", backend="cpu")
+    with pytest.raises(ValueError, match="^method:"):
+        PLSHAttention(2, 3, method="counts")
+
+
+def test_nn_forward_positional_positions():
+    torch = pytest.importorskip("torch")
+    from plsh_fast.nn import PLSHAttention
+
+    q = torch.randn(1, 2, 7, 4, generator=torch.Generator().manual_seed(3))
+    pos = torch.tensor([0, 2, 3, 5, 8, 9, 11])
+    core = PLSHAttention(2, 3, seed=0).eval()
+    new = core(q, q, q, query_positions=pos, key_positions=pos)
+    with pytest.warns(DeprecationWarning, match="query_positions="):
+        old = core(q, q, q, pos, pos)
+    assert torch.equal(old, new)
+    assert not torch.equal(core(q, q, q), new)  # the positions matter: a real comparison
+
+
+def test_nn_self_attention_positions_renamed_query_positions():
+    torch = pytest.importorskip("torch")
+    from plsh_fast.nn import PLSHAttention, PLSHSelfAttention
+
+    torch.manual_seed(0)
+    layer = PLSHSelfAttention(8, 2, attention=PLSHAttention(2, 3, seed=0)).eval()
+    x = torch.randn(1, 7, 8)
+    pos = torch.tensor([0, 2, 3, 5, 8, 9, 11])
+    new = layer(x, query_positions=pos)
+    with pytest.warns(DeprecationWarning, match="query_positions="):
+        positional = layer(x, pos)
+    with pytest.warns(DeprecationWarning, match="query_positions="):
+        keyword = layer(x, positions=pos)
+    assert torch.equal(positional, new) and torch.equal(keyword, new)
+    assert torch.equal(layer(x, query_positions=pos, key_positions=pos), new)
+
+
+def test_peers_reduction_attention_positional_partition():
+    torch = pytest.importorskip("torch")
+    from plsh_fast import peers
+    from plsh_ref.partition import draw_partition
+
+    part = draw_partition(1.0 / alibi_slopes(2), 3, seed=4)
+    q = torch.randn(1, 2, 9, 4, generator=torch.Generator().manual_seed(5))
+    new = peers.reduction_attention(q, q, q, partition=part)
+    with pytest.warns(DeprecationWarning, match="partition="):
+        old = peers.reduction_attention(q, q, q, part)
     assert torch.equal(old, new)

@@ -314,8 +314,10 @@ def test_left_padding_with_explicit_positions(pad):
     pos_padded = np.concatenate([m + 100 + np.arange(pad), real])  # (a)
     for fn in (
         lambda *a, **kw: alibi_attention(*a, **kw, return_lse=True),
-        lambda *a, **kw: plsh_attention(*a, part, **kw, return_lse=True),
-        lambda *a, **kw: plsh_attention(*a, part, method="reduction", **kw, return_lse=True),
+        lambda *a, **kw: plsh_attention(*a, partition=part, **kw, return_lse=True),
+        lambda *a, **kw: plsh_attention(
+            *a, partition=part, method="reduction", **kw, return_lse=True
+        ),
     ):
         out, lse = fn(q, k, v, causal=True, query_positions=real, key_positions=real)
         out_p, lse_p = fn(

@@ -30,10 +30,10 @@ def _qkv(rng, batch, n_q, n_k, heads=H, heads_kv=2, d=3, dv=5):
 ENTRY_POINTS = {
     "alibi": lambda *a, **kw: alibi_attention(*a, **kw, return_lse=True),
     "plsh_counts": lambda *a, **kw: plsh_attention(
-        *a, PART, method="counts", **kw, return_lse=True
+        *a, partition=PART, method="counts", **kw, return_lse=True
     ),
     "plsh_reduction": lambda *a, **kw: plsh_attention(
-        *a, PART, method="reduction", **kw, return_lse=True
+        *a, partition=PART, method="reduction", **kw, return_lse=True
     ),
     "no_bias": lambda *a, **kw: no_bias_attention(*a, **kw, return_lse=True),
     "fixed_block": lambda *a, **kw: fixed_block_attention(*a, 3, **kw, return_lse=True),
@@ -178,15 +178,6 @@ def test_bad_padding_arguments_name_the_argument(kwargs, exc, name):
     for fn in ENTRY_POINTS.values():
         with pytest.raises(exc, match=rf"^{name}:"):
             fn(q, k, v, causal=True, **kwargs)
-
-
-def test_method_is_a_deprecated_spelling_of_backend():
-    rng = np.random.default_rng(7)
-    q, k, v = _qkv(rng, 1, 3, 3)
-    with pytest.warns(DeprecationWarning, match="backend"):
-        old = plsh_attention(q, k, v, partition=PART, method="reduction", return_lse=True)
-    new = plsh_attention(q, k, v, partition=PART, method="reduction", return_lse=True)
-    np.testing.assert_array_equal(old[0], new[0])
 
 
 @pytest.mark.parametrize("kind", ["alibi", "plsh"])
