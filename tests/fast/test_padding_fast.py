@@ -279,8 +279,8 @@ def test_bad_positions_and_masks_name_the_argument(name, error, kwargs):
             q,
             k,
             v,
-            kwargs.get("query_positions"),
-            kwargs.get("key_positions"),
+            query_positions=kwargs.get("query_positions"),
+            key_positions=kwargs.get("key_positions"),
             attention_mask=kwargs.get("attention_mask"),
         )
 
