@@ -431,7 +431,7 @@ def test_fast_path_with_stratified_partition_matches_reference(backend):
 
         if _triton_interp.COMPILED:
             pytest.skip("this test passes CPU tensors; on CUDA tests/test_triton_* cover it")
-        _triton_interp.load("triton_forward")
+        _triton_interp.load("triton")
     from plsh_fast import plsh_attention
     from plsh_ref.testing.baseline import plain_attention_torch
     from plsh_ref.testing.tolerance import assert_close_to_reference

@@ -1,4 +1,5 @@
-"""Bins and tile planning shared by the Triton forward and backward kernels.
+"""The bins kernel, the counts plan, the tile counts and the key/query ranges of the
+Triton kernels (what the forward and backward kernels share besides their tiles).
 
 The Triton kernels never divide in float32 and never compare bins element by element.
 The bins ``floor((float64(p) - offset) / pitch)`` (SPEC section 2) are computed once per
