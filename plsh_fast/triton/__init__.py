@@ -1,24 +1,23 @@
-"""The Triton backend of :func:`plsh_fast.plsh_attention`: fused kernels, compiled on CUDA.
+"""The Triton backend of ``plsh_fast.plsh_attention``: fused kernels, compiled on CUDA.
 
 What other modules, the tests and the benchmarks import is re-exported here; the modules
-themselves are private (one step of the backend each):
+themselves are private, one step of the backend each:
 
-* :mod:`~plsh_fast.triton._tiling`: the float64 bins kernel, the counts plan
-  (:class:`TilePlan`, :func:`make_plan`, :func:`plan_query_range`), the event-form tile
-  counts (:func:`tile_counts`, :func:`tile_counts_all`, :func:`sample_block`);
-* :mod:`~plsh_fast.triton._memory`: the masked tile loads and stores of every kernel;
-* :mod:`~plsh_fast.triton._config`: :class:`TileConfig`, the one configuration object of
-  tile sizes and launch options, and the shipped rules :func:`tile_config`;
-* :mod:`~plsh_fast.triton._launch`: what both launchers share (rows sorted by position,
-  the resolution of a configuration and plan, :func:`aligned_rows`);
-* :mod:`~plsh_fast.triton._forward`: the forward kernel and
-  :func:`plsh_forward_triton`;
-* :mod:`~plsh_fast.triton._backward`: the delta, dQ and dK/dV kernels and
-  :func:`plsh_backward_triton`.
+* ``_tiling``: the float64 bins kernel (``compute_bins``), the counts plan (``TilePlan``,
+  ``make_plan``, ``plan_query_range``) and the event-form tile counts (``tile_counts``,
+  ``tile_counts_all``, ``sample_block``);
+* ``_memory``: the masked tile loads and stores of every kernel;
+* ``_config``: ``TileConfig``, the one configuration object of tile sizes and launch
+  options, and ``tile_config``, the shipped rules that choose it;
+* ``_launch``: what both launchers share (rows sorted by position, the resolution of a
+  configuration and plan, ``aligned_rows``);
+* ``_forward``: the forward kernel and ``plsh_forward_triton``;
+* ``_backward``: the delta, dQ and dK/dV kernels and ``plsh_backward_triton``.
 
 Importing this package imports Triton (``import triton`` inside it is the real Triton:
-the package name shadows nothing). Kernels are defined at import; ``TRITON_INTERPRET=1``
-must be set before that to run them in the interpreter on CPU tensors (tests only).
+the package name shadows nothing). The kernels are defined at import;
+``TRITON_INTERPRET=1`` must be set before that to run them in the interpreter on CPU
+tensors (tests only).
 """
 
 from __future__ import annotations
@@ -36,8 +35,6 @@ from ._tiling import (
     make_plan,
     plan_query_range,
     sample_block,
-    tile_counts,
-    tile_counts_all,
 )
 
 __all__ = [
@@ -60,6 +57,4 @@ __all__ = [
     "rows_fit_int32",
     "sample_block",
     "tile_config",
-    "tile_counts",
-    "tile_counts_all",
 ]

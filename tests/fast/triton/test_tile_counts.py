@@ -1,4 +1,4 @@
-"""The counts tile of :func:`plsh_fast.triton.tile_counts_all`, element by element, against
+"""The counts tile of :func:`plsh_fast.triton._tiling.tile_counts_all`, element by element, against
 :func:`plsh_ref.partition.counts` (SPEC section 3): compiled on CUDA, in the Triton
 interpreter on CPU (tests/_triton_interp.py).
 
@@ -26,7 +26,7 @@ from plsh_ref.partition import counts, draw_partition
 from plsh_ref.testing.strategies import draw_positions
 
 plsh_triton = _triton_interp.load("triton")
-tile_counts_all = plsh_triton.tile_counts_all
+tile_counts_all = _triton_interp.load("triton._tiling").tile_counts_all
 
 pytestmark = pytest.mark.triton
 
