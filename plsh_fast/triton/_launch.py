@@ -82,7 +82,7 @@ def aligned_rows(x: torch.Tensor) -> torch.Tensor:
     return buf[..., : x.shape[-1]]
 
 
-def interpreting(kernel) -> bool:
+def interpreting(kernel: object) -> bool:
     """Whether ``kernel`` (a ``@triton.jit`` function) runs in the Triton interpreter
     (``TRITON_INTERPRET=1`` when it was defined); anything else (a compiled kernel, a
     recorder standing in for one) is taken as compiled."""
@@ -177,7 +177,7 @@ def prepare_launch(
     *,
     tiles: TileConfig | None,
     plan: TilePlan | None,
-    kernel,
+    kernel: object,
 ) -> Launch:
     """Resolve the configuration of one pass, plan it if needed, and the kernels' shared
     arguments.
