@@ -58,3 +58,26 @@ __all__ = [
     "sample_block",
     "tile_config",
 ]
+
+# The public objects are documented as this package's own: the modules that define them
+# are private (the API pages list public modules only).
+for _public in (
+    TileConfig,
+    TilePlan,
+    aligned_rows,
+    compute_bins,
+    default_blocks,
+    dot_precision,
+    dq_rounding_factor,
+    head_dim_split,
+    make_plan,
+    plan_query_range,
+    plsh_backward_triton,
+    plsh_forward_triton,
+    pow2,
+    rows_fit_int32,
+    sample_block,
+    tile_config,
+):
+    _public.__module__ = __name__
+del _public

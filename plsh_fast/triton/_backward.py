@@ -622,7 +622,8 @@ def plsh_backward_triton(
         (``plsh_forward_triton(..., return_stats=True)``: row maximum and ``log2`` of the row
         sum): the probabilities are recomputed as ``C 2^((x log2 e - m) - log2 l)``, whose
         error does not grow with the logits' magnitude (``proofs_notes/backward.md``).
-        ``None``: recomputed from ``lse`` (:func:`softmax_statistics`), FlashAttention's
+        ``None``: recomputed from ``lse``
+        (:func:`plsh_fast.triton._backward.softmax_statistics`), FlashAttention's
         form, whose float32 rounding of ``lse`` is a relative error of about
         ``|lse| 2^-24`` of every probability in the row (float32 gradients then fail the
         SPEC section 6 rule from logits of standard deviation about 9,

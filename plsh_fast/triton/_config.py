@@ -94,7 +94,7 @@ class TileConfig:
     classify : bool
         The counts classify each sample per tile pair as full, disjoint or mixed and skip
         the comparisons of the first two (uniform branches;
-        :func:`plsh_fast.triton.tile_counts`); ``False``: every sample is compared (the
+        :func:`plsh_fast.triton._tiling.tile_counts`); ``False``: every sample is compared (the
         same counts, bit for bit).
     dkdv_block_n : int or None
         Key tile of the dK/dV kernel (``None``: ``block_n``); its query ranges are planned for

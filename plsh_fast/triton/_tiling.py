@@ -312,8 +312,9 @@ def plan_query_range(plan: TilePlan) -> TilePlan:
 
 
 def sample_block(num_samples: int) -> tuple[int, int]:
-    """``(S_BLOCK, PASSES)`` for :func:`tile_counts_all`: samples per unrolled pass of
-    :func:`tile_counts` and the number of passes.
+    """``(S_BLOCK, PASSES)`` for :func:`~plsh_fast.triton._tiling.tile_counts_all`: samples
+    per unrolled pass of :func:`~plsh_fast.triton._tiling.tile_counts` and the number of
+    passes.
 
     Up to ``MAX_SAMPLE_BLOCK`` (64) samples: one pass of the smallest power of two ``>= s``
     (at least 2). Above: ``PASSES = ceil(s / MULTI_PASS_BLOCK)`` passes of

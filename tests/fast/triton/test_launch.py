@@ -95,3 +95,12 @@ def test_without_a_configuration_the_shipped_one_is_used():
     assert launch.tiles == shipped and launch.interpreted == (not _triton_interp.COMPILED)
     expected = shipped.block_m if launch.interpreted else min(shipped.block_m, shipped.dkdv_block_m)
     assert launch.dkdv_block_m == expected
+
+
+def test_the_public_names_are_documented_as_the_packages_own():
+    """The modules that define them are private (absent from the API pages), so every
+    function and class of ``plsh_fast.triton.__all__`` names the package as its module."""
+    public = [getattr(plsh_triton, name) for name in plsh_triton.__all__]
+    objects = [x for x in public if callable(x)]
+    assert plsh_triton.TileConfig in objects and plsh_triton.plsh_backward_triton in objects
+    assert all(x.__module__ == "plsh_fast.triton" for x in objects)
