@@ -110,11 +110,7 @@ happens in :func:`plsh_fast.plsh_attention`.
 
 Where each step lives (private modules; import from ``plsh_fast.cpu`` only):
 
-* ``_settings.py``: the user-set settings (:data:`CHUNK_ELEMENTS`,
-  :data:`PATTERN_ROWS_FRACTION`, :data:`BAND_MAX_TILE`, :data:`BAND_TILE`,
-  :data:`PLAN_CACHE_BYTES`, :data:`USE_FUSED_TILES`, :data:`FUSED_TORCH_VERSIONS`). Set
-  them here, ``plsh_fast.cpu.PLAN_CACHE_BYTES = x``: reads and writes of these names on
-  this package go to that module, which every step reads at call time;
+* ``_settings.py``: the values of the settings below;
 * ``_ranges.py``: step 1, block ranges (``searchsorted``, or arithmetic for consecutive
   key positions) and the causal cut;
 * ``_planning.py``: steps 2 and 3, the plan (:func:`plan_cpu`, :func:`tile_size`), query
@@ -131,6 +127,65 @@ Where each step lives (private modules; import from ``plsh_fast.cpu`` only):
 * ``_pool.py``: the worker pool and per-thread thread limits (:func:`executor`,
   :func:`per_thread_limits_available`);
 * ``_forward.py``, ``_backward.py``: :func:`plsh_forward_cpu`, :func:`plsh_backward_cpu`.
+
+Settings. Set them on this package, ``plsh_fast.cpu.PLAN_CACHE_BYTES = x`` (or with
+``monkeypatch.setattr(plsh_fast.cpu, ...)``): they are properties of the package that read
+and write ``_settings.py``, which every step reads at call time, so a change takes effect
+at the next call wherever the setting is used (``tests/fast/cpu/test_cpu_settings.py``).
+
+.. py:data:: CHUNK_ELEMENTS
+   :value: 524288
+
+   Upper bound on the ``tiles * T * W`` logits of one call per batch row (step 3; a
+   single tile wider than this still runs alone); float32: about 2 MB per intermediate
+   and batch row, which keeps a chunk near the cache and the memory small.
+
+.. py:data:: PATTERN_ROWS_FRACTION
+   :value: 0.25
+
+   A group of tiles takes the bias of the first row of each *cell* (rows whose blocks
+   agree in every sample, hence whose counts agree up to the causal cut) and copies it to
+   the cell's rows when there are at most this fraction as many cells as rows; otherwise
+   every row's counts are computed (step 6). Set to 0 (never) or 1 (always) in tests.
+
+.. py:data:: BAND_MAX_TILE
+   :value: 32
+
+   Heads whose query tiles are at most this many rows (small pitches) run as a band
+   (step 4) when queries and keys have the same positions: tiles of :data:`BAND_TILE`
+   consecutive rows whose key windows are equally spaced, read as strided views of the
+   keys and values instead of gathered copies. ``0`` disables bands.
+
+.. py:data:: BAND_TILE
+   :value: 32
+
+   Query-tile height of a band head (step 4): a power of two in ``[16, 128]``
+   (:func:`plan_cpu` raises ``ValueError`` otherwise).
+
+.. py:data:: PLAN_CACHE_BYTES
+   :value: 1073741824
+
+   Bytes of built tile groups (count biases, indices and block ranges) that the CPU path
+   keeps across calls, least recently used first out (step 8). A call whose partition,
+   positions, causal flag and compute dtype equal those of a kept plan skips planning and
+   bias building; a plan larger than this is never kept. ``0`` disables the cache (every
+   call plans afresh, and a forward's groups are not kept for its backward). Changing it
+   takes effect at the next call; :func:`clear_plan_cache` frees what is kept. The
+   default, 1 GiB, holds the plan of the SPEC section 7 CPU configuration up to
+   n = 64k, s = 64 (731 MiB; 112 MiB at n = 16k, s = 16; the ``kept plan MB`` of
+   ``benchmarks/results/cpu_2026-12-01_vm_n16384-65536_t2_r2.md``).
+
+.. py:data:: USE_FUSED_TILES
+   :value: True
+
+   Use torch's fused CPU flash-attention operator on the stacked tiles when available
+   (step 7). Set to ``False`` to force the plain torch implementation (tests compare both).
+
+.. py:data:: FUSED_TORCH_VERSIONS
+   :value: ((2, 3), (2, 14))
+
+   ``[first, last)`` torch ``(major, minor)`` releases on which the private fused operator
+   was verified (:func:`fused_tiles_available`); 2.13 is the pinned one.
 """
 
 from __future__ import annotations
@@ -169,6 +224,27 @@ __all__ = [
     "tile_size",
     "tiles_forward",
 ]
+
+
+# The public objects are documented as this package's own: the modules that define them
+# are private (the API pages list public modules only).
+for _public in (
+    clear_plan_cache,
+    executor,
+    fused_tiles_available,
+    kept_plan_bytes,
+    no_kept_plans,
+    per_thread_limits_available,
+    plan_cpu,
+    plan_from_tensor,
+    plan_to_tensor,
+    plsh_backward_cpu,
+    plsh_forward_cpu,
+    tile_size,
+    tiles_forward,
+):
+    _public.__module__ = __name__
+del _public
 
 
 def _setting(name: str) -> property:

@@ -85,7 +85,7 @@ def clear_plan_cache() -> None:
 
 def cache_key(pitch, offset, query_positions, key_positions, causal, dtype):
     """Hashable key of a plan's inputs (positions are compared again on a hit), or
-    ``None`` when plans are not kept. The module settings that change the tile groups are
+    ``None`` when plans are not kept. The package settings that change the tile groups are
     in it."""
     if settings.PLAN_CACHE_BYTES <= 0:
         return None

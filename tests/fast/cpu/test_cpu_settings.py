@@ -9,6 +9,7 @@ value of import time: the structural test below fails on such an import.
 from __future__ import annotations
 
 import ast
+import re
 
 import _paths
 import pytest
@@ -92,3 +93,19 @@ def test_settings_set_on_the_package_change_the_planning_and_the_kernel():
         plan_again, specs_again = _plan(pos)
     assert plan_again.band == plan.band and len(specs_again) == len(specs)
     assert cpu.fused_tiles_available()
+
+
+def test_the_documented_defaults_are_the_values():
+    """The package docstring documents each setting once (``.. py:data::`` with its
+    ``:value:``); the values live in ``_settings.py``: the two must agree."""
+    documented = dict(re.findall(r"\.\. py:data:: (\w+)\n   :value: (.+)\n", cpu.__doc__))
+    assert set(documented) == set(SETTINGS)
+    for name, value in documented.items():
+        assert ast.literal_eval(value) == getattr(_settings, name), name
+
+
+def test_the_public_names_are_documented_as_the_packages_own():
+    """The modules that define them are private (absent from the API pages), so every
+    function of ``plsh_fast.cpu.__all__`` names the package as its module."""
+    functions = [getattr(cpu, name) for name in cpu.__all__ if name not in SETTINGS]
+    assert functions and all(f.__module__ == "plsh_fast.cpu" for f in functions)
