@@ -13,6 +13,13 @@ One vocabulary for all subcommands (``reproduce``, ``spectrum``, ``bounds``, ``v
   arrays grow like ``n^2`` or ``s * n``, refuse before allocating a size whose estimated
   memory exceeds this limit, default :data:`DEFAULT_MAX_MEMORY_GIB` = 8 GiB (:func:`check_memory`).
 
+Option values are checked when the command line is parsed, before any computation, by the
+argparse ``type`` functions here: :func:`integer` and :func:`number` (ranges, no NaN or
+infinity), :func:`output_folder` and :func:`output_file` (the path can be created and
+written), :func:`npz_archive` (an existing ``.npz`` file). Their errors name the option
+(``--qkv: no such file: 'missing.npz'``). :class:`CreatedFolders` removes the empty
+folders a command created when it fails or is interrupted.
+
 Old spellings (``--output``, ``--samples``, ``--sigmas``, ``--seeds``, ``--no-progress``)
 are accepted until version 0.2 and print a deprecation line on stderr
 (:class:`StoreValue` and friends with ``replacement=``).
@@ -23,12 +30,17 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import math
+import os
 import sys
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_GIB",
+    "MAX_REPETITIONS",
     "OUT_ROOT",
+    "CreatedFolders",
     "JoinedValues",
     "StoreConst",
     "StoreValue",
@@ -40,7 +52,12 @@ __all__ = [
     "default_out_dir",
     "deprecation",
     "format_bytes",
+    "integer",
+    "npz_archive",
+    "number",
     "option_message",
+    "output_file",
+    "output_folder",
 ]
 
 #: parent folder of the default output folders
@@ -51,6 +68,216 @@ DEFAULT_MAX_MEMORY_GIB = 8.0
 
 #: the release that drops the deprecated spellings
 _REMOVED_IN = "0.2"
+
+#: largest number of repetitions or steps a command accepts (``--reps``, ``--cases``...):
+#: each one costs a full computation, so more would run for days
+MAX_REPETITIONS = 100_000
+
+
+def _refuse(message: str) -> None:
+    raise argparse.ArgumentTypeError(message)
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: a decimal integer in ``[minimum, maximum]`` (either optional).
+
+    Parameters
+    ----------
+    minimum, maximum : int, optional
+        Inclusive bounds.
+
+    Returns
+    -------
+    callable
+        ``str -> int``; raises ``argparse.ArgumentTypeError`` (reported by argparse as
+        ``--option: must be >= 1, got 0``) for text that is not an integer or out of range.
+    """
+
+    def convert(text: str) -> int:
+        try:
+            value = int(str(text).strip())
+        except ValueError:
+            _refuse(f"expected an integer, got {text!r}")
+        if minimum is not None and value < minimum:
+            _refuse(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            _refuse(f"must be <= {maximum}, got {value}")
+        return value
+
+    convert.__name__ = "integer"
+    return convert
+
+
+def number(
+    minimum: float | None = None,
+    maximum: float | None = None,
+    *,
+    positive: bool = False,
+    below: float | None = None,
+) -> Callable[[str], float]:
+    """An argparse ``type``: a finite float, ``>= minimum``, ``<= maximum``, ``< below``
+    and (``positive=True``) ``> 0``.
+
+    Returns
+    -------
+    callable
+        ``str -> float``; raises ``argparse.ArgumentTypeError`` for text that is not a
+        number, NaN, an infinity, or out of range.
+    """
+
+    def convert(text: str) -> float:
+        try:
+            value = float(str(text).strip())
+        except ValueError:
+            _refuse(f"expected a number, got {text!r}")
+        if not math.isfinite(value):
+            _refuse(f"must be a finite number, got {text!r}")
+        if positive and not value > 0:
+            _refuse(f"must be > 0, got {value:g}")
+        if minimum is not None and value < minimum:
+            _refuse(f"must be >= {minimum:g}, got {value:g}")
+        if maximum is not None and value > maximum:
+            _refuse(f"must be <= {maximum:g}, got {value:g}")
+        if below is not None and not value < below:
+            _refuse(f"must be < {below:g}, got {value:g}")
+        return value
+
+    convert.__name__ = "number"
+    return convert
+
+
+def _nearest_existing(path: Path) -> Path:
+    """``path`` or its closest ancestor that exists (``.`` for a relative path's root)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return Path(".")
+
+
+def _check_writable_folder(path: Path) -> None:
+    """Refuse a folder that neither exists as a writable folder nor can be created."""
+    if path.exists():
+        if not path.is_dir():
+            _refuse(f"{str(path)!r} is a file, expected a folder")
+        if not os.access(path, os.W_OK | os.X_OK):
+            _refuse(f"folder {str(path)!r} is not writable")
+        return
+    parent = _nearest_existing(path)
+    if not parent.is_dir():
+        _refuse(f"cannot create {str(path)!r}: {str(parent)!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        _refuse(f"cannot create {str(path)!r}: folder {str(parent)!r} is not writable")
+
+
+def output_folder(text: str) -> Path:
+    """An argparse ``type`` for an output folder (``--out``): checked, not created.
+
+    The folder must be writable if it exists, or creatable (its closest existing ancestor
+    a writable folder); nothing is created here, so a command refused later leaves nothing
+    behind.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Empty text, an existing file, or a folder that cannot be written or created.
+    """
+    if not str(text).strip():
+        _refuse("expected a folder, got an empty path")
+    path = Path(text)
+    _check_writable_folder(path)
+    return path
+
+
+def output_file(text: str) -> Path:
+    """An argparse ``type`` for an output file (``--json PATH``): checked, not created.
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Empty text, an existing folder, an existing file that is not writable, or a
+        parent folder that cannot be written or created.
+    """
+    if not str(text).strip():
+        _refuse("expected a file path, got an empty path")
+    path = Path(text)
+    if path.is_dir():
+        _refuse(f"{str(path)!r} is a folder, expected a file path")
+    if path.exists() and not os.access(path, os.W_OK):
+        _refuse(f"file {str(path)!r} is not writable")
+    _check_writable_folder(path.parent)
+    return path
+
+
+def npz_archive(text: str) -> Path:
+    """An argparse ``type`` for an input ``.npz`` file (``--qkv``): exists, readable, a zip.
+
+    Only the container is checked here; the arrays it must hold are checked by the command
+    that reads it (:func:`plsh_ref.data.load_qkv`).
+
+    Raises
+    ------
+    argparse.ArgumentTypeError
+        Empty text, no such file, a folder, an unreadable file, or a file that is not a
+        numpy ``.npz`` archive (a zip file, as written by ``numpy.savez``).
+    """
+    if not str(text).strip():
+        _refuse("expected an .npz file, got an empty path")
+    path = Path(text)
+    if not path.exists():
+        _refuse(f"no such file: {text!r}")
+    if path.is_dir():
+        _refuse(f"{text!r} is a folder, expected an .npz file")
+    if not os.access(path, os.R_OK):
+        _refuse(f"file {text!r} is not readable")
+    try:
+        is_zip = zipfile.is_zipfile(path)
+    except OSError as exc:
+        _refuse(f"cannot read {text!r}: {exc.strerror or exc}")
+    if not is_zip:
+        _refuse(f"{text!r} is not an .npz archive (write one with numpy.savez)")
+    return path
+
+
+class CreatedFolders:
+    """The folders a command creates under its output path, to remove them if it fails.
+
+    Construct before the command runs (it records which of ``path``, its ancestors and,
+    for the default output folder, the children of :data:`OUT_ROOT` exist);
+    :meth:`remove_empty` afterwards deletes those created since that are empty, so an
+    interrupted or refused run leaves no empty output folder. Never raises.
+
+    Parameters
+    ----------
+    path : path-like or None
+        The ``--out`` folder; ``None``: the default ``plsh_out/<command>-<time>``.
+    """
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.root = Path(path) if path else OUT_ROOT
+        chain = (self.root, *self.root.parents)
+        self.missing = [p for p in chain if str(p) not in ("", ".") and not p.exists()]
+        self.children = None
+        if path is None and self.root.is_dir():
+            self.children = {p.name for p in self.root.iterdir()}
+
+    def remove_empty(self) -> list[Path]:
+        """Remove the empty folders created since construction; returns the removed ones."""
+        removed = []
+        candidates = []
+        if self.children is not None and self.root.is_dir():
+            candidates += [p for p in self.root.iterdir() if p.name not in self.children]
+        candidates += self.missing  # deepest first
+        for folder in candidates:
+            try:
+                for sub in sorted(folder.rglob("*"), key=lambda p: -len(p.parts)):
+                    if sub.is_dir() and not any(sub.iterdir()):
+                        sub.rmdir()
+                if folder.is_dir() and not any(folder.iterdir()):
+                    folder.rmdir()
+                    removed.append(folder)
+            except OSError:
+                continue
+        return removed
 
 
 def default_out_dir(command: str, now: _dt.datetime | None = None) -> Path:
@@ -189,11 +416,19 @@ def add_out_option(parser: argparse.ArgumentParser, command: str, *, optional: b
         if optional
         else f"output folder (default: plsh_out/{command}-<UTC time>)"
     )
-    parser.add_argument("--out", dest="out", type=Path, default=None, action=StoreValue, help=text)
+    parser.add_argument(
+        "--out",
+        dest="out",
+        type=output_folder,
+        default=None,
+        action=StoreValue,
+        metavar="DIR",
+        help=text,
+    )
     parser.add_argument(
         "--output",
         dest="out",
-        type=Path,
+        type=output_folder,
         action=StoreValue,
         replacement="--out",
         help=argparse.SUPPRESS,
@@ -217,7 +452,7 @@ def add_max_memory_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-memory",
         dest="max_memory",
-        type=float,
+        type=number(positive=True),
         default=DEFAULT_MAX_MEMORY_GIB,
         metavar="GIB",
         help="refuse, before allocating, sizes whose estimated memory exceeds this many GiB "

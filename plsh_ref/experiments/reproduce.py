@@ -44,12 +44,16 @@ from ..provenance import run_metadata
 from ..samplers import SAMPLERS, default_group_size, frobenius_error_square
 from ..validation import check_int
 from .options import (
+    MAX_REPETITIONS,
     Values,
     add_max_memory_option,
     add_out_option,
     add_quiet_option,
     check_memory,
     default_out_dir,
+    integer,
+    npz_archive,
+    option_message,
 )
 
 __all__ = [
@@ -73,12 +77,15 @@ HELP = (
 
 NORMS = ("spectral", "max", "frobenius")
 
+#: library parameters named in error messages -> the option that sets them
+PARAMETER_OPTIONS = {"path": "--qkv", "partition": "--sigma"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh reproduce`` on ``parser`` (vocabulary: :mod:`.options`)."""
     parser.add_argument(
         "--n",
-        type=int,
+        type=integer(minimum=2),
         default=1024,
         help="sequence length of the kernel-matrix part (default: 1024)",
     )
@@ -103,25 +110,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", replacement="--num-samples", help=argparse.SUPPRESS, **samples)
     parser.add_argument(
         "--reps",
-        type=int,
+        type=integer(minimum=1, maximum=MAX_REPETITIONS),
         default=5,
         help="independent repetitions of the kernel-matrix part (default: 5)",
     )
     parser.add_argument(
         "--output-reps",
-        type=int,
+        type=integer(minimum=1, maximum=MAX_REPETITIONS),
         default=3,
         help="independent repetitions of the attention-output part (default: 3)",
     )
     parser.add_argument(
         "--fit-min-samples",
-        type=int,
+        type=integer(minimum=1),
         default=4,
         help="fit the log-log slope on s >= this value (default: 4)",
     )
     parser.add_argument(
         "--qkv",
-        type=Path,
+        type=npz_archive,
         default=None,
         help="an .npz with arrays query, key, value of shape "
         "(batch, num_heads, seq_len, head_dim) (see docs); default: the "
@@ -129,19 +136,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-tokens",
-        type=int,
+        type=integer(minimum=2),
         default=None,
         help="use only the first N tokens of the activations",
     )
     parser.add_argument(
         "--fixed-block-size",
-        type=int,
+        type=integer(minimum=1),
         default=None,
         help="block size of the fixed-block baseline (default: per head, "
         "the mean block size 2*sigma_h of one PLSH mask, rounded)",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the partition draws (default: 0)"
+        "--seed",
+        type=integer(minimum=0),
+        default=0,
+        help="seed of the partition draws (default: 0)",
     )
     parser.add_argument(
         "--sampler",
@@ -154,7 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--group-size",
-        type=int,
+        type=integer(minimum=1),
         default=None,
         help="group size s' of the correlated samplers for the s it divides (default: "
         "the rule of plsh_ref.samplers.default_group_size)",
@@ -726,7 +736,9 @@ def run(args: argparse.Namespace) -> int:
                 "value array), so relative errors are undefined"
             )
     except (ValueError, TypeError, OSError) as exc:
-        print(f"plsh reproduce: error: {exc}", file=sys.stderr)
+        print(
+            f"plsh reproduce: error: {option_message(exc, (), PARAMETER_OPTIONS)}", file=sys.stderr
+        )
         return 2
     stamp = _dt.datetime.now(_dt.timezone.utc)
     out_dir = args.out or default_out_dir("reproduce", stamp)

@@ -35,6 +35,8 @@ from .options import (
     add_quiet_option,
     check_memory,
     default_out_dir,
+    integer,
+    option_message,
 )
 
 #: one line for ``plsh --help``
@@ -42,10 +44,16 @@ SUMMARY = "KMS spectrum of L*, symbol bounds, spectra of M~ and M~ - L*"
 
 HELP = "KMS spectrum of L*, symbol bounds, spectra of M~ and M~ - L* (plots + table)"
 
+#: library parameters named in error messages -> the option that sets them (a partition
+#: whose bins leave int64 comes from a --sigma too small for --n)
+PARAMETER_OPTIONS = {"partition": "--sigma", "sigma": "--sigma", "num_samples": "--num-samples"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh spectrum`` (vocabulary: :mod:`.options`)."""
-    parser.add_argument("--n", type=int, default=256, help="sequence length (default: 256)")
+    parser.add_argument(
+        "--n", type=integer(minimum=1), default=256, help="sequence length (default: 256)"
+    )
     parser.add_argument(
         "--sigma",
         action=Values,
@@ -56,9 +64,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "table column and one pair of plots per value (default: 16)",
     )
     parser.add_argument(
-        "--num-samples", type=int, default=16, help="number of samples s in M~ (default: 16)"
+        "--num-samples",
+        type=integer(minimum=1),
+        default=16,
+        help="number of samples s in M~ (default: 16)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
+    parser.add_argument(
+        "--seed", type=integer(minimum=0), default=0, help="partition seed (default: 0)"
+    )
     add_out_option(parser, "spectrum")
     add_max_memory_option(parser)
     add_quiet_option(parser)
@@ -189,7 +202,11 @@ def run(args: argparse.Namespace) -> int:
     check_memory("--n", n, memory_estimate(n, 0), args.max_memory)
     check_memory("--num-samples", s, memory_estimate(n, s), args.max_memory)
     sigmas = list(args.sigma)
-    results = [compute(n, sigma, s, args.seed) for sigma in sigmas]
+    out = args.out or default_out_dir("spectrum")
+    try:
+        results = [compute(n, sigma, s, args.seed) for sigma in sigmas]
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(option_message(exc, ("n", "seed"), PARAMETER_OPTIONS)) from None
     tables = [_table_rows(res, s) for res in results]
     if not args.quiet:
         rhos = ", ".join(f"{math.exp(-1 / sg):.6g}" for sg in sigmas)
@@ -200,7 +217,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'quantity':<36}" + "".join(f"{f'sigma={sg:g}':>16}" for sg in sigmas))
     for i, (name, _) in enumerate(tables[0]):
         print(f"{name:<36}" + "".join(f"{table[i][1]:>16.8g}" for table in tables))
-    out = args.out or default_out_dir("spectrum")
     out.mkdir(parents=True, exist_ok=True)
     record = {
         "command": "plsh spectrum",
