@@ -317,11 +317,11 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
     ):
         if getattr(args, name) < 1:
             raise ValueError(f"{name}: must be >= 1, got {getattr(args, name)}")
-    if args.d_model % args.heads:
-        raise ValueError(f"d_model: {args.d_model} not divisible by --heads {args.heads}")
     # sizes before the options that depend on them: --seq-len 100000000 was reported as
     # an --eval-tokens below the longest evaluation length
     _check_sizes(args, factors)
+    if args.d_model % args.heads:
+        raise ValueError(f"d_model: {args.d_model} not divisible by --heads {args.heads}")
     if args.eval_tokens < args.seq_len * factors[-1]:
         raise ValueError(
             f"eval_tokens: must be >= the longest evaluation length "
@@ -348,10 +348,17 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
     return variants, factors, seeds
 
 
-def _largest(args, names) -> str:
-    """Of the options ``names`` (attributes), the one furthest above its default."""
+def _largest(args, names, factors=None) -> tuple[str, object]:
+    """Of the options ``names`` (attributes), the one furthest above its default, and its
+    value; ``factors``: also ``--eval-lengths`` (its longest multiple against 4)."""
     defaults = {dest: default for _, dest, _, default, _ in _OPTIONS}
-    return max(names, key=lambda name: getattr(args, name) / defaults[name])
+    ratios = {PARAMETER_OPTIONS[name]: getattr(args, name) / defaults[name] for name in names}
+    values = {PARAMETER_OPTIONS[name]: getattr(args, name) for name in names}
+    if factors is not None:
+        ratios["--eval-lengths"] = factors[-1] / 4
+        values["--eval-lengths"] = args.eval_lengths
+    option = max(ratios, key=ratios.get)
+    return option, values[option]
 
 
 def _check_sizes(args, factors) -> None:
@@ -364,15 +371,14 @@ def _check_sizes(args, factors) -> None:
     default.
     """
     attention = memory_estimate(args.seq_len, args.batch_size, args.heads, args.layers, factors[-1])
-    name = _largest(args, ("seq_len", "batch_size", "heads", "layers"))
-    check_memory(PARAMETER_OPTIONS[name], getattr(args, name), attention, args.max_memory)
+    option, value = _largest(args, ("seq_len", "batch_size", "heads", "layers"), factors)
+    check_memory(option, value, attention, args.max_memory)
     # before nn.Embedding allocates: --d-model 100000000 ended in torch's RuntimeError
-    name = _largest(args, ("d_model", "layers"))
-    model = model_memory_estimate(args.d_model, args.layers)
-    check_memory(PARAMETER_OPTIONS[name], getattr(args, name), model, args.max_memory)
-    name = _largest(args, ("steps", "batch_size"))
+    option, value = _largest(args, ("d_model", "layers"))
+    check_memory(option, value, model_memory_estimate(args.d_model, args.layers), args.max_memory)
+    option, value = _largest(args, ("steps", "batch_size"))
     order = 8 * args.steps * args.batch_size + 64 * args.steps  # offsets, training curve
-    check_memory(PARAMETER_OPTIONS[name], getattr(args, name), order, args.max_memory)
+    check_memory(option, value, order, args.max_memory)
 
 
 def _lr_at(step: int, total: int, peak: float) -> float:

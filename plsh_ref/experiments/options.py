@@ -32,6 +32,7 @@ import datetime as _dt
 import math
 import os
 import sys
+import tempfile
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,7 @@ from pathlib import Path
 __all__ = [
     "DEFAULT_MAX_MEMORY_GIB",
     "MAX_REPETITIONS",
+    "MAX_SIGMA",
     "OUT_ROOT",
     "CreatedFolders",
     "JoinedValues",
@@ -68,6 +70,11 @@ DEFAULT_MAX_MEMORY_GIB = 8.0
 
 #: the release that drops the deprecated spellings
 _REMOVED_IN = "0.2"
+
+#: largest length scale ``--sigma`` the commands accept (tokens): far beyond any sequence
+#: length whose ``(n, n)`` arrays fit in memory (every entry of ``L*`` is then within 1e-2 of
+#: 1); above about 1e154 the closed forms underflow (``(1 - rho)^2``) and return NaN
+MAX_SIGMA = 1e6
 
 #: largest number of repetitions or steps a command accepts (``--reps``, ``--cases``...):
 #: each one costs a full computation, so more would run for days
@@ -154,19 +161,34 @@ def _nearest_existing(path: Path) -> Path:
     return Path(".")
 
 
+def _probe(folder: Path) -> str | None:
+    """Why nothing can be created in the existing folder ``folder``, or ``None``.
+
+    A real probe (an empty folder made and removed at once): permission bits alone say
+    yes to root on read-only mounts and in ``/proc``.
+    """
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".plsh-probe-", dir=folder))
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def _check_writable_folder(path: Path) -> None:
     """Refuse a folder that neither exists as a writable folder nor can be created."""
     if path.exists():
         if not path.is_dir():
             _refuse(f"{str(path)!r} is a file, expected a folder")
-        if not os.access(path, os.W_OK | os.X_OK):
-            _refuse(f"folder {str(path)!r} is not writable")
+        why = _probe(path)
+        if why:
+            _refuse(f"folder {str(path)!r} is not writable: {why}")
         return
     parent = _nearest_existing(path)
     if not parent.is_dir():
         _refuse(f"cannot create {str(path)!r}: {str(parent)!r} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        _refuse(f"cannot create {str(path)!r}: folder {str(parent)!r} is not writable")
+    why = _probe(parent)
+    if why:
+        _refuse(f"cannot create {str(path)!r} in {str(parent)!r}: {why}")
 
 
 def output_folder(text: str) -> Path:
@@ -188,8 +210,10 @@ def output_folder(text: str) -> Path:
     return path
 
 
-def output_file(text: str) -> Path:
+def output_file(text: str) -> str:
     """An argparse ``type`` for an output file (``--json PATH``): checked, not created.
+
+    Returns the text unchanged (a path as typed).
 
     Raises
     ------
@@ -201,11 +225,15 @@ def output_file(text: str) -> Path:
         _refuse("expected a file path, got an empty path")
     path = Path(text)
     if path.is_dir():
-        _refuse(f"{str(path)!r} is a folder, expected a file path")
-    if path.exists() and not os.access(path, os.W_OK):
-        _refuse(f"file {str(path)!r} is not writable")
+        _refuse(f"{text!r} is a folder, expected a file path")
+    if path.exists():
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as exc:
+            _refuse(f"file {text!r} is not writable: {exc.strerror or exc}")
     _check_writable_folder(path.parent)
-    return path
+    return text
 
 
 def npz_archive(text: str) -> Path:
@@ -313,6 +341,18 @@ class _Deprecatable(argparse.Action):
         if self.replacement is not None:
             deprecation(option_string, self.replacement)
 
+    def _record_spelling(self, namespace, option_string) -> None:
+        """Refuse a second spelling of the same option (``--sigma 4 --sigmas 8``): which
+        one wins would depend on their order. The same spelling twice keeps argparse's
+        rule (the last one counts)."""
+        spelled = getattr(namespace, "_spelled", {})
+        other = spelled.get(self.dest)
+        if other is not None and option_string is not None and other != option_string:
+            raise argparse.ArgumentError(self, f"given together with {other}; give one of them")
+        if option_string is not None:
+            spelled[self.dest] = option_string
+        namespace._spelled = spelled
+
 
 class StoreValue(_Deprecatable):
     """Like ``action="store"``; with ``replacement="--new"`` the flag is a deprecated alias.
@@ -323,12 +363,7 @@ class StoreValue(_Deprecatable):
 
     def __call__(self, parser, namespace, values, option_string=None):
         self._announce(option_string)
-        spelled = getattr(namespace, "_spelled", {})
-        other = spelled.get(self.dest)
-        if other is not None and other != option_string:
-            raise argparse.ArgumentError(self, f"given together with {other}; give one of them")
-        spelled[self.dest] = option_string
-        namespace._spelled = spelled
+        self._record_spelling(namespace, option_string)
         setattr(namespace, self.dest, values)
 
 
@@ -347,7 +382,7 @@ class Values(_Deprecatable):
     """One or several values, space- or comma-separated (``--sigma 4 16`` = ``--sigma 4,16``).
 
     ``element`` converts one value (default ``float``; non-finite floats are refused);
-    ``minimum`` (inclusive) and ``positive=True`` (``> 0``) are checked per value;
+    ``minimum``, ``maximum`` (inclusive) and ``positive=True`` (``> 0``) are checked per value;
     ``unique_sorted=True`` stores the sorted distinct values. Bad values are an argparse
     usage error naming the option (exit status 2).
     """
@@ -357,6 +392,7 @@ class Values(_Deprecatable):
         *args,
         element=float,
         minimum=None,
+        maximum=None,
         positive: bool = False,
         unique_sorted: bool = False,
         **kwargs,
@@ -364,6 +400,7 @@ class Values(_Deprecatable):
         kwargs.setdefault("nargs", "+")
         self.element = element
         self.minimum = minimum
+        self.maximum = maximum
         self.positive = positive
         self.unique_sorted = unique_sorted
         super().__init__(*args, **kwargs)
@@ -391,10 +428,15 @@ class Values(_Deprecatable):
                 raise argparse.ArgumentError(self, f"expected {kind} > 0, got {v}")
             if self.minimum is not None and v < self.minimum:
                 raise argparse.ArgumentError(self, f"expected {kind} >= {self.minimum}, got {v}")
+            if self.maximum is not None and v > self.maximum:
+                raise argparse.ArgumentError(
+                    self, f"expected {kind} <= {self.maximum:g}, got {v:g}"
+                )
         return sorted(set(values)) if self.unique_sorted else values
 
     def __call__(self, parser, namespace, values, option_string=None):
         self._announce(option_string)
+        self._record_spelling(namespace, option_string)
         setattr(namespace, self.dest, self.convert(values))
 
 
@@ -403,6 +445,7 @@ class JoinedValues(Values):
 
     def __call__(self, parser, namespace, values, option_string=None):
         self._announce(option_string)
+        self._record_spelling(namespace, option_string)
         setattr(namespace, self.dest, ",".join(map(str, self.convert(values))))
 
 

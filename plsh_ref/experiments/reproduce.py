@@ -45,6 +45,7 @@ from ..samplers import SAMPLERS, default_group_size, frobenius_error_square
 from ..validation import check_int
 from .options import (
     MAX_REPETITIONS,
+    MAX_SIGMA,
     Values,
     add_max_memory_option,
     add_out_option,
@@ -77,8 +78,15 @@ HELP = (
 
 NORMS = ("spectral", "max", "frobenius")
 
-#: library parameters named in error messages -> the option that sets them
-PARAMETER_OPTIONS = {"path": "--qkv", "partition": "--sigma"}
+#: library parameters named in error messages -> the option that sets them (the arrays
+#: come from the --qkv file; a partition whose bins leave int64, from a tiny --sigma)
+PARAMETER_OPTIONS = {
+    "path": "--qkv",
+    "query": "--qkv",
+    "key": "--qkv",
+    "value": "--qkv",
+    "partition": "--sigma",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -89,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1024,
         help="sequence length of the kernel-matrix part (default: 1024)",
     )
-    sigma = dict(dest="sigmas", action=Values, positive=True)
+    sigma = dict(dest="sigmas", action=Values, positive=True, maximum=MAX_SIGMA)
     parser.add_argument(
         "--sigma",
         default=[4.0, 16.0, 64.0],

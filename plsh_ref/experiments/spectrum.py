@@ -29,6 +29,7 @@ from ..toeplitz import (
 )
 from ..validation import check_int, check_positive_float
 from .options import (
+    MAX_SIGMA,
     Values,
     add_max_memory_option,
     add_out_option,
@@ -58,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sigma",
         action=Values,
         positive=True,
+        maximum=MAX_SIGMA,
         default=[16.0],
         metavar="SIGMA",
         help="length scale(s) sigma = 1/slope in tokens, space- or comma-separated; one "
