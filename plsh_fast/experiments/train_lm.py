@@ -152,8 +152,8 @@ _OPTIONS = [
         "max_memory",
         float,
         DEFAULT_MAX_MEMORY_GIB,
-        "refuse, before allocating, a --seq-len/--batch-size whose estimated attention "
-        "memory exceeds this many GiB",
+        "refuse, before allocating, sizes (--seq-len, --batch-size, --heads, --layers, "
+        "--d-model, --steps) whose estimated memory exceeds this many GiB",
     ),
 ]
 
@@ -196,16 +196,18 @@ def add_arguments(parser) -> None:
         elif typ is int:
             top = MAX_THREADS if dest == "threads" else None
             kw = dict(type=integer(minimum=0 if dest in _ZERO_ALLOWED else 1, maximum=top))
+        elif dest == "max_memory":
+            kw = dict(type=number(positive=True), metavar="GIB")
         elif typ is float:
             kw = dict(type=number())
         else:
             kw = dict(type=typ)
-        shown = "plsh_out/train-lm-<UTC time>" if dest == "out" else repr(default)
+        shown = "plsh_out/train-lm-<UTC time>" if dest == "out" else default
         if dest == "corpus":
             shown = "the standard library"
             text = text.split(" (default")[0]
-        if dest == "seeds":
-            shown = default
+        if isinstance(default, float):
+            shown = f"{default:g}"
         parser.add_argument(
             flag, dest=dest, default=default, help=f"{text} (default: {shown})", **kw
         )

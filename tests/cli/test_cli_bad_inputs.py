@@ -429,3 +429,39 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_no_empty_folder(tmp_path):
     assert proc.returncode == cli.INTERRUPTED == 130, err
     assert err.strip() == "plsh reproduce: interrupted", err
     assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------------------
+# help texts
+# --------------------------------------------------------------------------------------
+
+#: the commands that write results, each with the shared --out / --quiet / --seed
+RESULT_COMMANDS = ("reproduce", "spectrum", "bounds", "train-lm")
+
+
+def _actions(command):
+    if command == "train-lm":
+        pytest.importorskip("torch")
+    parser = cli.OneLineArgumentParser(prog=f"plsh {command}")
+    cli.load_command(command).add_arguments(parser)
+    return {a.option_strings[-1] if a.option_strings else a.dest: a for a in parser._actions}
+
+
+@pytest.mark.parametrize("command", list(BASE))
+def test_help_texts_state_one_default_each(command):
+    for name, action in _actions(command).items():
+        text = action.help or ""
+        assert text.count("(default") <= 1, (name, text)
+        if "(default:" in text:
+            assert "'" not in text.split("(default:")[-1], (name, text)  # no repr quotes
+
+
+@pytest.mark.parametrize("command", RESULT_COMMANDS)
+def test_shared_options_have_one_spelling(command):
+    actions = _actions(command)
+    assert actions["--out"].metavar == "DIR"
+    assert "--quiet" in actions
+    if command != "bounds":  # the bounds are not random
+        assert actions["--seed"].metavar in (None, "SEED")
+    if "--max-memory" in actions:
+        assert actions["--max-memory"].metavar == "GIB"
