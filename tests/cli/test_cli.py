@@ -235,6 +235,47 @@ def test_run_metadata_records_version_commit_and_machine():
         assert re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", commit)
 
 
+def test_run_metadata_records_the_imported_dependencies_only(monkeypatch):
+    import types
+
+    import mpmath
+    import scipy
+
+    from plsh_ref.provenance import dependency_versions
+
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # as if never imported
+    monkeypatch.delitem(sys.modules, "triton", raising=False)
+    fake = types.ModuleType("transformers")
+    fake.__version__ = "9.9.9"
+    monkeypatch.setitem(sys.modules, "transformers", fake)
+    deps = run_metadata()["dependencies"]
+    assert deps["python"] == sys.version.split()[0] and deps["numpy"] == np.__version__
+    assert deps["scipy"] == scipy.__version__ and deps["mpmath"] == mpmath.__version__
+    assert deps["transformers"] == "9.9.9"
+    assert "torch" not in deps and "triton" not in deps
+    assert "torch" not in sys.modules  # asking did not import it
+    assert dependency_versions() == deps
+
+
+def test_results_json_names_torch_only_when_the_run_imported_it(tmp_path):
+    # a fresh interpreter: plsh spectrum (numpy/scipy/mpmath) never imports torch
+    code = (
+        "import json, sys; from plsh_ref import cli; "
+        f"status = cli.main(['spectrum', '--n', '8', '--num-samples', '2', '--quiet', "
+        f"'--out', {str(tmp_path / 'sp')!r}]); "
+        "print('torch' in sys.modules, status)"
+    )
+    env = dict(os.environ, PYTHONPATH=REPO)
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.stdout.split()[-2:] == ["False", "0"], proc.stderr
+    deps = json.loads((tmp_path / "sp" / "results.json").read_text())["provenance"]
+    deps = deps["dependencies"]
+    assert {"python", "numpy", "scipy"} <= set(deps) and "torch" not in deps, deps
+    assert all(isinstance(v, str) for v in deps.values()), deps
+
+
 def test_git_commit_is_none_outside_a_checkout_and_without_git(tmp_path, monkeypatch):
     assert git_commit(tmp_path) is None
     monkeypatch.setenv("PATH", str(tmp_path))  # no git executable
