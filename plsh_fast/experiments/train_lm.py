@@ -197,7 +197,7 @@ def add_arguments(parser) -> None:
             top = MAX_THREADS if dest == "threads" else None
             kw = dict(type=integer(minimum=0 if dest in _ZERO_ALLOWED else 1, maximum=top))
         elif dest == "max_memory":
-            kw = dict(type=number(positive=True), metavar="GIB")
+            kw = dict(type=number(positive=True, unit="GiB"), metavar="GIB")
         elif typ is float:
             kw = dict(type=number())
         else:

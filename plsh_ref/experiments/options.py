@@ -121,9 +121,11 @@ def number(
     *,
     positive: bool = False,
     below: float | None = None,
+    unit: str = "",
 ) -> Callable[[str], float]:
     """An argparse ``type``: a finite float, ``>= minimum``, ``<= maximum``, ``< below``
-    and (``positive=True``) ``> 0``.
+    and (``positive=True``) ``> 0``; ``unit`` (e.g. ``"GiB"``) follows the bounds in
+    messages.
 
     Returns
     -------
@@ -139,14 +141,15 @@ def number(
             _refuse(f"expected a number, got {text!r}")
         if not math.isfinite(value):
             _refuse(f"must be a finite number, got {text!r}")
+        tail = f" {unit}" if unit else ""
         if positive and not value > 0:
-            _refuse(f"must be > 0, got {value:g}")
+            _refuse(f"must be > 0{tail}, got {value:g}")
         if minimum is not None and value < minimum:
-            _refuse(f"must be >= {minimum:g}, got {value:g}")
+            _refuse(f"must be >= {minimum:g}{tail}, got {value:g}")
         if maximum is not None and value > maximum:
-            _refuse(f"must be <= {maximum:g}, got {value:g}")
+            _refuse(f"must be <= {maximum:g}{tail}, got {value:g}")
         if below is not None and not value < below:
-            _refuse(f"must be < {below:g}, got {value:g}")
+            _refuse(f"must be < {below:g}{tail}, got {value:g}")
         return value
 
     convert.__name__ = "number"
@@ -495,7 +498,7 @@ def add_max_memory_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-memory",
         dest="max_memory",
-        type=number(positive=True),
+        type=number(positive=True, unit="GiB"),
         default=DEFAULT_MAX_MEMORY_GIB,
         metavar="GIB",
         help="refuse, before allocating, sizes whose estimated memory exceeds this many GiB "
