@@ -129,7 +129,7 @@ def _plot(res: dict, n: int, sigma: float, s: int, out: pathlib.Path) -> list[pa
     out.mkdir(parents=True, exist_ok=True)
     lo, hi = res["bounds"]
     k = np.arange(1, n + 1)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), layout="constrained")
     grid = np.linspace(0, np.pi, 400)
     ax.plot(grid, kms_symbol(grid, sigma), color="0.6", lw=1, label=r"symbol $f(\theta)$")
     ax.plot(
@@ -142,14 +142,13 @@ def _plot(res: dict, n: int, sigma: float, s: int, out: pathlib.Path) -> list[pa
     ax.set_yscale("log")
     ax.set_xlabel(r"angle $\theta$ (radians)")
     ax.set_ylabel(r"eigenvalue $\lambda$ of $L^*$")
-    ax.set_title(rf"KMS spectrum of $L^*$, $n = {n}$, $\sigma = {sigma:g}$")
-    ax.legend()
+    ax.set_title(rf"KMS spectrum of $L^*$, $n = {n}$, $\sigma = {sigma:g}$", fontsize="medium")
+    fig.legend(loc="outside lower center", ncols=2, frameon=False, fontsize="small")
     p1 = out / "kms_spectrum.png"
-    fig.tight_layout()
     fig.savefig(p1, dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), layout="constrained")
     ax.plot(k, res["kms"], label=r"$L^*$")
     ax.plot(k, res["m_tilde"], label=rf"$\tilde M$ ($s = {s}$)")
     ax.plot(k, np.sort(np.abs(res["error"]))[::-1], label=r"$|\lambda_k(\tilde M - L^*)|$, sorted")
@@ -157,10 +156,12 @@ def _plot(res: dict, n: int, sigma: float, s: int, out: pathlib.Path) -> list[pa
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_xlabel(r"index $k$ (decreasing order)")
     ax.set_ylabel(r"eigenvalue $\lambda_k$ (symlog scale)")
-    ax.set_title(rf"Spectra, $n = {n}$, $\sigma = {sigma:g}$, $s = {s}$ (one draw, no error bars)")
-    ax.legend()
+    ax.set_title(
+        rf"Spectra, $n = {n}$, $\sigma = {sigma:g}$, $s = {s}$ (one draw, no error bars)",
+        fontsize="medium",
+    )
+    fig.legend(loc="outside lower center", ncols=2, frameon=False, fontsize="small")
     p2 = out / "mask_spectra.png"
-    fig.tight_layout()
     fig.savefig(p2, dpi=120)
     plt.close(fig)
     return [p1, p2]

@@ -707,3 +707,20 @@ def test_old_and_new_spelling_together_is_a_usage_error(capsys, tmp_path):
         == 0
     )
     assert (tmp_path / "c").is_dir() and not (tmp_path / "a").exists()
+
+
+def test_spectrum_plots_keep_the_legend_outside_the_data(tmp_path, monkeypatch):
+    # ax.legend() put the legend inside the axes, over the curves at some sizes
+    from matplotlib.figure import Figure
+
+    from plsh_ref.experiments import spectrum
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    spectrum._plot(spectrum.compute(32, 8.0, 4, 0), 32, 8.0, 4, tmp_path)
+    assert len(figures) == 2
+    for fig in figures:
+        fig.draw_without_rendering()
+        (ax,) = fig.axes
+        assert ax.get_legend() is None and len(fig.legends) == 1
+        assert not fig.legends[0].get_window_extent().overlaps(ax.get_window_extent())
