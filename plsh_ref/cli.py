@@ -78,7 +78,18 @@ def install_hint(what: str) -> str:
 
     There is no published release: the package installs from its source folder. torch
     comes first, from the PyTorch CPU wheel index on a machine without a CUDA GPU (the
-    public index serves the multi-GB CUDA build on Linux), plainly on a CUDA machine.
+    public index serves the CUDA build, with its NVIDIA libraries, on Linux), plainly on a
+    CUDA machine.
+
+    Parameters
+    ----------
+    what : str
+        The top-level module that cannot be imported.
+
+    Returns
+    -------
+    str
+        One sentence of pip commands (no trailing period).
     """
     extras = "`pip install -e '.[fast]'` in the positional-lsh checkout"
     if what != "torch":
@@ -153,6 +164,16 @@ def command_summary(ep: importlib.metadata.EntryPoint) -> str:
     that the overview imports no command (``train-lm`` would import torch); a module whose
     constants are not literals is imported instead. A requirement in ``REQUIRES`` that is
     not installed is named (``"(needs torch: not installed)"``).
+
+    Parameters
+    ----------
+    ep : importlib.metadata.EntryPoint
+        An entry point of :data:`GROUP` (its value is the command's module name).
+
+    Returns
+    -------
+    str
+        One line; never raises for a module that cannot be imported (it says so).
     """
     filename = _module_file(ep.value)
     constants = _static_constants(filename) if filename else {}
