@@ -233,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         if os.environ.get("PLSH_DEBUG"):
             raise
-        print("\nplsh: interrupted", file=sys.stderr)
+        words = list(sys.argv[1:] if argv is None else argv)
+        command = DEFAULT_COMMAND if not words or words[0].startswith("-") else words[0]
+        print(f"\nplsh {command}: interrupted", file=sys.stderr)  # e.g. while importing
         return INTERRUPTED
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
