@@ -42,7 +42,7 @@ from ..attention import alibi_attention, biased_attention, fixed_block_attention
 from ..partition import count_bias, counts, draw_partition
 from ..provenance import run_metadata
 from ..samplers import SAMPLERS, default_group_size, frobenius_error_square
-from ..validation import check_int
+from ..validation import MAX_NUM_SAMPLES, check_int
 from .options import (
     MAX_REPETITIONS,
     MAX_SIGMA,
@@ -86,6 +86,7 @@ PARAMETER_OPTIONS = {
     "key": "--qkv",
     "value": "--qkv",
     "partition": "--sigma",
+    "num_samples": "--num-samples",
 }
 
 
@@ -107,7 +108,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         **sigma,
     )
     parser.add_argument("--sigmas", replacement="--sigma", help=argparse.SUPPRESS, **sigma)
-    samples = dict(dest="samples", action=Values, element=int, minimum=1, unique_sorted=True)
+    samples = dict(
+        dest="samples",
+        action=Values,
+        element=int,
+        minimum=1,
+        maximum=MAX_NUM_SAMPLES,
+        unique_sorted=True,
+    )
     parser.add_argument(
         "--num-samples",
         default=[1, 2, 4, 8, 16, 32, 64, 128, 256],

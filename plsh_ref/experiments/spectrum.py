@@ -27,7 +27,7 @@ from ..toeplitz import (
     kms_symbol_bounds,
     mask_spectrum,
 )
-from ..validation import check_int, check_positive_float
+from ..validation import MAX_NUM_SAMPLES, check_int, check_positive_float
 from .options import (
     MAX_SIGMA,
     Values,
@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--num-samples",
-        type=integer(minimum=1),
+        type=integer(minimum=1, maximum=MAX_NUM_SAMPLES),
         default=16,
         help="number of samples s in M~ (default: 16)",
     )

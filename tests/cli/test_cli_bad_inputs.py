@@ -183,6 +183,9 @@ def _special_cases():
         # a length scale too small for the positions: the partition's bins leave int64
         ("spectrum", ["--sigma", "1e-300"], "--sigma: bin index"),
         ("reproduce", ["--sigma", "1e-300"], "--sigma: bin index"),
+        # more samples than a partition may hold (validation.MAX_NUM_SAMPLES)
+        ("reproduce", ["--num-samples", "1", "600000"], "--num-samples: expected integers <="),
+        ("spectrum", ["--num-samples", "600000"], "--num-samples: must be <= 500000"),
         # sizes past --max-memory name the option that was typed
         ("train-lm", ["--seq-len", "100000000"], "--seq-len: 100000000 would need"),
         ("train-lm", ["--heads", "1000000", "--d-model", "1000000"], "--heads:"),
