@@ -438,9 +438,16 @@ def test_bounds_writes_only_with_out(tmp_path, monkeypatch, capsys):
     [
         (["spectrum", "--n", "40000"], "--n"),
         (["spectrum", "--n", "64", "--max-memory", "1e-6"], "--n"),
-        (["spectrum", "--n", "64", "--num-samples", "400000000"], "--num-samples"),
+        # (s beyond validation.MAX_NUM_SAMPLES is refused while parsing, without an estimate)
+        (
+            ["spectrum", "--n", "64", "--num-samples", "400000", "--max-memory", "0.1"],
+            "--num-samples",
+        ),
         (["reproduce", "--n", "100000"], "--n"),
-        (["reproduce", "--n", "64", "--num-samples", "4", "1000000000"], "--num-samples"),
+        (
+            ["reproduce", "--n", "64", "--num-samples", "4", "400000", "--max-memory", "0.1"],
+            "--num-samples",
+        ),
     ],
 )
 def test_sizes_are_refused_before_allocating(argv, option, capsys, tmp_path):

@@ -392,21 +392,23 @@ def test_plsh_help_imports_no_command_and_no_torch():
 
 
 def test_plsh_help_answers_in_under_a_second():
-    # the best of three runs, on a machine shared with other jobs; importing torch for
-    # the overview took 2.4-4.4 s
-    times = []
+    # Importing torch for the overview took 2.4-4.4 s. The CPU time of the whole process
+    # (interpreter start included) is what the command costs; the wall time on a machine
+    # shared with other jobs adds waiting for a core, so the best of three runs is kept.
+    cpu = []
     for _ in range(3):
-        start = time.perf_counter()
-        proc = subprocess.run(
+        proc = subprocess.Popen(
             [sys.executable, "-m", "plsh_ref.cli", "--help"],
             env=_env(),
-            capture_output=True,
-            text=True,
-            timeout=60,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
         )
-        times.append(time.perf_counter() - start)
-        assert proc.returncode == 0, proc.stderr
-    assert min(times) < 1.0, times
+        out = proc.stdout.read()
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        assert proc.returncode == 0 and b"train-lm" in out, proc.stderr.read()
+        cpu.append(usage.ru_utime + usage.ru_stime)
+    assert min(cpu) < 1.0, cpu
 
 
 def test_ctrl_c_is_one_line_exit_130_and_leaves_no_empty_folder(tmp_path):
