@@ -56,7 +56,9 @@ try:  # transformers is an optional dependency (extra "hf")
     from transformers.cache_utils import Cache, DynamicLayer
     from transformers.masking_utils import AttentionMaskInterface
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("plsh_fast.hf needs transformers: pip install 'positional-lsh[hf]'") from exc
+    raise ImportError(
+        "plsh_fast.hf needs transformers: pip install -e '.[hf]' in the positional-lsh checkout"
+    ) from exc
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
