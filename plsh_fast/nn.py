@@ -630,12 +630,13 @@ def _deprecated_positional_positions(args, query_positions, key_positions):
             "query_positions: pass positions once, as the keywords query_positions= and "
             "key_positions="
         )
-    warn_deprecated(
-        "PLSHAttention.forward(query, key, value, query_positions, key_positions) with "
-        "positional positions",
-        "forward(query, key, value, query_positions=..., key_positions=...)",
-        stacklevel=4,
-    )
+    if not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
+        warn_deprecated(
+            "PLSHAttention.forward(query, key, value, query_positions, key_positions) with "
+            "positional positions",
+            "forward(query, key, value, query_positions=..., key_positions=...)",
+            stacklevel=4,
+        )
     return (*args, None)[:2] if len(args) == 1 else tuple(args)
 
 
@@ -788,9 +789,10 @@ class PLSHSelfAttention(nn.Module):
         if args or positions is not None:
             if len(args) > 1 or (args and positions is not None):
                 raise TypeError("positions: pass positions once, as query_positions=")
-            warn_deprecated(
-                "PLSHSelfAttention.forward(x, positions)", "forward(x, query_positions=...)"
-            )
+            if not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
+                warn_deprecated(
+                    "PLSHSelfAttention.forward(x, positions)", "forward(x, query_positions=...)"
+                )
             positions = args[0] if args else positions
             query_positions = positions if query_positions is None else query_positions
         query_positions = key_positions if query_positions is None else query_positions
