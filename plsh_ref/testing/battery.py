@@ -121,7 +121,7 @@ def _cases(kind, main, halves, slopes):
         ("no_keys", dict(n_q=3, n_k=0), ("empty", "empty_rows")),
         ("positions_beyond_256", dict(offset=300, n_q=8, n_k=8), ("positions",)),
         ("positions_far_from_zero", dict(offset=2**20 - 3, n_q=8, n_k=8), ("positions",)),
-        ("sequence_longer_than_256", dict(num_heads=2, num_heads_kv=2, n_q=300, n_k=300), ()),
+        ("sequence_longer_than_256", long, ()),
         ("positions_with_gaps", dict(positions="explicit", pad=4), ("positions",)),
         (
             "per_sequence_positions",

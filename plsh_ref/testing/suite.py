@@ -269,7 +269,9 @@ def check_signature(kernel, kind: str, slopes: str = "given") -> bool:
         sig = inspect.signature(kernel)
     except (TypeError, ValueError):
         return True
-    names = _names(kind, slopes)
+    names = _names(kind, slopes) + tuple(
+        n for n in ("cu_seqlens", "head_start", "num_heads_total") if n in sig.parameters
+    )
     try:
         sig.bind(None, None, None, **dict.fromkeys(names))
     except TypeError as exc:
@@ -648,7 +650,9 @@ def row_constant_bias(problem: AttentionProblem) -> np.ndarray:
     if problem.kind != "alibi" or not spec.causal:
         raise ValueError("problem: the row-constant form holds for causal ALiBi problems only")
     _, kpos, _, k_keep = problem.positions_and_keep()
-    first = np.where(k_keep, kpos, np.iinfo(np.int64).max).min(axis=1, initial=0)
+    big = np.iinfo(np.int64).max
+    first = np.where(k_keep, kpos, big).min(axis=1, initial=big)
+    first = np.where(first == big, 0, first)
     rel = (kpos - first[:, None]).astype(np.float64)
     bias = problem.slopes[None, :, None, None] * rel[:, None, None, :]
     bias = np.broadcast_to(bias, (spec.batch, spec.num_heads, spec.n_q, spec.n_k))
@@ -706,19 +710,46 @@ def _judge(problem, out64, lse64, caps, framework, device, strict_precision) -> 
 
 def _precision_finding(problem, ref_out, keep, error, framework, device) -> str:
     """:data:`PRECISION_FINDING` if the error is within the row-constant yardstick's."""
-    if problem.kind != "alibi" or not problem.spec.causal:
+    if problem.kind != "alibi" or not problem.spec.causal or problem.cu_seqlens is not None:
         return ""
-    rc_out, _ = _plain(problem, row_constant_bias(problem), framework, device)
-    rc_out = np.where(keep[..., None], rc_out, 0.0)
-    rc_allowed = allowed_error(ref_out, rc_out, problem.spec.dtype)
-    if error > rc_allowed:
-        return ""
-    if problem.spec.dtype in ("float16", "bfloat16"):
-        return (
-            f"{PRECISION_FINDING} or positions held in {problem.spec.dtype} "
-            f"(half-precision position arithmetic)"
-        )
-    return PRECISION_FINDING
+    dtype = problem.spec.dtype
+    half = dtype in ("float16", "bfloat16")
+    for bias in (row_constant_bias(problem), _rounded_positions_bias(problem) if half else None):
+        if bias is None:
+            continue
+        yard_out, _ = _plain(problem, bias, framework, device)
+        yard_out = np.where(keep[..., None], yard_out, 0.0)
+        if error <= allowed_error(ref_out, yard_out, dtype):
+            if half:
+                return (
+                    f"half-precision position arithmetic ({PRECISION_FINDING.split(': ')[1]} "
+                    f"or positions held in {dtype})"
+                )
+            return PRECISION_FINDING
+    return ""
+
+
+def _rounded_positions_bias(problem: AttentionProblem) -> np.ndarray:
+    """The ALiBi bias (and causal mask) from positions rounded to the problem's dtype."""
+    from .problems import round_to_dtype
+
+    spec = problem.spec
+    qpos, kpos, q_keep, k_keep = problem.positions_and_keep()
+
+    def r(p):
+        return round_to_dtype(p.astype(np.float64), spec.dtype).astype(np.float64)
+
+    per = []
+    for b in range(spec.batch):
+        qp, kp = r(qpos[b]), r(kpos[b])
+        bias = -problem.slopes[:, None, None] * np.abs(qp[:, None] - kp[None, :])[None]
+        if spec.causal:
+            bias = np.where(kp[None, None, :] <= qp[None, :, None], bias, -np.inf)
+        per.append(bias)
+    keep = q_keep[:, None, :, None] & k_keep[:, None, None, :]
+    shape = (spec.batch, spec.num_heads, spec.n_q, spec.n_k)
+    bias = np.stack(per) if per else np.zeros(shape)
+    return np.where(keep, bias, -np.inf)
 
 
 def _judge_lse(lse64, ref_lse, plain_lse, keep, dtype):
