@@ -505,15 +505,16 @@ def _jax_attend(query, key, value, slopes, qp, kp, *, causal, scale):
     import jax
     import jax.numpy as jnp
 
+    work = jnp.promote_types(query.dtype, jnp.float32)  # float32, float64 in x64 mode
     group = query.shape[1] // key.shape[1]
-    k = jnp.repeat(key, group, axis=1).astype(jnp.float32)
-    v = jnp.repeat(value, group, axis=1).astype(jnp.float32)
+    k = jnp.repeat(key, group, axis=1).astype(work)
+    v = jnp.repeat(value, group, axis=1).astype(work)
     c = query.shape[-1] ** -0.5 if scale is None else scale
-    diff = (qp[:, None] - kp[None, :]).astype(jnp.float32)
-    bias = -slopes.astype(jnp.float32)[:, None, None] * jnp.abs(diff)
+    diff = (qp[:, None] - kp[None, :]).astype(work)
+    bias = -slopes.astype(work)[:, None, None] * jnp.abs(diff)
     if causal:
         bias = jnp.where(kp[None, None, :] > qp[None, :, None], -jnp.inf, bias)
-    logits = jnp.einsum("bhid,bhjd->bhij", query.astype(jnp.float32), k) * c + bias
+    logits = jnp.einsum("bhid,bhjd->bhij", query.astype(work), k) * c + bias
     empty = jnp.all(jnp.isneginf(logits), axis=-1, keepdims=True)
     w = jax.nn.softmax(jnp.where(empty, 0.0, logits), axis=-1)
     w = jnp.where(empty, 0.0, w)
@@ -529,8 +530,8 @@ def jax_positions_in_input_dtype(
     n_q, n_k = query.shape[2], key.shape[2]
     kp = jnp.arange(n_k) if key_positions is None else key_positions
     qp = jnp.arange(n_q) + (n_k - n_q) if query_positions is None else query_positions
-    kp = kp.astype(query.dtype).astype(jnp.float32)  # the bug
-    qp = qp.astype(query.dtype).astype(jnp.float32)
+    kp = kp.astype(query.dtype)  # the bug
+    qp = qp.astype(query.dtype)
     return _jax_core(query, key, value, slopes, qp, kp, causal, scale)
 
 

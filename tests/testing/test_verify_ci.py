@@ -14,8 +14,8 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from plsh_ref.cli import main
-from plsh_ref.testing.verify import EXIT_STATUSES, parse_slopes
 from plsh_ref.testing.suite import KernelContractError
+from plsh_ref.testing.verify import EXIT_STATUSES, parse_slopes
 
 EX = "plsh_ref.testing.examples"
 SMALL = ["--cases", "5", "--long-cases", "0"]
@@ -31,8 +31,8 @@ def test_exit_statuses_are_documented():
     assert EXIT_STATUSES == {0: "pass", 1: "fail", 2: "bad input (usage)", 3: "inconclusive"}
     from plsh_ref.testing import verify as module
 
-    for code, word in ((0, "0 pass"), (1, "1 some case fails"), (3, "3\ninconclusive")):
-        assert word.split()[-1] in module.__doc__
+    doc = " ".join(module.__doc__.split())
+    assert "0 pass, 1 some case fails, 2 bad input" in doc and "3 inconclusive" in doc
 
 
 def test_decode_and_square_only_kernel_gets_a_full_run(capsys, tmp_path):
