@@ -655,6 +655,8 @@ def _setup(args) -> _Setup:
     slopes = mode if mode != "auto" else slope_mode(kernel)
     if args.kind == "plsh":
         slopes = "given"
+    elif mode == "auto" and _opaque(kernel):
+        slopes = _probe_slope_mode(args, kernel)
     takes_mask = check_signature(kernel, args.kind, slopes)
     caps = effective_capabilities(kernel, unsupported, slopes=slopes)
     caps["attention_mask"] = caps["attention_mask"] and takes_mask
@@ -669,6 +671,30 @@ def _setup(args) -> _Setup:
     return _Setup(
         kernel, slopes, max_bias, framework, dtypes, bounds, caps, unsupported, takes_mask, custom
     )
+
+
+def _opaque(kernel) -> bool:
+    """A ``(*args, **kwargs)`` wrapper: its signature says nothing of ``slopes``."""
+    import inspect
+
+    try:
+        params = inspect.signature(kernel).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return bool(params) and all(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params)
+
+
+def _probe_slope_mode(args, kernel) -> str:
+    """Given-slopes mode unless one small call with ``slopes`` fails because of it."""
+    framework = args.framework
+    try:
+        if framework == "auto":
+            detect_framework(kernel, args.kind, "given", True, args.timeout)
+        return "given"
+    except KernelContractError as exc:
+        if "slopes" in str(exc):
+            return "standard"
+        raise
 
 
 def _plan(args, setup: _Setup):

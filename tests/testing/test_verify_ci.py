@@ -212,3 +212,25 @@ def test_positions_option_restricts_the_battery(capsys):
     assert ran and all("offset=" not in line and "positions=default" in line for line in ran)
     assert "  positions_with_gaps: --positions" in out
     assert "  decode_cache_offset: --positions" in out
+
+
+def test_args_kwargs_wrapper_of_a_standard_slopes_kernel(capsys, tmp_path, monkeypatch):
+    # a *args, **kwargs wrapper was taken for given-slopes mode and failed every case
+    (tmp_path / "wrapped.py").write_text(
+        textwrap.dedent(
+            """
+            from plsh_ref.testing.examples import numpy_alibi, numpy_alibi_standard_slopes
+
+            def standard(*args, **kwargs):
+                return numpy_alibi_standard_slopes(*args, **kwargs)
+
+            def given(*args, **kwargs):
+                return numpy_alibi(*args, **kwargs)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, _ = verify(capsys, "wrapped:standard", *SMALL)
+    assert code == 0 and "slopes=standard" in out, out
+    code, out, _ = verify(capsys, "wrapped:given", *SMALL)
+    assert code == 0 and "slopes=given" in out, out
