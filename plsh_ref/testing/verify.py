@@ -168,6 +168,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="run only random case K of --seed, or the battery case NAME (as printed)",
     )
+    _add_ci_arguments(parser)
+    parser.add_argument(
+        "--no-battery",
+        action="store_true",
+        help="skip the edge battery (it runs before the random cases by default)",
+    )
+    _add_restriction_arguments(parser)
+
+
+def _add_ci_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--long-cases",
         type=int,
@@ -204,11 +214,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="also write a JUnit XML report (one testcase per case) for CI dashboards",
     )
-    parser.add_argument(
-        "--no-battery",
-        action="store_true",
-        help="skip the edge battery (it runs before the random cases by default)",
-    )
+
+
+def _add_restriction_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dtypes",
         default=None,

@@ -108,3 +108,16 @@ def test_half_precision_position_arithmetic_is_caught_on_every_seed(kernel):
             seed,
             r,
         )
+
+
+def test_half_precision_position_bug_fails_a_full_default_run(tmp_path, capsys):
+    pytest.importorskip("torch")
+    code, report, seconds = _verify_json(
+        tmp_path, "_alibi_kernels:torch_arange_positions_in_input_dtype"
+    )
+    out = capsys.readouterr().out
+    assert code == 1, out
+    failed = {c["case"]: c["message"] for c in report["cases"] if c["status"] == "FAIL"}
+    assert "half-precision position arithmetic" in failed["sequence_longer_than_256_bfloat16"]
+    assert "sequence_longer_than_256_bfloat16: half-precision position arithmetic" in out
+    assert seconds < 60, seconds

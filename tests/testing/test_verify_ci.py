@@ -234,3 +234,35 @@ def test_args_kwargs_wrapper_of_a_standard_slopes_kernel(capsys, tmp_path, monke
     assert code == 0 and "slopes=standard" in out, out
     code, out, _ = verify(capsys, "wrapped:given", *SMALL)
     assert code == 0 and "slopes=given" in out, out
+
+
+def test_empty_rows_unspecified(capsys, tmp_path, monkeypatch):
+    # a kernel leaving rows without an admissible key as NaN (HF leaves them unspecified)
+    (tmp_path / "nan_rows_mod.py").write_text(
+        textwrap.dedent(
+            """
+            import numpy as np
+            from plsh_ref.testing.examples import numpy_alibi
+
+            def nan_rows(query, key, value, *, slopes, causal, scale, query_positions,
+                         key_positions, attention_mask=None):
+                out, lse = numpy_alibi(query, key, value, slopes=slopes, causal=causal,
+                                       scale=scale, query_positions=query_positions,
+                                       key_positions=key_positions,
+                                       attention_mask=attention_mask)
+                return np.where(np.isneginf(lse)[..., None], np.nan, out).astype(query.dtype)
+
+            nan_rows.supports = {"empty_rows": False}
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, _ = verify(capsys, "nan_rows_mod:nan_rows", *SMALL, "-v")
+    assert code == 0, out
+    assert "  battery longer_queries pass" in out  # runs, its empty rows not compared
+    assert "  no_keys: empty_rows" in out  # nothing left to compare: not covered
+    import nan_rows_mod
+
+    nan_rows_mod.nan_rows.supports = {}  # negative control
+    code, out, _ = verify(capsys, "nan_rows_mod:nan_rows", *SMALL)
+    assert code == 1 and "longer_queries: output contains NaN" in out
