@@ -13,9 +13,9 @@ or ``(output, lse)``. First the deterministic edge battery
 (:func:`plsh_ref.testing.battery.battery`, one named case per known bug class), then
 ``--cases`` random problems drawn from ``--seed``
 (:func:`plsh_ref.testing.strategies.sample_specs`); each is judged by
-:func:`plsh_ref.testing.suite.check_case`. Cases needing an input the kernel declares
-unsupported (``kernel.supports`` or ``--unsupported``) are skipped and listed, never
-counted as passed. The report lists the failures, what they share (for each axis, its
+:func:`plsh_ref.testing.suite.check_case`. Inputs the kernel declares unsupported
+(``kernel.supports`` or ``--unsupported``) are never drawn (see below); a case that
+still needs one is skipped and listed, never counted as passed. The report lists the failures, what they share (for each axis, its
 share among failures against its share among passes), the worst cases with the command
 that reruns each one alone (``--seed S --case K``), and optionally a JSON report.
 
