@@ -34,7 +34,7 @@ import numpy as np
 
 from .baseline import plain_attention_numpy, plain_attention_torch
 from .capabilities import (
-    CAPABILITIES,
+    CAPABILITIES,  # noqa: F401 - still importable from here
     kernel_capabilities,
     optional_inputs,
     required_capabilities,
@@ -44,8 +44,8 @@ from .reference import KINDS
 from .tolerance import allowed_error, max_error
 
 __all__ = [
-    "CAPABILITIES",
     "FRAMEWORKS",
+    "JAX_X64_MESSAGE",
     "PRECISION_FINDING",
     "SLOPES",
     "CaseResult",
@@ -54,9 +54,9 @@ __all__ = [
     "check_signature",
     "contract_kwargs",
     "detect_framework",
-    "kernel_capabilities",
+    "jax_x64_enabled",
     "load_kernel",
-    "required_capabilities",
+    "row_constant_bias",
     "slope_mode",
 ]
 

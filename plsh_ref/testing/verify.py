@@ -75,6 +75,7 @@ __all__ = [
     "case_features",
     "case_memory_estimate",
     "parse_slopes",
+    "precision_growth",
     "run",
     "shared_axes",
 ]
