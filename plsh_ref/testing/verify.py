@@ -619,6 +619,11 @@ def _rerun_command(args, case: str, framework: str, slopes: str) -> str:
     return " ".join(parts)
 
 
+def _slopes_text(setup) -> str:
+    """The ``--slopes`` value that reproduces the run's slope mode."""
+    return setup.slopes + (f":max_bias={setup.max_bias:g}" if setup.max_bias != 8.0 else "")
+
+
 def _label(name) -> str:
     if isinstance(name, str):
         return f"custom case {name}" if name.startswith("custom_") else f"battery {name}"
@@ -785,7 +790,7 @@ def _print_header(args, setup: _Setup, plan: _Plan) -> None:
     attribute = kernel_capabilities(setup.kernel)
     declared = [c for c, ok in attribute.items() if not ok and c not in unsupported_names]
     num_random = sum(not isinstance(n, str) for n, _ in plan.cases)
-    slopes = setup.slopes + (f":max_bias={setup.max_bias:g}" if setup.max_bias != 8.0 else "")
+    slopes = _slopes_text(setup)
     print(
         f"plsh verify {args.kernel}: kind={args.kind} slopes={slopes} "
         f"framework={setup.framework} device={args.device} seed={args.seed} "
@@ -946,7 +951,9 @@ def _print_failures(args, setup: _Setup, records, axes) -> None:
             ratio = "inf" if r.ratio == float("inf") else f"{r.ratio:.3g}"
             print(f"  {_label(name)}: FAIL ratio {ratio}  {spec.summary()}")
             print(f"    {r.message}")
-            print(f"    rerun: {_rerun_command(args, str(name), setup.framework, setup.slopes)}")
+            print(
+                f"    rerun: {_rerun_command(args, str(name), setup.framework, _slopes_text(setup))}"
+            )
 
 
 def _inconclusive_reason(args, setup: _Setup, plan: _Plan, records, not_run) -> str:
