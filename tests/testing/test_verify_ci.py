@@ -266,3 +266,47 @@ def test_empty_rows_unspecified(capsys, tmp_path, monkeypatch):
     nan_rows_mod.nan_rows.supports = {}  # negative control
     code, out, _ = verify(capsys, "nan_rows_mod:nan_rows", *SMALL)
     assert code == 1 and "longer_queries: output contains NaN" in out
+
+
+def test_shared_positions_only_kernel_still_gets_padded_batches():
+    # declaring batch_positions False dropped every padded case (padding needs the mask)
+    from plsh_ref.testing.battery import battery_plan
+    from plsh_ref.testing.capabilities import effective_capabilities, required_capabilities
+    from plsh_ref.testing.examples import numpy_alibi
+    from plsh_ref.testing.problems import ProblemSpec
+
+    padded = ProblemSpec(positions="padded", pad=3, batch=2)
+    assert "batch_positions" not in required_capabilities(padded)
+    assert "attention_mask" in required_capabilities(padded)
+
+    def kernel(
+        query,
+        key,
+        value,
+        *,
+        slopes,
+        causal,
+        scale,
+        query_positions,
+        key_positions,
+        attention_mask=None,
+    ):
+        return numpy_alibi(
+            query,
+            key,
+            value,
+            slopes=slopes,
+            causal=causal,
+            scale=scale,
+            query_positions=query_positions,
+            key_positions=key_positions,
+            attention_mask=attention_mask,
+        )
+
+    kernel.supports = {"batch_positions": False}
+    cases, not_covered = battery_plan(capabilities=effective_capabilities(kernel))
+    names = {n for n, _ in cases}
+    assert {"left_padding_masked", "bidirectional_padded", "right_padding"} <= names
+    assert [nc.reason for nc in not_covered if nc.name == "per_sequence_positions"] == [
+        "batch_positions"
+    ]
