@@ -7,10 +7,10 @@ import torch
 from plsh_ref.partition import DEFAULT_NUM_SAMPLES
 from plsh_ref.validation import check_bool, check_scale
 
+from . import _padding as P
 from . import _validation as V
-from . import padding as P
-from .autograd import PLSHAttentionFunction
-from .partition import partition_tensors, resolve_partition
+from ._autograd import PLSHAttentionFunction
+from ._partition import partition_tensors, resolve_partition
 
 __all__ = ["plsh_attention"]
 
@@ -88,7 +88,7 @@ def plsh_attention(
         slot ``n_k - n_q + i`` is padded (``n_q <= n_k``) is a pad query: output 0,
         LSE ``-inf``, zero gradient. A left-padded sequence with HF ``position_ids`` gives
         exactly its unpadded bins and outputs on its real tokens
-        (:mod:`plsh_fast.padding`, same semantics as :func:`plsh_ref.plsh_attention`).
+        (:mod:`plsh_fast._padding`, same semantics as :func:`plsh_ref.plsh_attention`).
     return_lse : bool
         Also return the LSE.
     backend : {"auto", "cpu", "triton"}
@@ -150,14 +150,14 @@ def plsh_attention(
     path beats dense attention from about ``n = 4k`` (``benchmarks/README.md``).
 
     ``torch.compile``: inside a compiled region the call is the custom operator
-    ``plsh::attention`` (:mod:`plsh_fast.ops`), which Dynamo traces with symbolic
+    ``plsh::attention`` (:mod:`plsh_fast._ops`), which Dynamo traces with symbolic
     sequence lengths (``fullgraph=True`` works; one graph serves every length); pass the
     partition as tensors (or use :class:`plsh_fast.nn.PLSHAttention`). In eager mode it
-    is :class:`plsh_fast.autograd.PLSHAttentionFunction`, whose backward reuses the
+    is :class:`plsh_fast._autograd.PLSHAttentionFunction`, whose backward reuses the
     forward's plan; both compute the same function.
 
     Synchronisation (CUDA): the value checks (``check_finite``); with a mask or
-    per-sequence positions, grouping the batch (:mod:`plsh_fast.padding`: the groups and
+    per-sequence positions, grouping the batch (:mod:`plsh_fast._padding`: the groups and
     their lengths are data-dependent); the kernels' own planning (sorting check of the
     positions, tile ranges; :mod:`plsh_fast.triton_forward`). Nothing else reads device
     values: the partition and the positions stay on the device.
@@ -215,7 +215,7 @@ def plsh_attention(
     if eager:
         out, lse = PLSHAttentionFunction.apply(*args)
     else:
-        from .ops import attention  # noqa: PLC0415 (registers the operator on first use)
+        from ._ops import attention  # noqa: PLC0415 (registers the operator on first use)
 
         out, lse, _, _ = attention(*args)
     return (out, lse) if return_lse else out

@@ -26,11 +26,11 @@ import torch
 from plsh_ref.partition import PartitionSample
 from plsh_ref.validation import check_scale
 
+from . import _padding as padding
 from . import _validation as V
-from . import padding
+from ._partition import bins, count_bias, partition_tensors
 from .api import plsh_attention
 from .dense import working_dtype
-from .partition import bins, count_bias, partition_tensors
 
 __all__ = ["PLSHDecodingCache", "binary64_bound", "cache_bound"]
 

@@ -51,8 +51,8 @@ from plsh_ref.partition import bins as reference_bins
 from plsh_ref.validation import check_bool, check_int, check_scale
 
 from . import _validation as V
+from ._partition import resolve_partition
 from .api import plsh_attention
-from .partition import resolve_partition
 
 __all__ = [
     "HaloPlan",

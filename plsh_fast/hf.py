@@ -45,17 +45,19 @@ from plsh_ref.alibi import alibi_slopes
 from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
 from plsh_ref.validation import check_bool, check_int, check_num_samples, check_scale
 
+from ._partition import bins, partition_tensors
 from .api import plsh_attention
 from .decoding import cache_bound
 from .dense import expand_kv
-from .partition import bins, partition_tensors
 
 try:  # transformers is an optional dependency (extra "hf")
     from transformers import AttentionInterface
     from transformers.cache_utils import Cache, DynamicLayer
     from transformers.masking_utils import AttentionMaskInterface
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError("plsh_fast.hf needs transformers: pip install 'positional-lsh[hf]'") from exc
+    raise ImportError(
+        "plsh_fast.hf needs transformers: pip install -e '.[hf]' in the positional-lsh checkout"
+    ) from exc
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",

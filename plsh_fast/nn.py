@@ -37,11 +37,11 @@ from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_see
 from plsh_ref.samplers import resolve_group_size
 from plsh_ref.validation import check_bool, check_int, check_positive_float, check_scale
 
+from . import _padding as P
 from . import _validation as V
-from . import padding as P
+from ._partition import bins as torch_bins
+from ._partition import count_bias
 from .dense import expand_kv
-from .partition import bins as torch_bins
-from .partition import count_bias
 
 __all__ = [
     "PLSHAttention",
@@ -268,7 +268,7 @@ class PLSHAttention(nn.Module):
 
     Works under ``torch.compile(fullgraph=True)`` with every backend (and ``exact``),
     dynamic sequence lengths included: the attention is the custom operator
-    ``plsh::attention`` (:mod:`plsh_fast.ops`), the training draws are the operator
+    ``plsh::attention`` (:mod:`plsh_fast._ops`), the training draws are the operator
     ``plsh::training_partition``, and the exact and dense biases are built with torch
     operations from the float64 buffers. The buffers are passed to the kernels as they
     are (no host round trip).
@@ -488,7 +488,7 @@ class PLSHAttention(nn.Module):
                     "partition than the forward did. Use resample='fixed' (and "
                     "set_partition between steps) inside checkpointed regions."
                 )
-            from .ops import training_partition  # noqa: PLC0415 (registers the operator)
+            from ._ops import training_partition  # noqa: PLC0415 (registers the operator)
 
             if self.sampler == "iid":
                 return training_partition(self.slopes, self.draw_counter, self.seed, self.pitch)
@@ -517,7 +517,7 @@ class PLSHAttention(nn.Module):
         attention_mask : torch.Tensor, optional
             Key-padding mask ``(batch, n_k)``, bool or integer 0/1, 1 = keep, 0 = pad
             (HF 2-D convention); pad query slots (end-aligned) give output 0. See
-            :mod:`plsh_fast.padding` for the exact semantics and synchronisation.
+            :mod:`plsh_fast._padding` for the exact semantics and synchronisation.
 
         Returns
         -------
@@ -601,7 +601,7 @@ def _log_count_bias(pitch, offset, qpos, kpos, causal: bool) -> torch.Tensor:
     """``log(C / s)`` (``-inf`` where ``C = 0``), float64 ``(B|1, H, n_q, n_k)``.
 
     ``C[h, i, j] = #{t : bin_t(p_i) = bin_t(p_j)}`` times the causal mask, with the bins
-    of :func:`plsh_fast.partition.bins` (binary64, equal to the reference's); summed one
+    of :func:`plsh_fast._partition.bins` (binary64, equal to the reference's); summed one
     sample at a time, so memory is ``O(B H n_q n_k)``.
     """
     num_samples = pitch.shape[1]

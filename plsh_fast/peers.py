@@ -564,7 +564,7 @@ def reduction_mask_mod(bins: torch.Tensor, *, causal: bool = True):
     Parameters
     ----------
     bins : torch.Tensor
-        int64 ``(num_samples, num_heads, n)``: :func:`plsh_fast.partition.bins` of the
+        int64 ``(num_samples, num_heads, n)``: :func:`plsh_fast._partition.bins` of the
         positions ``0..n-1`` with its first two axes swapped. Read at call time.
     causal : bool
 

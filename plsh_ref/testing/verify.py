@@ -49,6 +49,7 @@ from ..experiments.options import (
     add_max_memory_option,
     check_memory,
     option_message,
+    output_file,
 )
 from .capabilities import CAPABILITIES, effective_capabilities, kernel_capabilities
 from .problems import DTYPES, RANDOM_POSITION_MODES, ProblemSpec
@@ -272,7 +273,11 @@ def _add_restriction_arguments(parser: argparse.ArgumentParser) -> None:
         "--traceback", action="store_true", help="print the traceback of a kernel that raised"
     )
     parser.add_argument(
-        "--json", default=None, metavar="PATH", help="also write a machine-readable report"
+        "--json",
+        default=None,
+        type=output_file,
+        metavar="PATH",
+        help="also write a machine-readable report",
     )
     parser.add_argument(
         "--worst", type=int, default=5, help="number of worst cases to list (default: 5)"

@@ -318,7 +318,7 @@ def test_flex_reduction_peer_matches_reference(mask):
     """The batched FlexAttention reduction (eager) against the float64 reduction reference."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from plsh_fast.partition import bins, partition_tensors
+    from plsh_fast._partition import bins, partition_tensors
 
     n, s = 80, 3
     partition = draw_partition(np.array([3.0, 25.0]), s, seed=8)

@@ -227,7 +227,8 @@ def test_fast_and_dense_backends_train_the_same_model():
         (["--eval-lengths", "0"], "--eval-lengths: multiples must be >= 1"),
         (["--corpus", "/nonexistent/corpus"], "--corpus: not a directory"),
         (["--seed", "1,1"], "--seed: must be distinct"),
-        (["--lr", "nan"], "--lr: must be finite and > 0"),
+        (["--lr", "nan"], "--lr: must be a finite number"),  # refused while parsing
+        (["--lr", "-1"], "--lr: must be finite and > 0"),
     ],
 )
 def test_errors_name_the_option(tmp_path, flag, message, capsys):

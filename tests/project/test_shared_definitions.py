@@ -234,7 +234,7 @@ def test_fast_path_num_samples_limit_is_the_reference_one():
 
 def test_torch_count_bias_equals_the_reference_bit_for_bit():
     torch = pytest.importorskip("torch")
-    from plsh_fast.partition import count_bias as torch_count_bias
+    from plsh_fast._partition import count_bias as torch_count_bias
 
     partition = draw_partition(np.array([1.5, 6.0, 40.0]), 9, seed=2)
     pos = np.arange(-5, 50)
@@ -251,7 +251,7 @@ def test_torch_count_bias_equals_the_reference_bit_for_bit():
 @pytest.mark.parametrize("n_q,n_k", [(0, 0), (0, 3), (3, 0), (1, 1), (5, 9), (9, 5), (64, 64)])
 def test_torch_default_positions_equal_the_reference(n_q, n_k):
     torch = pytest.importorskip("torch")
-    from plsh_fast.padding import default_positions as torch_default_positions
+    from plsh_fast._padding import default_positions as torch_default_positions
     from plsh_ref.alibi import default_positions
 
     got_q, got_k = torch_default_positions(n_q, n_k)
