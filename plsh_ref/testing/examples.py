@@ -301,6 +301,7 @@ def mask_only_plsh(query, key, value, *, partition, causal, scale, query_positio
 
 
 # These two take shared (n,) positions only: a declared capability, so that per-sequence
-# cases are skipped and listed instead of failing for the wrong reason.
+# cases are not drawn (the battery's are listed as not covered) instead of failing for the
+# wrong reason.
 averaged_plsh.supports = {"batch_positions": False}
 mask_only_plsh.supports = {"batch_positions": False}
