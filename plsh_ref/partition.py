@@ -249,9 +249,19 @@ def draw_partition(
     Rahimi & Recht (2007), random binning features; Wolfson & Wagner (2026), section 2;
     ``proofs_notes/samplers.md`` (the correlated samplers).
     """
-    sig = check_sigma("sigma", sigma)
-    if sig.ndim != 1:
-        raise ValueError(f"sigma: must be one-dimensional (num_heads,), got shape {sig.shape}")
+    from .kernels import PITCH_FLOOR, DistanceKernel, check_kernels
+
+    kernels = None
+    if isinstance(sigma, DistanceKernel) or (
+        isinstance(sigma, (list, tuple)) and any(isinstance(x, DistanceKernel) for x in sigma)
+    ):
+        kernels = check_kernels(sigma, name="sigma")
+        num_heads = len(kernels)
+    else:
+        sig = check_sigma("sigma", sigma)
+        if sig.ndim != 1:
+            raise ValueError(f"sigma: must be one-dimensional (num_heads,), got shape {sig.shape}")
+        num_heads = sig.shape[0]
     s = check_num_samples(num_samples)
     head_start = check_int("head_start", head_start, minimum=0)
     if seed is None:
@@ -262,34 +272,44 @@ def draw_partition(
 
     group = resolve_group_size(sampler, s, group_size)
     m = s // group
-    pitch = np.empty((sig.shape[0], s))
-    offset = np.empty((sig.shape[0], s))
+    pitch = np.empty((num_heads, s))
+    offset = np.empty((num_heads, s))
     if sampler == "iid":
-        for h, sigma_h in enumerate(sig):
+        for h in range(num_heads):
             rng = head_rng(seed, head_start + h)
-            pitch[h] = rng.gamma(2.0, scale=sigma_h, size=s)
+            if kernels is None:
+                pitch[h] = rng.gamma(2.0, scale=sig[h], size=s)
+            else:
+                pitch[h] = np.maximum(kernels[h].sample_pitch(rng, s), PITCH_FLOOR)
             offset[h] = pitch[h] * rng.random(s)
         return PartitionSample(pitch, offset, sampler)
     stratified = sampler == "stratified"
-    group_pitch = np.empty((sig.shape[0], m))
-    uniform = np.empty((sig.shape[0], m))
-    phase = np.empty((sig.shape[0], m))
-    order = np.empty((sig.shape[0], m), dtype=np.int64)
-    for h, sigma_h in enumerate(sig):
+    group_pitch = np.empty((num_heads, m))
+    uniform = np.empty((num_heads, m))
+    phase = np.empty((num_heads, m))
+    order = np.empty((num_heads, m), dtype=np.int64)
+    for h in range(num_heads):
         rng = head_rng(seed, head_start + h)
         if stratified:
             uniform[h] = rng.random(m)
+        elif kernels is None:
+            group_pitch[h] = rng.gamma(2.0, scale=sig[h], size=m)
         else:
-            group_pitch[h] = rng.gamma(2.0, scale=sigma_h, size=m)
+            group_pitch[h] = np.maximum(kernels[h].sample_pitch(rng, m), PITCH_FLOOR)
         phase[h] = rng.random(m)
         order[h] = rng.permutation(m) if stratified else np.arange(m)
-    if stratified:  # F^-1 of Gamma(2, sigma) is sigma times that of Gamma(2, 1)
+    if stratified and kernels is None:  # F^-1 of Gamma(2, sigma) is sigma times that of Gamma(2, 1)
         group_pitch = sig[:, None] * stratified_pitch(uniform, 1.0)
+    elif stratified:  # stratified uniforms pushed through each head's pitch quantile
+        for kernel in set(kernels):  # heads with equal kernels in one vectorised call
+            rows = [h for h, c in enumerate(kernels) if c == kernel]
+            group_pitch[rows] = kernel.stratified_pitch(uniform[rows])
+        group_pitch = np.maximum(group_pitch, PITCH_FLOOR)
     grid = (phase[:, :, None] + np.arange(group)[None, None, :] / group) % 1.0
     group_offset = group_pitch[:, :, None] * grid
-    rows = np.arange(sig.shape[0])[:, None]
+    rows = np.arange(num_heads)[:, None]
     pitch[:] = np.repeat(group_pitch[rows, order], group, axis=1)
-    offset[:] = group_offset[rows, order].reshape(sig.shape[0], s)
+    offset[:] = group_offset[rows, order].reshape(num_heads, s)
     return PartitionSample(pitch, offset, sampler)
 
 
