@@ -64,6 +64,7 @@ __all__ = [
     "entry_variance",
     "expected_mask",
     "expected_mask_square",
+    "expected_max_extent",
     "expected_window_width",
     "frobenius_error_square",
     "kernel_matrix",
@@ -1129,3 +1130,29 @@ def expected_window_width(kernel: DistanceKernel, num_samples: int, n: int) -> n
     c = np.concatenate([[0.0], np.cumsum(reach)])
     i = np.arange(n)
     return 1.0 + c[i] + c[n - 1 - i]
+
+
+def expected_max_extent(kernel: DistanceKernel, num_samples: int, limit: int) -> float:
+    """``E[min(max_t R_t, limit)] = sum_{r=1}^{limit} (1 - (1 - k(r))^s)``.
+
+    ``R_t`` is the right (or, by symmetry, left) extent of the block of a fixed position
+    under hash ``t``, ``P(R_t >= r) = k(r)``, independent over ``t``. The mean halo of a
+    chunk edge (``proofs_notes/halo_bound.md``) and the mean decoding cache length minus one
+    (``proofs_notes/decoding_cache.md``) are this with ``limit`` the positions available.
+    For :class:`KerpleLog` with ``r1 <= 1`` it diverges as ``limit -> inf`` (about
+    ``s limit^(1 - r1) r2^(-r1) / (1 - r1)``).
+
+    Raises
+    ------
+    TypeError, ValueError
+        Bad kernel, ``num_samples < 1`` or ``limit < 0``.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md`` (section 6).
+    """
+    kernel = _check_kernel(kernel)
+    s = check_int("num_samples", num_samples, minimum=1)
+    limit = check_int("limit", limit, minimum=0)
+    kv = np.asarray(kernel.k(np.arange(1, limit + 1, dtype=np.float64)))
+    return float(np.sum(-np.expm1(s * np.log1p(-np.minimum(kv, 1.0)))))

@@ -201,8 +201,15 @@ def draw_partition(
 
     Parameters
     ----------
-    sigma : array_like, shape ``(num_heads,)``
-        Length scale of each head in tokens (``1 / slope``), each finite and > 0.
+    sigma : array_like, shape ``(num_heads,)``, or sequence of DistanceKernel
+        Length scale of each head in tokens (``1 / slope``), each finite and > 0; or one
+        :class:`plsh_ref.kernels.DistanceKernel` per head (a general Pólya kernel,
+        ``proofs_notes/general_kernels.md``): head ``h`` then draws its pitches with
+        ``kernels[h].sample_pitch(rng, s)`` (``"iid"``, ``"shared"``) or
+        ``kernels[h].stratified_pitch(U)`` (``"stratified"``) in place of the Gamma draws,
+        with the same stream and the same offsets, each pitch raised to
+        :data:`plsh_ref.kernels.PITCH_FLOOR` (which changes no mask on integer positions).
+        ``Exponential(sigma_h)`` kernels give the ``sigma`` draws bit for bit.
     num_samples : int
         ``s >= 1`` hash functions per head.
     seed : int, optional
@@ -236,13 +243,14 @@ def draw_partition(
     Raises
     ------
     ValueError
-        If ``sigma <= 0`` or non-finite, ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``
+        If ``sigma <= 0`` or non-finite (or an empty kernel list), ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``
         (500 000, :data:`plsh_ref.validation.MAX_NUM_SAMPLES`), ``seed < 0``,
         ``head_start < 0``, an unknown ``sampler``, or ``group_size`` not a divisor of ``num_samples`` (not 1 for
         ``"iid"``).
     TypeError
-        If ``num_samples``, ``seed``, ``head_start`` or ``group_size`` are not integers, or
-        ``sampler`` is not a str.
+        If ``num_samples``, ``seed``, ``head_start`` or ``group_size`` are not integers,
+        ``sampler`` is not a str, or ``sigma`` mixes kernels with numbers or is a single
+        kernel (message starts with ``sigma``).
 
     References
     ----------

@@ -560,3 +560,88 @@ def test_max_norm_dkw_bound_holds_for_kerple_log():
     )
     # DKW holds for any kernel: each draw exceeds eps with probability <= 1e-7; 10 draws, 1e-6
     assert worst < eps
+
+
+def test_tail_first_moment():
+    # ALiBi: e^(-b/sigma) (b^2/sigma + 2b + 2 sigma) (spectral_bound.md); KERPLE: quadrature
+    b, sig = 7.0, 3.0
+    want = math.exp(-b / sig) * (b * b / sig + 2 * b + 2 * sig)
+    assert Exponential(sig).tail_first_moment(b) == pytest.approx(want, rel=1e-13)
+    for kern in (KerpleLog(2.5, 0.2), KerplePower(0.5, 0.5)):
+        with mpmath.workdps(30):
+            lo = mpmath.log(b)
+            quad = mpmath.quad(
+                lambda u, kern=kern: mpmath.exp(3 * u) * kern.d2k_mp(mpmath.exp(u), 40),
+                [lo, lo + 1, lo + 5, lo + 20, 700],
+            )
+        assert kern.tail_first_moment(b) == pytest.approx(float(quad), rel=1e-8)
+    assert KerpleLog(0.7, 0.5).tail_first_moment(b) == math.inf
+
+
+def test_expected_max_extent_is_the_one_sided_window():
+    from plsh_ref.kernels import expected_max_extent
+
+    kern = KerpleLog(0.7, 0.5)
+    n, s = 300, 8
+    # position 0 of n: window 1 + c_{n-1}
+    assert expected_max_extent(kern, s, n - 1) == pytest.approx(
+        expected_window_width(kern, s, n)[0] - 1, rel=1e-14
+    )
+    # Monte Carlo: the right extent of position 0 over s hashes
+    reps = 3000
+    part = draw_partition([kern] * reps, s, seed=31)
+    b = bins(part, np.arange(n))  # (reps, s, n)
+    reach = (b == b[:, :, :1]).sum(axis=2).max(axis=1) - 1  # max_t R_t, capped at n - 1
+    # 1 comparison: 5.7e-7
+    assert abs(reach.mean() - expected_max_extent(kern, s, n - 1)) < Z * reach.std() / math.sqrt(
+        reps
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The stratified sampler's rate (section 8)
+# --------------------------------------------------------------------------------------
+
+N_RATE = 1024
+R_RATE = np.arange(1, N_RATE, dtype=float)
+W_RATE = 2 * (N_RATE - R_RATE)
+
+
+def _split(sigma, s, g):
+    a, b = S.variance_split(R_RATE, sigma, s, sampler="stratified", group_size=g)
+    return float(np.sum(W_RATE * a)), float(np.sum(W_RATE * b))
+
+
+def test_within_part_is_at_most_a_quarter_over_s_s_prime():
+    for sigma in (4.0, 64.0):
+        for s, g in ((16, 4), (64, 8), (48, 3), (20, 20)):
+            a, _ = S.variance_split(R_RATE, sigma, s, sampler="stratified", group_size=g)
+            assert np.all(a <= 1 / (4 * s * g) * (1 + 1e-12))
+    # and the bound is not loose by orders: somewhere within 3x of it
+    a, _ = S.variance_split(R_RATE, 16.0, 64, sampler="stratified", group_size=8)
+    assert a.max() > 1 / (4 * 64 * 8) / 3
+
+
+def test_within_part_scales_as_one_over_s_s_prime():
+    m = 16
+    scaled = [_split(16.0, m * g, g)[0] * m * g * g for g in (1, 2, 4, 8, 16, 32, 64)]
+    assert max(scaled) / min(scaled) < 1.016
+
+
+def test_between_part_decays_like_m_to_a_power_decreasing_to_two():
+    between = [_split(16.0, m, 1)[1] for m in (4, 16, 64, 256, 1024)]
+    exponents = -np.diff(np.log(between)) / np.log(4.0)
+    assert np.all((exponents > 2.0) & (exponents < 2.4)), exponents
+    assert np.all(np.diff(exponents) < 0), exponents  # decreasing towards 2
+
+
+def test_stratified_rate_lies_between_the_two_regimes():
+    from plsh_ref.experiments.reproduce import fit_loglog_slope
+
+    s = np.array([4, 8, 16, 32, 64, 128, 256])
+    for sigma in (4.0, 16.0, 64.0):
+        strat = [S.frobenius_error_square(sigma, N_RATE, int(x), sampler="stratified") for x in s]
+        iid = [S.frobenius_error_square(sigma, N_RATE, int(x)) for x in s]
+        slope = fit_loglog_slope(s, np.sqrt(strat))
+        assert -0.75 < slope < -2 / 3, (sigma, slope)
+        assert fit_loglog_slope(s, np.sqrt(iid)) == pytest.approx(-0.5, abs=1e-12)
