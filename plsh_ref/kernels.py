@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import mpmath
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import betainc, betaincinv, gamma, gammainc, gammaincc
 
 from .validation import (
@@ -89,7 +90,7 @@ def _as_array(name: str, value) -> np.ndarray:
     return np.asarray(as_float_array(name, value, finite=False), dtype=np.float64)
 
 
-def _out(x):
+def _out(x) -> float | np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     return float(x) if x.ndim == 0 else x
 
@@ -117,54 +118,54 @@ class DistanceKernel:
     """
 
     # ---------------------------------------------------------------- the kernel
-    def k(self, r):
+    def k(self, r: ArrayLike) -> float | np.ndarray:
         """``k(r)``, float64, the shape of ``r`` (``r >= 0`` tokens)."""
         raise NotImplementedError
 
-    def dk(self, r):
+    def dk(self, r: ArrayLike) -> float | np.ndarray:
         """``k'(r)``, float64, the shape of ``r``."""
         raise NotImplementedError
 
-    def d2k(self, r):
+    def d2k(self, r: ArrayLike) -> float | np.ndarray:
         """``k''(r)``, float64, the shape of ``r`` (``r > 0``)."""
         raise NotImplementedError
 
-    def k_mp(self, r, dps: int = 50):
+    def k_mp(self, r, dps: int = 50) -> mpmath.mpf:
         """``k(r)`` in mpmath at ``dps`` digits (``r`` an mpf or a number)."""
         raise NotImplementedError
 
-    def d2k_mp(self, r, dps: int = 50):
+    def d2k_mp(self, r, dps: int = 50) -> mpmath.mpf:
         """``k''(r)`` in mpmath at ``dps`` digits (``r > 0``)."""
         raise NotImplementedError
 
-    def bias(self, r):
+    def bias(self, r: ArrayLike) -> float | np.ndarray:
         """The additive attention bias ``log k(r)`` (float64, ``-inf`` where ``k = 0``)."""
         with np.errstate(divide="ignore"):
             return _out(np.log(self.k(_distance("r", r))))
 
     # ---------------------------------------------------------------- the pitch law
-    def pitch_pdf(self, delta):
+    def pitch_pdf(self, delta: ArrayLike) -> float | np.ndarray:
         """Pitch density ``p(delta) = delta k''(delta)`` (per token), the shape of ``delta``."""
         d = _distance("delta", delta)
         with np.errstate(invalid="ignore"):
             out = np.where(d > 0, d * self.d2k(np.where(d > 0, d, 1.0)), 0.0)
         return _out(out)
 
-    def pitch_cdf(self, delta):
+    def pitch_cdf(self, delta: ArrayLike) -> float | np.ndarray:
         """``F(delta) = 1 - k(delta) + delta k'(delta) = P(pitch <= delta)``."""
         d = _distance("delta", delta)
         with np.errstate(invalid="ignore"):
             out = np.where(np.isinf(d), 1.0, 1.0 - self.k(d) + d * self.dk(d))
         return _out(out)
 
-    def pitch_sf(self, delta):
+    def pitch_sf(self, delta: ArrayLike) -> float | np.ndarray:
         """``1 - F(delta) = k(delta) - delta k'(delta) = P(pitch > delta)``."""
         d = _distance("delta", delta)
         with np.errstate(invalid="ignore"):
             out = np.where(np.isinf(d), 0.0, self.k(d) - d * self.dk(d))
         return _out(out)
 
-    def pitch_quantile(self, lower, upper):
+    def pitch_quantile(self, lower: ArrayLike, upper: ArrayLike) -> float | np.ndarray:
         """``F^-1`` at probability ``lower = 1 - upper`` (both given: no cancelling subtraction).
 
         Default: bisection on ``log delta`` over ``[1e-300, 1e300]`` (72 steps), comparing
@@ -203,17 +204,17 @@ class DistanceKernel:
         out = np.where(lo_p == 0.0, 0.0, np.where(up_p == 0.0, np.inf, out))
         return _out(out)
 
-    def pitch_ppf(self, q):
+    def pitch_ppf(self, q: ArrayLike) -> float | np.ndarray:
         """``F^-1(q)``, ``q`` in ``[0, 1]`` (see :meth:`pitch_quantile` for both tails)."""
         q = _as_array("q", q)
         return self.pitch_quantile(q, 1.0 - q)
 
-    def pitch_isf(self, q):
+    def pitch_isf(self, q: ArrayLike) -> float | np.ndarray:
         """``(1 - F)^-1(q)``: the pitch exceeded with probability ``q`` (accurate for tiny ``q``)."""
         q = _as_array("q", q)
         return self.pitch_quantile(1.0 - q, q)
 
-    def sample_pitch(self, rng: np.random.Generator, size):
+    def sample_pitch(self, rng: np.random.Generator, size) -> np.ndarray:
         """``size`` independent pitches from ``rng`` (float64 tokens).
 
         Default: inverse CDF of ``rng.random(size)``. Subclasses use exact generators.
@@ -222,7 +223,7 @@ class DistanceKernel:
         u = rng.random(size)
         return self.pitch_quantile(u, 1.0 - u)
 
-    def stratified_pitch(self, uniform):
+    def stratified_pitch(self, uniform: ArrayLike) -> np.ndarray:
         """Stratified pitches ``F^-1((k + U_k) / m)``, ``k = 0..m-1``, from ``U_k`` in ``[0, 1)``.
 
         As :func:`plsh_ref.samplers.stratified_pitch` (the Gamma(2) case, bit-identical
@@ -317,40 +318,40 @@ class Exponential(DistanceKernel):
 
     sigma: float
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "sigma", check_positive_float("sigma", self.sigma))
 
-    def k(self, r):
+    def k(self, r: ArrayLike) -> float | np.ndarray:
         return _out(np.exp(-_distance("r", r) / self.sigma))
 
-    def dk(self, r):
+    def dk(self, r: ArrayLike) -> float | np.ndarray:
         return _out(-np.exp(-_distance("r", r) / self.sigma) / self.sigma)
 
-    def d2k(self, r):
+    def d2k(self, r: ArrayLike) -> float | np.ndarray:
         return _out(np.exp(-_distance("r", r) / self.sigma) / self.sigma**2)
 
-    def k_mp(self, r, dps: int = 50):
+    def k_mp(self, r, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             return mpmath.exp(-mpmath.mpf(r) / mpmath.mpf(self.sigma))
 
-    def d2k_mp(self, r, dps: int = 50):
+    def d2k_mp(self, r, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             sig = mpmath.mpf(self.sigma)
             return mpmath.exp(-mpmath.mpf(r) / sig) / sig**2
 
-    def pitch_cdf(self, delta):
+    def pitch_cdf(self, delta: ArrayLike) -> float | np.ndarray:
         return _out(gammainc(2.0, _distance("delta", delta) / self.sigma))
 
-    def pitch_sf(self, delta):
+    def pitch_sf(self, delta: ArrayLike) -> float | np.ndarray:
         return _out(gammaincc(2.0, _distance("delta", delta) / self.sigma))
 
-    def pitch_quantile(self, lower, upper):
+    def pitch_quantile(self, lower: ArrayLike, upper: ArrayLike) -> float | np.ndarray:
         from .samplers import gamma2_quantile
 
         lo, up = _check_probabilities(lower, upper)
         return _out(gamma2_quantile(lo, up, self.sigma))
 
-    def sample_pitch(self, rng, size):
+    def sample_pitch(self, rng: np.random.Generator, size) -> np.ndarray:
         """``rng.gamma(2.0, scale=sigma, size=size)``: the draws of ``draw_partition(sigma)``."""
         _check_rng(rng)
         return rng.gamma(2.0, scale=self.sigma, size=size)
@@ -391,42 +392,42 @@ class KerpleLog(DistanceKernel):
     r1: float
     r2: float
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "r1", check_positive_float("r1", self.r1))
         object.__setattr__(self, "r2", check_positive_float("r2", self.r2))
 
-    def k(self, r):
+    def k(self, r: ArrayLike) -> float | np.ndarray:
         return _out(np.exp(-self.r1 * np.log1p(self.r2 * _distance("r", r))))
 
-    def dk(self, r):
+    def dk(self, r: ArrayLike) -> float | np.ndarray:
         x = self.r2 * _distance("r", r)
         return _out(-self.r1 * self.r2 * np.exp(-(self.r1 + 1.0) * np.log1p(x)))
 
-    def d2k(self, r):
+    def d2k(self, r: ArrayLike) -> float | np.ndarray:
         x = self.r2 * _distance("r", r)
         c = self.r1
         return _out(c * (c + 1.0) * self.r2**2 * np.exp(-(c + 2.0) * np.log1p(x)))
 
-    def k_mp(self, r, dps: int = 50):
+    def k_mp(self, r, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             return (1 + mpmath.mpf(self.r2) * mpmath.mpf(r)) ** (-mpmath.mpf(self.r1))
 
-    def d2k_mp(self, r, dps: int = 50):
+    def d2k_mp(self, r, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             c, a = mpmath.mpf(self.r1), mpmath.mpf(self.r2)
             return c * (c + 1) * a**2 * (1 + a * mpmath.mpf(r)) ** (-c - 2)
 
-    def pitch_cdf(self, delta):
+    def pitch_cdf(self, delta: ArrayLike) -> float | np.ndarray:
         x = self.r2 * _distance("delta", delta)
         with np.errstate(invalid="ignore"):
             t = np.where(np.isinf(x), 1.0, x / (1.0 + x))
         return _out(betainc(2.0, self.r1, t))
 
-    def pitch_sf(self, delta):
+    def pitch_sf(self, delta: ArrayLike) -> float | np.ndarray:
         x = self.r2 * _distance("delta", delta)
         return _out(betainc(self.r1, 2.0, 1.0 / (1.0 + x)))  # 1 - T ~ Beta(r1, 2)
 
-    def pitch_quantile(self, lower, upper):
+    def pitch_quantile(self, lower: ArrayLike, upper: ArrayLike) -> float | np.ndarray:
         lo, up = _check_probabilities(lower, upper)
         with np.errstate(divide="ignore", invalid="ignore"):
             t = betaincinv(2.0, self.r1, lo)  # T, accurate for small T
@@ -435,7 +436,7 @@ class KerpleLog(DistanceKernel):
         x = np.where(lo == 0.0, 0.0, np.where(up == 0.0, np.inf, x))
         return _out(x / self.r2)
 
-    def sample_pitch(self, rng, size):
+    def sample_pitch(self, rng: np.random.Generator, size) -> np.ndarray:
         """``G2 / (r2 G1)``, ``G2 ~ Gamma(2)`` then ``G1 ~ Gamma(r1)`` from ``rng`` (beta prime)."""
         _check_rng(rng)
         num = rng.standard_gamma(2.0, size=size)
@@ -484,7 +485,7 @@ class KerplePower(DistanceKernel):
     r1: float
     p: float
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         object.__setattr__(self, "r1", check_positive_float("r1", self.r1))
         p = check_positive_float("p", self.p)
         if p > 1.0:
@@ -499,41 +500,41 @@ class KerplePower(DistanceKernel):
     def _y(self, r):
         return self.r1 * _distance("r", r) ** self.p
 
-    def k(self, r):
+    def k(self, r: ArrayLike) -> float | np.ndarray:
         return _out(np.exp(-self._y(r)))
 
-    def dk(self, r):
+    def dk(self, r: ArrayLike) -> float | np.ndarray:
         r = _distance("r", r)
         with np.errstate(divide="ignore", invalid="ignore"):
             out = -self.r1 * self.p * r ** (self.p - 1.0) * np.exp(-self.r1 * r**self.p)
         return _out(out)
 
-    def d2k(self, r):
+    def d2k(self, r: ArrayLike) -> float | np.ndarray:
         r = _distance("r", r)
         y = self.r1 * r**self.p
         with np.errstate(divide="ignore", invalid="ignore"):
             out = self.r1 * self.p * r ** (self.p - 2.0) * np.exp(-y) * (self.p * y + 1.0 - self.p)
         return _out(out)
 
-    def k_mp(self, r, dps: int = 50):
+    def k_mp(self, r, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             return mpmath.exp(-mpmath.mpf(self.r1) * mpmath.mpf(r) ** mpmath.mpf(self.p))
 
-    def d2k_mp(self, r, dps: int = 50):
+    def d2k_mp(self, r, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             a, p, r = mpmath.mpf(self.r1), mpmath.mpf(self.p), mpmath.mpf(r)
             y = a * r**p
             return a * p * r ** (p - 2) * mpmath.exp(-y) * (p * y + 1 - p)
 
-    def pitch_cdf(self, delta):
+    def pitch_cdf(self, delta: ArrayLike) -> float | np.ndarray:
         y = self._y(delta)
         return _out((1.0 - self.p) * gammainc(1.0, y) + self.p * gammainc(2.0, y))
 
-    def pitch_sf(self, delta):
+    def pitch_sf(self, delta: ArrayLike) -> float | np.ndarray:
         y = self._y(delta)
         return _out((1.0 - self.p) * gammaincc(1.0, y) + self.p * gammaincc(2.0, y))
 
-    def sample_pitch(self, rng, size):
+    def sample_pitch(self, rng: np.random.Generator, size) -> np.ndarray:
         """``(Y / r1)^(1/p)`` with ``Y ~ Gamma(1 + B)``, ``B ~ Bernoulli(p)`` drawn first."""
         _check_rng(rng)
         shape = 1.0 + (rng.random(size) < self.p)
@@ -575,7 +576,7 @@ class Mixture(DistanceKernel):
     weights: tuple
     kernels: tuple
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         w = tuple(
             float(check_positive_float("weights", x, allow_zero=True))
             for x in _neg_ok(self.weights)
@@ -598,34 +599,34 @@ class Mixture(DistanceKernel):
             sum(w * np.asarray(getattr(c, method)(x)) for w, c in zip(self.weights, self.kernels))
         )
 
-    def k(self, r):
+    def k(self, r: ArrayLike) -> float | np.ndarray:
         return self._mix("k", r)
 
-    def dk(self, r):
+    def dk(self, r: ArrayLike) -> float | np.ndarray:
         return self._mix("dk", r)
 
-    def d2k(self, r):
+    def d2k(self, r: ArrayLike) -> float | np.ndarray:
         return self._mix("d2k", r)
 
-    def k_mp(self, r, dps: int = 50):
+    def k_mp(self, r, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             return mpmath.fsum(
                 mpmath.mpf(w) * c.k_mp(r, dps) for w, c in zip(self.weights, self.kernels)
             )
 
-    def d2k_mp(self, r, dps: int = 50):
+    def d2k_mp(self, r, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             return mpmath.fsum(
                 mpmath.mpf(w) * c.d2k_mp(r, dps) for w, c in zip(self.weights, self.kernels)
             )
 
-    def pitch_cdf(self, delta):
+    def pitch_cdf(self, delta: ArrayLike) -> float | np.ndarray:
         return self._mix("pitch_cdf", delta)
 
-    def pitch_sf(self, delta):
+    def pitch_sf(self, delta: ArrayLike) -> float | np.ndarray:
         return self._mix("pitch_sf", delta)
 
-    def sample_pitch(self, rng, size):
+    def sample_pitch(self, rng: np.random.Generator, size) -> np.ndarray:
         """Components ``rng.choice(len, size, p=weights)``, then each component's draws in order."""
         _check_rng(rng)
         comp = rng.choice(len(self.weights), size=size, p=np.asarray(self.weights))
@@ -730,7 +731,7 @@ def check_polya(kernel: DistanceKernel, *, r_max: float = 1e6, num: int = 4001) 
     return kernel
 
 
-def check_kernels(kernels, num_heads: int | None = None, *, name: str = "kernels") -> tuple:
+def check_kernels(kernels: object, num_heads: int | None = None, *, name: str = "kernels") -> tuple:
     """A sequence of kernels, one per head, as a tuple (validated).
 
     Raises
@@ -770,7 +771,9 @@ def _check_kernel(kernel) -> DistanceKernel:
 # --------------------------------------------------------------------------------------
 
 
-def collision_probability_mp(kernel: DistanceKernel, distance, *, dps: int = 40):
+def collision_probability_mp(
+    kernel: DistanceKernel, distance: float, *, dps: int = 40
+) -> mpmath.mpf:
     """``P(same bin) = int_r^inf (1 - r/delta) delta k''(delta) d delta`` by mpmath quadrature.
 
     Independent of ``kernel.k``: integrates the pitch density ``delta k''(delta)`` of
@@ -811,7 +814,13 @@ def collision_probability_mp(kernel: DistanceKernel, distance, *, dps: int = 40)
         return mpmath.quad(integrand, pts)
 
 
-def kernel_matrix(kernel: DistanceKernel, query_positions, key_positions, *, causal: bool = False):
+def kernel_matrix(
+    kernel: DistanceKernel,
+    query_positions: ArrayLike,
+    key_positions: ArrayLike,
+    *,
+    causal: bool = False,
+) -> np.ndarray:
     """``E[M] = K``, ``K_ij = k(|p_i - p_j|)`` (times the causal 0/1 mask).
 
     Parameters
@@ -845,7 +854,9 @@ def kernel_matrix(kernel: DistanceKernel, query_positions, key_positions, *, cau
     return out
 
 
-def expected_mask(kernels, query_positions, key_positions, *, causal: bool = False):
+def expected_mask(
+    kernels: object, query_positions: ArrayLike, key_positions: ArrayLike, *, causal: bool = False
+) -> np.ndarray:
     """``E[M(h)]`` for every head: the kernel matrices, float64 ``(num_heads, n_q, n_k)``.
 
     Raises
@@ -931,8 +942,13 @@ def _partial_collision(kernel, lo, hi, x):
 
 
 def entry_variance(
-    kernel: DistanceKernel, distance, num_samples: int, *, sampler="iid", group_size=None
-):
+    kernel: DistanceKernel,
+    distance: ArrayLike,
+    num_samples: int,
+    *,
+    sampler: str = "iid",
+    group_size: int | None = None,
+) -> float | np.ndarray:
     """Exact ``Var(M~_ij)`` at ``distance`` for ``kernel`` under ``sampler``.
 
     As :func:`plsh_ref.samplers.entry_variance` (the ALiBi case, which this equals for
@@ -990,7 +1006,12 @@ def entry_variance(
 
 
 def frobenius_error_square(
-    kernel: DistanceKernel, n: int, num_samples: int, *, sampler="iid", group_size=None
+    kernel: DistanceKernel,
+    n: int,
+    num_samples: int,
+    *,
+    sampler: str = "iid",
+    group_size: int | None = None,
 ) -> float:
     """Exact ``E||M~ - K||_F^2`` on positions ``0..n-1`` (bidirectional).
 
@@ -1014,7 +1035,7 @@ def frobenius_error_square(
 # --------------------------------------------------------------------------------------
 
 
-def block_extent_sf(kernel: DistanceKernel, b):
+def block_extent_sf(kernel: DistanceKernel, b: ArrayLike) -> float | np.ndarray:
     """``P(R >= b) = k(b)``: tail of the right (or left) extent of the block of a position.
 
     ``P(L >= a, R >= b) = k(a + b)`` (positions ``x - a`` and ``x + b`` share the bin).
@@ -1027,7 +1048,7 @@ def block_extent_sf(kernel: DistanceKernel, b):
     return _check_kernel(kernel).k(_distance("b", b))
 
 
-def block_size_pmf(kernel: DistanceKernel, size):
+def block_size_pmf(kernel: DistanceKernel, size: ArrayLike) -> float | np.ndarray:
     """``P(K = j) = j (k(j-1) - 2 k(j) + k(j+1))``: size of the block containing a position.
 
     Raises
@@ -1073,7 +1094,7 @@ def block_size_mean(kernel: DistanceKernel, n: int | None = None) -> float:
     return 1.0 + 2.0 * (head + kernel._tail_integral(200000.5))
 
 
-def largest_pitch_sf(kernel: DistanceKernel, b, num_samples: int):
+def largest_pitch_sf(kernel: DistanceKernel, b: ArrayLike, num_samples: int) -> float | np.ndarray:
     """``P(max_t delta_t > b) = 1 - F(b)^s`` for ``s`` independent pitches.
 
     Raises
@@ -1087,7 +1108,7 @@ def largest_pitch_sf(kernel: DistanceKernel, b, num_samples: int):
     return _out(-np.expm1(s * np.log1p(-np.minimum(sf, 1.0))))
 
 
-def largest_pitch_quantile(kernel: DistanceKernel, q, num_samples: int) -> float:
+def largest_pitch_quantile(kernel: DistanceKernel, q: float, num_samples: int) -> float:
     """The ``q``-quantile of the largest of ``s`` independent pitches: ``F^-1(q^(1/s))``.
 
     For :class:`KerpleLog` it grows like ``((r1 + 1) s / (1 - q))^(1/r1) / r2`` (a power of

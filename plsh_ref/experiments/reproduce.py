@@ -79,7 +79,7 @@ NORMS = ("spectral", "max", "frobenius")
 KERNEL_KINDS = ("alibi", "kerple-log", "kerple-power")
 
 
-def kernel_heads(kind: str, sigmas, *, r1: float = 0.7, p: float = 0.5):
+def kernel_heads(kind: str, sigmas, *, r1: float = 0.7, p: float = 0.5) -> list | None:
     """One :mod:`plsh_ref.kernels` kernel per length scale ``sigma`` (``None`` for ALiBi).
 
     ``"alibi"``: ``None`` (the ``sigma`` path of :func:`plsh_ref.partition.draw_partition`,
@@ -216,6 +216,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="group size s' of the correlated samplers for the s it divides (default: "
         "the rule of plsh_ref.samplers.default_group_size)",
     )
+    _add_kernel_arguments(parser)
+    add_out_option(parser, "reproduce")
+    add_max_memory_option(parser)
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    add_quiet_option(parser)
+
+
+def _add_kernel_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--kernel``, ``--r1``, ``--p``: the relative bias of the run (:func:`kernel_heads`)."""
     parser.add_argument(
         "--kernel",
         choices=KERNEL_KINDS,
@@ -236,10 +245,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0.5,
         help="KERPLE-power exponent p in (0, 1] (default 0.5)",
     )
-    add_out_option(parser, "reproduce")
-    add_max_memory_option(parser)
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    add_quiet_option(parser)
 
 
 def memory_estimate(
