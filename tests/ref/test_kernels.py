@@ -210,7 +210,7 @@ def test_non_polya_kernels_are_refused_naming_the_condition():
         Mixture([0.5, 0.4], [Exponential(1.0), Exponential(4.0)])
     # the Gaussian is refused by draw_partition-independent checks; the valid ones pass
     for kernel in ALL:
-        assert check_polya(kernel, r_max=1e12) is kernel
+        assert check_polya(kernel) is kernel
 
 
 def test_negative_weight_mixture_is_indeed_not_convex():
@@ -645,3 +645,20 @@ def test_stratified_rate_lies_between_the_two_regimes():
         slope = fit_loglog_slope(s, np.sqrt(strat))
         assert -0.75 < slope < -2 / 3, (sigma, slope)
         assert fit_loglog_slope(s, np.sqrt(iid)) == pytest.approx(-0.5, abs=1e-12)
+
+
+def test_check_polya_refuses_a_kernel_without_limit_zero():
+    class Plateau(DistanceKernel):
+        """``(1 + e^-r) / 2``: convex and decreasing but tends to 1/2 (k -> 0 fails)."""
+
+        def k(self, r):
+            return 0.5 * (1 + np.exp(-np.asarray(r, dtype=float)))
+
+        def dk(self, r):
+            return -0.5 * np.exp(-np.asarray(r, dtype=float))
+
+        def d2k(self, r):
+            return 0.5 * np.exp(-np.asarray(r, dtype=float))
+
+    with pytest.raises(ValueError, match="^kernel: Plateau does not tend to 0"):
+        check_polya(Plateau())
