@@ -662,3 +662,19 @@ def test_check_polya_refuses_a_kernel_without_limit_zero():
 
     with pytest.raises(ValueError, match="^kernel: Plateau does not tend to 0"):
         check_polya(Plateau())
+
+
+def test_stratified_largest_pitch_is_the_top_stratum():
+    kern = KerpleLog(0.7, 0.5)
+    reps, s, g = 4000, 16, 4
+    m = s // g
+    part = draw_partition([kern] * reps, s, seed=13, sampler="stratified", group_size=g)
+    top = part.pitch.max(axis=1)
+    for q in (0.5, 0.9):
+        b = float(kern.pitch_isf((1 - q) / m))  # P(max > b) = m P(delta > b) = 1 - q
+        freq = np.mean(top <= b)
+        # 2 comparisons: 1.1e-6
+        assert abs(freq - q) < Z * math.sqrt(q * (1 - q) / reps)
+    # negative control: the iid law of the largest of m pitches is a different quantile
+    b_iid = largest_pitch_quantile(kern, 0.3, m)
+    assert abs(np.mean(top <= b_iid) - 0.3) > Z * math.sqrt(0.21 / reps)
