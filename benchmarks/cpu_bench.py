@@ -10,9 +10,9 @@ the float64 exact reference come from :mod:`plsh_fast.peers`:
 
 * ``plsh``: :func:`plsh_fast.plsh_attention` (the CPU path) with a fixed seeded partition,
   as a model layer calls it every step: the plan (tile groups and count biases) is kept
-  across calls (``plsh_fast.cpu.PLAN_CACHE_BYTES``, module step 8), like the block mask
-  of the FlexAttention peers, which is built once and reused; ``kept plan MB`` is what it
-  keeps (0 where the plan exceeds the budget and every call plans);
+  across calls (``plsh_fast.cpu.PLAN_CACHE_BYTES``, step 8, ``plsh_fast/cpu/_plan_cache.py``),
+  like the block mask of the FlexAttention peers, which is built once and reused; ``kept
+  plan MB`` is what it keeps (0 where the plan exceeds the budget and every call plans);
 * ``plsh_cold``: the same with no plan kept (``plsh_fast.cpu.no_kept_plans``): every call
   plans and builds its biases, as a call with new positions or a new partition does;
 * ``sdpa_dense``: ``scaled_dot_product_attention`` with a dense float32 ALiBi bias
@@ -93,7 +93,7 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing
 
 from plsh_fast import cpu as plsh_cpu  # noqa: E402
 from plsh_fast import peers, plsh_attention  # noqa: E402
-from plsh_fast.partition import partition_tensors  # noqa: E402
+from plsh_fast._partition import partition_tensors  # noqa: E402
 from plsh_ref.alibi import alibi_slopes  # noqa: E402
 from plsh_ref.partition import PartitionSample, draw_partition  # noqa: E402
 
@@ -134,8 +134,8 @@ def error_rows(n: int, limit: int):
 def exact_alibi(q, k, v, slopes, chunk: int = 512, rows=None) -> torch.Tensor:
     """Causal exact ALiBi attention in float64, ``chunk`` query rows at a time (on ``rows``)."""
     if rows is None:
-        return peers.alibi_attention(q, k, v, slopes=slopes, chunk_size=chunk)
-    return peers.alibi_attention(
+        return peers.chunked_alibi_attention(q, k, v, slopes=slopes, chunk_size=chunk)
+    return peers.chunked_alibi_attention(
         q[:, :, rows], k, v, slopes=slopes, chunk_size=chunk, query_positions=rows
     )
 
@@ -153,8 +153,8 @@ def errors(out: torch.Tensor, exact: torch.Tensor, rows=None) -> dict:
 
 
 def dense_alibi_bias(n: int, slopes) -> torch.Tensor:
-    """float32 causal ALiBi bias ``(1, H, n, n)`` (:func:`plsh_fast.peers.alibi_bias`)."""
-    return peers.alibi_bias(slopes, n, n, causal=True, dtype=torch.float32)[None]
+    """float32 causal ALiBi bias ``(1, H, n, n)`` (:func:`plsh_fast.peers.sdpa_alibi_bias`)."""
+    return peers.sdpa_alibi_bias(slopes, n, n, causal=True, dtype=torch.float32)[None]
 
 
 # One score_mod / mask_mod for all calls, reading fixed tensors whose contents change, so
@@ -225,7 +225,7 @@ def flex_runner(n: int, slopes, window=None):
 def reduction(q, k, v, partition: PartitionSample) -> torch.Tensor:
     """The paper's reduction: one block-diagonal pass per sample, merged by the LSE
     (:func:`plsh_fast.peers.reduction_attention`, each pass our CPU path)."""
-    return peers.reduction_attention(q, k, v, partition, causal=True, check_finite=False)
+    return peers.reduction_attention(q, k, v, partition=partition, causal=True, check_finite=False)
 
 
 def support_width(partition: PartitionSample, n: int) -> tuple[list[float], list[float]]:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from plsh_ref.partition import DEFAULT_NUM_SAMPLES
+from plsh_ref.alibi import check_slopes
+from plsh_ref.partition import resolve_partition
 from plsh_ref.validation import check_bool, check_scale
 
+from . import _padding as P
 from . import _validation as V
-from . import padding as P
-from .autograd import PLSHAttentionFunction
-from .partition import partition_tensors, resolve_partition
+from ._autograd import PLSHAttentionFunction
+from ._partition import partition_tensors
 
 __all__ = ["plsh_attention"]
 
@@ -20,12 +21,12 @@ def plsh_attention(
     key,
     value,
     *,
+    partition=None,
     slopes=None,
     num_samples=None,
+    seed=None,
     causal: bool = True,
     scale=None,
-    partition=None,
-    seed=None,
     query_positions=None,
     key_positions=None,
     attention_mask=None,
@@ -88,7 +89,7 @@ def plsh_attention(
         slot ``n_k - n_q + i`` is padded (``n_q <= n_k``) is a pad query: output 0,
         LSE ``-inf``, zero gradient. A left-padded sequence with HF ``position_ids`` gives
         exactly its unpadded bins and outputs on its real tokens
-        (:mod:`plsh_fast.padding`, same semantics as :func:`plsh_ref.plsh_attention`).
+        (:mod:`plsh_fast._padding`, same semantics as :func:`plsh_ref.plsh_attention`).
     return_lse : bool
         Also return the LSE.
     backend : {"auto", "cpu", "triton"}
@@ -150,14 +151,14 @@ def plsh_attention(
     path beats dense attention from about ``n = 4k`` (``benchmarks/README.md``).
 
     ``torch.compile``: inside a compiled region the call is the custom operator
-    ``plsh::attention`` (:mod:`plsh_fast.ops`), which Dynamo traces with symbolic
+    ``plsh::attention`` (:mod:`plsh_fast._ops`), which Dynamo traces with symbolic
     sequence lengths (``fullgraph=True`` works; one graph serves every length); pass the
     partition as tensors (or use :class:`plsh_fast.nn.PLSHAttention`). In eager mode it
-    is :class:`plsh_fast.autograd.PLSHAttentionFunction`, whose backward reuses the
+    is :class:`plsh_fast._autograd.PLSHAttentionFunction`, whose backward reuses the
     forward's plan; both compute the same function.
 
     Synchronisation (CUDA): the value checks (``check_finite``); with a mask or
-    per-sequence positions, grouping the batch (:mod:`plsh_fast.padding`: the groups and
+    per-sequence positions, grouping the batch (:mod:`plsh_fast._padding`: the groups and
     their lengths are data-dependent); the kernels' own planning (sorting check of the
     positions, tile ranges; :mod:`plsh_fast.triton_forward`). Nothing else reads device
     values: the partition and the positions stay on the device.
@@ -186,36 +187,27 @@ def plsh_attention(
     backend = V.check_backend(backend, device, head_dim, head_dim_v)
     c = check_scale(scale, head_dim)
     eager = not torch.compiler.is_compiling()
-    qpos = P.check_positions("query_positions", query_positions, batch, n_q, device)
-    kpos = P.check_positions("key_positions", key_positions, batch, n_k, device)
-    mask = P.check_attention_mask(attention_mask, batch, n_k, device)
-    default_q, default_k = P.default_positions(n_q, n_k, device)
-    qpos = default_q if qpos is None else qpos
-    kpos = default_k if kpos is None else kpos
+    qpos, kpos, mask = P.resolve_positions(
+        query_positions, key_positions, attention_mask, batch, n_q, n_k, device
+    )
     if isinstance(partition, (tuple, list)):
         pitch, offset = _check_partition_tensors(partition, num_heads, num_samples, seed, device)
         sample = None
     else:
-        if partition is not None:
-            V.check_partition(partition, num_heads, num_samples, seed)
-            sample = partition
-        else:
-            m = V.check_slopes(slopes, num_heads)
-            num_samples = V.check_num_samples(
-                DEFAULT_NUM_SAMPLES if num_samples is None else num_samples
-            )
-            sample = resolve_partition(None, m, num_samples, seed)
+        sample = resolve_partition(
+            partition, num_heads=num_heads, slopes=slopes, num_samples=num_samples, seed=seed
+        )
         pitch, offset = partition_tensors(sample, device)
     V.check_backend_num_samples(backend, pitch.shape[1])
     if slopes is not None and partition is not None and eager:
-        V.check_slopes(slopes, num_heads)
+        check_slopes(slopes, num_heads)
     if eager and check_finite:
         _check_values(query, key, value, pitch, offset, *P.real_positions(qpos, kpos, mask, batch))
     args = (query, key, value, pitch, offset, qpos, kpos, mask, c, causal, backend)
     if eager:
         out, lse = PLSHAttentionFunction.apply(*args)
     else:
-        from .ops import attention  # noqa: PLC0415 (registers the operator on first use)
+        from ._ops import attention  # noqa: PLC0415 (registers the operator on first use)
 
         out, lse, _, _ = attention(*args)
     return (out, lse) if return_lse else out

@@ -42,14 +42,19 @@ from ..attention import alibi_attention, biased_attention, fixed_block_attention
 from ..partition import count_bias, counts, draw_partition
 from ..provenance import run_metadata
 from ..samplers import SAMPLERS, default_group_size, frobenius_error_square
-from ..validation import check_int
+from ..validation import MAX_NUM_SAMPLES, check_int
 from .options import (
+    MAX_REPETITIONS,
+    MAX_SIGMA,
     Values,
     add_max_memory_option,
     add_out_option,
     add_quiet_option,
     check_memory,
     default_out_dir,
+    integer,
+    npz_archive,
+    option_message,
 )
 
 __all__ = [
@@ -131,15 +136,27 @@ def _kernel_label(kind: str, args) -> str:
     return "ALiBi"
 
 
+#: library parameters named in error messages -> the option that sets them (the arrays
+#: come from the --qkv file; a partition whose bins leave int64, from a tiny --sigma)
+PARAMETER_OPTIONS = {
+    "path": "--qkv",
+    "query": "--qkv",
+    "key": "--qkv",
+    "value": "--qkv",
+    "partition": "--sigma",
+    "num_samples": "--num-samples",
+}
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh reproduce`` on ``parser`` (vocabulary: :mod:`.options`)."""
     parser.add_argument(
         "--n",
-        type=int,
+        type=integer(minimum=2),
         default=1024,
         help="sequence length of the kernel-matrix part (default: 1024)",
     )
-    sigma = dict(dest="sigmas", action=Values, positive=True)
+    sigma = dict(dest="sigmas", action=Values, positive=True, maximum=MAX_SIGMA)
     parser.add_argument(
         "--sigma",
         default=[4.0, 16.0, 64.0],
@@ -149,7 +166,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         **sigma,
     )
     parser.add_argument("--sigmas", replacement="--sigma", help=argparse.SUPPRESS, **sigma)
-    samples = dict(dest="samples", action=Values, element=int, minimum=1, unique_sorted=True)
+    samples = dict(
+        dest="samples",
+        action=Values,
+        element=int,
+        minimum=1,
+        maximum=MAX_NUM_SAMPLES,
+        unique_sorted=True,
+    )
     parser.add_argument(
         "--num-samples",
         default=[1, 2, 4, 8, 16, 32, 64, 128, 256],
@@ -160,25 +184,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", replacement="--num-samples", help=argparse.SUPPRESS, **samples)
     parser.add_argument(
         "--reps",
-        type=int,
+        type=integer(minimum=1, maximum=MAX_REPETITIONS),
         default=5,
         help="independent repetitions of the kernel-matrix part (default: 5)",
     )
     parser.add_argument(
         "--output-reps",
-        type=int,
+        type=integer(minimum=1, maximum=MAX_REPETITIONS),
         default=3,
         help="independent repetitions of the attention-output part (default: 3)",
     )
     parser.add_argument(
         "--fit-min-samples",
-        type=int,
+        type=integer(minimum=1),
         default=4,
         help="fit the log-log slope on s >= this value (default: 4)",
     )
     parser.add_argument(
         "--qkv",
-        type=Path,
+        type=npz_archive,
         default=None,
         help="an .npz with arrays query, key, value of shape "
         "(batch, num_heads, seq_len, head_dim) (see docs); default: the "
@@ -186,19 +210,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-tokens",
-        type=int,
+        type=integer(minimum=2),
         default=None,
         help="use only the first N tokens of the activations",
     )
     parser.add_argument(
         "--fixed-block-size",
-        type=int,
+        type=integer(minimum=1),
         default=None,
         help="block size of the fixed-block baseline (default: per head, "
         "the mean block size 2*sigma_h of one PLSH mask, rounded)",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="seed of the partition draws (default: 0)"
+        "--seed",
+        type=integer(minimum=0),
+        default=0,
+        help="seed of the partition draws (default: 0)",
     )
     parser.add_argument(
         "--sampler",
@@ -211,7 +238,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--group-size",
-        type=int,
+        type=integer(minimum=1),
         default=None,
         help="group size s' of the correlated samplers for the s it divides (default: "
         "the rule of plsh_ref.samplers.default_group_size)",
@@ -471,12 +498,12 @@ def _reference_output(query, key, value, kernels=None):
     of one kernel per head (the errors' reference)."""
     if kernels is None:
         slopes = alibi_slopes(query.shape[1])
-        return alibi_attention(query, key, value, slopes=slopes, causal=True)[0]
+        return alibi_attention(query, key, value, slopes=slopes, causal=True, return_lse=False)
     n_q, n_k = query.shape[2], key.shape[2]
     mask = _expected_mask(kernels, np.arange(n_k - n_q, n_k), np.arange(n_k), causal=True)
     with np.errstate(divide="ignore"):
         bias = np.log(mask)
-    return biased_attention(query, key, value, bias)[0]
+    return biased_attention(query, key, value, bias, return_lse=False)
 
 
 def output_error_experiment(
@@ -563,11 +590,11 @@ def output_error_experiment(
         )
         for k, (s, cnt) in enumerate(draws):
             bias = count_bias(cnt, s)
-            out, _ = biased_attention(query, key, value, bias)
+            out, _ = biased_attention(query, key, value, bias, return_lse=True)
             result["plsh_max_abs"][k, r], result["plsh_rel_fro"][k, r] = _output_errors(out, ref)
             if progress is not None:
                 progress()
-    out, _ = no_bias_attention(query, key, value, causal=True)
+    out, _ = no_bias_attention(query, key, value, causal=True, return_lse=True)
     result["no_bias"] = dict(zip(("max_abs", "rel_fro"), _output_errors(out, ref)))
     if fixed_block_size is None and kernels is None:
         fixed_block_size = [max(1, int(round(2 * s_h))) for s_h in sigma]
@@ -575,7 +602,9 @@ def output_error_experiment(
         from ..kernels import block_size_mean
 
         fixed_block_size = [max(1, int(round(block_size_mean(c, n_k)))) for c in law]
-    out, _ = fixed_block_attention(query, key, value, fixed_block_size, causal=True)
+    out, _ = fixed_block_attention(
+        query, key, value, fixed_block_size, causal=True, return_lse=True
+    )
     result["fixed_blocks"] = dict(zip(("max_abs", "rel_fro"), _output_errors(out, ref)))
     result["fixed_block_size"] = np.atleast_1d(fixed_block_size).astype(int).tolist()
     return result
@@ -629,13 +658,21 @@ def _sampler_comparison(runs, samples, sigmas, n, reps, qkv_shape, label="ALiBi"
                 )
                 exact = mat["frobenius_square_exact"][h, j] / iid_m["frobenius_square_exact"][h, j]
                 width = mat["window"][h, j].mean() / iid_m["window"][h, j].mean()
-                row.append(f"{ratio:.3f} ± {se:.3f} ({exact:.3f}); {width:.3f}")
+                row += [f"{ratio:.3f} ± {se:.3f}", f"{exact:.3f}", f"{width:.3f}"]
             rows.append(row)
+        header = ["s", "group size s'"]
+        for sig in sigmas:
+            header += [f"sigma={sig:g}: error", "exact", "window"]
         parts.append(
             _table(
-                f"{name} / iid, n={n}, {reps} reps: ||M~ - L*||_F^2 ratio measured ± se "
-                "(exact); fused-window ratio measured",
-                ["s", "s'"] + [f"sigma={sig:g}" for sig in sigmas],
+                f"Sampler {name} against iid, n={n}, {reps} reps: ratios {name} / iid "
+                f"(below 1: {name} is better)\n"
+                "  error  = squared Frobenius error ||M~ - L*||_F^2, mean over the reps "
+                "± standard error\n"
+                "  exact  = the same ratio of the exact expectations E||M~ - L*||_F^2\n"
+                "  window = keys per query in some block (the fused window), mean; above 1: "
+                "more work",
+                header,
                 rows,
             )
         )
@@ -657,9 +694,9 @@ def _sampler_comparison(runs, samples, sigmas, n, reps, qkv_shape, label="ALiBi"
 
 #: y-axis labels of the kernel-matrix plot (matplotlib mathtext)
 _NORM_LABELS = {
-    "spectral": r"$\|\tilde M - L^*\|_2$",
-    "max": r"$\max_{ij}\,|\tilde M_{ij} - L^*_{ij}|$",
-    "frobenius": r"$\|\tilde M - L^*\|_F$",
+    "spectral": r"spectral-norm error $\|\tilde M - L^*\|_2$",
+    "max": r"largest entry error $\max_{ij}\,|\tilde M_{ij} - L^*_{ij}|$",
+    "frobenius": r"Frobenius-norm error $\|\tilde M - L^*\|_F$",
 }
 
 
@@ -687,6 +724,52 @@ def _reference_line(ax, s: np.ndarray, anchor: float) -> None:
     )
 
 
+#: panel titles of the kernel-matrix plot
+_NORM_TITLES = {
+    "spectral": "spectral norm",
+    "max": "max norm (largest entry)",
+    "frobenius": "Frobenius norm",
+}
+
+#: x label of both figures
+_SAMPLES_LABEL = "number of samples $s$ (log scale)"
+
+
+def _figure_legend(fig, ax) -> None:
+    """One legend for the whole figure, below the panels (outside every data area).
+
+    The panels share their curves (one per sigma and sampler, the reference line), so the
+    handles of ``ax`` stand for all of them, listed by sigma (each iid curve beside its
+    other samplers' ones; matplotlib lists errorbar curves last); ``constrained_layout``
+    makes room for the legend.
+    """
+    handles, labels = ax.get_legend_handles_labels()
+    lead = [container.get_label() for container in ax.containers]  # errorbars, drawn order
+    order = []
+    for label in lead:
+        key = label.split(",")[0]
+        order += [label] + [x for x in labels if x not in lead and x.split(",")[0] == key]
+    order = [labels.index(x) for x in order]
+    order += [i for i in range(len(labels)) if i not in order]
+    fig.legend(
+        [handles[i] for i in order],
+        [labels[i] for i in order],
+        loc="outside lower center",
+        ncols=min(4, len(handles)),
+        frameon=False,
+    )
+
+
+def _log_axes(ax, s: np.ndarray, ylabel: str, title: str) -> None:
+    """Log-log axes with one plain tick per ``s`` (no overlapping 10^k minor labels)."""
+    from matplotlib.ticker import NullFormatter
+
+    ax.set(xscale="log", yscale="log", xlabel=_SAMPLES_LABEL, ylabel=ylabel)
+    ax.set_xticks(s, [f"{v:g}" for v in s])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_title(title, fontsize="medium")
+
+
 def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[Path]:
     import matplotlib
 
@@ -695,7 +778,8 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
 
     paths = []
     s = np.asarray(samples, dtype=np.float64)
-    fig, axes = plt.subplots(1, 3, figsize=(13, 4), constrained_layout=True)
+    first = ", iid sampler" if others else ""
+    fig, axes = plt.subplots(1, 3, figsize=(14, 5), layout="constrained")
     for ax, norm in zip(axes, NORMS):
         for h, sig in enumerate(sigmas):
             err = matrix[norm][h]
@@ -706,7 +790,7 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
                 marker="o",
                 ms=3,
                 capsize=2,
-                label=rf"$\sigma = {sig:g}$",
+                label=rf"$\sigma = {sig:g}${first}",
             )
             for i, (name, (other, _)) in enumerate((others or {}).items()):
                 ax.plot(
@@ -716,32 +800,30 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
                     ls=("--", ":", "-.")[i % 3],
                     marker="x",
                     ms=3,
-                    label=rf"$\sigma = {sig:g}$, {name}",
+                    label=rf"$\sigma = {sig:g}$, {name} sampler (mean)",
                 )
         # geometric mean over sigma of the mean error at the largest s
         _reference_line(ax, s, float(np.exp(np.log(matrix[norm][:, -1].mean(axis=1)).mean())))
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="samples $s$",
-            ylabel=_NORM_LABELS[norm],
-            title=rf"{norm} norm of $\tilde M - L^*$, $n = {matrix['n']}$",
-        )
-        ax.legend(fontsize=7)
-    fig.suptitle(_bar_note(matrix[NORMS[0]].shape[2], others), fontsize=8)
+        _log_axes(ax, s, _NORM_LABELS[norm], _NORM_TITLES[norm])
+    _figure_legend(fig, axes[0])
+    fig.suptitle(
+        rf"Error of the mean of $s$ masks, $\tilde M$, against the ALiBi kernel matrix $L^*$ "
+        f"(n = {matrix['n']} positions)\n{_bar_note(matrix[NORMS[0]].shape[2], others)}",
+        fontsize="medium",
+    )
     path = out_dir / "matrix_error.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
     paths.append(path)
 
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
     for ax, key, label, ylabel in zip(
         axes,
         ("max_abs", "rel_fro"),
-        ("max-abs error", "relative Frobenius error"),
+        ("largest absolute error", "relative Frobenius error"),
         (
-            r"$\max |O - O_{\mathrm{ALiBi}}|$",
-            r"$\|O - O_{\mathrm{ALiBi}}\|_F \,/\, \|O_{\mathrm{ALiBi}}\|_F$",
+            r"largest error $\max |O - O_{\mathrm{ALiBi}}|$",
+            r"relative error $\|O - O_{\mathrm{ALiBi}}\|_F \,/\, \|O_{\mathrm{ALiBi}}\|_F$",
         ),
     ):
         err = output[f"plsh_{key}"]
@@ -752,7 +834,7 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
             marker="o",
             ms=3,
             capsize=2,
-            label="positional LSH",
+            label=f"positional LSH{first}",
         )
         for i, (name, (_, other)) in enumerate((others or {}).items()):
             ax.plot(
@@ -762,20 +844,20 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
                 ls="--",
                 marker="x",
                 ms=3,
-                label=f"positional LSH, {name}",
+                label=f"positional LSH, {name} sampler (mean)",
             )
         ax.axhline(output["no_bias"][key], color="C3", ls=":", label="no positional bias")
-        ax.axhline(output["fixed_blocks"][key], color="C2", ls="-.", label="fixed blocks")
-        _reference_line(ax, s, float(err[-1].mean()))
-        ax.set(
-            xscale="log",
-            yscale="log",
-            xlabel="samples $s$",
-            ylabel=ylabel,
-            title=f"attention output: {label}\nagainst exact ALiBi",
+        ax.axhline(
+            output["fixed_blocks"][key], color="C2", ls="-.", label="fixed blocks (no sampling)"
         )
-        ax.legend(fontsize=7)
-    fig.suptitle(_bar_note(output["plsh_max_abs"].shape[1], others), fontsize=8)
+        _reference_line(ax, s, float(err[-1].mean()))
+        _log_axes(ax, s, ylabel, label)
+    _figure_legend(fig, axes[0])
+    fig.suptitle(
+        "Attention output error against exact ALiBi attention (causal, real activations)\n"
+        + _bar_note(output["plsh_max_abs"].shape[1], others),
+        fontsize="medium",
+    )
     path = out_dir / "output_error.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -1059,7 +1141,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         cfg = _check_args(args)
     except (ValueError, TypeError, OSError) as exc:
-        print(f"plsh reproduce: error: {exc}", file=sys.stderr)
+        print(
+            f"plsh reproduce: error: {option_message(exc, (), PARAMETER_OPTIONS)}", file=sys.stderr
+        )
         return 2
     stamp = _dt.datetime.now(_dt.timezone.utc)
     out_dir = args.out or default_out_dir("reproduce", stamp)

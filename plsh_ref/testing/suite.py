@@ -250,7 +250,9 @@ def load_kernel(target: str):
             raise KernelContractError(f"kernel: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise KernelContractError(f"kernel: {target} is a {type(obj).__name__}, not a function")
+        kind = type(obj).__name__
+        article = "an" if kind[:1].lower() in "aeiou" else "a"
+        raise KernelContractError(f"kernel: {target} is {article} {kind}, not a function")
     return obj
 
 

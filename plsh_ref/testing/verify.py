@@ -43,6 +43,7 @@ from ..experiments.options import (
     add_max_memory_option,
     check_memory,
     option_message,
+    output_file,
 )
 from .problems import DTYPES, POSITION_MODES, ProblemSpec
 from .reference import KINDS
@@ -195,7 +196,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--traceback", action="store_true", help="print the traceback of a kernel that raised"
     )
     parser.add_argument(
-        "--json", default=None, metavar="PATH", help="also write a machine-readable report"
+        "--json",
+        default=None,
+        type=output_file,
+        metavar="PATH",
+        help="also write a machine-readable report",
     )
     parser.add_argument(
         "--worst", type=int, default=5, help="number of worst cases to list (default: 5)"

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from torch._dynamo.backends.debugging import aot_eager  # noqa: E402
 
-import plsh_fast.ops as ops  # noqa: E402
+import plsh_fast._ops as ops  # noqa: E402
 from plsh_fast import plsh_attention  # noqa: E402
 from plsh_fast.nn import PLSHAttention, PLSHSelfAttention  # noqa: E402
 
@@ -56,7 +56,7 @@ def _stack():
         PLSHSelfAttention(32, 4, num_samples=4),
         PLSHSelfAttention(32, 4, num_samples=3, backend="cpu", resample="fixed"),
         PLSHSelfAttention(32, 4, num_samples=4, backend="dense"),
-        PLSHSelfAttention(32, 4, exact=True),
+        PLSHSelfAttention(32, 4, method="exact"),
     )
 
 
@@ -116,8 +116,10 @@ def test_padded_batch_compiles_and_matches_eager():
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     compiled = torch.compile(layer, fullgraph=True, backend=Counting())
     x = torch.randn(3, 12, 16)
-    y, gx = _grads(lambda t: compiled(t, positions, attention_mask=mask), x)
-    y_eager, gx_eager = _grads(lambda t: layer(t, positions, attention_mask=mask), x)
+    y, gx = _grads(lambda t: compiled(t, query_positions=positions, attention_mask=mask), x)
+    y_eager, gx_eager = _grads(
+        lambda t: layer(t, query_positions=positions, attention_mask=mask), x
+    )
     torch.testing.assert_close(y, y_eager, rtol=0, atol=0)
     torch.testing.assert_close(gx, gx_eager, rtol=0, atol=0)
 
@@ -213,13 +215,13 @@ def test_compiled_backward_reuses_the_forward_plan(monkeypatch):
     import plsh_fast.cpu as cpu
 
     planned = []
-    real = cpu._Plan.head_specs
+    real = cpu._planning.Plan.head_specs
 
     def counting(self, h):
         planned.append(h)
         return real(self, h)
 
-    monkeypatch.setattr(cpu._Plan, "head_specs", counting)
+    monkeypatch.setattr(cpu._planning.Plan, "head_specs", counting)
     layer = PLSHSelfAttention(16, 4, num_samples=4, seed=5, resample="fixed")
     compiled = torch.compile(layer, fullgraph=True, backend=Counting())
     x = torch.randn(2, 24, 16)
@@ -237,7 +239,7 @@ def test_compiled_backward_reuses_the_forward_plan(monkeypatch):
                          torch.arange(24), torch.arange(24), True, torch.float32)  # fmt: skip
     plan = cpu.plan_cpu(layer.attention.pitch, layer.attention.offset, torch.arange(24),
                         torch.arange(24), True, torch.float32)  # fmt: skip
-    cpu._chunk_specs(plan, 1)
+    cpu._planning.chunk_specs(plan, 1)
     assert sorted(planned) == [0, 1, 2, 3]
 
 
@@ -247,7 +249,7 @@ def test_plan_tensor_round_trip():
     core = PLSHAttention(4, 5, seed=9)
     pos = torch.arange(300)
     plan = cpu.plan_cpu(core.pitch, core.offset, pos, pos, True, torch.float32)
-    specs = cpu._chunk_specs(plan, 1)
+    specs = cpu._planning.chunk_specs(plan, 1)
     back = cpu.plan_from_tensor(
         cpu.plan_to_tensor(plan), core.pitch, core.offset, pos, pos, True, torch.float32
     )
@@ -281,7 +283,7 @@ def test_compiled_backward_uses_the_forwards_tiles_when_the_band_setting_changes
     monkeypatch.setattr(cpu, "BAND_MAX_TILE", 32)
     plan = cpu.plan_cpu(layer.attention.pitch, layer.attention.offset, pos, pos, True,
                         torch.float32)  # fmt: skip
-    cpu._chunk_specs(plan, 1)
+    cpu._planning.chunk_specs(plan, 1)
     assert any(plan.band)
     blob = cpu.plan_to_tensor(plan)
     monkeypatch.setattr(cpu, "BAND_MAX_TILE", 0)

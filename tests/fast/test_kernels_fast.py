@@ -59,7 +59,7 @@ def test_fast_path_equals_reference_on_kernel_partitions(name, dtype, causal):
     part = draw_partition(KERNELS[name], s, seed=7)
     out, lse = plsh_attention(q, k, v, partition=part, causal=causal, return_lse=True)
     qn, kn, vn = (t.double().numpy() for t in (q, k, v))
-    ref, ref_lse = ref_plsh_attention(qn, kn, vn, part, causal=causal)
+    ref, ref_lse = ref_plsh_attention(qn, kn, vn, partition=part, causal=causal, return_lse=True)
     qpos, kpos = np.arange(n_k - n_q, n_k), np.arange(n_k)
     bias = count_bias(counts(part, qpos, kpos, causal=causal), s)
     dt = str(dtype).removeprefix("torch.")

@@ -114,7 +114,7 @@ BAD_KERNELS = """
         (["no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
         (["user_kernels"], "expected MODULE:FUNCTION"),
         (["user_kernels:missing"], "has no attribute 'missing'"),
-        (["user_kernels:not_a_function"], "is a int, not a function"),
+        (["user_kernels:not_a_function"], "is an int, not a function"),
         (["user_kernels:two_args"], "does not match the alibi contract"),
         (["user_kernels:wrong_shape"], "output has shape (1, 1, 1, 1)"),
         (["user_kernels:wrong_dtype", "--dtypes", "float32"], "output has dtype float64"),

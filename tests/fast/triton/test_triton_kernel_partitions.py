@@ -38,7 +38,7 @@ def test_triton_path_equals_reference_on_kernel_partitions(name, sampler):
         plsh_attention, q, k, v, partition=part, return_lse=True, backend="triton"
     )
     qn, kn, vn = (t.double().numpy() for t in (q, k, v))
-    ref, ref_lse = ref_plsh_attention(qn, kn, vn, part, causal=True)
+    ref, ref_lse = ref_plsh_attention(qn, kn, vn, partition=part, causal=True, return_lse=True)
     pos = np.arange(n)
     bias = count_bias(counts(part, pos, pos, causal=True), s)
     base, base_lse = plain_attention_numpy(qn, kn, vn, bias, scale=None, dtype="float32")

@@ -2,12 +2,12 @@
 
 :func:`attention_forward` and :func:`attention_backward` run one backend's kernels
 (:mod:`plsh_fast.cpu`, or :mod:`plsh_fast.triton_forward` / :mod:`plsh_fast.triton_backward`;
-all share one signature) on every group of :func:`plsh_fast.padding.group_batch` and
+all share one signature) on every group of :func:`plsh_fast._padding.group_batch` and
 scatter the results back. :class:`PLSHAttentionFunction` wraps them for eager autograd:
 the forward's groups and the CPU path's key-range plan (sorted positions, tiles, block
 ranges, tile groups) are kept on the autograd context and reused by the backward instead
 of being recomputed. Under ``torch.compile`` the same two functions run inside the
-``plsh::attention`` custom operator (:mod:`plsh_fast.ops`); custom operators pass only
+``plsh::attention`` custom operator (:mod:`plsh_fast._ops`); custom operators pass only
 tensors between forward and backward, so there the CPU plans travel as one int64 tensor
 (:func:`plans_to_tensor`, :func:`attach_plans`) and are reused all the same.
 
@@ -38,8 +38,8 @@ import math
 import torch
 from torch.autograd.function import once_differentiable
 
+from ._padding import group_batch
 from .dense import working_dtype
-from .padding import group_batch
 
 __all__ = [
     "PLSHAttentionFunction",
@@ -63,8 +63,7 @@ def kernels(backend: str):
 
         return plsh_forward_cpu, plsh_backward_cpu, plan_cpu
     if backend == "triton":
-        from .triton_backward import plsh_backward_triton
-        from .triton_forward import plsh_forward_triton
+        from .triton import plsh_backward_triton, plsh_forward_triton
 
         return plsh_forward_triton, plsh_backward_triton, None
     raise ValueError(f"backend: must be 'cpu' or 'triton', got {backend!r}")
@@ -87,7 +86,7 @@ def attention_forward(
 
     Arguments as :func:`plsh_fast.cpu.plsh_forward_cpu`, validated, except that positions
     may be ``(batch, n)`` and ``attention_mask`` ``(batch, n_k)`` or ``None``
-    (:mod:`plsh_fast.padding`). ``groups`` carry the plans for :func:`attention_backward`.
+    (:mod:`plsh_fast._padding`). ``groups`` carry the plans for :func:`attention_backward`.
     ``stats``: Triton, the forward's float32 ``(batch, num_heads, n_q, 2)`` softmax
     statistics for the backward (row maximum and ``log2`` of the row sum,
     :func:`plsh_fast.triton_forward.plsh_forward_triton`); CPU, ``None`` (its backward

@@ -1,13 +1,13 @@
 """PLSH attention as ``torch.library`` custom operators, for ``torch.compile``.
 
 ``torch.ops.plsh.attention`` and ``torch.ops.plsh.attention_backward`` wrap
-:func:`plsh_fast.autograd.attention_forward` / :func:`plsh_fast.autograd.attention_backward`
+:func:`plsh_fast._autograd.attention_forward` / :func:`plsh_fast._autograd.attention_backward`
 (the same kernels as eager mode). Each has a fake (meta) implementation that only
 computes output shapes, so Dynamo and AOTAutograd trace a model through them without
 running them, with symbolic sequence lengths (one compiled graph serves every length),
 and ``register_autograd`` connects the two. :func:`plsh_fast.plsh_attention` calls the
 operator when :func:`torch.compiler.is_compiling` is true and the eager
-:class:`plsh_fast.autograd.PLSHAttentionFunction` otherwise; the results are the same.
+:class:`plsh_fast._autograd.PLSHAttentionFunction` otherwise; the results are the same.
 
 Everything the kernels need is a tensor or a constant: the partition's ``pitch`` and
 ``offset`` (float64 tensors on the query's device), the positions (int64 ``(n,)`` or
@@ -16,12 +16,12 @@ constants of the graph (changing them compiles again).
 
 The forward also returns the CPU path's plan (block ranges and tile groups) as an int64
 tensor of data-dependent length, saved for the backward, which reuses it as the eager
-backward does (:func:`plsh_fast.autograd.plans_to_tensor`).
+backward does (:func:`plsh_fast._autograd.plans_to_tensor`).
 
 Differences from eager mode: the checks that read tensor values in
 :func:`plsh_fast.plsh_attention` (finiteness, position and bin range, partition values)
 are skipped while compiling; the mask's 0/1 values and per-sequence position ranges are
-still checked, at run time, inside the operator (:func:`plsh_fast.padding.group_batch`).
+still checked, at run time, inside the operator (:func:`plsh_fast._padding.group_batch`).
 
 References
 ----------
@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import torch
 
-from .autograd import attention_backward as _backward_impl
-from .autograd import attention_forward as _forward_impl
-from .autograd import plans_to_tensor
+from ._autograd import attention_backward as _backward_impl
+from ._autograd import attention_forward as _forward_impl
+from ._autograd import plans_to_tensor
 from .dense import working_dtype
 
 __all__ = ["attention", "attention_backward", "training_partition"]
@@ -55,7 +55,7 @@ def attention(
     causal: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(out, lse, stats, plans)``: :func:`plsh_fast.autograd.attention_forward` as an operator.
+    """``(out, lse, stats, plans)``: :func:`plsh_fast._autograd.attention_forward` as an operator.
 
     Arguments validated by :func:`plsh_fast.plsh_attention` (shapes there). Returns
     ``out`` ``(batch, num_heads, n_q, head_dim_v)`` in the query dtype, ``lse``
@@ -63,7 +63,7 @@ def attention(
     statistics for the backward (Triton: float32 ``(batch, num_heads, n_q, 2)``, row maximum
     and ``log2`` of the row sum, :func:`plsh_fast.triton_forward.plsh_forward_triton`; CPU:
     float32 ``(0,)``, unused) and the CPU plans as an int64 CPU tensor of data-dependent
-    length (:func:`plsh_fast.autograd.plans_to_tensor`). ``stats`` and ``plans`` are for
+    length (:func:`plsh_fast._autograd.plans_to_tensor`). ``stats`` and ``plans`` are for
     the backward, not differentiable.
     """
     out, lse, stats, groups = _forward_impl(
@@ -124,7 +124,7 @@ def attention_backward(
     causal: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(grad_query, grad_key, grad_value)``: :func:`plsh_fast.autograd.attention_backward`
+    """``(grad_query, grad_key, grad_value)``: :func:`plsh_fast._autograd.attention_backward`
     with the forward's ``stats`` (an empty one: none) and ``plans``."""
     grads = _backward_impl(
         query,
@@ -230,7 +230,7 @@ def training_partition(
     """
     from plsh_ref.partition import derived_seed, draw_partition
 
-    from .partition import partition_tensors
+    from ._partition import partition_tensors
 
     draw = int(draw_counter)
     draw_counter.add_(1)
