@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from plsh_fast import plsh_attention  # noqa: E402
-from plsh_fast.partition import bins as fast_bins  # noqa: E402
+from plsh_fast._partition import bins as fast_bins  # noqa: E402
 from plsh_ref.attention import plsh_attention as ref_plsh_attention  # noqa: E402
 from plsh_ref.kernels import Exponential, KerpleLog, KerplePower, Mixture  # noqa: E402
 from plsh_ref.partition import bins, count_bias, counts, draw_partition  # noqa: E402

@@ -15,7 +15,7 @@ from plsh_ref.partition import count_bias, counts, draw_partition
 from plsh_ref.testing.baseline import plain_attention_numpy
 from plsh_ref.testing.tolerance import assert_close_to_reference
 
-_triton_interp.load("triton_forward")
+_triton_interp.load("triton")
 from plsh_fast import plsh_attention  # noqa: E402
 
 pytestmark = pytest.mark.triton
