@@ -226,3 +226,20 @@ def test_kernel_matrix_entries():
         alibi.kernel_matrix(0.0, q, k)
     with pytest.raises(TypeError, match=r"^causal: must be a bool"):
         alibi.kernel_matrix(1.0, q, k, causal=None)
+
+
+@pytest.mark.parametrize("mask", [None, [[1, 1, 1]]])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(key_positions=[0, 1, 2, 3]), r"^key_positions: must have length 3, got 4$"),
+        (dict(query_positions=[1, 2, 3]), r"^query_positions: must have length 2, got 3$"),
+        (dict(query_positions=[[1, 2, 3]]), r"^query_positions: must have length 2, got 3$"),
+        (dict(key_positions=[[0, 1]]), r"^key_positions: must have length 3, got 2$"),
+    ],
+)
+def test_wrong_length_positions_name_the_argument(kwargs, message, mask):
+    # integer positions of the wrong length once failed in numpy's broadcasting (zeroing
+    # pad slots) with "operands could not be broadcast", naming no argument
+    with pytest.raises(ValueError, match=message):
+        alibi.resolve_batch_positions(1, 2, 3, attention_mask=mask, **kwargs)
