@@ -104,6 +104,10 @@ def write_config(workdir: Path, module: str, tests: list[str]) -> None:
         f"pytest_add_cli_args_test_selection = {_toml_list(tests)}\n"
         'pytest_add_cli_args = ["-p", "no:cacheprovider"]\n'
         "use_git_change_detection = false\n"
+        # fork from a server that never ran a test: a worker forked from the process that
+        # ran them (torch, thread pools) can deadlock on a lock held by a thread it lacks,
+        # and mutmut's CPU-time limit never fires on a sleeping process
+        'process_isolation = "forkserver"\n'
     )
     (workdir / "pyproject.toml").write_text(text, "utf-8")
 
@@ -115,6 +119,8 @@ def run_mutmut(workdir: Path, mutants: list[str], fresh: bool) -> float:
     env = dict(os.environ)
     env.pop("PYTHONPATH", None)  # the mutated copy must be the one imported
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[name] = "1"  # one core per worker, no thread pool to inherit across fork
     cmd = ["nice", "-n", "10", sys.executable, "-m", "mutmut", "run", "--max-children", "1"]
     start = time.perf_counter()
     log = workdir / "mutmut.log"

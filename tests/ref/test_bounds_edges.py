@@ -21,7 +21,12 @@ from plsh_ref.partition import PartitionSample
 from plsh_ref.samplers import largest_pitch_sf_of
 from plsh_ref.toeplitz import kms_spectral_norm_limit
 
-mp.mp.dps = 40
+
+@pytest.fixture(autouse=True)
+def _digits():
+    """Work at 40 digits without changing mpmath's global precision for other tests."""
+    with mp.workdps(40):
+        yield
 
 
 def close(a, b, rtol=1e-14):

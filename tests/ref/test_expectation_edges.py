@@ -14,7 +14,12 @@ import pytest
 
 from plsh_ref import expectation as E
 
-mp.mp.dps = 40
+
+@pytest.fixture(autouse=True)
+def _digits():
+    """Work at 40 digits without changing mpmath's global precision for other tests."""
+    with mp.workdps(40):
+        yield
 
 
 def close(a, b, rtol=1e-13):

@@ -21,7 +21,12 @@ import pytest
 from plsh_ref import samplers as S
 from plsh_ref.expectation import expected_window_width, largest_pitch_quantile, largest_pitch_sf
 
-mp.mp.dps = 25
+
+@pytest.fixture(autouse=True)
+def _digits():
+    """Work at 25 digits without changing mpmath's global precision for other tests."""
+    with mp.workdps(25):
+        yield
 
 
 def density(d, sigma):

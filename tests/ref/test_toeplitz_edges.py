@@ -15,6 +15,13 @@ from plsh_ref import toeplitz as T
 from plsh_ref.partition import PartitionSample
 
 
+@pytest.fixture(autouse=True)
+def _digits():
+    """Work at 30 digits without changing mpmath's global precision for other tests."""
+    with mp.workdps(30):
+        yield
+
+
 def kms(n, sigma):
     idx = np.arange(n)
     return np.exp(-np.abs(idx[:, None] - idx[None, :]) / sigma)
@@ -63,7 +70,6 @@ def test_secular_polynomial_exact():
 
 def test_spectrum_mp():
     n, sigma = 4, 1.5
-    mp.mp.dps = 30
     matrix = mp.matrix(
         [[mp.e ** (-abs(i - j) / mp.mpf(sigma)) for j in range(n)] for i in range(n)]
     )
