@@ -243,3 +243,49 @@ def test_wrong_length_positions_name_the_argument(kwargs, message, mask):
     # pad slots) with "operands could not be broadcast", naming no argument
     with pytest.raises(ValueError, match=message):
         alibi.resolve_batch_positions(1, 2, 3, attention_mask=mask, **kwargs)
+
+
+def test_keep_masks_are_bool_without_a_mask():
+    _, _, q_keep, k_keep = alibi.resolve_batch_positions(2, 2, 3)
+    assert q_keep.dtype == k_keep.dtype == np.bool_
+    assert q_keep.shape == (2, 2) and k_keep.shape == (2, 3)
+
+
+class _HalfTensorLike(np.ndarray):
+    """An array with a ``detach`` attribute but no ``cpu``: not a torch tensor."""
+
+    detach = "not a method"
+
+
+def test_only_torch_like_objects_are_detached():
+    mask = np.array([[0, 1, 1]]).view(_HalfTensorLike)
+    pos = np.array([[4, 5, 6]]).view(_HalfTensorLike)
+    q, k, _, k_keep = alibi.resolve_batch_positions(1, 1, 3, key_positions=pos, attention_mask=mask)
+    assert k_keep.tolist() == [[False, True, True]] and k.tolist() == [[0, 5, 6]]
+
+
+def test_non_integral_positions_are_refused_at_pad_slots_too():
+    # pad slots may hold any integer; a float that is not integral is still refused
+    with pytest.raises(TypeError, match=r"^key_positions: positions must be integers"):
+        alibi.resolve_batch_positions(1, 1, 2, key_positions=[[0.5, 1.0]], attention_mask=[[0, 1]])
+    _, k, _, _ = alibi.resolve_batch_positions(
+        1, 1, 2, key_positions=[[7.0, 1.0]], attention_mask=[[0, 1]]
+    )
+    assert k.tolist() == [[0, 1]]
+
+
+def test_refusals_name_the_argument():
+    with pytest.raises(TypeError, match=r"^query_positions: positions must be integers"):
+        alibi.causal_mask([0.5], [0])
+    with pytest.raises(TypeError, match=r"^key_positions: positions must be integers"):
+        alibi.causal_mask([0], [0.5])
+    with pytest.raises(TypeError, match=r"^query_positions: positions must be integers"):
+        alibi.alibi_bias([1.0], [0.5], [0], causal=False)
+    with pytest.raises(TypeError, match=r"^key_positions: positions must be integers"):
+        alibi.alibi_bias([1.0], [0], [0.5], causal=False)
+    with pytest.raises(ValueError, match=r"^slopes: every entry must be > 0"):
+        alibi.alibi_bias([0.0], [0], [0], causal=False)
+    with pytest.raises(TypeError, match=r"^query_positions: positions must be integers"):
+        alibi.kernel_matrix(1.0, [0.5], [0])
+    with pytest.raises(TypeError, match=r"^key_positions: positions must be integers"):
+        alibi.kernel_matrix(1.0, [0], [0.5])
