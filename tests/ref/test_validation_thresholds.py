@@ -352,3 +352,35 @@ def test_type_errors_name_the_type_and_value():
         V.check_int("n", 3.0)
     with pytest.raises(TypeError, match=r"^causal: must be a bool, got int 1$"):
         V.check_bool("causal", 1)
+
+
+def test_tensor_like_without_is_floating_point_is_not_widened():
+    class Int16Like:
+        """Tensor-like (detach/cpu/numpy) with a 2-byte dtype and no is_floating_point."""
+
+        dtype = _Dtype(2)
+        device = _Device("cpu")
+
+        def detach(self):
+            return self
+
+        def cpu(self):
+            return self
+
+        def numpy(self):
+            return np.array([3, 4], dtype=np.int16)
+
+    np.testing.assert_array_equal(V.as_positions("p", Int16Like()), [3, 4])
+    np.testing.assert_array_equal(V.as_float_array("x", Int16Like()), [3.0, 4.0])
+
+
+class _DetachOnly(np.ndarray):
+    """An array with a ``detach`` attribute but no ``cpu``: not a torch tensor."""
+
+    detach = "not a method"
+
+
+def test_arrays_with_only_one_torch_method_are_arrays():
+    pos = np.array([1, 2]).view(_DetachOnly)
+    np.testing.assert_array_equal(V.as_positions("p", pos), [1, 2])
+    np.testing.assert_array_equal(V.as_float_array("x", pos), [1.0, 2.0])
