@@ -384,3 +384,13 @@ def test_arrays_with_only_one_torch_method_are_arrays():
     pos = np.array([1, 2]).view(_DetachOnly)
     np.testing.assert_array_equal(V.as_positions("p", pos), [1, 2])
     np.testing.assert_array_equal(V.as_float_array("x", pos), [1.0, 2.0])
+
+
+def test_float32_and_float16_positions():
+    for dtype in (np.float32, np.float16):
+        out = V.as_positions("p", np.array([3.0, -2.0], dtype=dtype))
+        assert out.dtype == np.int64 and out.tolist() == [3, -2]
+        with pytest.raises(TypeError, match=r"^p: positions must be integers, got non-integral"):
+            V.as_positions("p", np.array([1.5], dtype=dtype))
+        with pytest.raises(ValueError, match=r"^p: contains NaN or infinite values$"):
+            V.as_positions("p", np.array([np.inf], dtype=dtype))

@@ -184,3 +184,8 @@ def test_assertion_ratio_and_options():
     # a NaN always fails, whatever the allowance
     with pytest.raises(AssertionError, match=r"^grad_query: max\|out - ref\| = inf"):
         T.assert_close_to_reference([np.nan], ref, baseline, "float16", name="grad_query")
+
+
+def test_allowed_error_names_a_bad_reference():
+    with pytest.raises(TypeError, match=r"^ref: must be a real numeric array, got dtype bool$"):
+        T.allowed_error(np.array([True]), [1.0], "float32")
