@@ -220,7 +220,7 @@ def write_report(
     """Write ``mutation/reports/<module>.md``; returns the counts."""
     equivalents = load_equivalents(module)
     used = set()
-    killed, survived, equivalent, other = [], [], [], []
+    killed, survived, equivalent, other, unchecked = [], [], [], [], []
     for name, status, diff in rows:
         if status in KILLED:
             killed.append((name, status))
@@ -239,11 +239,13 @@ def write_report(
             equivalent.append((name, diff, equivalents[match]["reason"]))
         elif status in ("survived", "no tests"):
             survived.append((name, status, diff))
+        elif status == "not checked":  # a run stopped before it reached them
+            unchecked.append(name)
         else:
             other.append((name, status, diff))
     stale = [e for i, e in enumerate(equivalents) if i not in used]
     total = len(rows)
-    scored = total - len(equivalent)
+    scored = total - len(equivalent) - len(unchecked)
     score = 100.0 * len(killed) / scored if scored else 100.0
     counts = {
         "total": total,
@@ -251,6 +253,7 @@ def write_report(
         "survived": len(survived),
         "equivalent": len(equivalent),
         "other": len(other),
+        "unchecked": len(unchecked),
     }
     by_status: dict[str, int] = {}
     for _, status in killed:
@@ -273,10 +276,19 @@ def write_report(
         f"- code: commit {git_describe()}; mutmut {_mutmut_version()}; Python {platform.python_version()}",
         "- tests run against the mutants: " + ", ".join(f"`{t}`" for t in tests),
         "",
-        "| mutants | killed | survived | equivalent | other | score (killed / non-equivalent) |",
-        "|---:|---:|---:|---:|---:|---:|",
-        f"| {total} | {len(killed)} | {len(survived)} | {len(equivalent)} | {len(other)} | {score:.1f}% |",
+        "| mutants | killed | survived | equivalent | other | not checked | score (killed / checked non-equivalent) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {total} | {len(killed)} | {len(survived)} | {len(equivalent)} | {len(other)} | {len(unchecked)} | {score:.1f}% |",
         "",
+        *(
+            [
+                f"**Incomplete run**: {len(unchecked)} of {total} mutants were not checked (the run"
+                " was stopped); the score covers the checked ones only.",
+                "",
+            ]
+            if unchecked
+            else []
+        ),
         "Killed by status: " + ", ".join(f"{k} {v}" for k, v in sorted(by_status.items())) + ".",
         "",
         "## Survived",
@@ -363,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{module}: {counts['total']} mutants, {counts['killed']} killed, "
         f"{counts['survived']} survived, {counts['equivalent']} equivalent, "
-        f"{counts['other']} other: score {counts['score_tenths'] / 10:.1f}% "
+        f"{counts['other']} other, {counts['unchecked']} not checked: score {counts['score_tenths'] / 10:.1f}% "
         f"-> {report_path(module).relative_to(ROOT)}"
     )
     return 0
