@@ -189,3 +189,25 @@ def test_assertion_ratio_and_options():
 def test_allowed_error_names_a_bad_reference():
     with pytest.raises(TypeError, match=r"^ref: must be a real numeric array, got dtype bool$"):
         T.allowed_error(np.array([True]), [1.0], "float32")
+
+
+def test_infinities_compare_without_a_warning():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # inf - inf must not warn
+        assert T.max_error([np.inf, -np.inf], [np.inf, -np.inf]) == (0.0, (0,))
+
+
+def test_tensor_like_without_dtype_is_read():
+    class NoDtype:
+        def detach(self):
+            return self
+
+        def cpu(self):
+            return self
+
+        def __array__(self, dtype=None, copy=None):
+            return np.array([2.0, 3.0])
+
+    assert T.max_error(NoDtype(), [2.0, 3.5]) == (0.5, (1,))
