@@ -175,8 +175,8 @@ def _fwd_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         n_valid = offs_n < n_k
         k = tl.load(
-            k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
-            mask=n_valid[None, :] & d_valid[:, None],
+            k_base + offs_n[:, None] * skn + offs_d[None, :] * skd,
+            mask=n_valid[:, None] & d_valid[None, :],
             other=0.0,
         )
         v = tl.load(
@@ -189,8 +189,8 @@ def _fwd_kernel(
             v = v.to(tl.float32)
         if BLOCK_D1 > 0:
             k1 = tl.load(
-                k_base + offs_n[None, :] * skn + offs_d1[:, None] * skd,
-                mask=n_valid[None, :] & d1_valid[:, None],
+                k_base + offs_n[:, None] * skn + offs_d1[None, :] * skd,
+                mask=n_valid[:, None] & d1_valid[None, :],
                 other=0.0,
             )
             if UPCAST:
@@ -207,9 +207,27 @@ def _fwd_kernel(
             cols = start_n + tl.arange(0, BLOCK_N)
             admissible = cols[None, :] < causal_end[:, None]
             weight = tl.full([BLOCK_M, BLOCK_N], 1.0, dtype=tl.float32)
-        logits = tl.dot(q, k, input_precision=DOT_PREC)
-        if BLOCK_D1 > 0:
-            logits = tl.dot(q1, k1, logits, input_precision=DOT_PREC)
+        # The logits' dot in the operand layout of both backward kernels' (K tile loaded
+        # (BLOCK_N, D), transposed in the dot), so that they round alike and the maximising
+        # key's x log2 e - m is 0 there too (proofs_notes/backward.md, section 3).
+        if VARIANT == 4:  # negative control: the K tile loaded transposed, (D, BLOCK_N)
+            kt = tl.load(
+                k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
+                mask=n_valid[None, :] & d_valid[:, None],
+                other=0.0,
+            )
+            logits = tl.dot(q, kt.to(q.dtype), input_precision=DOT_PREC)
+            if BLOCK_D1 > 0:
+                kt = tl.load(
+                    k_base + offs_n[None, :] * skn + offs_d1[:, None] * skd,
+                    mask=n_valid[None, :] & d1_valid[:, None],
+                    other=0.0,
+                )
+                logits = tl.dot(q1, kt.to(q1.dtype), logits, input_precision=DOT_PREC)
+        else:
+            logits = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+            if BLOCK_D1 > 0:
+                logits = tl.dot(q1, tl.trans(k1), logits, input_precision=DOT_PREC)
         if VARIANT != 3:  # counts built in the logits' (MMA) layout
             counts = tile_counts_all(
                 RowStart, RowEnd, CausalEnd, h, start_n, offs_m, m_first, m_last, n_q,
