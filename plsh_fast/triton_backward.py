@@ -647,6 +647,7 @@ def plsh_backward_triton(
     causal: bool,
     *,
     stats=None,
+    grad_lse=None,
     plan=None,
     positions_sorted: bool | None = None,
     _block_m: int | None = None,
@@ -684,6 +685,11 @@ def plsh_backward_triton(
         about ``|lse| 2^-24`` of every probability in the row (float32 gradients then fail
         the SPEC section 6 rule from logits of standard deviation about 9,
         ``tests/fast/test_gradient_precision.py``).
+    grad_lse : torch.Tensor or None
+        float32 ``(batch, num_heads, n_q)`` gradient of the loss with respect to the LSE
+        (finite; 0 on empty rows), or ``None``: added as ``dS = P (dP - D + g)``
+        (``proofs_notes/backward.md``, section 5) by subtracting it from ``D``, so the
+        value head size, hence the column chunks of the logits' dots, stay the forward's.
     plan : plsh_fast.tiling.TilePlan or None
         The forward pass's plan (``plsh_forward_triton(..., return_plan=True)``), reused
         instead of planning again (then the positions are taken as sorted, no check and no
@@ -733,6 +739,8 @@ def plsh_backward_triton(
         if q_order is not None or k_order is not None:
             # Unsorted positions: the gradients of the forward's sorted rows, put back.
             query, out, lse, grad_out, stats = take_rows(q_order, query, out, lse, grad_out, stats)
+            if grad_lse is not None:
+                (grad_lse,) = take_rows(q_order, grad_lse)
             key, value = take_rows(k_order, key, value)
             dq, dk, dv = plsh_backward_triton(
                 query,
@@ -748,6 +756,7 @@ def plsh_backward_triton(
                 scale,
                 causal,
                 stats=stats,
+                grad_lse=grad_lse,
                 positions_sorted=True,
                 **kw,
             )
@@ -801,6 +810,8 @@ def plsh_backward_triton(
         BLOCK_M=block_m,
         BLOCK_DV=pow2(head_dim_v),
     )
+    if grad_lse is not None:  # dS = P (dP - (D - g))
+        delta.sub_(grad_lse.to(torch.float32))
     interp = type(_bwd_dq_kernel).__name__ == "InterpretedFunction"
     upcast = query.dtype == torch.bfloat16 and interp
     s_block, passes = sample_block(num_samples)
