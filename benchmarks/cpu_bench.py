@@ -10,9 +10,9 @@ the float64 exact reference come from :mod:`plsh_fast.peers`:
 
 * ``plsh``: :func:`plsh_fast.plsh_attention` (the CPU path) with a fixed seeded partition,
   as a model layer calls it every step: the plan (tile groups and count biases) is kept
-  across calls (``plsh_fast.cpu.PLAN_CACHE_BYTES``, module step 8), like the block mask
-  of the FlexAttention peers, which is built once and reused; ``kept plan MB`` is what it
-  keeps (0 where the plan exceeds the budget and every call plans);
+  across calls (``plsh_fast.cpu.PLAN_CACHE_BYTES``, step 8, ``plsh_fast/cpu/_plan_cache.py``),
+  like the block mask of the FlexAttention peers, which is built once and reused; ``kept
+  plan MB`` is what it keeps (0 where the plan exceeds the budget and every call plans);
 * ``plsh_cold``: the same with no plan kept (``plsh_fast.cpu.no_kept_plans``): every call
   plans and builds its biases, as a call with new positions or a new partition does;
 * ``sdpa_dense``: ``scaled_dot_product_attention`` with a dense float32 ALiBi bias

@@ -168,3 +168,126 @@ def check_against_reference(problem, out, lse):
     assert not torch.isnan(out).any() and not torch.isnan(lse).any()
     assert_close_to_reference(out, ref_out, base_out, problem.dtype, name="output")
     assert_close_to_reference(lse, ref_lse, base_lse, problem.dtype, name="lse")
+
+
+#: Fixed problems whose CPU forward outputs, LSE and gradients are saved in
+#: ``tests/fast/cpu/data/cpu_saved_outputs.npz`` (``tests/fast/cpu/data/save_cpu_outputs.py``)
+#: and compared bit for bit by ``tests/fast/cpu/test_cpu_saved_outputs.py``. Together they
+#: reach band heads and tile groups (small and large pitches), per-row and cell-pattern
+#: count biases, rows without an admissible key, grouped-query heads, a value head_dim
+#: different from the query's, unsorted and repeated positions, cross-attention and
+#: non-contiguous layouts.
+SAVED_CASES = {
+    "mixed_pitches_causal": dict(
+        seed=101,
+        num_heads=4,
+        group=2,
+        n_q=130,
+        n_k=130,
+        head_dim=7,
+        head_dim_v=4,
+        causal=True,
+        mode="default",
+        num_samples=8,
+        log2_sigma=(-1.0, 8.0),
+    ),
+    "cross_unsorted": dict(
+        seed=102,
+        num_heads=2,
+        n_q=90,
+        n_k=77,
+        head_dim=5,
+        head_dim_v=6,
+        causal=False,
+        mode="unsorted",
+        num_samples=4,
+        log2_sigma=(0.0, 6.0),
+        layout="strided",
+    ),
+    "gaps_few_cells": dict(
+        seed=103,
+        num_heads=3,
+        n_q=64,
+        n_k=100,
+        head_dim=4,
+        head_dim_v=4,
+        causal=True,
+        mode="gaps",
+        num_samples=16,
+        log2_sigma=(5.0, 8.0),
+    ),
+    "left_padding_bidirectional": dict(
+        seed=104,
+        batch=2,
+        num_heads=2,
+        n_q=96,
+        n_k=96,
+        head_dim=4,
+        head_dim_v=3,
+        causal=False,
+        mode="left_padding",
+        num_samples=3,
+        log2_sigma=(-1.0, 3.0),
+        layout="bnhd",
+        scale=0.7,
+    ),
+}
+#: Module settings (and worker threads) each saved case runs under: name -> settings.
+SAVED_VARIANTS = {
+    "fused": {},
+    "plain_small_chunks": {"USE_FUSED_TILES": False, "CHUNK_ELEMENTS": 1024},
+    "two_threads": {"threads": 2},
+}
+#: ``(case, variant)`` pairs saved, each in float32 and float64.
+SAVED_RUNS = [
+    (case, variant) for case in SAVED_CASES for variant in ("fused", "plain_small_chunks")
+] + [("mixed_pitches_causal", "two_threads")]
+SAVED_DTYPES = ("float32", "float64")
+#: the arrays saved per run
+SAVED_FIELDS = ("out", "lse", "grad_query", "grad_key", "grad_value")
+
+
+def saved_problem(case: str, dtype: str) -> Problem:
+    """The saved case ``case`` in ``dtype`` (deterministic: numpy generators by seed)."""
+    kwargs = dict(SAVED_CASES[case])
+    return make_problem(kwargs.pop("seed"), dtype=dtype, **kwargs)
+
+
+def cpu_outputs(problem: Problem, cpu_module) -> dict:
+    """Forward ``out``/``lse`` and ``grad_query``/``grad_key``/``grad_value`` of the CPU path.
+
+    Calls ``cpu_module.plsh_forward_cpu`` and ``cpu_module.plsh_backward_cpu`` directly
+    (no dispatch), the backward with a seeded ``grad_out`` and ``grad_lse`` (0 on rows
+    without an admissible key), under the current module settings and thread count.
+    Returns numpy arrays.
+    """
+    from plsh_fast._partition import partition_tensors
+
+    pitch, offset = partition_tensors(problem.partition, "cpu")
+    qpos, kpos = resolve_positions(
+        problem.query.shape[2],
+        problem.key.shape[2],
+        problem.query_positions,
+        problem.key_positions,
+    )
+    qpos, kpos = torch.from_numpy(qpos), torch.from_numpy(kpos)
+    scale = problem.scale if problem.scale is not None else problem.query.shape[-1] ** -0.5
+    args = (pitch, offset, qpos, kpos, scale, problem.causal)
+    q, k, v = problem.query, problem.key, problem.value
+    out, lse = cpu_module.plsh_forward_cpu(q, k, v, *args)
+    grad_out, grad_lse = saved_gradients(problem, lse)
+    grads = cpu_module.plsh_backward_cpu(
+        q, k, v, out, lse, grad_out.to(out.dtype), *args, grad_lse=grad_lse.to(lse.dtype)
+    )
+    values = (out, lse, *grads)
+    return {name: x.detach().numpy() for name, x in zip(SAVED_FIELDS, values)}
+
+
+def saved_gradients(problem: Problem, lse: torch.Tensor):
+    """Seeded float64 ``(grad_out, grad_lse)`` of a saved case; ``grad_lse`` is 0 where
+    ``lse`` is ``-inf`` (rows without an admissible key)."""
+    rng = np.random.default_rng(7)
+    b, h, n_q, _ = problem.query.shape
+    grad_out = torch.from_numpy(rng.standard_normal((b, h, n_q, problem.value.shape[-1])))
+    grad_lse = torch.from_numpy(rng.standard_normal((b, h, n_q)))
+    return grad_out, torch.where(torch.isfinite(lse), grad_lse, 0.0)

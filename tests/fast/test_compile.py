@@ -213,13 +213,13 @@ def test_compiled_backward_reuses_the_forward_plan(monkeypatch):
     import plsh_fast.cpu as cpu
 
     planned = []
-    real = cpu._Plan.head_specs
+    real = cpu._planning.Plan.head_specs
 
     def counting(self, h):
         planned.append(h)
         return real(self, h)
 
-    monkeypatch.setattr(cpu._Plan, "head_specs", counting)
+    monkeypatch.setattr(cpu._planning.Plan, "head_specs", counting)
     layer = PLSHSelfAttention(16, 4, num_samples=4, seed=5, resample="fixed")
     compiled = torch.compile(layer, fullgraph=True, backend=Counting())
     x = torch.randn(2, 24, 16)
@@ -237,7 +237,7 @@ def test_compiled_backward_reuses_the_forward_plan(monkeypatch):
                          torch.arange(24), torch.arange(24), True, torch.float32)  # fmt: skip
     plan = cpu.plan_cpu(layer.attention.pitch, layer.attention.offset, torch.arange(24),
                         torch.arange(24), True, torch.float32)  # fmt: skip
-    cpu._chunk_specs(plan, 1)
+    cpu._planning.chunk_specs(plan, 1)
     assert sorted(planned) == [0, 1, 2, 3]
 
 
@@ -247,7 +247,7 @@ def test_plan_tensor_round_trip():
     core = PLSHAttention(4, 5, seed=9)
     pos = torch.arange(300)
     plan = cpu.plan_cpu(core.pitch, core.offset, pos, pos, True, torch.float32)
-    specs = cpu._chunk_specs(plan, 1)
+    specs = cpu._planning.chunk_specs(plan, 1)
     back = cpu.plan_from_tensor(
         cpu.plan_to_tensor(plan), core.pitch, core.offset, pos, pos, True, torch.float32
     )
@@ -281,7 +281,7 @@ def test_compiled_backward_uses_the_forwards_tiles_when_the_band_setting_changes
     monkeypatch.setattr(cpu, "BAND_MAX_TILE", 32)
     plan = cpu.plan_cpu(layer.attention.pitch, layer.attention.offset, pos, pos, True,
                         torch.float32)  # fmt: skip
-    cpu._chunk_specs(plan, 1)
+    cpu._planning.chunk_specs(plan, 1)
     assert any(plan.band)
     blob = cpu.plan_to_tensor(plan)
     monkeypatch.setattr(cpu, "BAND_MAX_TILE", 0)

@@ -1,4 +1,4 @@
-"""Band heads of the CPU path (``plsh_fast.cpu`` module step 4).
+"""Band heads of the CPU path (``plsh_fast.cpu`` step 4, ``plsh_fast/cpu/_band.py``).
 
 Heads with small query tiles, when queries and keys have the same positions, run as bands:
 consecutive tiles whose key windows are equally spaced, read as strided views of padded
@@ -82,7 +82,7 @@ def test_band_heads_match_the_reference_with_windows_past_both_ends(causal):
     pos = torch.arange(300)
     plan = cpu.plan_cpu(pitch, offset, pos, pos, causal, torch.float32)
     assert all(plan.band)
-    pad, _ = cpu._band_padding(plan, cpu._chunk_specs(plan, 1), 2)
+    pad, _ = cpu._band.band_padding(plan, cpu._planning.chunk_specs(plan, 1), 2)
     assert pad > 0  # the windows do reach outside [0, n)
     out, lse = plsh_attention(
         problem.query, problem.key, problem.value, return_lse=True, **problem.kwargs

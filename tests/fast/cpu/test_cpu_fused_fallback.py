@@ -24,7 +24,7 @@ def _run(q, k, v, partition):
 @pytest.fixture
 def fresh_check(monkeypatch):
     """Forget the process's cached decision so that the check runs again."""
-    monkeypatch.setattr(cpu, "_FUSED_OK", None)
+    monkeypatch.setattr(cpu._tiles, "_FUSED_OK", None)
     return monkeypatch
 
 
@@ -52,7 +52,7 @@ def _assert_same(a, b):
 def test_unverified_torch_version_falls_back(fresh_check):
     problem = _problem()
     plain = _plain_reference(fresh_check, problem)
-    fresh_check.setattr(cpu, "_FUSED_OK", None)
+    fresh_check.setattr(cpu._tiles, "_FUSED_OK", None)
     fresh_check.setattr(cpu, "FUSED_TORCH_VERSIONS", ((99, 0), (100, 0)))
     assert not cpu.fused_tiles_available()
     _assert_same(_run(*problem), plain)
@@ -61,7 +61,7 @@ def test_unverified_torch_version_falls_back(fresh_check):
 def test_wrong_operator_is_caught_by_the_self_check(fresh_check):
     # An operator whose output is off by 1% (a changed convention in a future release)
     # must not be used: without the self-check the outputs below would differ.
-    fused = cpu._FUSED
+    fused = cpu._tiles._FUSED
 
     def wrong(*args, **kwargs):
         out, lse = fused(*args, **kwargs)
@@ -69,8 +69,8 @@ def test_wrong_operator_is_caught_by_the_self_check(fresh_check):
 
     problem = _problem()
     plain = _plain_reference(fresh_check, problem)
-    fresh_check.setattr(cpu, "_FUSED_OK", None)
-    fresh_check.setattr(cpu, "_FUSED", wrong)
+    fresh_check.setattr(cpu._tiles, "_FUSED_OK", None)
+    fresh_check.setattr(cpu._tiles, "_FUSED", wrong)
     assert not cpu.fused_tiles_available()
     _assert_same(_run(*problem), plain)
 
@@ -79,14 +79,14 @@ def test_operator_that_raises_is_not_used(fresh_check):
     def broken(*args, **kwargs):
         raise RuntimeError("changed signature")
 
-    fresh_check.setattr(cpu, "_FUSED", broken)
+    fresh_check.setattr(cpu._tiles, "_FUSED", broken)
     assert not cpu.fused_tiles_available()
     out, _ = _run(*_problem())
     assert torch.isfinite(out).all()
 
 
 def test_missing_operator_is_not_used(fresh_check):
-    fresh_check.setattr(cpu, "_FUSED", None)
+    fresh_check.setattr(cpu._tiles, "_FUSED", None)
     assert not cpu.fused_tiles_available()
 
 

@@ -63,7 +63,7 @@ def test_block_ranges_by_arithmetic_equal_searchsorted(seed, n_k, n_q, k0, log2_
     qpos = torch.sort(torch.from_numpy(rng.integers(k0 - 60, k0 + n_k + 60, size=n_q))).values
     bq = torch_bins(pitch, offset, qpos)
     bk = torch_bins(pitch, offset, kpos).contiguous()
-    start, end = cpu._block_ranges_unit_steps(pitch, offset, bq, kpos)
+    start, end = cpu._ranges.block_ranges_unit_steps(pitch, offset, bq, kpos)
     assert torch.equal(start, torch.searchsorted(bk, bq))
     assert torch.equal(end, torch.searchsorted(bk, bq, right=True))
 
@@ -82,7 +82,7 @@ def test_block_ranges_ragged_bin_table_equal_searchsorted(k0):
     bq = torch_bins(pitch, offset, qpos)
     spans = bq.amax(-1) - bq.amin(-1) + 2
     assert int(spans.max()) > 2 * n + 2 and int(spans.sum()) <= spans.numel() * (2 * n + 2)
-    start, end = cpu._block_ranges_unit_steps(pitch, offset, bq, kpos)
+    start, end = cpu._ranges.block_ranges_unit_steps(pitch, offset, bq, kpos)
     bk = torch_bins(pitch, offset, kpos).contiguous()
     assert torch.equal(start, torch.searchsorted(bk, bq))
     assert torch.equal(end, torch.searchsorted(bk, bq, right=True))
@@ -171,7 +171,7 @@ def test_tiles_touch_only_the_reachable_window():
     partition = draw_partition(np.array([4.0, 16.0]), 16, seed=0)
     pitch, offset = partition_tensors(partition, "cpu")
     pos = torch.arange(n)
-    plan = cpu._plan(pitch, offset, pos, pos, True, torch.float32)
+    plan = cpu._planning.make_plan(pitch, offset, pos, pos, True, torch.float32)
     logits = 0
     for chunk in plan.chunks():
         assert chunk.bias.numel() <= max(
@@ -217,7 +217,7 @@ def test_rows_without_admissible_key():
 
 
 def _corrupt(monkeypatch, how):
-    original = cpu._Plan._make_chunk
+    original = cpu._chunks.make_chunk
 
     def make_chunk(self, *args):
         chunk = original(self, *args)
@@ -228,7 +228,7 @@ def _corrupt(monkeypatch, how):
             chunk.bias = torch.where(admissible, -chunk.bias, chunk.bias)
         return chunk
 
-    monkeypatch.setattr(cpu._Plan, "_make_chunk", make_chunk)
+    monkeypatch.setattr(cpu._chunks, "make_chunk", make_chunk)
     cpu.clear_plan_cache()  # a kept plan would skip the corrupted chunk builder
 
 
@@ -277,7 +277,7 @@ def test_tile_groups_pad_little_and_cover_every_window(monkeypatch):
     partition = draw_partition(np.array([3.0, 40.0, 300.0]), 16, seed=4)
     pitch, offset = partition_tensors(partition, "cpu")
     pos = torch.arange(n)
-    plan = cpu._plan(pitch, offset, pos, pos, True, torch.float32)
+    plan = cpu._planning.make_plan(pitch, offset, pos, pos, True, torch.float32)
     seen = 0
     for h in range(3):
         start, end = plan.ranges(h)
@@ -310,7 +310,7 @@ def test_cell_pattern_bias_equals_per_row_bias(monkeypatch, causal, mode):
         qpos = torch.from_numpy(rng.permutation(n_q) * 2 + 1)
     partition = draw_partition(np.array([1.5, 30.0, 400.0]), 8, seed=2)
     pitch, offset = partition_tensors(partition, "cpu")
-    plan = cpu._plan(pitch, offset, qpos, kpos, causal, torch.float32)
+    plan = cpu._planning.make_plan(pitch, offset, qpos, kpos, causal, torch.float32)
     biases = {}
     for fraction in (0.0, 1.0):
         monkeypatch.setattr(cpu, "PATTERN_ROWS_FRACTION", fraction)

@@ -1,4 +1,4 @@
-"""Plans kept across calls by the CPU path (``plsh_fast.cpu`` module step 8).
+"""Plans kept across calls by the CPU path (step 8, ``plsh_fast/cpu/_plan_cache.py``).
 
 A plan is kept from the second call with its inputs on; a call whose partition,
 positions, causal flag and compute dtype equal a kept plan's skips planning and bias
@@ -31,9 +31,10 @@ def _qkv(n=96, heads=4, d=8, seed=0, requires_grad=False):
 
 @pytest.fixture
 def counted(monkeypatch):
-    """Counts of ``_plan`` (planning) and ``_make_chunk`` (bias building) calls."""
+    """Counts of ``_planning.make_plan`` (planning) and ``_chunks.make_chunk`` (bias
+    building) calls."""
     calls = {"plan": 0, "chunk": 0}
-    real_plan, real_chunk = cpu._plan, cpu._Plan._make_chunk
+    real_plan, real_chunk = cpu._planning.make_plan, cpu._chunks.make_chunk
 
     def plan(*args):
         calls["plan"] += 1
@@ -43,8 +44,8 @@ def counted(monkeypatch):
         calls["chunk"] += 1
         return real_chunk(self, *args)
 
-    monkeypatch.setattr(cpu, "_plan", plan)
-    monkeypatch.setattr(cpu._Plan, "_make_chunk", chunk)
+    monkeypatch.setattr(cpu._planning, "make_plan", plan)
+    monkeypatch.setattr(cpu._chunks, "make_chunk", chunk)
     return calls
 
 
@@ -90,11 +91,11 @@ def test_calls_seen_once_keep_nothing(counted):
         cpu.plsh_forward_cpu(
             q, k, v, pitch, offset, torch.tensor([n_k - 1]), torch.arange(n_k), 0.3, True
         )
-    assert cpu.kept_plan_bytes() == 0 and len(cpu._CACHE) == 0
+    assert cpu.kept_plan_bytes() == 0 and len(cpu._plan_cache._CACHE) == 0
     assert counted["plan"] == 40
     # What remembers them is one int per call, not the key (which holds the partition's
     # bytes: 16 KB per call at 16 heads and s = 64).
-    assert len(cpu._SEEN) == 40 and all(type(d) is int for d in cpu._SEEN)
+    assert len(cpu._plan_cache._SEEN) == 40 and all(type(d) is int for d in cpu._plan_cache._SEEN)
 
 
 def test_per_sequence_positions_get_one_plan_each_within_the_budget():
@@ -110,8 +111,8 @@ def test_per_sequence_positions_get_one_plan_each_within_the_budget():
         plsh_attention(
             q, k, v, seed=0, num_samples=4, query_positions=positions, key_positions=positions
         )
-    assert len(cpu._CACHE) == batch
-    sizes = [p.nbytes for p in cpu._CACHE.values()]
+    assert len(cpu._plan_cache._CACHE) == batch
+    sizes = [p.nbytes for p in cpu._plan_cache._CACHE.values()]
     assert cpu.kept_plan_bytes() == sum(sizes) <= cpu.PLAN_CACHE_BYTES
 
 
@@ -128,7 +129,7 @@ def test_a_lowered_budget_takes_effect_at_the_next_call(monkeypatch):
     _kept(q, k, v, pitch, offset, positions)
     monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 0)
     _forward(q, k, v, pitch, offset, positions)
-    assert cpu.kept_plan_bytes() == 0 and len(cpu._CACHE) == 0
+    assert cpu.kept_plan_bytes() == 0 and len(cpu._plan_cache._CACHE) == 0
 
 
 @pytest.mark.parametrize("tile", [0, 7, 24, 48, 200, 256])
@@ -202,7 +203,7 @@ def test_the_budget_bounds_what_is_kept(counted, monkeypatch):
         _forward(q, k, v, *p, positions)
     counted["plan"] = 0
     _forward(q, k, v, *partitions[0], positions)
-    (first,) = cpu._CACHE.values()
+    (first,) = cpu._plan_cache._CACHE.values()
     size = first.nbytes
     assert size > 0 and cpu.kept_plan_bytes() == size
     # Room for two plans: the least recently used one goes when a third comes.
@@ -211,9 +212,11 @@ def test_the_budget_bounds_what_is_kept(counted, monkeypatch):
         _forward(q, k, v, *p, positions)
     assert counted["plan"] == 3
     assert cpu.kept_plan_bytes() <= cpu.PLAN_CACHE_BYTES
-    assert len(cpu._CACHE) == 2
+    assert len(cpu._plan_cache._CACHE) == 2
     # The evicted plan dropped its chunks (an autograd graph holding it keeps no bias).
-    assert all(p is not first for p in cpu._CACHE.values()) and first.chunk_store is None
+    assert (
+        all(p is not first for p in cpu._plan_cache._CACHE.values()) and first.chunk_store is None
+    )
     _forward(q, k, v, *partitions[2], positions)  # kept
     assert counted["plan"] == 3
     _forward(q, k, v, *partitions[0], positions)  # evicted: planned again
@@ -223,7 +226,7 @@ def test_the_budget_bounds_what_is_kept(counted, monkeypatch):
     monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", size // 2)
     for _ in range(3):
         _forward(q, k, v, *partitions[1], positions)
-    assert counted["plan"] == 7 and len(cpu._CACHE) == 0
+    assert counted["plan"] == 7 and len(cpu._plan_cache._CACHE) == 0
 
 
 def test_a_plan_kept_in_inference_mode_serves_a_call_with_gradients():
@@ -243,9 +246,9 @@ def test_clear_plan_cache_forgets_everything(counted):
     pitch, offset = _partition()
     positions = torch.arange(96)
     _kept(q, k, v, pitch, offset, positions)
-    assert len(cpu._CACHE) == 1
+    assert len(cpu._plan_cache._CACHE) == 1
     cpu.clear_plan_cache()
-    assert len(cpu._CACHE) == 0 and cpu.kept_plan_bytes() == 0
+    assert len(cpu._plan_cache._CACHE) == 0 and cpu.kept_plan_bytes() == 0
     _forward(q, k, v, pitch, offset, positions)
     assert counted["plan"] == 3
 
@@ -281,6 +284,6 @@ def test_no_kept_plans_plans_afresh_and_leaves_the_kept_plans_alone(counted):
         _forward(q, k, v, pitch, offset, positions[:50])
         _forward(q, k, v, pitch, offset, positions[:50])  # a repeat is not kept either
     assert counted["plan"] == 5
-    assert cpu.kept_plan_bytes() == kept and len(cpu._CACHE) == 1
+    assert cpu.kept_plan_bytes() == kept and len(cpu._plan_cache._CACHE) == 1
     _forward(q, k, v, pitch, offset, positions)  # outside: the kept plan serves again
     assert counted["plan"] == 5

@@ -36,7 +36,7 @@ def _inputs(requires_grad=False):
 
 def test_workers_run_single_threaded_while_the_process_setting_stays(two_threads, monkeypatch):
     seen = {"worker": set(), "fresh_thread": set()}
-    real = cpu.tiles_forward
+    real = cpu._tiles.tiles_forward
 
     def spy(*args):
         seen["worker"].add(torch.get_num_threads())
@@ -47,7 +47,7 @@ def test_workers_run_single_threaded_while_the_process_setting_stays(two_threads
         fresh.join()
         return real(*args)
 
-    monkeypatch.setattr(cpu, "tiles_forward", spy)
+    monkeypatch.setattr(cpu._tiles, "tiles_forward", spy)
     plsh_attention(*_inputs(), seed=0, num_samples=4)
     assert seen["worker"] == {1}
     assert seen["fresh_thread"] == {2}
@@ -61,7 +61,7 @@ def test_global_state_is_restored_even_when_a_worker_fails(two_threads, monkeypa
         calls.append(threading.current_thread().name)
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(cpu, "tiles_forward", failing)
+    monkeypatch.setattr(cpu._tiles, "tiles_forward", failing)
     rng, np_rng = torch.random.get_rng_state(), np.random.get_state()
     with pytest.raises(RuntimeError, match="injected"):
         plsh_attention(*_inputs(), seed=0, num_samples=4)
@@ -91,17 +91,17 @@ def test_one_pool_serves_every_call(two_threads):
 
 def test_forward_plan_is_reused_by_the_backward(two_threads, monkeypatch):
     made = []
-    real = cpu._plan
+    real = cpu._planning.make_plan
 
     def counting(*args):
         made.append(1)
         return real(*args)
 
-    monkeypatch.setattr(cpu, "_plan", counting)
+    monkeypatch.setattr(cpu._planning, "make_plan", counting)
     q, k, v = _inputs(requires_grad=True)
     plsh_attention(q, k, v, seed=0, num_samples=4).sum().backward()
     assert len(made) == 1  # planned once for the forward and its backward
-    # negative control: with no plan kept across calls (module step 8), a direct backward
+    # negative control: with no plan kept across calls (step 8), a direct backward
     # call without the plan plans again
     monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 0)
     out, lse = cpu.plsh_forward_cpu(
@@ -158,13 +158,13 @@ def test_dynamic_dealing_lets_a_free_worker_take_a_slow_workers_share(two_thread
         with lock:
             done.append((task, worker))
 
-    cpu._run_parallel(list(range(20)), fn, 2, dynamic=True)
+    cpu._pool.run_parallel(list(range(20)), fn, 2, dynamic=True)
     assert sorted(t for t, _ in done) == list(range(20))
     by_worker = [sum(1 for _, w in done if w == k) for k in (0, 1)]
     assert by_worker[1] > by_worker[0]  # the free worker took more
     # Negative control: round-robin dealing gives each worker half, however slow.
     done.clear()
-    cpu._run_parallel(list(range(20)), fn, 2)
+    cpu._pool.run_parallel(list(range(20)), fn, 2)
     assert [sum(1 for _, w in done if w == k) for k in (0, 1)] == [10, 10]
     # The forward (dealt dynamically) is bit-identical with 2 threads and with 1.
     q, k, v = _inputs()
