@@ -124,7 +124,9 @@ class TileConfig:
         and an ablation of the benchmarks and tests: 1, the forward with the bias
         ``-log C`` instead of ``+log C``; 2, the forward with the counts ignored (block
         mask only); 3, the forward without counts (planned key range and causal mask
-        only); any non-zero value, the backward with the counts ignored (mask only).
+        only); 4, the forward's K tile loaded transposed, ``(D, BLOCK_N)``, so that its
+        logits round otherwise than the backward kernels' (``proofs_notes/backward.md``,
+        section 3); any non-zero value, the backward with the counts ignored (mask only).
     """
 
     block_m: int
