@@ -19,10 +19,13 @@ PARTITION = draw_partition(np.array([2.0, 9.0]), S, seed=0)
 SCALE = 1.0 / math.sqrt(D)
 
 
-def inputs(scale_qk: float, seed: int = 0, head_dim: int = D):
-    """float64 ``(query, key, value, grad_out)``, each ``(1, 2, N, head_dim)``."""
+def inputs(scale_qk: float, seed: int = 0, head_dim: int = D, head_dim_v: int | None = None):
+    """float64 ``(query, key, value, grad_out)``: ``(1, 2, N, head_dim)`` (query, key) and
+    ``(1, 2, N, head_dim_v)`` (value, grad_out; ``None``: ``head_dim``), drawn in that
+    order from one generator (equal head sizes: the same draws whatever ``head_dim_v``)."""
     rng = np.random.default_rng(seed)
-    q, k, v, g = (rng.standard_normal((1, 2, N, head_dim)) for _ in range(4))
+    widths = (head_dim, head_dim, head_dim_v or head_dim, head_dim_v or head_dim)
+    q, k, v, g = (rng.standard_normal((1, 2, N, w)) for w in widths)
     return [torch.from_numpy(x) for x in (q * scale_qk, k * scale_qk, v, g)]
 
 

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .._validation import MAX_HEAD_DIM_TRITON, MAX_NUM_SAMPLES_TRITON
-from ._config import TileConfig, head_dim_split
+from ._config import TileConfig
 from ._launch import LENGTHS, LOG2E, Launch, aligned_rows, on_sorted_rows, prepare_launch
 from ._memory import load_tile, store_tile
 from ._tiling import TilePlan, max_combine, sum_combine, tile_counts_all
@@ -381,8 +381,7 @@ def launch_forward(
     num_heads_kv, n_k, head_dim_v = key.shape[1], key.shape[2], value.shape[3]
     tiles, plan = launch.tiles, launch.plan
     num_samples = launch.num_samples
-    split_d = head_dim_split(head_dim, tiles.halves(forward=True))
-    split_dv = head_dim_split(head_dim_v, tiles.halves(forward=True))
+    split_d, split_dv = tiles.forward_chunks(head_dim, head_dim_v, query.dtype)
     grid = (launch.n_q_tiles * batch * num_heads,)
     assert grid[0] < 2**31
     _fwd_kernel[grid](
