@@ -30,17 +30,23 @@ import math
 import numpy as np
 import pytest
 import torch
-from _gradient_case import PARTITION, SCALE, N, S, bias, dense_gradients, inputs, worst_ratio
+from _gradient_case import (
+    PARTITION,
+    SCALE,
+    N,
+    S,
+    bias,
+    dense_gradients,
+    dense_gradients_with_lse,
+    inputs,
+    rule_ratio,
+    two_chunk_ratios,
+    worst_ratio,
+)
 
 from plsh_fast import plsh_attention
 from plsh_ref.partition import counts
-from plsh_ref.testing.tolerance import allowed_error, assert_close_to_reference, max_error
-
-
-def _rule_ratio(out, ref, base, floor) -> float:
-    """``max|out - ref| / allowed`` of the SPEC section 6 rule (float32), without raising."""
-    allowed = allowed_error(ref.numpy(), base.numpy(), "float32", floor_scale=floor)
-    return max_error(out.numpy(), ref.numpy())[0] / allowed
+from plsh_ref.testing.tolerance import assert_close_to_reference
 
 
 def _lse_recompute_gradients(q, k, v, g):
@@ -102,20 +108,9 @@ def test_float32_gradients_pass_the_rule_at_unit_and_large_logits(backend, scale
     assert worst_ratio(_api_gradients(backend, q, k, v, g), q, k, v, g) <= 1.0
 
 
-def _dense_gradients_with_lse(q, k, v, g, g_lse, dtype):
-    """Autograd of dense attention (``_gradient_case.dense_gradients``) for the loss
-    ``sum(out g) + sum(lse g_lse)``."""
-    a, b, w = (x.detach().to(dtype).clone().requires_grad_() for x in (q, k, v))
-    logits = a @ b.transpose(-1, -2) / math.sqrt(q.shape[-1]) + bias(dtype)
-    out = torch.softmax(logits, dim=-1) @ w
-    lse = torch.logsumexp(logits, dim=-1)
-    ((out * g.to(dtype)).sum() + (lse * g_lse.to(dtype)).sum()).backward()
-    return a.grad, b.grad, w.grad
-
-
 def _worst_ratio_with_lse(grads, q, k, v, g, g_lse) -> float:
-    ref = _dense_gradients_with_lse(q, k, v, g, g_lse, torch.float64)
-    base = _dense_gradients_with_lse(q, k, v, g, g_lse, torch.float32)
+    ref = dense_gradients_with_lse(q, k, v, g, g_lse, torch.float64)
+    base = dense_gradients_with_lse(q, k, v, g, g_lse, torch.float32)
     floor = max(float(r.abs().max()) for r in ref)
     return max(
         assert_close_to_reference(x.numpy(), r.numpy(), b.numpy(), "float32", floor_scale=floor)
@@ -204,7 +199,7 @@ def test_negative_control_forward_chunks_unlike_the_backward(head_dims):
 
     def value_ratio(forward_tiles):
         grads = _triton_gradients(q, k, v, g, split=True, forward_tiles=forward_tiles)
-        return _rule_ratio(grads[2], ref[2], base[2], floor)
+        return rule_ratio(grads[2], ref[2], base[2], floor)
 
     former = _forward_tiles(q, v, narrow_whole=False)
     assert former.forward_chunks(d, dv, torch.float32)[0] == (d // 2, d // 2)
@@ -313,7 +308,7 @@ def test_negative_control_forward_logits_in_the_transposed_k_layout(head_dim):
     def value_ratio(variant):
         tiles = _forward_tiles(q, v, variant=variant)
         grads = _triton_gradients(q, k, v, g, split=True, forward_tiles=tiles)
-        return _rule_ratio(grads[2], ref[2], base[2], floor)
+        return rule_ratio(grads[2], ref[2], base[2], floor)
 
     assert value_ratio(0) <= 1.0
     assert value_ratio(4) > 2.0
@@ -423,40 +418,6 @@ def test_subtraction_of_the_row_maximum_rounds_as_proofs_notes_says():
     assert float(err.max()) >= bound / 8
 
 
-def _two_chunk_gradients(q, k, v, g):
-    """float32 gradients of dense attention (``_gradient_case.dense_gradients``) with the
-    logits summed from two half-width matmuls, as the Triton kernels' two column chunks:
-    the yardstick's arithmetic with another, equally accurate, rounding of the logits."""
-    a, b, w = (x.detach().float().clone().requires_grad_() for x in (q, k, v))
-    half = q.shape[-1] // 2
-    logits = a[..., :half] @ b[..., :half].transpose(-1, -2)
-    logits = logits + a[..., half:] @ b[..., half:].transpose(-1, -2)
-    probs = torch.softmax(logits / math.sqrt(q.shape[-1]) + bias(torch.float32), dim=-1)
-    ((probs @ w) * g.float()).sum().backward()
-    return a.grad, b.grad, w.grad
-
-
-def _two_chunk_ratios(scale_qk, seeds):
-    """The rule's ``error / allowed`` of :func:`_two_chunk_gradients` per seed (the seeds'
-    cases stacked along the batch axis, each compared on its own)."""
-    q, k, v, g = (torch.cat(x) for x in zip(*(inputs(scale_qk, s, head_dim=32) for s in seeds)))
-    grads, ref, base = (
-        f(q, k, v, g)
-        for f in (
-            _two_chunk_gradients,
-            lambda *x: dense_gradients(*x, torch.float64),
-            lambda *x: dense_gradients(*x, torch.float32),
-        )
-    )
-    ratios = []
-    for i in range(len(seeds)):
-        floor = max(float(r[i].abs().max()) for r in ref)
-        ratios.append(
-            max(_rule_ratio(x[i], r[i], b[i], floor) for x, r, b in zip(grads, ref, base))
-        )
-    return ratios
-
-
 def test_rule_noise_of_independent_float32_gradients_at_large_logits():
     """The rule's own noise at large logits (``proofs_notes/backward.md``, section 3): float32
     attention that differs from the yardstick only in how its logits' float32 dot rounds
@@ -467,8 +428,8 @@ def test_rule_noise_of_independent_float32_gradients_at_large_logits():
     independent draw of it. Seeds 0-99, head_dim 32 (measured 2026-12-01: 0 of 100 fail at
     unit scale, max ratio below 0.5; 6 of 100 at standard deviation 64, ``0.065`` of 200);
     deterministic."""
-    unit = _two_chunk_ratios(1.0, range(100))
-    large = _two_chunk_ratios(8.0, range(100))
+    unit = two_chunk_ratios(1.0, range(100))
+    large = two_chunk_ratios(8.0, range(100))
     assert max(unit) < 0.5
     failures = sum(r > 1.0 for r in large)
     assert 2 <= failures <= 20, failures
@@ -488,8 +449,8 @@ def test_negative_control_lse_gradient_as_an_extra_value_column():
     plsh_triton = _load_triton()
     q, k, v, g = inputs(8.0, head_dim=64)
     g_lse = torch.from_numpy(np.random.default_rng(1).standard_normal((1, 2, N)))
-    ref = _dense_gradients_with_lse(q, k, v, g, g_lse, torch.float64)
-    base = _dense_gradients_with_lse(q, k, v, g, g_lse, torch.float32)
+    ref = dense_gradients_with_lse(q, k, v, g, g_lse, torch.float64)
+    base = dense_gradients_with_lse(q, k, v, g, g_lse, torch.float32)
     floor = max(float(r.abs().max()) for r in ref)
     pitch, offset = (torch.from_numpy(np.array(x)) for x in (PARTITION.pitch, PARTITION.offset))
     pos = torch.arange(N)
@@ -504,8 +465,8 @@ def test_negative_control_lse_gradient_as_an_extra_value_column():
         q, k, torch.cat([v, ones], -1), torch.cat([out, zeros], -1), lse,
         torch.cat([g, g_lse[..., None]], -1), *args, stats=stats,
     )  # fmt: skip
-    assert _rule_ratio(folded[2], ref[2], base[2], floor) <= 1.0
-    assert _rule_ratio(column[2][..., :-1], ref[2], base[2], floor) > 2.0
+    assert rule_ratio(folded[2], ref[2], base[2], floor) <= 1.0
+    assert rule_ratio(column[2][..., :-1], ref[2], base[2], floor) > 2.0
 
 
 def test_interpreter_dots_of_the_shared_layout_round_alike():
