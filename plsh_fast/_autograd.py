@@ -17,12 +17,10 @@ operator, not the rounded float32 LSE; the CPU backward needs neither
 (``proofs_notes/backward.md``, section 3).
 
 A gradient flowing into the returned LSE is supported on both backends without a second
-kernel: ``d lse_i / d S_ij = P_ij``. The CPU backward takes it as ``grad_lse``. The Triton
-kernels compute ``dS = P o (dO V^T - delta)`` with ``delta_i = sum_k dO_ik O_ik``;
-appending a column of ones to ``V``, a column of zeros to ``O`` and the LSE gradient ``g``
-as a column of ``dO`` turns this into ``dS = P o (dO V^T - delta + g 1^T)``, exactly the
-sum of both contributions; the extra column of the value gradient is dropped. The column
-is appended whenever an LSE gradient is passed (no host check of whether it is zero, which
+kernel: ``d lse_i / d S_ij = P_ij``. Both backwards take it as ``grad_lse``; the Triton
+kernels compute ``dS = P o (dO V^T - delta)`` with ``delta_i = sum_k dO_ik O_ik``, and
+the LSE gradient ``g`` is subtracted from ``delta``, giving ``dS = P o (dO V^T - delta +
+g 1^T)``, exactly the sum of both contributions (no host check of whether it is zero, which
 would synchronise the device).
 
 References
@@ -188,17 +186,12 @@ def attention_backward(
         grad_out = torch.zeros_like(out)
     grad_out = grad_out.to(out.dtype)
     g = None if grad_lse is None else torch.where(torch.isfinite(lse), grad_lse, 0)
-    augmented = g is not None and backend != "cpu"  # the CPU backward takes g itself
-    if augmented:
-        value = torch.cat([value, value.new_ones(*value.shape[:3], 1)], dim=-1)
-        out = torch.cat([out, out.new_zeros(*out.shape[:3], 1)], dim=-1)
-        grad_out = torch.cat([grad_out, g.to(out.dtype)[..., None]], dim=-1)
 
     def run(group, *tensors, stats=None, grad_lse=None):
         kwargs = {} if group.plan is None else {"plan": group.plan}
         if stats is not None:
             kwargs["stats"] = stats
-        if grad_lse is not None and not augmented:
+        if grad_lse is not None:
             kwargs["grad_lse"] = grad_lse
         return backward(
             *tensors,
@@ -234,8 +227,6 @@ def attention_backward(
             group.put(grad_query, gq, group.queries)
             group.put(grad_key, gk, group.keys)
             group.put(grad_value, gv, group.keys)
-    if augmented:
-        grad_value = grad_value[..., :-1]
     return grad_query, grad_key, grad_value
 
 

@@ -599,6 +599,7 @@ def plsh_backward_triton(
     causal: bool,
     *,
     stats: torch.Tensor | None = None,
+    grad_lse: torch.Tensor | None = None,
     plan: TilePlan | None = None,
     positions_sorted: bool | None = None,
     tiles: TileConfig | None = None,
@@ -628,6 +629,12 @@ def plsh_backward_triton(
         ``|lse| 2^-24`` of every probability in the row (float32 gradients then fail the
         SPEC section 6 rule from logits of standard deviation about 9,
         ``tests/fast/test_gradient_precision.py``).
+    grad_lse : torch.Tensor or None
+        float32 ``(batch, num_heads, n_q)`` gradient of the loss with respect to the LSE
+        (finite; 0 on empty rows), or ``None``: added as ``dS = P (dP - D + g)``
+        (``proofs_notes/backward.md``, section 5) by subtracting it from ``D``
+        (:func:`launch_delta`), so that the value head size, hence the column chunks of
+        the logits' dots, stay the forward's.
     plan : plsh_fast.triton.TilePlan or None
         The forward pass's plan (``plsh_forward_triton(..., return_plan=True)``), reused
         instead of planning again (then the positions are taken as sorted, no check and no
@@ -656,19 +663,18 @@ def plsh_backward_triton(
     if plan is None and not positions_sorted:
 
         def run_sorted(query_rows, key_rows, sorted_query_positions, sorted_key_positions):
-            q, o, l_, g, st = query_rows
+            q, o, l_, g, st, *gl = query_rows
             dq, dk, dv = plsh_backward_triton(
                 q, *key_rows, o, l_, g, pitch, offset, sorted_query_positions,
-                sorted_key_positions, scale, causal, stats=st, positions_sorted=True,
-                tiles=tiles,
+                sorted_key_positions, scale, causal, stats=st,
+                grad_lse=gl[0] if gl else None, positions_sorted=True, tiles=tiles,
             )  # fmt: skip
             return (dq,), (dk, dv)
 
         # Unsorted positions: the gradients of the forward's sorted rows, put back.
-        done = on_sorted_rows(
-            run_sorted, query_positions, key_positions,
-            (query, out, lse, grad_out, stats), (key, value),
-        )  # fmt: skip
+        query_rows = (query, out, lse, grad_out, stats)
+        query_rows += () if grad_lse is None else (grad_lse,)
+        done = on_sorted_rows(run_sorted, query_positions, key_positions, query_rows, (key, value))
         if done is not None:
             return (*done[0], *done[1])
     dq, dk, dv = (
@@ -686,7 +692,7 @@ def plsh_backward_triton(
     if stats.data_ptr() % 8:  # the dK/dV kernel reads each row's pair as one 8-byte word
         stats = stats.clone()
     grad_out = grad_out.to(query.dtype)
-    delta = launch_delta(launch, out, grad_out)
+    delta = launch_delta(launch, out, grad_out, grad_lse)
     launch_dq(launch, query, key, value, grad_out, stats, delta, dq, scale)
     dq.mul_(dq_rounding_factor(stats)[..., None])
     launch_dkdv(launch, query, key, value, grad_out, stats, delta, dk, dv, scale)
@@ -728,10 +734,19 @@ def softmax_statistics(lse: torch.Tensor, num_samples: int) -> torch.Tensor:
     return torch.stack([lse * LOG2E + math.log2(num_samples), torch.zeros_like(lse)], -1)
 
 
-def launch_delta(launch: Launch, out: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
-    """``D_i = dO_i . O_i`` per row (the delta kernel), float32 ``(batch, num_heads, n_q)``.
+def launch_delta(
+    launch: Launch,
+    out: torch.Tensor,
+    grad_out: torch.Tensor,
+    grad_lse: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``D_i = dO_i . O_i - g_i`` per row (the delta kernel, then the LSE gradient ``g``
+    subtracted), float32 ``(batch, num_heads, n_q)``.
 
-    ``out``, ``grad_out``: ``(batch, num_heads, n_q, head_dim_v)``, any strides.
+    ``out``, ``grad_out``: ``(batch, num_heads, n_q, head_dim_v)``, any strides;
+    ``grad_lse``: ``(batch, num_heads, n_q)`` or ``None`` (``g = 0``). The kernels'
+    ``dS = P (dP - D)`` is then ``P (dP - dO . O + g)``, the sum of the output's and the
+    LSE's contributions (``proofs_notes/backward.md``, section 5).
     """
     batch, num_heads, n_q, head_dim_v = out.shape
     delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=out.device)
@@ -748,6 +763,8 @@ def launch_delta(launch: Launch, out: torch.Tensor, grad_out: torch.Tensor) -> t
         BLOCK_M=launch.tiles.block_m,
         BLOCK_DV=pow2(head_dim_v),
     )
+    if grad_lse is not None:  # dS = P (dP - (D - g))
+        delta.sub_(grad_lse.to(torch.float32))
     return delta
 
 

@@ -124,7 +124,9 @@ class TileConfig:
         and an ablation of the benchmarks and tests: 1, the forward with the bias
         ``-log C`` instead of ``+log C``; 2, the forward with the counts ignored (block
         mask only); 3, the forward without counts (planned key range and causal mask
-        only); any non-zero value, the backward with the counts ignored (mask only).
+        only); 4, the forward's K tile loaded transposed, ``(D, BLOCK_N)``, so that its
+        logits round otherwise than the backward kernels' (``proofs_notes/backward.md``,
+        section 3); any non-zero value, the backward with the counts ignored (mask only).
     """
 
     block_m: int
@@ -169,6 +171,37 @@ class TileConfig:
         return tuple(
             head_dim_split(d, halves and not (whole and d < widest)) for d in (head_dim, head_dim_v)
         )
+
+    def forward_chunks(
+        self, head_dim: int, head_dim_v: int, dtype: torch.dtype
+    ) -> tuple[tuple[int, int], tuple[int, int]]:
+        """Column chunks ``((BLOCK_D, BLOCK_D1), (BLOCK_DV, BLOCK_DV1))`` of ``head_dim`` and
+        ``head_dim_v`` in the forward kernel: :func:`head_dim_split` of each, in halves
+        where :meth:`halves` says so, except float32 ``head_dim`` where the backward takes
+        it whole (:attr:`TileConfig.narrow_whole`, ``head_dim < head_dim_v``): then the dQ
+        kernel's chunks (:meth:`backward_chunks`), so that the forward's logits are summed
+        over the same column chunks as the backward's recomputed ones and round alike
+        (``proofs_notes/backward.md``, section 3; in halves against a whole ``head_dim``
+        of 64 under a value head size of 128, ``grad_value`` reached 6.5 times the allowed
+        error at logit standard deviation 64, interpreter).
+
+        Parameters
+        ----------
+        head_dim, head_dim_v : int
+            Query/key and value head sizes (``>= 1``).
+        dtype : torch.dtype
+            The inputs' dtype (only float32 reads the backward's chunks).
+
+        Returns
+        -------
+        tuple of tuple of int
+            Chunk widths (powers of two ``>= 16``; a second chunk of 0: one chunk).
+        """
+        halves = self.halves(forward=True)
+        split_dv = head_dim_split(head_dim_v, halves)
+        if dtype == torch.float32 and self.narrow_whole and head_dim < head_dim_v:
+            return self.backward_chunks(head_dim, head_dim_v, dkdv=False)[0], split_dv
+        return head_dim_split(head_dim, halves), split_dv
 
 
 def tile_config(

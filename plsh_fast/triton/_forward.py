@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .._validation import MAX_HEAD_DIM_TRITON, MAX_NUM_SAMPLES_TRITON
-from ._config import TileConfig, head_dim_split
+from ._config import TileConfig
 from ._launch import LENGTHS, LOG2E, Launch, aligned_rows, on_sorted_rows, prepare_launch
 from ._memory import load_tile, store_tile
 from ._tiling import TilePlan, max_combine, sum_combine, tile_counts_all
@@ -150,19 +150,29 @@ def _fwd_kernel(
     for start_n in tl.range(key_start, key_end, BLOCK_N, num_stages=NUM_STAGES):
         offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         n_valid = offs_n < n_k
-        k = load_tile(k_base, offs_n, skn, offs_d, skd, n_valid, d_valid, UPCAST, True)  # (D, N)
+        k = load_tile(k_base, offs_n, skn, offs_d, skd, n_valid, d_valid, UPCAST)  # (N, D)
         v = load_tile(v_base, offs_n, svn, offs_dv, svd, n_valid, dv_valid, UPCAST)
         if BLOCK_D1 > 0:
-            k1 = load_tile(k_base, offs_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST, True)
+            k1 = load_tile(k_base, offs_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST)
         if BLOCK_DV1 > 0:
             v1 = load_tile(v_base, offs_n, svn, offs_dv1, svd, n_valid, dv1_valid, UPCAST)
         if VARIANT == 3:  # ablation: no counts (planned range and causal mask only)
             cols = start_n + tl.arange(0, BLOCK_N)
             admissible = cols[None, :] < causal_end[:, None]
             weight = tl.full([BLOCK_M, BLOCK_N], 1.0, dtype=tl.float32)
-        logits = tl.dot(q, k, input_precision=DOT_PREC)
-        if BLOCK_D1 > 0:
-            logits = tl.dot(q1, k1, logits, input_precision=DOT_PREC)
+        # The logits' dot in the operand layout of both backward kernels' (K tile loaded
+        # (BLOCK_N, D), transposed in the dot), so that they round alike and the maximising
+        # key's x log2 e - m is 0 there too (proofs_notes/backward.md, section 3).
+        if VARIANT == 4:  # negative control: the K tile loaded transposed, (D, BLOCK_N)
+            kt = load_tile(k_base, offs_n, skn, offs_d, skd, n_valid, d_valid, UPCAST, True)
+            logits = tl.dot(q, kt, input_precision=DOT_PREC)
+            if BLOCK_D1 > 0:
+                kt = load_tile(k_base, offs_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST, True)
+                logits = tl.dot(q1, kt, logits, input_precision=DOT_PREC)
+        else:
+            logits = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+            if BLOCK_D1 > 0:
+                logits = tl.dot(q1, tl.trans(k1), logits, input_precision=DOT_PREC)
         if VARIANT != 3:  # counts built in the logits' (MMA) layout
             counts = tile_counts_all(
                 RowStart, RowEnd, CausalEnd, h, start_n, offs_m, m_first, m_last, n_q,
@@ -371,8 +381,7 @@ def launch_forward(
     num_heads_kv, n_k, head_dim_v = key.shape[1], key.shape[2], value.shape[3]
     tiles, plan = launch.tiles, launch.plan
     num_samples = launch.num_samples
-    split_d = head_dim_split(head_dim, tiles.halves(forward=True))
-    split_dv = head_dim_split(head_dim_v, tiles.halves(forward=True))
+    split_d, split_dv = tiles.forward_chunks(head_dim, head_dim_v, query.dtype)
     grid = (launch.n_q_tiles * batch * num_heads,)
     assert grid[0] < 2**31
     _fwd_kernel[grid](
