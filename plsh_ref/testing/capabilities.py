@@ -19,8 +19,17 @@ import numpy as np
 
 from .problems import DTYPES, PADDED_MODES, ProblemSpec
 
+
+class KernelContractError(ValueError):
+    """The kernel cannot be imported, has the wrong signature, or returns the wrong thing.
+
+    The message is one line meant for the user (``plsh verify`` prints it and exits 2).
+    """
+
+
 __all__ = [
     "CAPABILITIES",
+    "KernelContractError",
     "SIGNATURE_INPUTS",
     "effective_capabilities",
     "kernel_capabilities",
@@ -80,7 +89,6 @@ def kernel_capabilities(kernel, supports=None) -> dict:
     KernelContractError
         On an unknown capability name or a value that is not a bool.
     """
-    from .suite import KernelContractError
 
     declared = dict(getattr(kernel, "supports", None) or {})
     declared.update(supports or {})

@@ -35,6 +35,7 @@ import numpy as np
 from .baseline import plain_attention_numpy, plain_attention_torch
 from .capabilities import (
     CAPABILITIES,  # noqa: F401 - still importable from here
+    KernelContractError,
     kernel_capabilities,
     optional_inputs,
     required_capabilities,
@@ -74,13 +75,6 @@ _KWARGS = {
 
 #: the finding of an exact-in-real-arithmetic kernel whose rounding grows with n * slope
 PRECISION_FINDING = "precision: row-constant bias (m * p_j) rounding"
-
-
-class KernelContractError(ValueError):
-    """The kernel cannot be imported, has the wrong signature, or returns the wrong thing.
-
-    The message is one line meant for the user (``plsh verify`` prints it and exits 2).
-    """
 
 
 @dataclass(frozen=True)
