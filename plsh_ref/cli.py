@@ -33,6 +33,8 @@ import importlib.util
 import os
 import re
 import sys
+from types import ModuleType
+from typing import NoReturn
 
 __all__ = [
     "DEFAULT_COMMAND",
@@ -107,7 +109,7 @@ def _needs_message(command: str, what: str) -> str:
     )
 
 
-def load_command(name: str):
+def load_command(name: str) -> ModuleType:
     """Import the module of subcommand ``name``.
 
     Raises
@@ -212,7 +214,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     usage).
     """
 
-    def error(self, message):  # noqa: D102 - argparse API
+    def error(self, message: str) -> NoReturn:  # noqa: D102 - argparse API
         # "argument --qkv: no such file" -> "--qkv: no such file", as the commands' own
         # errors name their options
         message = re.sub(r"^argument ([^:\s]+): ", r"\1: ", str(message)).replace("\n", " ")
