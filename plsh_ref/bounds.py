@@ -469,6 +469,7 @@ def spectral_error_bound(n: int, sigma, num_samples: int, delta, *, variance=Non
         )
         if best is None or cand.eps < best.eps:
             best = cand
+    assert best is not None  # the candidate loop runs at least once
     return best
 
 

@@ -318,7 +318,7 @@ def _option_text(exc: BaseException, parser: argparse.ArgumentParser, extra) -> 
     """``exc``'s message on one line, a leading parameter name turned into its option."""
     from .experiments.options import option_message
 
-    names = {}
+    names: dict[str, str] = {}
     for action in parser._actions:  # noqa: SLF001 - argparse keeps no public list
         long = [o for o in action.option_strings if o.startswith("--")]
         if long and action.help != argparse.SUPPRESS:

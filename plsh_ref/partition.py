@@ -549,6 +549,6 @@ def derived_seed(seed: int, *keys: int) -> int:
         If ``seed`` or a key is not an integer ``>= 0``.
     """
     seed = check_int("seed", seed, minimum=0)
-    keys = [check_int("keys", k, minimum=0) for k in keys]
-    state = np.random.SeedSequence([seed, *keys]).generate_state(1, np.uint64)[0]
+    key_ints = [check_int("keys", k, minimum=0) for k in keys]
+    state = np.random.SeedSequence([seed, *key_ints]).generate_state(1, np.uint64)[0]
     return int(state >> np.uint64(1))

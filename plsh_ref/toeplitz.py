@@ -234,7 +234,7 @@ def kms_eigenvalues(n: int, sigma: float) -> np.ndarray:
     ----------
     Kac, Murdock & Szego (1953); ``proofs_notes/kms_spectrum.md``.
     """
-    return kms_symbol(kms_angles(n, sigma), sigma)
+    return np.asarray(kms_symbol(kms_angles(n, sigma), sigma))
 
 
 def _secular_mp(theta, n: int, rho, one_minus_rho):
@@ -355,7 +355,7 @@ def kms_eigenvectors(n: int, sigma: float) -> tuple[np.ndarray, np.ndarray]:
     j = np.arange(1, n + 1, dtype=np.float64)[:, None]
     vec = np.sin(j * theta[None, :]) - rho * np.sin((j - 1) * theta[None, :])
     vec /= np.linalg.norm(vec, axis=0, keepdims=True)
-    return kms_symbol(theta, sigma), vec
+    return np.asarray(kms_symbol(theta, sigma)), vec
 
 
 def kms_inverse(n: int, sigma: float) -> np.ndarray:

@@ -33,6 +33,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import scipy.linalg
@@ -98,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1024,
         help="sequence length of the kernel-matrix part (default: 1024)",
     )
-    sigma = dict(dest="sigmas", action=Values, positive=True, maximum=MAX_SIGMA)
+    sigma: dict[str, Any] = dict(dest="sigmas", action=Values, positive=True, maximum=MAX_SIGMA)
     parser.add_argument(
         "--sigma",
         default=[4.0, 16.0, 64.0],
@@ -108,7 +109,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         **sigma,
     )
     parser.add_argument("--sigmas", replacement="--sigma", help=argparse.SUPPRESS, **sigma)
-    samples = dict(
+    samples: dict[str, Any] = dict(
         dest="samples",
         action=Values,
         element=int,
@@ -358,7 +359,7 @@ def matrix_error_experiment(
     kernel = kernel_matrix(sig, pos, pos)
     kernel_fro = np.linalg.norm(kernel, axis=(1, 2))
     shape = (sig.size, len(samples), reps)
-    errors = {name: np.empty(shape) for name in NORMS}
+    errors: dict[str, Any] = {name: np.empty(shape) for name in NORMS}
     errors["window"] = np.empty(shape)
     for r in range(reps):
         draws = _sampler_counts(sig, samples, seed + 1000 * r, pos, pos, False, sampler, group_size)
@@ -898,7 +899,7 @@ def run(args: argparse.Namespace) -> int:
     if comparison:
         print("\n" + comparison)
 
-    record = {
+    record: dict[str, Any] = {
         "command": "plsh reproduce " + " ".join(sys.argv[2:])
         if sys.argv[1:2] == ["reproduce"]
         else " ".join(sys.argv),
