@@ -190,7 +190,7 @@ def attention_backward(
     grad_out = grad_out.to(out.dtype)
     g = None if grad_lse is None else torch.where(torch.isfinite(lse), grad_lse, 0)
     augmented = g is not None and backend != "cpu"  # the CPU backward takes g itself
-    if augmented:
+    if augmented and g is not None:  # (augmented implies g is not None)
         value = torch.cat([value, value.new_ones(*value.shape[:3], 1)], dim=-1)
         out = torch.cat([out, out.new_zeros(*out.shape[:3], 1)], dim=-1)
         grad_out = torch.cat([grad_out, g.to(out.dtype)[..., None]], dim=-1)
