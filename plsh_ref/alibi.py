@@ -16,6 +16,7 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "causal_mask",
+    "check_slopes",
     "default_positions",
     "kernel_matrix",
     "resolve_batch_positions",
@@ -70,15 +71,58 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     return np.concatenate([_power_of_two_slopes(c), extra])
 
 
+def check_slopes(slopes, num_heads: int) -> np.ndarray:
+    """ALiBi slopes as a float64 array ``(num_heads,)``; the default slopes for ``None``.
+
+    The one resolution of the ``slopes`` argument of the attention family (reference, fast
+    path, peers, nn modules).
+
+    Parameters
+    ----------
+    slopes : array_like or None
+        Positive finite slopes (inverse tokens), one per head; ``None`` means
+        :func:`alibi_slopes` ``(num_heads)`` (Press et al. 2022).
+    num_heads : int
+        Number of query heads.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, ``(num_heads,)``.
+
+    Raises
+    ------
+    TypeError
+        Non-numeric slopes.
+    ValueError
+        Wrong shape, a slope that is not finite and > 0.
+
+    References
+    ----------
+    Press et al. (2022); SPEC section 1.
+    """
+    if slopes is None:
+        return alibi_slopes(num_heads)
+    m = check_sigma("slopes", slopes)
+    if m.shape != (num_heads,):
+        raise ValueError(f"slopes: must have shape ({num_heads},), got {m.shape}")
+    return m
+
+
 def sigma_from_slopes(slopes) -> np.ndarray:
     """Length scales ``sigma_h = 1 / m_h`` (tokens), float64, same shape as ``slopes``.
 
     Raises
     ------
     ValueError
-        If a slope is not finite and > 0 (argument name ``slopes``).
+        If a slope is not finite and > 0, or so small that ``1 / slope`` overflows float64
+        (argument name ``slopes``).
     """
-    return 1.0 / check_sigma("slopes", slopes)
+    with np.errstate(divide="ignore", over="ignore"):
+        sigma = 1.0 / check_sigma("slopes", slopes)
+    if not np.all(np.isfinite(sigma)):
+        raise ValueError("slopes: too small, sigma = 1 / slope overflows float64")
+    return sigma
 
 
 def default_positions(n_q: int, n_k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -32,23 +32,21 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .alibi import kernel_matrix, resolve_positions
+from .alibi import check_slopes, kernel_matrix, resolve_positions
 from .attention import expand_kv, validate_qkv
 from .expectation import (
     largest_pitch_sf,
     variance_proxy,
     variance_proxy_limit,
 )
-from .partition import counts
+from .partition import check_partition, counts
 from .samplers import largest_pitch_sf_of, resolve_group_size
 from .toeplitz import kms_spectral_norm_limit
 from .validation import (
     check_int,
-    check_partition,
     check_positive_float,
     check_probability,
     check_scale,
-    check_slopes,
 )
 
 __all__ = [

@@ -15,10 +15,10 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from .alibi import resolve_batch_positions, resolve_positions
+from .alibi import check_slopes, resolve_batch_positions, resolve_positions
 from .attention import validate_qkv
-from .partition import counts
-from .validation import check_bool, check_dps, check_partition, check_scale, check_slopes
+from .partition import check_partition, counts
+from .validation import check_bool, check_dps, check_scale
 
 __all__ = ["alibi_attention_mp", "plsh_attention_mp", "weighted_attention_mp"]
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .alibi import check_slopes, sigma_from_slopes
 from .validation import (
     as_float_array,
     as_positions,
@@ -37,6 +38,7 @@ __all__ = [
     "bins",
     "block_sizes",
     "blocks",
+    "check_partition",
     "count_bias",
     "counts",
     "derived_seed",
@@ -44,6 +46,7 @@ __all__ = [
     "empirical_mean",
     "head_rng",
     "masks",
+    "resolve_partition",
 ]
 
 
@@ -293,10 +296,91 @@ def draw_partition(
     return PartitionSample(pitch, offset, sampler)
 
 
-def _check_partition(partition) -> PartitionSample:
+def check_partition(
+    partition, num_heads: int | None = None, *, num_samples=None, seed=None
+) -> PartitionSample:
+    """Return ``partition`` if it is a :class:`PartitionSample` that fits the call, else raise.
+
+    Parameters
+    ----------
+    partition : PartitionSample
+    num_heads : int, optional
+        The query's head count, when the partition must match it.
+    num_samples : int, optional
+        When given, must equal the partition's sample count.
+    seed : None
+        A partition and a seed are exclusive; any ``seed`` other than ``None`` raises.
+
+    Returns
+    -------
+    PartitionSample
+        ``partition`` itself.
+
+    Raises
+    ------
+    TypeError
+        ``partition`` is not a ``PartitionSample``; a non-integer ``num_samples``.
+    ValueError
+        Its head count differs from ``num_heads``; ``num_samples`` disagrees with it; a
+        ``seed`` is passed as well.
+    """
     if not isinstance(partition, PartitionSample):
         raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
+    if num_heads is not None and partition.num_heads != num_heads:
+        raise ValueError(f"partition: has {partition.num_heads} heads, query has {num_heads}")
+    if num_samples is not None and check_num_samples(num_samples) != partition.num_samples:
+        raise ValueError(
+            f"num_samples: {num_samples} differs from the partition's {partition.num_samples}"
+        )
+    if seed is not None:
+        raise ValueError("seed: pass either a partition or a seed, not both")
     return partition
+
+
+def resolve_partition(
+    partition=None, *, num_heads: int, slopes=None, num_samples=None, seed=None
+) -> PartitionSample:
+    """The partition of a call of the attention family: ``partition``, or a fresh draw.
+
+    The one resolution of the ``partition``, ``slopes``, ``num_samples`` and ``seed``
+    arguments (the fast path and distributed): a given
+    partition is checked against the others (:func:`check_partition`); otherwise one is
+    drawn by :func:`draw_partition` with ``sigma = 1 / slopes`` (:func:`plsh_ref.alibi.check_slopes`:
+    default ALiBi slopes for ``None``), ``num_samples`` samples (default
+    :data:`DEFAULT_NUM_SAMPLES`) and ``seed`` (``None``: fresh OS entropy, not
+    reproducible; the seed policy of CONTRIBUTING.md).
+
+    Parameters
+    ----------
+    partition : PartitionSample, optional
+    num_heads : int
+        The query's head count.
+    slopes : array_like, ``(num_heads,)``, optional
+        Positive slopes (inverse tokens); checked also when a partition is given.
+    num_samples : int, optional
+    seed : int, optional
+
+    Returns
+    -------
+    PartitionSample
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`check_partition`, :func:`plsh_ref.alibi.check_slopes` and
+        :func:`draw_partition`; slopes so small that ``1 / slope`` overflows (``slopes``).
+
+    References
+    ----------
+    SPEC section 2 (the draw), section 5 (the family's arguments).
+    """
+    if partition is not None:
+        if slopes is not None:
+            check_slopes(slopes, num_heads)
+        return check_partition(partition, num_heads, num_samples=num_samples, seed=seed)
+    sigma = sigma_from_slopes(check_slopes(slopes, num_heads))
+    s = DEFAULT_NUM_SAMPLES if num_samples is None else check_num_samples(num_samples)
+    return draw_partition(sigma, s, seed)
 
 
 def bins(partition: PartitionSample, positions) -> np.ndarray:
@@ -326,7 +410,7 @@ def bins(partition: PartitionSample, positions) -> np.ndarray:
         (a pitch far below the distances involved, e.g. ``sigma = 1e-12`` at ``p = 1e8``;
         argument name ``partition``).
     """
-    partition = _check_partition(partition)
+    partition = check_partition(partition)
     p = as_positions("positions", positions).astype(np.float64)
     with np.errstate(over="ignore"):
         quotient = np.floor(
@@ -360,7 +444,7 @@ def blocks(partition: PartitionSample, positions, head: int, sample: int) -> lis
         If ``head`` or ``sample`` is out of range, or positions are invalid (see
         :func:`bins`).
     """
-    partition = _check_partition(partition)
+    partition = check_partition(partition)
     head = check_int("head", head, minimum=0)
     sample = check_int("sample", sample, minimum=0)
     if head >= partition.num_heads:
@@ -384,7 +468,7 @@ def block_sizes(partition: PartitionSample, positions) -> list[list[np.ndarray]]
     TypeError, ValueError
         As :func:`bins`.
     """
-    partition = _check_partition(partition)
+    partition = check_partition(partition)
     b = bins(partition, positions)
     return [
         [np.unique(b[h, t], return_counts=True)[1] for t in range(b.shape[1])]

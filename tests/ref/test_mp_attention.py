@@ -74,7 +74,9 @@ def _bias_max(prob):
 
 @given(problems(**SMALL))
 def test_alibi_float64_equals_mpmath_30_digits(prob):
-    got = alibi_attention(prob.query, prob.key, prob.value, slopes=prob.slopes, **prob.kwargs)
+    got = alibi_attention(
+        prob.query, prob.key, prob.value, slopes=prob.slopes, **prob.kwargs, return_lse=True
+    )
     exact = alibi_attention_mp(
         prob.query, prob.key, prob.value, slopes=prob.slopes, dps=30, **prob.kwargs
     )
@@ -90,7 +92,13 @@ def test_alibi_float64_equals_mpmath_30_digits(prob):
 @given(problems(**SMALL), st.sampled_from(["counts", "reduction"]))
 def test_plsh_float64_equals_mpmath_30_digits(prob, method):
     got = plsh_attention(
-        prob.query, prob.key, prob.value, prob.partition, method=method, **prob.kwargs
+        prob.query,
+        prob.key,
+        prob.value,
+        partition=prob.partition,
+        method=method,
+        **prob.kwargs,
+        return_lse=True,
     )
     exact = plsh_attention_mp(
         prob.query, prob.key, prob.value, prob.partition, dps=30, **prob.kwargs
@@ -111,7 +119,7 @@ def test_large_logits_are_stable():
     matches 30-digit mpmath within the a-priori bound."""
     q, k, v = random_qkv(21, 1, 2, 2, 6, 6, 4, 3, magnitude=25.0)
     for causal in (True, False):
-        got = alibi_attention(q, k, v, causal=causal)
+        got = alibi_attention(q, k, v, causal=causal, return_lse=True)
         assert np.max(np.abs(got[1])) > 700  # exp of these LSEs is beyond float64
         exact = alibi_attention_mp(q, k, v, causal=causal, dps=30)
         _compare(got, exact, _float64_error_bound(q, k, v, 5.0, 0.5, 6))
