@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from numpy.typing import ArrayLike
 
 from plsh_ref.partition import PartitionSample, resolve_partition
 from plsh_ref.partition import bins as reference_bins
@@ -304,7 +306,11 @@ class HaloPlan:
 
 
 def plan_context_parallel(
-    partition: PartitionSample, chunk_bounds, *, causal: bool = True, num_heads_kv=None
+    partition: PartitionSample,
+    chunk_bounds: Sequence[tuple[int, int]],
+    *,
+    causal: bool = True,
+    num_heads_kv: int | None = None,
 ) -> HaloPlan:
     """The halo exchange for chunks ``chunk_bounds`` of one sequence: no communication.
 
@@ -529,7 +535,13 @@ def _check_initialized(group) -> int:
     return rank
 
 
-def halo_exchange(key: torch.Tensor, value: torch.Tensor, plan: HaloPlan, *, group=None):
+def halo_exchange(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    plan: HaloPlan,
+    *,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Receive the halo of this rank's chunk from its owners (differentiable).
 
     Sends every other rank the slices of ``key`` and ``value`` that ``plan`` says it needs,
@@ -679,22 +691,22 @@ def _agree(metas: list[dict]) -> None:
 
 
 def context_parallel_plsh_attention(
-    query,
-    key,
-    value,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
     *,
-    partition=None,
-    slopes=None,
-    num_samples=None,
-    seed=None,
+    partition: PartitionSample | None = None,
+    slopes: ArrayLike | None = None,
+    num_samples: int | None = None,
+    seed: int | None = None,
     causal: bool = True,
-    scale=None,
-    chunk_start=None,
+    scale: float | None = None,
+    chunk_start: int | None = None,
     return_lse: bool = False,
     backend: str = "auto",
     check_finite: bool = True,
-    group=None,
-):
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """PLSH attention of a sequence split in contiguous chunks over a process group.
 
     Call it on every rank of ``group`` with that rank's chunk. The result on each rank is

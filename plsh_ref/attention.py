@@ -24,7 +24,11 @@ positional ``partition``; ``plsh_attention(backend="counts" | "reduction")`` (no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, cast
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .alibi import alibi_bias, check_slopes, resolve_batch_positions, resolve_positions
 from .partition import PartitionSample, bins, check_partition, count_bias, counts
@@ -47,7 +51,9 @@ __all__ = [
 ]
 
 
-def validate_qkv(query, key, value):
+def validate_qkv(
+    query: ArrayLike, key: ArrayLike, value: ArrayLike
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Validate and convert ``query``, ``key``, ``value`` to float64 arrays.
 
     Parameters
@@ -181,7 +187,15 @@ def _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask
     return out, lse
 
 
-def biased_attention(query, key, value, bias, *, scale=None, return_lse: bool | None = None):
+def biased_attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    bias: ArrayLike,
+    *,
+    scale: float | None = None,
+    return_lse: bool | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Softmax attention with an additive bias: ``softmax(scale q k^T + bias) v``.
 
     Parameters
@@ -226,18 +240,18 @@ def biased_attention(query, key, value, bias, *, scale=None, return_lse: bool | 
 
 
 def alibi_attention(
-    query,
-    key,
-    value,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
     *,
-    slopes=None,
+    slopes: ArrayLike | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
-):
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Exact ALiBi attention in float64: ``softmax(scale q k^T - m_h |p_i - p_j|) v``.
 
     Equal to ``T*_i = sum_j A_ij L*_ij v_j / sum_j A_ij L*_ij`` with
@@ -301,17 +315,17 @@ def alibi_attention(
 
 
 def no_bias_attention(
-    query,
-    key,
-    value,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
     *,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
-):
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Baseline without positional bias: ``softmax(scale q k^T) v`` (causal mask optional).
 
     Shapes, padding (``attention_mask``, per-sequence positions), returns and errors as
@@ -333,18 +347,18 @@ def no_bias_attention(
 
 
 def fixed_block_attention(
-    query,
-    key,
-    value,
-    block_size: int,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    block_size: int | Sequence[int],
     *,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
-):
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Baseline with fixed blocks: attend only within ``floor(p / block_size)`` bins.
 
     The deterministic block-diagonal mask of the paper's "fixed blocks" baseline.
@@ -362,7 +376,7 @@ def fixed_block_attention(
     if np.ndim(block_size) == 0:
         sizes = [check_int("block_size", block_size, minimum=1)] * q.shape[1]
     else:
-        sizes = [check_int("block_size", b, minimum=1) for b in block_size]
+        sizes = [check_int("block_size", b, minimum=1) for b in cast(Sequence[int], block_size)]
         if len(sizes) != q.shape[1]:
             raise ValueError(
                 f"block_size: needs {q.shape[1]} entries (one per head), got {len(sizes)}"
@@ -382,20 +396,20 @@ def fixed_block_attention(
 
 
 def plsh_attention(
-    query,
-    key,
-    value,
-    *args,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    *args: Any,
     partition: PartitionSample | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
     method: str = "counts",
     backend: str | None = None,
-):
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """PLSH attention ``T~_i = sum_j A_ij M~_ij v_j / sum_j A_ij M~_ij`` in float64.
 
     Parameters

@@ -15,9 +15,12 @@ the same sample.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .alibi import check_slopes, sigma_from_slopes
 from .validation import (
@@ -83,7 +86,7 @@ class PartitionSample:
     offset: np.ndarray
     sampler: str = "iid"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # lazy: samplers needs scipy/mpmath, and `import plsh_ref` loads this module
         from .samplers import check_sampler
 
@@ -136,7 +139,7 @@ class PartitionSample:
             raise ValueError(f"stop: must be <= num_samples={self.num_samples}, got {stop}")
         return PartitionSample(self.pitch[:, start:stop], self.offset[:, start:stop], self.sampler)
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, PartitionSample):
             return NotImplemented
         return (
@@ -150,12 +153,12 @@ class PartitionSample:
         extra = "" if self.sampler == "iid" else f", sampler={self.sampler!r}"
         return f"PartitionSample(num_heads={self.num_heads}, num_samples={self.num_samples}{extra})"
 
-    def save(self, path) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write ``pitch``, ``offset`` and ``sampler`` to an ``.npz`` file (bit-exact round trip)."""
         np.savez(path, pitch=self.pitch, offset=self.offset, sampler=np.array(self.sampler))
 
     @classmethod
-    def load(cls, path) -> PartitionSample:
+    def load(cls, path: str | os.PathLike[str]) -> PartitionSample:
         """Read a sample written by :meth:`save` (files without ``sampler`` read as ``"iid"``).
 
         Raises
@@ -189,7 +192,7 @@ def head_rng(seed: int, head: int) -> np.random.Generator:
 
 
 def draw_partition(
-    sigma,
+    sigma: ArrayLike,
     num_samples: int,
     seed: int | None = None,
     *,
@@ -297,7 +300,11 @@ def draw_partition(
 
 
 def check_partition(
-    partition, num_heads: int | None = None, *, num_samples=None, seed=None
+    partition: Any,
+    num_heads: int | None = None,
+    *,
+    num_samples: int | None = None,
+    seed: int | None = None,
 ) -> PartitionSample:
     """Return ``partition`` if it is a :class:`PartitionSample` that fits the call, else raise.
 
@@ -338,7 +345,12 @@ def check_partition(
 
 
 def resolve_partition(
-    partition=None, *, num_heads: int, slopes=None, num_samples=None, seed=None
+    partition: PartitionSample | None = None,
+    *,
+    num_heads: int,
+    slopes: ArrayLike | None = None,
+    num_samples: int | None = None,
+    seed: int | None = None,
 ) -> PartitionSample:
     """The partition of a call of the attention family: ``partition``, or a fresh draw.
 
@@ -383,7 +395,7 @@ def resolve_partition(
     return draw_partition(sigma, s, seed)
 
 
-def bins(partition: PartitionSample, positions) -> np.ndarray:
+def bins(partition: PartitionSample, positions: ArrayLike) -> np.ndarray:
     """Bin index ``floor((p - offset) / pitch)`` of every position under every hash.
 
     The subtraction and the division are the correctly rounded binary64 operations of
@@ -425,7 +437,9 @@ def bins(partition: PartitionSample, positions) -> np.ndarray:
     return quotient.astype(np.int64)
 
 
-def blocks(partition: PartitionSample, positions, head: int, sample: int) -> list[np.ndarray]:
+def blocks(
+    partition: PartitionSample, positions: ArrayLike, head: int, sample: int
+) -> list[np.ndarray]:
     """The blocks of hash ``(head, sample)``: index arrays into ``positions``, one per bin.
 
     Blocks are listed in increasing bin order; for sorted positions each block is a
@@ -457,7 +471,7 @@ def blocks(partition: PartitionSample, positions, head: int, sample: int) -> lis
     return np.split(order, starts[1:]) if b.size else []
 
 
-def block_sizes(partition: PartitionSample, positions) -> list[list[np.ndarray]]:
+def block_sizes(partition: PartitionSample, positions: ArrayLike) -> list[list[np.ndarray]]:
     """Sizes of the blocks of every hash, ``sizes[h][t]`` (int64, in bin order).
 
     The nonzero spectrum of one mask ``M(h)`` is exactly this list (each all-ones block of
@@ -477,7 +491,11 @@ def block_sizes(partition: PartitionSample, positions) -> list[list[np.ndarray]]
 
 
 def masks(
-    partition: PartitionSample, query_positions, key_positions, *, causal: bool = False
+    partition: PartitionSample,
+    query_positions: ArrayLike,
+    key_positions: ArrayLike,
+    *,
+    causal: bool = False,
 ) -> np.ndarray:
     """All masks ``M(h_t)_ij = 1[bin_t(p_i) = bin_t(p_j)]`` (and ``p_j <= p_i`` if causal).
 
@@ -507,7 +525,11 @@ def masks(
 
 
 def counts(
-    partition: PartitionSample, query_positions, key_positions, *, causal: bool = False
+    partition: PartitionSample,
+    query_positions: ArrayLike,
+    key_positions: ArrayLike,
+    *,
+    causal: bool = False,
 ) -> np.ndarray:
     """Collision counts ``C[h, i, j] = #{t : bin_t(p_i) = bin_t(p_j)}`` (0..s).
 
@@ -549,7 +571,7 @@ def counts(
     return out
 
 
-def count_bias(counts, num_samples: int) -> np.ndarray:
+def count_bias(counts: ArrayLike, num_samples: int) -> np.ndarray:
     """The additive bias of PLSH attention, ``log(C / s) = log M~`` (``-inf`` where ``C = 0``).
 
     PLSH attention is ``softmax(scale q k^T + count_bias(C, s)) v`` (SPEC section 3 (b));
@@ -591,7 +613,11 @@ def count_bias(counts, num_samples: int) -> np.ndarray:
 
 
 def empirical_mean(
-    partition: PartitionSample, query_positions, key_positions, *, causal: bool = False
+    partition: PartitionSample,
+    query_positions: ArrayLike,
+    key_positions: ArrayLike,
+    *,
+    causal: bool = False,
 ) -> np.ndarray:
     """Empirical mean ``M~ = (1/s) sum_t M(h_t)``, float64, shape ``(num_heads, n_q, n_k)``.
 

@@ -32,11 +32,13 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import scipy.linalg
+from numpy.typing import ArrayLike
 
 from ..alibi import alibi_slopes, kernel_matrix, sigma_from_slopes
 from ..attention import alibi_attention, biased_attention, fixed_block_attention, no_bias_attention
@@ -231,7 +233,7 @@ def memory_estimate(
     }
 
 
-def fit_loglog_slope(samples, errors) -> float:
+def fit_loglog_slope(samples: ArrayLike, errors: ArrayLike) -> float:
     """Least-squares slope of ``log(error)`` against ``log(s)``.
 
     Parameters
@@ -300,15 +302,15 @@ def _running_counts(partition, checkpoints, qpos, kpos, causal):
 
 def matrix_error_experiment(
     n: int,
-    sigmas,
-    samples,
+    sigmas: Sequence[float],
+    samples: Sequence[int],
     reps: int,
     seed: int,
-    progress=None,
+    progress: Callable[[], object] | None = None,
     *,
     sampler: str = "iid",
-    group_size=None,
-):
+    group_size: int | None = None,
+) -> dict[str, Any]:
     """Errors ``||M~ - L*||`` (bidirectional, positions ``0..n-1``) vs ``s``.
 
     Parameters
@@ -401,19 +403,19 @@ def _reference_output(query, key, value):
 
 
 def output_error_experiment(
-    query,
-    key,
-    value,
-    samples,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    samples: Sequence[int],
     reps: int,
     seed: int,
-    fixed_block_size=None,
-    progress=None,
+    fixed_block_size: int | Sequence[int] | None = None,
+    progress: Callable[[], object] | None = None,
     *,
     sampler: str = "iid",
-    group_size=None,
-    reference=None,
-):
+    group_size: int | None = None,
+    reference: np.ndarray | None = None,
+) -> dict[str, Any]:
     """Attention output error of PLSH against exact ALiBi (causal, standard slopes) vs ``s``.
 
     Parameters
