@@ -45,6 +45,9 @@ the battery runs in a second or two against a numpy kernel.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from .problems import DTYPES, ProblemSpec
 from .reference import KINDS
 
@@ -62,7 +65,7 @@ def battery(
     kind: str = "alibi",
     *,
     seed: int = 0,
-    dtypes=("float16", "float32", "float64"),
+    dtypes: Sequence[str] = ("float16", "float32", "float64"),
     slopes: str = "given",
 ) -> list[tuple[str, ProblemSpec]]:
     """The named edge cases, in a fixed order.
@@ -111,7 +114,7 @@ def battery(
         causal=True,
         num_samples=4 if kind == "plsh" else 1,
     )
-    cases = [
+    cases: list[tuple[str, dict[str, Any]]] = [
         *[(f"heads_{h}", dict(num_heads=h, num_heads_kv=h)) for h in (6, 12, 20, 40)],
         (f"heads_16_{main}", dict(num_heads=16, num_heads_kv=16, n_q=24, n_k=24)),
         ("gqa_grouped", dict(num_heads=8, num_heads_kv=2)),

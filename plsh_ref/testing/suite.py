@@ -27,7 +27,9 @@ import os
 import sys
 import threading
 import traceback as traceback_module
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -144,11 +146,12 @@ class CaseResult:
             else (0.0 if self.error == 0 else float("inf"))
         ]
         if self.lse_error is not None:
+            lse_allowed = cast(float, self.lse_allowed)  # set with lse_error
             ratios.append(
                 float("inf")
                 if not np.isfinite(self.lse_error)
-                else self.lse_error / self.lse_allowed
-                if self.lse_allowed > 0
+                else self.lse_error / lse_allowed
+                if lse_allowed > 0
                 else (0.0 if self.lse_error == 0 else float("inf"))
             )
         if not self.passed and self.message:
@@ -156,7 +159,9 @@ class CaseResult:
         return max(ratios)
 
 
-def kernel_capabilities(kernel, supports=None) -> dict:
+def kernel_capabilities(
+    kernel: Callable[..., Any], supports: Mapping[str, bool] | None = None
+) -> dict:
     """What ``kernel`` supports: its ``supports`` attribute updated by ``supports``.
 
     Parameters
@@ -212,7 +217,7 @@ def required_capabilities(spec: ProblemSpec) -> list[str]:
     return need
 
 
-def load_kernel(target: str):
+def load_kernel(target: str) -> Callable[..., Any]:
     """Import ``"MODULE:FUNCTION"`` (``FUNCTION`` may be dotted, e.g. ``Class.method``).
 
     Parameters
@@ -257,7 +262,7 @@ def load_kernel(target: str):
 
 
 def _names(kind: str, slopes: str) -> tuple:
-    names = _KWARGS[kind]
+    names: tuple[str, ...] = _KWARGS[kind]
     if kind == "alibi" and slopes == "standard":
         names = names[1:]
     return names
@@ -267,7 +272,7 @@ def _contract(kind: str, slopes: str = "given") -> str:
     return f"f(query, key, value, *, {', '.join(_names(kind, slopes))}[, attention_mask])"
 
 
-def check_signature(kernel, kind: str, slopes: str = "given") -> bool:
+def check_signature(kernel: Callable[..., Any], kind: str, slopes: str = "given") -> bool:
     """Check that ``kernel`` accepts the call of the ``kind`` contract.
 
     Parameters
@@ -318,7 +323,7 @@ def check_signature(kernel, kind: str, slopes: str = "given") -> bool:
         return False
 
 
-def slope_mode(kernel) -> str:
+def slope_mode(kernel: Callable[..., Any]) -> str:
     """``"given"`` if ``kernel`` takes a ``slopes`` argument (or ``**kwargs``), else ``"standard"``."""
     try:
         params = inspect.signature(kernel).parameters
@@ -329,7 +334,9 @@ def slope_mode(kernel) -> str:
     return "standard"
 
 
-def contract_kwargs(problem: AttentionProblem, *, slopes: str = "given", attention_mask=True):
+def contract_kwargs(
+    problem: AttentionProblem, *, slopes: str = "given", attention_mask: bool = True
+) -> dict[str, Any]:
     """The keyword arguments a kernel receives for ``problem`` (numpy values).
 
     Parameters
@@ -443,7 +450,7 @@ def _nan_report(x: np.ndarray, empty: np.ndarray) -> str:
 
 
 def check_case(
-    kernel,
+    kernel: Callable[..., Any],
     problem: AttentionProblem,
     *,
     framework: str = "numpy",
@@ -615,7 +622,13 @@ def check_case(
     )
 
 
-def detect_framework(kernel, kind: str, slopes: str, attention_mask: bool, timeout=None) -> str:
+def detect_framework(
+    kernel: Callable[..., Any],
+    kind: str,
+    slopes: str,
+    attention_mask: bool,
+    timeout: float | None = None,
+) -> str:
     """``"numpy"`` or ``"torch"``: what the kernel returns on one small float32 problem.
 
     numpy inputs are tried first, then torch (if installed); the first framework whose

@@ -35,6 +35,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -402,7 +404,7 @@ def case_features(spec: ProblemSpec, empty_rows: int = 0) -> list[str]:
     return labels
 
 
-def shared_axes(records, top: int = 8) -> list[dict]:
+def shared_axes(records: Sequence[tuple[Any, ProblemSpec, Any]], top: int = 8) -> list[dict]:
     """What the failing cases share: each label's count among failures and among passes.
 
     Parameters
@@ -519,7 +521,7 @@ def run(args: argparse.Namespace) -> int:
     from .battery import battery
     from .strategies import sample_specs
 
-    cases = []
+    cases: list[tuple[str | int, ProblemSpec]] = []  # battery names, or sampled case numbers
     if not args.no_battery:
         cases += battery(args.kind, seed=args.seed, dtypes=dtypes, slopes=slopes)
     specs = (

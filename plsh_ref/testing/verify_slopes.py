@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -73,7 +75,7 @@ class SlopeReport:
         The first wrong ``num_heads`` with its wrong entries (empty if none).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.wrong: list[int] = []
         self.rounded_to: dict[int, str] = {}
         self.max_relative_error = 0.0
@@ -108,7 +110,7 @@ def _as_float64(value, num_heads: int) -> np.ndarray:
     return arr
 
 
-def check_slopes_function(function, max_heads: int = 64) -> SlopeReport:
+def check_slopes_function(function: Callable[[int], Any], max_heads: int = 64) -> SlopeReport:
     """Compare ``function(num_heads)`` with Press et al.'s slopes for ``1..max_heads``.
 
     Parameters
