@@ -347,6 +347,18 @@ def plan_context_parallel(
     References
     ----------
     ``proofs_notes/halo_bound.md``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.partition import draw_partition
+    >>> from plsh_fast.distributed import plan_context_parallel
+    >>> partition = draw_partition(np.array([2.0, 8.0]), num_samples=4, seed=0)
+    >>> plan = plan_context_parallel(partition, [(0, 64), (64, 128)])
+    >>> plan.world_size, plan.tokens_received(0)  # causal: the first chunk needs no halo
+    (2, 0)
+    >>> plan.tokens_received(1) > 0
+    True
     """
     if not isinstance(partition, PartitionSample):
         raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")

@@ -456,6 +456,21 @@ def set_alibi_attention(
     References
     ----------
     Wolfson & Wagner (2026), section 5; Llama 4's NoPE layers for removing RoPE per layer.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> import plsh_fast.hf as plsh_hf
+    >>> config = LlamaConfig(
+    ...     vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4,
+    ... )
+    >>> model = plsh_hf.set_alibi_attention(LlamaForCausalLM(config), "plsh", num_samples=8, seed=0)
+    >>> model.config._attn_implementation
+    'plsh'
+    >>> model(torch.randint(0, 64, (1, 10))).logits.shape
+    torch.Size([1, 10, 64])
     """
     if attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ValueError(

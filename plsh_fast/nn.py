@@ -329,6 +329,15 @@ class PLSHAttention(nn.Module):
     ------
     TypeError, ValueError
         On invalid arguments (message starts with the argument name).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from plsh_fast.nn import PLSHAttention
+    >>> attention = PLSHAttention(num_heads=4, num_samples=16, seed=0)
+    >>> query, key, value = (torch.randn(2, 4, 32, 16) for _ in range(3))
+    >>> attention(query, key, value).shape
+    torch.Size([2, 4, 32, 16])
     """
 
     # registered buffers (nn.Module.__getattr__ is typed Tensor | Module)

@@ -300,6 +300,19 @@ def alibi_attention(
     References
     ----------
     Press et al. (2022); SPEC sections 1 and 5.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.alibi import alibi_slopes
+    >>> from plsh_ref.attention import alibi_attention
+    >>> rng = np.random.default_rng(0)
+    >>> query, key, value = rng.standard_normal((3, 1, 4, 8, 16))  # (batch, heads, n, head_dim)
+    >>> out, lse = alibi_attention(
+    ...     query, key, value, slopes=alibi_slopes(4), causal=True, return_lse=True
+    ... )
+    >>> out.shape, lse.shape
+    ((1, 4, 8, 16), (1, 4, 8))
     """
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
@@ -455,6 +468,22 @@ def plsh_attention(
     References
     ----------
     Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.alibi import alibi_slopes
+    >>> from plsh_ref.attention import alibi_attention, plsh_attention
+    >>> from plsh_ref.partition import draw_partition
+    >>> rng = np.random.default_rng(0)
+    >>> query, key, value = rng.standard_normal((3, 1, 4, 64, 16))
+    >>> partition = draw_partition(1 / alibi_slopes(4), num_samples=256, seed=0)
+    >>> approx = plsh_attention(query, key, value, partition=partition, return_lse=False)
+    >>> exact = alibi_attention(query, key, value, return_lse=False)
+    >>> approx.shape
+    (1, 4, 64, 16)
+    >>> bool(np.abs(approx - exact).max() < 0.5)  # the error falls like 1 / sqrt(num_samples)
+    True
     """
     if args:
         if len(args) > 1 or partition is not None:

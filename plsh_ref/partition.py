@@ -254,6 +254,17 @@ def draw_partition(
     ----------
     Rahimi & Recht (2007), random binning features; Wolfson & Wagner (2026), section 2;
     ``proofs_notes/samplers.md`` (the correlated samplers).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.partition import draw_partition
+    >>> sigma = np.array([4.0, 16.0])
+    >>> partition = draw_partition(sigma, num_samples=8, seed=0)
+    >>> partition.pitch.shape, partition.offset.shape  # (num_heads, num_samples)
+    ((2, 8), (2, 8))
+    >>> partition.heads(1, 2) == draw_partition(sigma[1:], 8, seed=0, head_start=1)
+    True
     """
     sig = check_sigma("sigma", sigma)
     if sig.ndim != 1:
@@ -557,6 +568,19 @@ def counts(
     References
     ----------
     SPEC sections 2-3 (``C = s M~``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.partition import counts, draw_partition
+    >>> partition = draw_partition(np.array([4.0]), num_samples=8, seed=0)
+    >>> c = counts(partition, np.arange(5), np.arange(5), causal=True)
+    >>> c.shape  # (num_heads, n_q, n_k)
+    (1, 5, 5)
+    >>> bool((np.diag(c[0]) == 8).all())  # a position shares its bin with itself in every sample
+    True
+    >>> int(c[0, 0, 4])  # causal: no later key
+    0
     """
     causal = check_bool("causal", causal)
     qpos = as_positions("query_positions", query_positions)

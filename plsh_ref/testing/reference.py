@@ -71,7 +71,6 @@ def alibi_reference(
         Examples
         --------
         >>> import numpy as np
-    from numpy.typing import ArrayLike
         >>> from plsh_ref.testing import alibi_reference
         >>> q = np.ones((1, 1, 2, 4)); v = np.arange(8.0).reshape(1, 1, 2, 4)
         >>> out, lse = alibi_reference(q, q, v, slopes=[0.5], causal=True, scale=None,

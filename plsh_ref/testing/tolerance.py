@@ -178,6 +178,20 @@ def assert_close_to_reference(
     ------
     AssertionError
         If ``max|out - ref| > allowed``, with the worst index and values.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.testing.tolerance import assert_close_to_reference
+    >>> ref = np.linspace(-1.0, 1.0, 7)  # float64 reference
+    >>> baseline = ref.astype(np.float32)  # plain float32 computation of the same function
+    >>> ratio = assert_close_to_reference(ref.astype(np.float32), ref, baseline, "float32")
+    >>> ratio <= 1.0  # error / allowed error
+    True
+    >>> assert_close_to_reference(ref + 0.1, ref, baseline, "float32")
+    Traceback (most recent call last):
+        ...
+    AssertionError: ...
     """
     err, idx = max_error(out, ref)
     allowed = allowed_error(

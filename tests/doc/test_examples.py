@@ -71,6 +71,10 @@ def test_example_runs(script):
         args = [f"examples/{script}"]
     result = _run(args)
     assert result.returncode == 0, result.stdout + result.stderr
+    # the scripts use the current spellings: a deprecated one warns (plsh_ref.validation)
+    output = (result.stdout + result.stderr).splitlines()
+    deprecated = [line for line in output if "deprecated and will be removed in the next" in line]
+    assert not deprecated, deprecated
     if script.startswith("test_"):
         # the kernel author's file ran its tests (not "no tests ran")
         assert re.search(r"\b3 passed\b", result.stdout), result.stdout
