@@ -43,40 +43,40 @@ def alibi_reference(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact ALiBi attention in float64 with the ``alibi`` kernel contract.
 
-        Parameters
-        ----------
-        query, key, value : array_like
-            ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
-            ``(batch, num_heads_kv, n_k, head_dim_v)``.
-        slopes : array_like, ``(num_heads,)``, optional
-            Inverse tokens; default Press et al.'s slopes.
-        causal : bool
-        scale : float, optional
-            Default ``1 / sqrt(head_dim)``.
-        query_positions, key_positions : array_like of int, optional
-            ``(n,)`` shared or ``(batch, n)`` per sequence.
-        attention_mask : array_like of bool or int, optional
-            Key-padding mask ``(batch, n_k)``, 1 = keep, 0 = pad (SPEC section 5).
+    Parameters
+    ----------
+    query, key, value : array_like
+        ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
+        ``(batch, num_heads_kv, n_k, head_dim_v)``.
+    slopes : array_like, ``(num_heads,)``, optional
+        Inverse tokens; default Press et al.'s slopes.
+    causal : bool
+    scale : float, optional
+        Default ``1 / sqrt(head_dim)``.
+    query_positions, key_positions : array_like of int, optional
+        ``(n,)`` shared or ``(batch, n)`` per sequence.
+    attention_mask : array_like of bool or int, optional
+        Key-padding mask ``(batch, n_k)``, 1 = keep, 0 = pad (SPEC section 5).
 
-        Returns
-        -------
-        (output, lse) : tuple of numpy.ndarray
-            float64, ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``.
+    Returns
+    -------
+    (output, lse) : tuple of numpy.ndarray
+        float64, ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``.
 
-        Raises
-        ------
-        TypeError, ValueError
-            As :func:`plsh_ref.attention.alibi_attention`.
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`plsh_ref.attention.alibi_attention`.
 
-        Examples
-        --------
-        >>> import numpy as np
-        >>> from plsh_ref.testing import alibi_reference
-        >>> q = np.ones((1, 1, 2, 4)); v = np.arange(8.0).reshape(1, 1, 2, 4)
-        >>> out, lse = alibi_reference(q, q, v, slopes=[0.5], causal=True, scale=None,
-        ...                            query_positions=None, key_positions=None)
-        >>> out[0, 0, 0].tolist()  # the first query sees only the first key
-        [0.0, 1.0, 2.0, 3.0]
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.testing import alibi_reference
+    >>> q = np.ones((1, 1, 2, 4)); v = np.arange(8.0).reshape(1, 1, 2, 4)
+    >>> out, lse = alibi_reference(q, q, v, slopes=[0.5], causal=True, scale=None,
+    ...                            query_positions=None, key_positions=None)
+    >>> out[0, 0, 0].tolist()  # the first query sees only the first key
+    [0.0, 1.0, 2.0, 3.0]
     """
     out = alibi_attention(
         query,
