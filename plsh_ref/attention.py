@@ -37,6 +37,8 @@ from .validation import (
     check_bool,
     check_int,
     check_scale,
+    partition_argument,
+    select_return,
     warn_deprecated,
 )
 
@@ -111,19 +113,6 @@ def expand_kv(x: np.ndarray, num_heads: int) -> np.ndarray:
         consecutive copies of each kv head: grouped-query attention, CONTRIBUTING.md).
     """
     return np.repeat(x, num_heads // x.shape[1], axis=1)
-
-
-def _returned(result, return_lse, function: str):
-    """``output`` or ``(output, lse)`` by ``return_lse``; not given: the pair, with a warning."""
-    if return_lse is None:
-        warn_deprecated(
-            f"{function}() without return_lse (it returns (output, lse) for one more release)",
-            "return_lse=True for the pair, or return_lse=False for the output alone (the "
-            "default from the next release)",
-            stacklevel=4,
-        )
-        return result
-    return result if check_bool("return_lse", return_lse) else result[0]
 
 
 def _softmax_with_log_weight(q, k, v, log_weight, scale):
@@ -236,7 +225,7 @@ def biased_attention(
     if b.ndim == 3:
         b = b[None]
     result = _softmax_with_log_weight(q, k, v, b, check_scale(scale, q.shape[3]))
-    return _returned(result, return_lse, "biased_attention")
+    return select_return(result, return_lse, "biased_attention")
 
 
 def alibi_attention(
@@ -324,7 +313,7 @@ def alibi_attention(
         return _softmax_with_log_weight(q, k, v, bias[None], c)
 
     result = _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
-    return _returned(result, return_lse, "alibi_attention")
+    return select_return(result, return_lse, "alibi_attention")
 
 
 def no_bias_attention(
@@ -356,7 +345,7 @@ def no_bias_attention(
         return _softmax_with_log_weight(q, k, v, log_w, c)
 
     result = _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
-    return _returned(result, return_lse, "no_bias_attention")
+    return select_return(result, return_lse, "no_bias_attention")
 
 
 def fixed_block_attention(
@@ -405,7 +394,7 @@ def fixed_block_attention(
         return _softmax_with_log_weight(q, k, v, np.where(same, 0.0, -np.inf)[None], c)
 
     result = _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
-    return _returned(result, return_lse, "fixed_block_attention")
+    return select_return(result, return_lse, "fixed_block_attention")
 
 
 def plsh_attention(
@@ -485,18 +474,7 @@ def plsh_attention(
     >>> bool(np.abs(approx - exact).max() < 0.5)  # the error falls like 1 / sqrt(num_samples)
     True
     """
-    if args:
-        if len(args) > 1 or partition is not None:
-            raise TypeError("partition: pass it once, as the keyword partition=")
-        warn_deprecated(
-            "plsh_attention(query, key, value, partition) with a positional partition",
-            "plsh_attention(query, key, value, partition=..., return_lse=True)",
-        )
-        partition = args[0]
-        if return_lse is None:
-            return_lse = True  # the old call form keeps its old return, without a second warning
-    if partition is None:
-        raise TypeError("partition: required (a PartitionSample, keyword partition=)")
+    partition, return_lse = partition_argument(args, partition, return_lse, "plsh_attention")
     if backend is not None:
         warn_deprecated(f"plsh_attention(backend={backend!r})", f"method={backend!r}")
         method = backend
@@ -514,7 +492,7 @@ def plsh_attention(
         return _reduction(q, k, v, partition, qpos, kpos, causal, c)
 
     result = _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
-    return _returned(result, return_lse, "plsh_attention")
+    return select_return(result, return_lse, "plsh_attention")
 
 
 def _reduction(q, k, v, partition, qpos, kpos, causal, c):

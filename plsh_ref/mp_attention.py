@@ -22,7 +22,7 @@ from numpy.typing import ArrayLike
 from .alibi import check_slopes, resolve_batch_positions, resolve_positions
 from .attention import validate_qkv
 from .partition import PartitionSample, check_partition, counts
-from .validation import check_bool, check_dps, check_scale
+from .validation import check_bool, check_dps, check_scale, partition_argument, select_return
 
 __all__ = ["alibi_attention_mp", "plsh_attention_mp", "weighted_attention_mp"]
 
@@ -153,14 +153,16 @@ def alibi_attention_mp(
     query_positions: ArrayLike | None = None,
     key_positions: ArrayLike | None = None,
     attention_mask: ArrayLike | None = None,
+    return_lse: bool | None = None,
     dps: int = 30,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact ALiBi attention at ``dps`` digits (same arguments as
     :func:`plsh_ref.attention.alibi_attention`, padding included, plus ``dps``).
 
     The weights ``exp(-m_h |p_i - p_j|)`` are evaluated at the working precision from the
-    binary64 slopes. Returns object arrays of ``mpmath.mpf``; raises as the float64 version
-    and on ``dps < 15``.
+    binary64 slopes. Returns object arrays of ``mpmath.mpf``: ``output``, or ``(output, lse)``
+    with ``return_lse=True`` (not given: the pair, with a DeprecationWarning, for one
+    release); raises as the float64 version and on ``dps < 15``.
     """
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
@@ -177,26 +179,29 @@ def alibi_attention_mp(
         sub = (q[b : b + 1][:, :, iq], k[b : b + 1][:, :, ik], v[b : b + 1][:, :, ik])
         return weighted_attention_mp(*sub, weight, scale=check_scale(scale, q.shape[3]), dps=dps)
 
-    return _padded_mp(
+    result = _padded_mp(
         attend, q, query_positions, key_positions, attention_mask, k.shape[2], v.shape[3]
     )
+    return select_return(result, return_lse, "alibi_attention_mp")
 
 
 def plsh_attention_mp(
     query: ArrayLike,
     key: ArrayLike,
     value: ArrayLike,
-    partition: PartitionSample,
-    *,
+    *args: Any,
+    partition: PartitionSample | None = None,
     causal: bool = True,
     scale: float | None = None,
     query_positions: ArrayLike | None = None,
     key_positions: ArrayLike | None = None,
     attention_mask: ArrayLike | None = None,
+    return_lse: bool | None = None,
     dps: int = 30,
 ) -> tuple[np.ndarray, np.ndarray]:
     """PLSH attention with weights ``M~ = C / s`` at ``dps`` digits (arguments as
-    :func:`plsh_ref.attention.plsh_attention`, padding included). Counts are exact integers; ``C / s`` is
+    :func:`plsh_ref.attention.plsh_attention`, padding included: ``partition`` keyword-only,
+    ``(output, lse)`` with ``return_lse=True``). Counts are exact integers; ``C / s`` is
     formed at the working precision.
 
     Raises
@@ -204,6 +209,7 @@ def plsh_attention_mp(
     TypeError, ValueError
         As :func:`plsh_ref.attention.plsh_attention`, and on ``dps < 15``.
     """
+    partition, return_lse = partition_argument(args, partition, return_lse, "plsh_attention_mp")
     q, k, v = validate_qkv(query, key, value)
     partition = check_partition(partition, q.shape[1])
     s = partition.num_samples
@@ -219,6 +225,7 @@ def plsh_attention_mp(
         sub = (q[b : b + 1][:, :, iq], k[b : b + 1][:, :, ik], v[b : b + 1][:, :, ik])
         return weighted_attention_mp(*sub, weight, scale=check_scale(scale, q.shape[3]), dps=dps)
 
-    return _padded_mp(
+    result = _padded_mp(
         attend, q, query_positions, key_positions, attention_mask, k.shape[2], v.shape[3]
     )
+    return select_return(result, return_lse, "plsh_attention_mp")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -207,8 +207,15 @@ def draw_partition(
 
     Parameters
     ----------
-    sigma : array_like, shape ``(num_heads,)``
-        Length scale of each head in tokens (``1 / slope``), each finite and > 0.
+    sigma : array_like, shape ``(num_heads,)``, or sequence of DistanceKernel
+        Length scale of each head in tokens (``1 / slope``), each finite and > 0; or one
+        :class:`plsh_ref.kernels.DistanceKernel` per head (a general Pólya kernel,
+        ``proofs_notes/general_kernels.md``): head ``h`` then draws its pitches with
+        ``kernels[h].sample_pitch(rng, s)`` (``"iid"``, ``"shared"``) or
+        ``kernels[h].stratified_pitch(U)`` (``"stratified"``) in place of the Gamma draws,
+        with the same stream and the same offsets, each pitch raised to
+        :data:`plsh_ref.kernels.PITCH_FLOOR` (which changes no mask on integer positions).
+        ``Exponential(sigma_h)`` kernels give the ``sigma`` draws bit for bit.
     num_samples : int
         ``s >= 1`` hash functions per head.
     seed : int, optional
@@ -242,13 +249,14 @@ def draw_partition(
     Raises
     ------
     ValueError
-        If ``sigma <= 0`` or non-finite, ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``
+        If ``sigma <= 0`` or non-finite (or an empty kernel list), ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``
         (500 000, :data:`plsh_ref.validation.MAX_NUM_SAMPLES`), ``seed < 0``,
         ``head_start < 0``, an unknown ``sampler``, or ``group_size`` not a divisor of ``num_samples`` (not 1 for
         ``"iid"``).
     TypeError
-        If ``num_samples``, ``seed``, ``head_start`` or ``group_size`` are not integers, or
-        ``sampler`` is not a str.
+        If ``num_samples``, ``seed``, ``head_start`` or ``group_size`` are not integers,
+        ``sampler`` is not a str, or ``sigma`` mixes kernels with numbers or is a single
+        kernel (message starts with ``sigma``).
 
     References
     ----------
@@ -266,9 +274,19 @@ def draw_partition(
     >>> partition.heads(1, 2) == draw_partition(sigma[1:], 8, seed=0, head_start=1)
     True
     """
-    sig = check_sigma("sigma", sigma)
-    if sig.ndim != 1:
-        raise ValueError(f"sigma: must be one-dimensional (num_heads,), got shape {sig.shape}")
+    from .kernels import PITCH_FLOOR, DistanceKernel, check_kernels
+
+    kernels = None
+    if isinstance(sigma, DistanceKernel) or (
+        isinstance(sigma, (list, tuple)) and any(isinstance(x, DistanceKernel) for x in sigma)
+    ):
+        kernels = check_kernels(sigma, name="sigma")
+        num_heads = len(kernels)
+    else:
+        sig = check_sigma("sigma", sigma)
+        if sig.ndim != 1:
+            raise ValueError(f"sigma: must be one-dimensional (num_heads,), got shape {sig.shape}")
+        num_heads = sig.shape[0]
     s = check_num_samples(num_samples)
     head_start = check_int("head_start", head_start, minimum=0)
     if seed is None:
@@ -279,34 +297,45 @@ def draw_partition(
 
     group = resolve_group_size(sampler, s, group_size)
     m = s // group
-    pitch = np.empty((sig.shape[0], s))
-    offset = np.empty((sig.shape[0], s))
+    pitch = np.empty((num_heads, s))
+    offset = np.empty((num_heads, s))
     if sampler == "iid":
-        for h, sigma_h in enumerate(sig):
+        for h in range(num_heads):
             rng = head_rng(seed, head_start + h)
-            pitch[h] = rng.gamma(2.0, scale=sigma_h, size=s)
+            if kernels is None:
+                pitch[h] = rng.gamma(2.0, scale=sig[h], size=s)
+            else:
+                pitch[h] = np.maximum(kernels[h].sample_pitch(rng, s), PITCH_FLOOR)
             offset[h] = pitch[h] * rng.random(s)
         return PartitionSample(pitch, offset, sampler)
     stratified = sampler == "stratified"
-    group_pitch = np.empty((sig.shape[0], m))
-    uniform = np.empty((sig.shape[0], m))
-    phase = np.empty((sig.shape[0], m))
-    order = np.empty((sig.shape[0], m), dtype=np.int64)
-    for h, sigma_h in enumerate(sig):
+    group_pitch = np.empty((num_heads, m))
+    uniform = np.empty((num_heads, m))
+    phase = np.empty((num_heads, m))
+    order = np.empty((num_heads, m), dtype=np.int64)
+    for h in range(num_heads):
         rng = head_rng(seed, head_start + h)
         if stratified:
             uniform[h] = rng.random(m)
+        elif kernels is None:
+            group_pitch[h] = rng.gamma(2.0, scale=sig[h], size=m)
         else:
-            group_pitch[h] = rng.gamma(2.0, scale=sigma_h, size=m)
+            group_pitch[h] = np.maximum(kernels[h].sample_pitch(rng, m), PITCH_FLOOR)
         phase[h] = rng.random(m)
         order[h] = rng.permutation(m) if stratified else np.arange(m)
-    if stratified:  # F^-1 of Gamma(2, sigma) is sigma times that of Gamma(2, 1)
+    if stratified and kernels is None:  # F^-1 of Gamma(2, sigma) is sigma times that of Gamma(2, 1)
         group_pitch = sig[:, None] * stratified_pitch(uniform, 1.0)
+    elif stratified:  # stratified uniforms pushed through each head's pitch quantile
+        head_kernels = cast(tuple, kernels)  # (not None on this branch)
+        for kernel in set(head_kernels):  # heads with equal kernels in one vectorised call
+            heads = [h for h, c in enumerate(head_kernels) if c == kernel]
+            group_pitch[heads] = kernel.stratified_pitch(uniform[heads])
+        group_pitch = np.maximum(group_pitch, PITCH_FLOOR)
     grid = (phase[:, :, None] + np.arange(group)[None, None, :] / group) % 1.0
     group_offset = group_pitch[:, :, None] * grid
-    rows = np.arange(sig.shape[0])[:, None]
+    rows = np.arange(num_heads)[:, None]
     pitch[:] = np.repeat(group_pitch[rows, order], group, axis=1)
-    offset[:] = group_offset[rows, order].reshape(sig.shape[0], s)
+    offset[:] = group_offset[rows, order].reshape(num_heads, s)
     return PartitionSample(pitch, offset, sampler)
 
 

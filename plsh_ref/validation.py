@@ -39,6 +39,8 @@ __all__ = [
     "check_probability",
     "check_scale",
     "check_sigma",
+    "partition_argument",
+    "select_return",
     "warn_deprecated",
 ]
 
@@ -282,6 +284,83 @@ def warn_deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
         DeprecationWarning,
         stacklevel=stacklevel,
     )
+
+
+def select_return(result: tuple, return_lse: bool | None, function: str) -> Any:
+    """``output`` or ``(output, lse)`` by ``return_lse`` (the family's return convention).
+
+    SPEC section 5: ``out``, or ``(out, lse)`` with ``return_lse=True``. The float64
+    references returned the pair always; not given, ``return_lse`` keeps that for one
+    release, with a DeprecationWarning naming ``function``.
+
+    Parameters
+    ----------
+    result : tuple
+        ``(output, lse)`` as computed.
+    return_lse : bool or None
+        ``True``: the pair; ``False``: the output; ``None``: the pair, with a warning.
+    function : str
+        The public function's name, for the warning.
+
+    Raises
+    ------
+    TypeError
+        ``return_lse`` not a bool or ``None``.
+    """
+    if return_lse is None:
+        warn_deprecated(
+            f"{function}() without return_lse (it returns (output, lse) for one more release)",
+            "return_lse=True for the pair, or return_lse=False for the output alone (the "
+            "default from the next release)",
+            stacklevel=4,
+        )
+        return result
+    return result if check_bool("return_lse", return_lse) else result[0]
+
+
+def partition_argument(
+    args: tuple, partition: Any, return_lse: bool | None, function: str
+) -> tuple[Any, bool | None]:
+    """The ``partition`` of a reference call, keyword-only with the old positional form shimmed.
+
+    ``function(query, key, value, partition)`` (positional, the old form) still works for
+    one release with a DeprecationWarning and keeps its old return, the pair.
+
+    Parameters
+    ----------
+    args : tuple
+        The positional arguments after ``query, key, value`` (at most the partition).
+    partition : PartitionSample or None
+        The keyword argument.
+    return_lse : bool or None
+        As given by the caller.
+    function : str
+        The public function's name, for the warning.
+
+    Returns
+    -------
+    (partition, return_lse)
+        ``return_lse`` is ``True`` for the old call form when it was not given.
+
+    Raises
+    ------
+    TypeError
+        The partition given twice, more than one extra positional argument, or none at all.
+    """
+    if args:
+        if len(args) > 1 or partition is not None:
+            raise TypeError("partition: pass it once, as the keyword partition=")
+        warn_deprecated(
+            f"{function}(query, key, value, partition) with a positional partition",
+            f"{function}(query, key, value, partition=..., return_lse=True)",
+            stacklevel=4,
+        )
+        partition = args[0]
+        if return_lse is None:
+            return_lse = True  # the old call form keeps its old return, without a second warning
+    if partition is None:
+        raise TypeError("partition: required (a PartitionSample, keyword partition=)")
+    return partition, return_lse
 
 
 #: deprecated names of this module (one release): ``name -> (module, new spelling)``

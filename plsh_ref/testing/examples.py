@@ -339,7 +339,8 @@ def mask_only_plsh(
 
 
 # These two take shared (n,) positions only: a declared capability, so that per-sequence
-# cases are skipped and listed instead of failing for the wrong reason.
-# the capability attribute the suite reads (docs/validation.md); functions carry no declared attributes
+# cases are not drawn (the battery's are listed as not covered) instead of failing for the
+# wrong reason.
+# the capability attribute the suite reads (docs/validation.md); functions declare no attributes
 averaged_plsh.supports = {"batch_positions": False}  # type: ignore[attr-defined]
 mask_only_plsh.supports = {"batch_positions": False}  # type: ignore[attr-defined]

@@ -190,8 +190,10 @@ def _entry_points():
         "fixed_block": lambda q, k, v, **kw: fixed_block_attention(
             q, k, v, 2, **kw, return_lse=True
         ),
-        "alibi_mp": lambda q, k, v, **kw: alibi_attention_mp(q, k, v, **kw),
-        "plsh_mp": lambda q, k, v, **kw: plsh_attention_mp(q, k, v, PART, **kw),
+        "alibi_mp": lambda q, k, v, **kw: alibi_attention_mp(q, k, v, return_lse=True, **kw),
+        "plsh_mp": lambda q, k, v, **kw: plsh_attention_mp(
+            q, k, v, partition=PART, return_lse=True, **kw
+        ),
     }
 
 
@@ -255,7 +257,11 @@ def _ref_plsh(q, k, v, partition, **kw):
     return plsh_attention(q, k, v, partition=partition, return_lse=True, **kw)
 
 
-@pytest.mark.parametrize("fn", [_ref_plsh, plsh_attention_mp])
+def _ref_plsh_mp(q, k, v, partition, **kw):
+    return plsh_attention_mp(q, k, v, partition=partition, return_lse=True, **kw)
+
+
+@pytest.mark.parametrize("fn", [_ref_plsh, _ref_plsh_mp])
 def test_plsh_attention_refuses_bad_partition(fn):
     _expect(ValueError, "partition", fn, Q, K, V, PART.heads(0, 1))  # 1 head, query 2
     _expect(ValueError, "partition", fn, Q, K, V, draw_partition([1.0, 2.0, 3.0], 2, seed=0))
@@ -306,9 +312,13 @@ def test_overflowing_logits_are_refused_not_returned_as_empty_rows(entry):
 
 @pytest.mark.parametrize("fn", [alibi_attention_mp, plsh_attention_mp])
 def test_mp_attention_refuses_bad_dps(fn):
-    args = (Q, K, V) if fn is alibi_attention_mp else (Q, K, V, PART)
-    _expect(ValueError, "dps", fn, *args, dps=10)
-    _expect(TypeError, "dps", fn, *args, dps=30.0)
+    kw = (
+        {"return_lse": True}
+        if fn is alibi_attention_mp
+        else {"partition": PART, "return_lse": True}
+    )
+    _expect(ValueError, "dps", fn, Q, K, V, dps=10, **kw)
+    _expect(TypeError, "dps", fn, Q, K, V, dps=30.0, **kw)
 
 
 def test_weighted_attention_mp_refuses_bad_weight():
@@ -344,7 +354,7 @@ def test_causal_must_be_bool(flag):
         lambda: plsh_ref.alibi_bias([0.5, 0.25], pos, pos, causal=flag),
         lambda: plsh_ref.counts(part, pos, pos, causal=flag),
         lambda: plsh_ref.masks(part, pos, pos, causal=flag),
-        lambda: alibi_attention_mp(q, q, q, causal=flag),
+        lambda: alibi_attention_mp(q, q, q, causal=flag, return_lse=True),
     ]
     for call in calls:
         with pytest.raises(TypeError, match="^causal"):

@@ -96,6 +96,29 @@ def test_reference_without_return_lse_returns_the_old_pair(name):
     assert isinstance(old, tuple) and np.array_equal(old[0], out) and np.array_equal(old[1], lse)
 
 
+def test_mpmath_references_share_the_family_contract():
+    """plsh_attention_mp: keyword-only partition (positional warns, keeps the pair);
+    both mpmath references: ``return_lse`` selects the return, not given warns."""
+    from plsh_ref.mp_attention import alibi_attention_mp, plsh_attention_mp
+
+    q, k, v, part = _ref_case()
+    q, k, v = q[..., :3, :], k[..., :3, :], v[..., :3, :]  # mpmath is slow: 3 tokens
+    new = plsh_attention_mp(q, k, v, partition=part, return_lse=True, dps=20)
+    with pytest.warns(DeprecationWarning, match="partition=") as record:
+        old = plsh_attention_mp(q, k, v, part, dps=20)
+    assert len(record) == 1
+    assert isinstance(old, tuple) and all(np.array_equal(a, b) for a, b in zip(old, new))
+    out = plsh_attention_mp(q, k, v, partition=part, return_lse=False, dps=20)
+    assert np.array_equal(out, new[0])
+    with pytest.raises(TypeError, match="^partition:"):
+        plsh_attention_mp(q, k, v, part, partition=part, dps=20)
+    pair = alibi_attention_mp(q, k, v, return_lse=True, dps=20)
+    assert np.array_equal(alibi_attention_mp(q, k, v, return_lse=False, dps=20), pair[0])
+    with pytest.warns(DeprecationWarning, match="return_lse=True"):
+        old = alibi_attention_mp(q, k, v, dps=20)
+    assert isinstance(old, tuple) and np.array_equal(old[1], pair[1])
+
+
 # ------------------------------------------------------------------- plsh_fast.peers
 
 

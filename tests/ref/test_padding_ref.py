@@ -190,10 +190,10 @@ def test_mp_attention_pads_like_the_float64_reference(kind):
     mask, pos = _left_padded_batch(rng, [4, 2], 4, start=3)
     kw = dict(causal=True, query_positions=pos, key_positions=pos, attention_mask=mask)
     if kind == "alibi":
-        mp = alibi_attention_mp(q, k, v, slopes=[0.5, 0.25], dps=20, **kw)
+        mp = alibi_attention_mp(q, k, v, slopes=[0.5, 0.25], return_lse=True, dps=20, **kw)
         ref = alibi_attention(q, k, v, slopes=[0.5, 0.25], **kw, return_lse=True)
     else:
-        mp = plsh_attention_mp(q, k, v, part, dps=20, **kw)
+        mp = plsh_attention_mp(q, k, v, partition=part, return_lse=True, dps=20, **kw)
         ref = plsh_attention(q, k, v, partition=part, **kw, return_lse=True)
     np.testing.assert_allclose(mp[0].astype(float), ref[0], rtol=0, atol=1e-14)
     np.testing.assert_array_equal(np.isneginf(mp[1].astype(float)), np.isneginf(ref[1]))
