@@ -9,8 +9,9 @@ kernel (here a plain numpy ALiBi attention written from scratch). Three kinds of
   reference under the tolerance rule (SPEC section 6) and shrinks a failure to the smallest
   problem;
 * ``test_my_kernel_battery``: the deterministic edge battery (one named problem per known
-  bug class) through the ``plsh_check`` fixture of the pytest plugin that ships with
-  ``plsh_ref`` (entry point ``pytest11``);
+  bug class; cases needing an input the kernel does not take come back skipped);
+* ``test_one_case_with_the_plugin_fixture``: the ``plsh_check`` fixture of the pytest
+  plugin that ships with ``plsh_ref`` (entry point ``pytest11``);
 * ``test_broken_kernel_is_caught``: a negative control, a kernel with the ALiBi sign
   flipped, must fail the same checks.
 
@@ -72,9 +73,22 @@ test_my_kernel_properties = make_property_suite(
 )
 
 
-def test_my_kernel_battery(plsh_check):
-    for _name, spec in battery("alibi", dtypes=["float32", "float64"]):
-        plsh_check(my_alibi_kernel, spec.build())
+def test_my_kernel_battery():
+    # cases needing an input the kernel does not take (e.g. packed sequences, cu_seqlens)
+    # come back skipped, with the reason; every other case must pass
+    results = {
+        name: check_case(my_alibi_kernel, spec.build())
+        for name, spec in battery("alibi", dtypes=["float32", "float64"])
+    }
+    failed = {name: r.message for name, r in results.items() if not (r.passed or r.skipped)}
+    assert not failed, failed
+    assert sum(r.passed for r in results.values()) >= len(results) // 2
+
+
+def test_one_case_with_the_plugin_fixture(plsh_check):
+    # the pytest plugin shipped with plsh_ref (entry point pytest11): one case, asserted
+    _name, spec = battery("alibi", dtypes=["float32"])[0]
+    plsh_check(my_alibi_kernel, spec.build())
 
 
 def test_broken_kernel_is_caught():
