@@ -1,6 +1,6 @@
 # Two entry points for a fresh machine (see README):
 #   make demo   - virtualenv, install, run the main job `plsh reproduce`
-#   make test   - install test/docs/fast extras, lint (ruff), run the whole test suite and the docs build
+#   make test   - install test/docs/fast extras, lint (ruff, mypy), run the whole test suite and the docs build
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -32,6 +32,7 @@ install-test: $(BIN)/python
 lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy
 
 tests:
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=20 tests

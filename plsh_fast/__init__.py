@@ -5,6 +5,8 @@ The public entry point is :func:`plsh_attention`; it computes exactly the functi
 Wagner 2026, Theorem 2.2) for the same partition sample, with autograd support.
 """
 
+from typing import Any
+
 from plsh_ref.provenance import package_version as _package_version
 
 #: the installed distribution's version (one number for plsh_ref and plsh_fast, in pyproject)
@@ -13,7 +15,7 @@ __version__ = _package_version()
 __all__ = ["plsh_attention"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     # torch is imported on first use of plsh_attention, not by ``import plsh_fast``: the
     # ``plsh`` command line imports plsh_fast.experiments.train_lm to show ``--help`` and
     # to say that torch is missing, which must work without torch (PEP 562).

@@ -31,6 +31,8 @@ PyTorch custom operators (``torch.library.custom_op``, ``register_fake``,
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ._autograd import attention_backward as _backward_impl
@@ -235,7 +237,7 @@ def training_partition(
     draw = int(draw_counter)
     draw_counter.add_(1)
     sigma = 1.0 / slopes.detach().cpu().numpy()
-    kw = {} if sampler == "iid" else {"sampler": sampler, "group_size": group_size}
+    kw: dict[str, Any] = {} if sampler == "iid" else {"sampler": sampler, "group_size": group_size}
     sample = draw_partition(sigma, like.shape[1], derived_seed(seed, draw), **kw)
     return partition_tensors(sample, like.device)
 

@@ -368,18 +368,22 @@ def group_batch(
     check_position_range("query_positions", qpos)
     check_position_range("key_positions", kpos)
     signature = torch.cat([qpos, kpos, query_keep.long(), key_keep.long()], dim=1)
+    firsts: list[int] | None
     if batch <= 1 or bool((signature == signature[:1]).all()):
         firsts, inverse = [0], None
     else:
         _, inverse = torch.unique(signature, dim=0, return_inverse=True)
         firsts = None
     groups = []
+    rows_list: list[torch.Tensor | None]
     if inverse is None:
         rows_list = [None]
     else:
         count = int(inverse.max()) + 1
-        rows_list = [(inverse == g).nonzero().flatten() for g in range(count)]
-        firsts = [int(rows[0]) for rows in rows_list]
+        groups_rows = [(inverse == g).nonzero().flatten() for g in range(count)]
+        firsts = [int(rows[0]) for rows in groups_rows]
+        rows_list = list(groups_rows)
+    assert firsts is not None  # set on both branches
     for rows, first in zip(rows_list, firsts):
         queries, keys = _indices(query_keep[first]), _indices(key_keep[first])
         groups.append(

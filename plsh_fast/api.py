@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import torch
+from numpy.typing import ArrayLike
 
 from plsh_ref.alibi import check_slopes
-from plsh_ref.partition import resolve_partition
+from plsh_ref.partition import PartitionSample, resolve_partition
 from plsh_ref.validation import check_bool, check_scale
 
 from . import _padding as P
@@ -17,23 +18,23 @@ __all__ = ["plsh_attention"]
 
 
 def plsh_attention(
-    query,
-    key,
-    value,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
     *,
-    partition=None,
-    slopes=None,
-    num_samples=None,
-    seed=None,
+    partition: PartitionSample | tuple[torch.Tensor, torch.Tensor] | None = None,
+    slopes: ArrayLike | torch.Tensor | None = None,
+    num_samples: int | None = None,
+    seed: int | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | torch.Tensor | None = None,
+    key_positions: ArrayLike | torch.Tensor | None = None,
+    attention_mask: torch.Tensor | None = None,
     return_lse: bool = False,
     backend: str = "auto",
     check_finite: bool = True,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """PLSH attention: softmax attention with the count-weighted ALiBi approximation.
 
     Computes ``T~_i = sum_j A_ij C_ij v_j / sum_j A_ij C_ij`` with

@@ -19,9 +19,11 @@ evicts the keys no later query can reach.
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from plsh_ref.partition import PartitionSample
 from plsh_ref.validation import check_scale, warn_deprecated
@@ -208,7 +210,7 @@ class PLSHDecodingCache:
     True
     """
 
-    def __init__(self, partition: PartitionSample, *, scale=None):
+    def __init__(self, partition: PartitionSample, *, scale: float | None = None) -> None:
         self.bound = cache_bound(partition)
         self.partition = partition
         self.scale = None if scale is None else check_scale(scale, 1)
@@ -282,6 +284,7 @@ class PLSHDecodingCache:
 
     # ------------------------------------------------------------------ helpers
     def _query_bins(self, positions: torch.Tensor) -> torch.Tensor:
+        assert self._pitch is not None and self._offset is not None  # set by the first call
         return bins(self._pitch, self._offset, positions)
 
     def _check_call(self, query, key, value, positions, attention_mask, partition):
@@ -326,18 +329,18 @@ class PLSHDecodingCache:
     # ------------------------------------------------------------------ the call
     def update(
         self,
-        query,
-        key,
-        value,
-        *args,
-        query_positions=None,
-        key_positions=None,
-        attention_mask=None,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *args: Any,
+        query_positions: ArrayLike | torch.Tensor | None = None,
+        key_positions: ArrayLike | torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
         return_lse: bool = False,
         check_finite: bool = True,
-        positions=None,
-        partition=None,
-    ):
+        positions: ArrayLike | torch.Tensor | None = None,
+        partition: PartitionSample | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Append ``m`` new tokens, attend their queries causally, evict unreachable keys.
 
         Parameters
@@ -465,14 +468,15 @@ class PLSHDecodingCache:
         new_pos = []
         for b in range(batch):
             keep = torch.ones(m, dtype=torch.bool) if mask is None else mask[b]
+            last_b = last[b]
             if positions is not None:
                 pos = positions[b][keep]
             else:
-                start = 0 if last[b] is None else last[b] + 1
+                start = 0 if last_b is None else last_b + 1
                 pos = start + torch.arange(int(keep.sum()), dtype=torch.int64)
             if pos.numel() > 1 and bool((pos[1:] <= pos[:-1]).any()):
                 raise ValueError(f"query_positions: must increase strictly along sequence {b}")
-            if pos.numel() and last[b] is not None and int(pos[0]) <= last[b]:
+            if pos.numel() and last_b is not None and int(pos[0]) <= last_b:
                 raise ValueError(
                     f"query_positions: decode step out of order for sequence {b}: position "
                     f"{int(pos[0])} after {last[b]}"
@@ -530,7 +534,7 @@ class PLSHDecodingCache:
         self._bins[b] = kb[..., first:]
         held = self._positions[b].numel()
         if held > self.bound:
-            allowed = max(self.bound, binary64_bound(self.partition, self._last[b]))
+            allowed = max(self.bound, binary64_bound(self.partition, cast(int, self._last[b])))
             if held > allowed:
                 raise RuntimeError(
                     f"decoding cache: {held} keys exceed the bound {allowed} "

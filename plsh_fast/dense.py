@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from plsh_ref.validation import check_bool, check_scale
 
@@ -100,7 +101,7 @@ def _pairwise(query_positions: torch.Tensor, key_positions: torch.Tensor):
 
 
 def alibi_bias(
-    slopes, query_positions: torch.Tensor, key_positions: torch.Tensor, *, causal: bool,
+    slopes: ArrayLike | torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor, *, causal: bool,
     dtype: torch.dtype = torch.float64,
 ) -> torch.Tensor:  # fmt: skip
     """Dense ALiBi bias ``-m_h |p_i - p_j|``, ``-inf`` where ``p_j > p_i`` if ``causal``.
@@ -188,7 +189,15 @@ def dense_counts(
     return count
 
 
-def dense_attention(query, key, value, bias, *, scale=None, return_lse: bool = False):
+def dense_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bias: torch.Tensor | None,
+    *,
+    scale: float | None = None,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``softmax(scale q k^T + bias) v`` in plain torch operations, in the input dtype.
 
     Every intermediate (logits, softmax, products) is a torch operation in the dtype of

@@ -40,11 +40,13 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from numpy.typing import ArrayLike
 
 from plsh_ref.partition import PartitionSample, resolve_partition
 from plsh_ref.partition import bins as reference_bins
@@ -304,7 +306,11 @@ class HaloPlan:
 
 
 def plan_context_parallel(
-    partition: PartitionSample, chunk_bounds, *, causal: bool = True, num_heads_kv=None
+    partition: PartitionSample,
+    chunk_bounds: Sequence[tuple[int, int]],
+    *,
+    causal: bool = True,
+    num_heads_kv: int | None = None,
 ) -> HaloPlan:
     """The halo exchange for chunks ``chunk_bounds`` of one sequence: no communication.
 
@@ -341,6 +347,18 @@ def plan_context_parallel(
     References
     ----------
     ``proofs_notes/halo_bound.md``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.partition import draw_partition
+    >>> from plsh_fast.distributed import plan_context_parallel
+    >>> partition = draw_partition(np.array([2.0, 8.0]), num_samples=4, seed=0)
+    >>> plan = plan_context_parallel(partition, [(0, 64), (64, 128)])
+    >>> plan.world_size, plan.tokens_received(0)  # causal: the first chunk needs no halo
+    (2, 0)
+    >>> plan.tokens_received(1) > 0
+    True
     """
     if not isinstance(partition, PartitionSample):
         raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
@@ -529,7 +547,13 @@ def _check_initialized(group) -> int:
     return rank
 
 
-def halo_exchange(key: torch.Tensor, value: torch.Tensor, plan: HaloPlan, *, group=None):
+def halo_exchange(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    plan: HaloPlan,
+    *,
+    group: dist.ProcessGroup | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Receive the halo of this rank's chunk from its owners (differentiable).
 
     Sends every other rank the slices of ``key`` and ``value`` that ``plan`` says it needs,
@@ -679,22 +703,22 @@ def _agree(metas: list[dict]) -> None:
 
 
 def context_parallel_plsh_attention(
-    query,
-    key,
-    value,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
     *,
-    partition=None,
-    slopes=None,
-    num_samples=None,
-    seed=None,
+    partition: PartitionSample | None = None,
+    slopes: ArrayLike | None = None,
+    num_samples: int | None = None,
+    seed: int | None = None,
     causal: bool = True,
-    scale=None,
-    chunk_start=None,
+    scale: float | None = None,
+    chunk_start: int | None = None,
     return_lse: bool = False,
     backend: str = "auto",
     check_finite: bool = True,
-    group=None,
-):
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """PLSH attention of a sequence split in contiguous chunks over a process group.
 
     Call it on every rank of ``group`` with that rank's chunk. The result on each rank is

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import math
 import types
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -59,6 +61,9 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError(
         "plsh_fast.hf needs transformers: pip install -e '.[hf]' in the positional-lsh checkout"
     ) from exc
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = [
     "ATTN_IMPLEMENTATIONS",
@@ -133,7 +138,7 @@ def _positions(mask: torch.Tensor, n_q: int, n_k: int, key=None, partition=None)
 
 
 # --------------------------------------------------------------------------- partitions
-def layer_partition(module, num_heads: int) -> PartitionSample:
+def layer_partition(module: torch.nn.Module, num_heads: int) -> PartitionSample:
     """The partition sample of one attention module, drawn on first use if it has none.
 
     Parameters
@@ -176,7 +181,7 @@ def layer_partition(module, num_heads: int) -> PartitionSample:
                 config.plsh_seed = seed  # every layer of the model shares it
         seed = int(seed)
         part = draw_partition(1.0 / alibi_slopes(num_heads), s, layer_seed(seed, int(layer)))
-        module.plsh_partition = part
+        cast(Any, module).plsh_partition = part
     if part.num_heads != num_heads:
         raise ValueError(
             f"module: its partition has {part.num_heads} heads, the attention {num_heads}"
@@ -194,8 +199,15 @@ def _check_dropout(module, dropout):
 
 
 def plsh_attention_forward(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
-):
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers attention function ``"plsh"`` (the ``AttentionInterface`` signature).
 
     Parameters
@@ -251,7 +263,7 @@ def plsh_attention_forward(
         key_positions=kpos,
         attention_mask=kmask,
     )
-    return out.transpose(1, 2).contiguous(), None
+    return cast(torch.Tensor, out).transpose(1, 2).contiguous(), None  # return_lse=False
 
 
 def _check_sliding_window(window, part):
@@ -304,8 +316,15 @@ def _alibi_core(query, key, value, slopes, qpos, kpos, kmask, causal, scaling, w
 
 
 def alibi_attention_forward(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs
-):
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
     """transformers attention function ``"alibi"``: exact ALiBi, same conventions as ``"plsh"``.
 
     Arguments, returns and errors as :func:`plsh_attention_forward`; the bias is
@@ -388,14 +407,14 @@ def _identity_rope(module, args, kwargs):
 
 
 def set_alibi_attention(
-    model,
+    model: PreTrainedModel,
     attn_implementation: str = "plsh",
     *,
-    layers=None,
+    layers: Iterable[int] | None = None,
     num_samples: int = DEFAULT_NUM_SAMPLES,
     seed: int | None = None,
     remove_rope: bool = True,
-):
+) -> PreTrainedModel:
     """Switch a transformers model to ALiBi/PLSH attention; optionally drop its RoPE.
 
     Parameters
@@ -437,6 +456,21 @@ def set_alibi_attention(
     References
     ----------
     Wolfson & Wagner (2026), section 5; Llama 4's NoPE layers for removing RoPE per layer.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM
+    >>> import plsh_fast.hf as plsh_hf
+    >>> config = LlamaConfig(
+    ...     vocab_size=64, hidden_size=32, intermediate_size=64,
+    ...     num_hidden_layers=2, num_attention_heads=4,
+    ... )
+    >>> model = plsh_hf.set_alibi_attention(LlamaForCausalLM(config), "plsh", num_samples=8, seed=0)
+    >>> model.config._attn_implementation
+    'plsh'
+    >>> model(torch.randint(0, 64, (1, 10))).logits.shape
+    torch.Size([1, 10, 64])
     """
     if attn_implementation not in ATTN_IMPLEMENTATIONS:
         raise ValueError(
@@ -562,12 +596,12 @@ def _bloom_forward(
 
 
 def swap_bloom_attention(
-    model,
+    model: PreTrainedModel,
     attn_implementation: str = "plsh",
     *,
     num_samples: int = DEFAULT_NUM_SAMPLES,
     seed: int | None = None,
-):
+) -> PreTrainedModel:
     """Replace the built-in ALiBi attention of a BLOOM model by ``"plsh"`` or exact ``"alibi"``.
 
     BLOOM adds ``slope * key_position`` inside its attention module (a row shift of
@@ -610,7 +644,7 @@ def swap_bloom_attention(
     seed = resolve_seed(seed)
     from transformers.models.bloom.modeling_bloom import BloomAttention
 
-    found = [m for m in model.modules() if isinstance(m, BloomAttention)]
+    found: list[Any] = [m for m in model.modules() if isinstance(m, BloomAttention)]
     if not found:
         raise ValueError(f"model: no BloomAttention modules in {type(model).__name__}")
     for module in found:
@@ -639,7 +673,12 @@ class PLSHCacheLayer(DynamicLayer):
     spread of left padding across the batch.
     """
 
-    def __init__(self, partition: PartitionSample):
+    positions: torch.Tensor | None
+    keep: torch.Tensor | None
+    _pitch: torch.Tensor | None
+    _offset: torch.Tensor | None
+
+    def __init__(self, partition: PartitionSample) -> None:
         super().__init__()
         if not isinstance(partition, PartitionSample):
             raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
@@ -650,7 +689,9 @@ class PLSHCacheLayer(DynamicLayer):
         self.keep = None  # bool (batch, slots): False for padding, when the caller says so
         self._pitch = self._offset = None
 
-    def update(self, key_states, value_states, *args, **kwargs):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the new keys/values, evict, return what the attention reads.
 
         Parameters
@@ -711,22 +752,25 @@ class PLSHCacheLayer(DynamicLayer):
             self._pitch, self._offset = partition_tensors(self.partition, key_states.device)
         if m:
             ref = new_pos.min(dim=1).values  # (batch,)
-            slot_bins = bins(self._pitch, self._offset, self.positions.reshape(-1))
+            pitch, offset = self._pitch, cast(torch.Tensor, self._offset)
+            slot_bins = bins(pitch, offset, self.positions.reshape(-1))
             h, s = slot_bins.shape[:2]
             slot_bins = slot_bins.reshape(h, s, batch, -1)
-            ref_bins = bins(self._pitch, self._offset, ref).reshape(h, s, batch, 1)
+            ref_bins = bins(pitch, offset, ref).reshape(h, s, batch, 1)
             reach = reachable_keys(slot_bins, ref_bins)  # (batch, slots)
             alive = (reach & self.keep).any(dim=0)  # padding is never reachable
             first = int(torch.nonzero(alive).min()) if bool(alive.any()) else alive.numel()
             if first:
-                self.keys = self.keys[:, :, first:]
-                self.values = self.values[:, :, first:]
+                self.keys = cast(torch.Tensor, self.keys)[:, :, first:]
+                self.values = cast(torch.Tensor, self.values)[:, :, first:]
                 self.positions = self.positions[:, first:]
                 self.keep = self.keep[:, first:]
-        self.keys.plsh_keep = self.keep
-        self.keys.plsh_positions = self.positions  # checked by the attention functions
-        self.keys.plsh_partition = self.partition
-        return self.keys, self.values
+        keys, values = cast(torch.Tensor, self.keys), cast(torch.Tensor, self.values)
+        tagged = cast(Any, keys)  # attributes checked by the attention functions
+        tagged.plsh_keep = self.keep
+        tagged.plsh_positions = self.positions
+        tagged.plsh_partition = self.partition
+        return keys, values
 
     def get_seq_length(self) -> int:
         """Tokens seen so far (evicted ones included), as transformers counts positions."""
@@ -741,14 +785,14 @@ class PLSHCacheLayer(DynamicLayer):
         """Slots held now (for every sequence of the batch)."""
         return 0 if self.positions is None else int(self.positions.shape[1])
 
-    def reorder_cache(self, beam_idx):
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         """Reorder for beam search (keys, values and positions)."""
         super().reorder_cache(beam_idx)
-        if self.positions is not None:
+        if self.positions is not None and self.keep is not None:  # (set together)
             self.positions = self.positions.index_select(0, beam_idx.to(self.positions.device))
             self.keep = self.keep.index_select(0, beam_idx.to(self.keep.device))
 
-    def crop(self, max_length: int):  # noqa: D401 - transformers API
+    def crop(self, max_length: int) -> None:  # noqa: D401 - transformers API
         """Not supported: evicted keys cannot be restored."""
         raise ValueError("max_length: PLSHCache cannot be cropped (evicted keys are gone)")
 
@@ -783,7 +827,7 @@ class PLSHCache(Cache):
     ``proofs_notes/decoding_cache.md``.
     """
 
-    def __init__(self, model):
+    def __init__(self, model: PreTrainedModel) -> None:
         from transformers.models.bloom.modeling_bloom import BloomAttention
 
         if not isinstance(model, torch.nn.Module):
@@ -804,13 +848,15 @@ class PLSHCache(Cache):
                 "swap_bloom_attention(model, 'plsh') first, or use DynamicCache"
             )
         num_heads = int(getattr(model.config, "num_attention_heads", 0) or model.config.n_head)
-        layers = [PLSHCacheLayer(layer_partition(m, num_heads)) for m in modules]
+        layers: list[Any] = [PLSHCacheLayer(layer_partition(m, num_heads)) for m in modules]
         super().__init__(layers=layers)
 
     def max_cached_tokens(self) -> int:
         """Largest number of slots held by any layer now."""
-        return max((layer.cached_tokens() for layer in self.layers), default=0)
+        return max(
+            (cast(PLSHCacheLayer, layer).cached_tokens() for layer in self.layers), default=0
+        )
 
     def bounds(self) -> list[int]:
         """``cache_bound`` of each layer's partition."""
-        return [layer.bound for layer in self.layers]
+        return [cast(PLSHCacheLayer, layer).bound for layer in self.layers]

@@ -26,9 +26,11 @@ a resampled partition estimates).
 from __future__ import annotations
 
 import math
+from typing import Any, cast
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from torch import nn
 from torch.nn import functional as F
 
@@ -64,7 +66,9 @@ _BACKENDS = ("auto", "cpu", "triton", "dense")
 _METHODS = ("plsh", "exact")
 
 
-def check_attention_inputs(query, key, value, num_heads: int | None = None) -> None:
+def check_attention_inputs(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int | None = None
+) -> None:
     """Check ``(batch, heads, seq_len, head_dim)`` attention inputs before any work.
 
     :func:`plsh_fast._validation.check_qkv` (the checks of :func:`plsh_fast.plsh_attention`)
@@ -92,7 +96,14 @@ def check_attention_inputs(query, key, value, num_heads: int | None = None) -> N
         raise ValueError(f"query: has {query.shape[1]} heads, the module has num_heads={num_heads}")
 
 
-def biased_sdpa(query, key, value, bias, *, scale=None):
+def biased_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    bias: torch.Tensor,
+    *,
+    scale: float | None = None,
+) -> torch.Tensor:
     """``softmax(scale q k^T + bias) v`` through ``scaled_dot_product_attention``.
 
     Dense: builds ``(num_heads, n_q, n_k)`` logits, so meant for short sequences, exact
@@ -224,7 +235,7 @@ def seed_layers(model: nn.Module, seed: int) -> list[int]:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: must be a torch.nn.Module, got {type(model).__name__}")
     seed = check_int("seed", seed, minimum=0)
-    seeds = []
+    seeds: list[int] = []
     for module in model.modules():
         if isinstance(module, PLSHAttention):
             seeds.append(derived_seed(seed, len(seeds)))
@@ -318,7 +329,22 @@ class PLSHAttention(nn.Module):
     ------
     TypeError, ValueError
         On invalid arguments (message starts with the argument name).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from plsh_fast.nn import PLSHAttention
+    >>> attention = PLSHAttention(num_heads=4, num_samples=16, seed=0)
+    >>> query, key, value = (torch.randn(2, 4, 32, 16) for _ in range(3))
+    >>> attention(query, key, value).shape
+    torch.Size([2, 4, 32, 16])
     """
+
+    # registered buffers (nn.Module.__getattr__ is typed Tensor | Module)
+    draw_counter: torch.Tensor
+    slopes: torch.Tensor
+    pitch: torch.Tensor
+    offset: torch.Tensor
 
     _FLOAT64_BUFFERS = ("slopes", "pitch", "offset")
 
@@ -327,9 +353,9 @@ class PLSHAttention(nn.Module):
         num_heads: int,
         num_samples: int = DEFAULT_NUM_SAMPLES,
         *,
-        slopes=None,
+        slopes: ArrayLike | None = None,
         causal: bool = True,
-        scale=None,
+        scale: float | None = None,
         seed: int | None = None,
         resample: str = "every_forward",
         method: str = "plsh",
@@ -338,7 +364,7 @@ class PLSHAttention(nn.Module):
         sampler: str = "iid",
         group_size: int | None = None,
         exact: bool | None = None,
-    ):
+    ) -> None:
         super().__init__()
         num_heads = check_int("num_heads", num_heads, minimum=1)
         num_samples = V.check_num_samples(num_samples)
@@ -459,10 +485,10 @@ class PLSHAttention(nn.Module):
             self.sigma, self.num_samples, derived_seed(self.seed, draw), **self._sampler_kwargs()
         )
 
-    def get_extra_state(self):
+    def get_extra_state(self) -> dict[str, Any]:
         return {"seed": self.seed, "num_draws": self.num_draws}
 
-    def set_extra_state(self, state) -> None:
+    def set_extra_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or not {"seed", "num_draws"} <= set(state):
             raise ValueError(
                 "state_dict: extra state of PLSHAttention must be a dict with "
@@ -547,9 +573,9 @@ class PLSHAttention(nn.Module):
         return self.pitch, self.offset
 
     def forward(
-        self, query, key, value, *args, query_positions=None, key_positions=None,
-        attention_mask=None,
-    ):  # fmt: skip
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, query_positions: ArrayLike | torch.Tensor | None=None, key_positions: ArrayLike | torch.Tensor | None=None,
+        attention_mask: torch.Tensor | None=None,
+    ) -> torch.Tensor:  # fmt: skip
         """Attention output.
 
         Parameters
@@ -608,7 +634,7 @@ class PLSHAttention(nn.Module):
             return biased_sdpa(query, key, value, bias, scale=self.scale)
         from .api import plsh_attention  # noqa: PLC0415 (plsh_fast.api imports torch/triton)
 
-        return plsh_attention(
+        out = plsh_attention(
             query,
             key,
             value,
@@ -621,6 +647,7 @@ class PLSHAttention(nn.Module):
             backend=self.backend,
             check_finite=self.check_finite,
         )
+        return cast(torch.Tensor, out)  # return_lse=False: the output alone
 
 
 def _deprecated_positional_positions(args, query_positions, key_positions):
@@ -717,8 +744,8 @@ class PLSHSelfAttention(nn.Module):
         num_heads_kv: int | None = None,
         projection_bias: bool = False,
         attention: nn.Module | None = None,
-        **attention_kwargs,
-    ):
+        **attention_kwargs: Any,
+    ) -> None:
         super().__init__()
         if "bias" in attention_kwargs:
             warn_deprecated("PLSHSelfAttention(bias=...)", "projection_bias= (the same)")
@@ -755,9 +782,9 @@ class PLSHSelfAttention(nn.Module):
         self.attention = attention
 
     def forward(
-        self, x, *args, query_positions=None, key_positions=None, attention_mask=None,
-        positions=None,
-    ):  # fmt: skip
+        self, x: torch.Tensor, *args: Any, query_positions: ArrayLike | torch.Tensor | None=None, key_positions: ArrayLike | torch.Tensor | None=None, attention_mask: torch.Tensor | None=None,
+        positions: ArrayLike | torch.Tensor | None=None,
+    ) -> torch.Tensor:  # fmt: skip
         """Self-attention of ``x``.
 
         Parameters

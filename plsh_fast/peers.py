@@ -47,10 +47,13 @@ and Theorem 2.2; SPEC sections 1, 3 and 7.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import cache
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 from torch.nn import functional as F
 
 from plsh_ref.alibi import check_slopes, resolve_positions
@@ -60,6 +63,9 @@ from plsh_ref.validation import check_bool, check_int, check_scale, warn_depreca
 from . import _validation as V
 from .dense import alibi_bias as dense_alibi_bias
 from .dense import dense_attention, expand_kv, working_dtype
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 __all__ = [
     "alibi_attention",
@@ -89,15 +95,15 @@ def _positions(n_q: int, n_k: int, query_positions, key_positions, device):
 
 
 def sdpa_alibi_bias(
-    slopes,
+    slopes: ArrayLike | torch.Tensor,
     n_q: int,
     n_k: int,
     *,
-    query_positions=None,
-    key_positions=None,
+    query_positions: ArrayLike | torch.Tensor | None = None,
+    key_positions: ArrayLike | torch.Tensor | None = None,
     causal: bool = True,
     dtype: torch.dtype = torch.float32,
-    device="cpu",
+    device: str | torch.device = "cpu",
 ) -> torch.Tensor:
     """Dense ALiBi bias ``-m_h |p_i - p_j|`` (``-inf`` where ``p_j > p_i`` if ``causal``).
 
@@ -150,23 +156,23 @@ def sdpa_alibi_bias(
     return dense_alibi_bias(m_host, qpos, kpos, causal=causal, dtype=dtype)
 
 
-def alibi_bias(*args, **kwargs) -> torch.Tensor:
+def alibi_bias(*args: Any, **kwargs: Any) -> torch.Tensor:
     """Deprecated alias of :func:`sdpa_alibi_bias` (one release; DeprecationWarning)."""
     warn_deprecated("plsh_fast.peers.alibi_bias", "plsh_fast.peers.sdpa_alibi_bias")
     return sdpa_alibi_bias(*args, **kwargs)
 
 
 def sdpa_alibi_attention(
-    query,
-    key,
-    value,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
     *,
-    bias=None,
-    slopes=None,
+    bias: torch.Tensor | None = None,
+    slopes: ArrayLike | torch.Tensor | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | torch.Tensor | None = None,
+    key_positions: ArrayLike | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Exact ALiBi attention through ``scaled_dot_product_attention`` with a dense bias.
 
@@ -224,18 +230,18 @@ def sdpa_alibi_attention(
 
 
 def chunked_alibi_attention(
-    query,
-    key,
-    value,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
     *,
-    slopes=None,
+    slopes: ArrayLike | torch.Tensor | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | torch.Tensor | None = None,
+    key_positions: ArrayLike | torch.Tensor | None = None,
     chunk_size: int = 512,
     return_lse: bool = False,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact ALiBi attention in float64, ``chunk_size`` query rows at a time.
 
     ``softmax(scale q k^T - m_h |p_i - p_j|) v`` with the causal mask ``p_j <= p_i``; the
@@ -306,7 +312,7 @@ def chunked_alibi_attention(
     return (out, lse) if return_lse else out
 
 
-def alibi_attention(*args, **kwargs):
+def alibi_attention(*args: Any, **kwargs: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Deprecated alias of :func:`chunked_alibi_attention` (one release; DeprecationWarning).
 
     Renamed because its contract differs from :func:`plsh_ref.attention.alibi_attention`
@@ -333,7 +339,11 @@ def _index_positions(query_positions, key_positions):
     return q_of, k_of
 
 
-def alibi_score_mod(slopes: torch.Tensor, query_positions=None, key_positions=None):
+def alibi_score_mod(
+    slopes: torch.Tensor,
+    query_positions: torch.Tensor | None = None,
+    key_positions: torch.Tensor | None = None,
+) -> Callable[..., torch.Tensor]:
     """FlexAttention ``score_mod`` adding the ALiBi bias: ``score - m_h |p_i - p_j|``.
 
     Parameters
@@ -370,7 +380,9 @@ def alibi_score_mod(slopes: torch.Tensor, query_positions=None, key_positions=No
     return alibi
 
 
-def causal_mask_mod(query_positions=None, key_positions=None):
+def causal_mask_mod(
+    query_positions: torch.Tensor | None = None, key_positions: torch.Tensor | None = None
+) -> Callable[..., torch.Tensor]:
     """FlexAttention ``mask_mod`` of the causal mask: key admissible iff ``p_j <= p_i``.
 
     Positions as :func:`alibi_score_mod`. Returns ``mask_mod(b, h, q_idx, kv_idx)``.
@@ -384,8 +396,12 @@ def causal_mask_mod(query_positions=None, key_positions=None):
 
 
 def window_mask_mod(
-    window: torch.Tensor, *, causal: bool = True, query_positions=None, key_positions=None
-):
+    window: torch.Tensor,
+    *,
+    causal: bool = True,
+    query_positions: torch.Tensor | None = None,
+    key_positions: torch.Tensor | None = None,
+) -> Callable[..., torch.Tensor]:
     """FlexAttention ``mask_mod`` of a per-head sliding window of ``window[h]`` tokens.
 
     Causal: key admissible iff ``0 <= p_i - p_j < window[h]``; otherwise iff
@@ -426,14 +442,14 @@ def window_mask_mod(
 
 
 def block_mask(
-    mask_mod,
+    mask_mod: Callable[..., torch.Tensor],
     n_q: int,
     n_k: int,
     *,
     num_heads: int | None = None,
     batch: int | None = None,
-    device="cpu",
-):
+    device: str | torch.device = "cpu",
+) -> BlockMask:
     """``create_block_mask(mask_mod, batch, num_heads, n_q, n_k)``: the FlexAttention
     ``BlockMask`` of ``mask_mod`` (128 x 128 blocks).
 
@@ -460,7 +476,7 @@ def block_mask(
     return create_block_mask(mask_mod, batch, num_heads, n_q, n_k, device=device)
 
 
-def causal_block_mask(n: int, *, device="cpu", block: int = 128):
+def causal_block_mask(n: int, *, device: str | torch.device = "cpu", block: int = 128) -> BlockMask:
     """Causal ``BlockMask`` for self-attention of length ``n``, built from block indices.
 
     Query block ``i`` has the full key blocks ``0..i-1`` and the partial (diagonal) block
@@ -494,7 +510,7 @@ def causal_block_mask(n: int, *, device="cpu", block: int = 128):
 
 
 @cache
-def compiled_flex_attention():
+def compiled_flex_attention() -> Callable[..., Any]:
     """``torch.compile(flex_attention, dynamic=False)``, compiled once per process.
 
     Call it as ``compiled_flex_attention()(q, k, v, score_mod=..., block_mask=...)``. The
@@ -508,7 +524,7 @@ def compiled_flex_attention():
 # ------------------------------------------------------------------------------ reduction
 
 
-def reduction_mask_mod(bins: torch.Tensor, *, causal: bool = True):
+def reduction_mask_mod(bins: torch.Tensor, *, causal: bool = True) -> Callable[..., torch.Tensor]:
     """FlexAttention ``mask_mod`` of the paper's reduction, batch entry ``t`` = sample ``t``.
 
     Key ``j`` is computed for query ``i`` in batch entry ``t`` iff both sit in the same bin
@@ -543,7 +559,7 @@ def reduction_mask_mod(bins: torch.Tensor, *, causal: bool = True):
     return same_bin
 
 
-def reduction_block_mask(bins: torch.Tensor, *, block: int = 128):
+def reduction_block_mask(bins: torch.Tensor, *, block: int = 128) -> BlockMask:
     """Causal ``BlockMask`` of the reduction built from block indices (batch = sample).
 
     For query block ``qb`` of sample ``t``, the key blocks sharing a bin with the block run
@@ -594,8 +610,15 @@ def reduction_block_mask(bins: torch.Tensor, *, block: int = 128):
 
 
 def flex_reduction_attention(
-    query, key, value, block_mask, num_samples: int, *, scale=None, flex=None
-):
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    block_mask: BlockMask,
+    num_samples: int,
+    *,
+    scale: float | None = None,
+    flex: Callable[..., Any] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The paper's reduction as one batched FlexAttention call, then the LSE merge.
 
     ``query``, ``key``, ``value`` (batch 1) are repeated ``num_samples`` times along the
@@ -654,19 +677,19 @@ def flex_reduction_attention(
 
 
 def reduction_attention(
-    query,
-    key,
-    value,
-    *args,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *args: Any,
     partition: PartitionSample | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | torch.Tensor | None = None,
+    key_positions: ArrayLike | torch.Tensor | None = None,
     return_lse: bool = False,
     backend: str = "auto",
     check_finite: bool = True,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The paper's reduction: per sample, unbiased attention inside each block; LSE merge.
 
     For each sample ``t`` of ``partition``, ``(out_t, lse_t)`` is attention restricted to the

@@ -12,6 +12,7 @@ on first access (``plsh_ref.bounds``), PEP 562.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from . import alibi, attention, partition
 from .alibi import alibi_bias, alibi_slopes, default_positions, kernel_matrix, sigma_from_slopes
@@ -72,7 +73,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in _LAZY_SUBMODULES:
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
@@ -80,5 +81,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | _LAZY_SUBMODULES)

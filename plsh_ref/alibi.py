@@ -9,6 +9,7 @@ softmax with the bias equals ``D^-1 (A o L*) V``.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .validation import as_positions, check_bool, check_int, check_sigma
 
@@ -82,7 +83,7 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     return np.concatenate([_power_of_two_slopes(c, max_bias), extra])
 
 
-def check_slopes(slopes, num_heads: int) -> np.ndarray:
+def check_slopes(slopes: ArrayLike | None, num_heads: int) -> np.ndarray:
     """ALiBi slopes as a float64 array ``(num_heads,)``; the default slopes for ``None``.
 
     The one resolution of the ``slopes`` argument of the attention family (reference, fast
@@ -120,7 +121,7 @@ def check_slopes(slopes, num_heads: int) -> np.ndarray:
     return m
 
 
-def sigma_from_slopes(slopes) -> np.ndarray:
+def sigma_from_slopes(slopes: ArrayLike) -> np.ndarray:
     """Length scales ``sigma_h = 1 / m_h`` (tokens), float64, same shape as ``slopes``.
 
     Raises
@@ -158,7 +159,10 @@ def default_positions(n_q: int, n_k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def resolve_positions(
-    n_q: int, n_k: int, query_positions=None, key_positions=None
+    n_q: int,
+    n_k: int,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Explicit positions where given (validated, int64), defaults otherwise.
 
@@ -225,9 +229,9 @@ def resolve_batch_positions(
     batch: int,
     n_q: int,
     n_k: int,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-sequence positions and keep masks of a padded batch (SPEC section 5).
 
@@ -288,7 +292,7 @@ def resolve_batch_positions(
     return np.where(query_keep, qpos, 0), np.where(key_keep, kpos, 0), query_keep, key_keep
 
 
-def causal_mask(query_positions, key_positions) -> np.ndarray:
+def causal_mask(query_positions: ArrayLike, key_positions: ArrayLike) -> np.ndarray:
     """Boolean admissibility ``p_key <= p_query``, shape ``(n_q, n_k)``.
 
     Raises
@@ -306,7 +310,9 @@ def _distance(qpos: np.ndarray, kpos: np.ndarray) -> np.ndarray:
     return np.abs(qpos[:, None] - kpos[None, :]).astype(np.float64)
 
 
-def alibi_bias(slopes, query_positions, key_positions, *, causal: bool) -> np.ndarray:
+def alibi_bias(
+    slopes: ArrayLike, query_positions: ArrayLike, key_positions: ArrayLike, *, causal: bool
+) -> np.ndarray:
     """ALiBi bias ``B[h, i, j] = -m_h |p_i - p_j|`` (``-inf`` where causal forbids).
 
     Parameters
@@ -343,7 +349,9 @@ def alibi_bias(slopes, query_positions, key_positions, *, causal: bool) -> np.nd
     return bias
 
 
-def kernel_matrix(sigma, query_positions, key_positions, *, causal: bool = False) -> np.ndarray:
+def kernel_matrix(
+    sigma: ArrayLike, query_positions: ArrayLike, key_positions: ArrayLike, *, causal: bool = False
+) -> np.ndarray:
     """Kernel matrix ``L*_ij = exp(-|p_i - p_j| / sigma)`` (times the causal 0/1 mask).
 
     Parameters

@@ -24,7 +24,11 @@ positional ``partition``; ``plsh_attention(backend="counts" | "reduction")`` (no
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any, cast
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .alibi import alibi_bias, check_slopes, resolve_batch_positions, resolve_positions
 from .partition import PartitionSample, bins, check_partition, count_bias, counts
@@ -49,7 +53,9 @@ __all__ = [
 ]
 
 
-def validate_qkv(query, key, value):
+def validate_qkv(
+    query: ArrayLike, key: ArrayLike, value: ArrayLike
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Validate and convert ``query``, ``key``, ``value`` to float64 arrays.
 
     Parameters
@@ -170,7 +176,15 @@ def _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask
     return out, lse
 
 
-def biased_attention(query, key, value, bias, *, scale=None, return_lse: bool | None = None):
+def biased_attention(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    bias: ArrayLike,
+    *,
+    scale: float | None = None,
+    return_lse: bool | None = None,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Softmax attention with an additive bias: ``softmax(scale q k^T + bias) v``.
 
     Parameters
@@ -215,18 +229,18 @@ def biased_attention(query, key, value, bias, *, scale=None, return_lse: bool | 
 
 
 def alibi_attention(
-    query,
-    key,
-    value,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
     *,
-    slopes=None,
+    slopes: ArrayLike | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
-):
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Exact ALiBi attention in float64: ``softmax(scale q k^T - m_h |p_i - p_j|) v``.
 
     Equal to ``T*_i = sum_j A_ij L*_ij v_j / sum_j A_ij L*_ij`` with
@@ -275,6 +289,19 @@ def alibi_attention(
     References
     ----------
     Press et al. (2022); SPEC sections 1 and 5.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.alibi import alibi_slopes
+    >>> from plsh_ref.attention import alibi_attention
+    >>> rng = np.random.default_rng(0)
+    >>> query, key, value = rng.standard_normal((3, 1, 4, 8, 16))  # (batch, heads, n, head_dim)
+    >>> out, lse = alibi_attention(
+    ...     query, key, value, slopes=alibi_slopes(4), causal=True, return_lse=True
+    ... )
+    >>> out.shape, lse.shape
+    ((1, 4, 8, 16), (1, 4, 8))
     """
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
@@ -290,17 +317,17 @@ def alibi_attention(
 
 
 def no_bias_attention(
-    query,
-    key,
-    value,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
     *,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
-):
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Baseline without positional bias: ``softmax(scale q k^T) v`` (causal mask optional).
 
     Shapes, padding (``attention_mask``, per-sequence positions), returns and errors as
@@ -322,18 +349,18 @@ def no_bias_attention(
 
 
 def fixed_block_attention(
-    query,
-    key,
-    value,
-    block_size: int,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    block_size: int | Sequence[int],
     *,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
-):
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Baseline with fixed blocks: attend only within ``floor(p / block_size)`` bins.
 
     The deterministic block-diagonal mask of the paper's "fixed blocks" baseline.
@@ -351,7 +378,7 @@ def fixed_block_attention(
     if np.ndim(block_size) == 0:
         sizes = [check_int("block_size", block_size, minimum=1)] * q.shape[1]
     else:
-        sizes = [check_int("block_size", b, minimum=1) for b in block_size]
+        sizes = [check_int("block_size", b, minimum=1) for b in cast(Sequence[int], block_size)]
         if len(sizes) != q.shape[1]:
             raise ValueError(
                 f"block_size: needs {q.shape[1]} entries (one per head), got {len(sizes)}"
@@ -371,20 +398,20 @@ def fixed_block_attention(
 
 
 def plsh_attention(
-    query,
-    key,
-    value,
-    *args,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    *args: Any,
     partition: PartitionSample | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
     method: str = "counts",
     backend: str | None = None,
-):
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """PLSH attention ``T~_i = sum_j A_ij M~_ij v_j / sum_j A_ij M~_ij`` in float64.
 
     Parameters
@@ -430,6 +457,22 @@ def plsh_attention(
     References
     ----------
     Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.alibi import alibi_slopes
+    >>> from plsh_ref.attention import alibi_attention, plsh_attention
+    >>> from plsh_ref.partition import draw_partition
+    >>> rng = np.random.default_rng(0)
+    >>> query, key, value = rng.standard_normal((3, 1, 4, 64, 16))
+    >>> partition = draw_partition(1 / alibi_slopes(4), num_samples=256, seed=0)
+    >>> approx = plsh_attention(query, key, value, partition=partition, return_lse=False)
+    >>> exact = alibi_attention(query, key, value, return_lse=False)
+    >>> approx.shape
+    (1, 4, 64, 16)
+    >>> bool(np.abs(approx - exact).max() < 0.5)  # the error falls like 1 / sqrt(num_samples)
+    True
     """
     partition, return_lse = partition_argument(args, partition, return_lse, "plsh_attention")
     if backend is not None:

@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .alibi import check_slopes, kernel_matrix, resolve_positions
 from .attention import expand_kv, validate_qkv
@@ -39,7 +41,7 @@ from .expectation import (
     variance_proxy,
     variance_proxy_limit,
 )
-from .partition import check_partition, counts
+from .partition import PartitionSample, check_partition, counts
 from .samplers import largest_pitch_sf_of, resolve_group_size
 from .toeplitz import kms_spectral_norm_limit
 from .validation import (
@@ -48,6 +50,9 @@ from .validation import (
     check_probability,
     check_scale,
 )
+
+if TYPE_CHECKING:
+    from .kernels import DistanceKernel
 
 __all__ = [
     "SpectralBound",
@@ -74,7 +79,7 @@ EXACT_VARIANCE_MAX_N = 1024
 
 
 def max_norm_tail_bound(
-    n: int, num_samples: int, eps, *, sampler: str = "iid", group_size=None
+    n: int, num_samples: int, eps: float, *, sampler: str = "iid", group_size: int | None = None
 ) -> float:
     """``min(1, 2 (n - 1) exp(-2 s eps^2)) >= P(max_ij |M~_ij - L*_ij| > eps)``.
 
@@ -130,7 +135,7 @@ def _independent_groups(sampler, num_samples: int, group_size) -> int:
 
 
 def max_norm_error_bound(
-    n: int, num_samples: int, delta, *, sampler: str = "iid", group_size=None
+    n: int, num_samples: int, delta: float, *, sampler: str = "iid", group_size: int | None = None
 ) -> float:
     """``eps = sqrt(log(2 (n - 1) / delta) / (2 s))``: ``P(max |M~ - L*| > eps) <= delta``.
 
@@ -173,7 +178,7 @@ def max_norm_error_bound(
     return math.sqrt(max(0.0, math.log(2.0 * (n - 1) / delta)) / (2.0 * s))
 
 
-def required_samples(n: int, eps, delta) -> int:
+def required_samples(n: int, eps: float, delta: float) -> int:
     """Smallest ``s`` with ``2 (n - 1) exp(-2 s eps^2) <= delta``: ``ceil(log(2 (n-1)/delta) / (2 eps^2))``.
 
     Parameters
@@ -228,7 +233,7 @@ def required_samples(n: int, eps, delta) -> int:
 
 
 def block_size_tail_bound(
-    b: int, sigma, num_samples: int, *, sampler: str = "iid", group_size=None
+    b: int, sigma: float, num_samples: int, *, sampler: str = "iid", group_size: int | None = None
 ) -> float:
     """``P(some block of some of the s masks has more than b tokens) <= P(max_t delta_t > b)``.
 
@@ -275,7 +280,12 @@ def block_size_tail_bound(
 
 
 def block_size_bound(
-    sigma, num_samples: int, delta, *, sampler: str = "iid", group_size=None
+    sigma: float,
+    num_samples: int,
+    delta: float,
+    *,
+    sampler: str = "iid",
+    group_size: int | None = None,
 ) -> int:
     """Smallest integer ``b`` with :func:`block_size_tail_bound` ``<= delta``.
 
@@ -298,10 +308,10 @@ def block_size_bound(
     sigma = check_positive_float("sigma", sigma)
     s = check_int("num_samples", num_samples, minimum=1)
     delta = check_probability("delta", delta)
-    kw = {"sampler": sampler, "group_size": group_size}
+    kw: dict[str, Any] = {"sampler": sampler, "group_size": group_size}
 
     def above(b: int) -> bool:
-        return largest_pitch_sf_of(float(b), sigma, s, **kw) > delta
+        return bool(largest_pitch_sf_of(float(b), sigma, s, **kw) > delta)
 
     # Search on the survival function itself (nonincreasing in b, 0 far out): the
     # ``1 - delta`` quantile cannot be asked for once ``1 - delta`` rounds to 1
@@ -402,7 +412,9 @@ def _candidate_levels(n: int, sigma: float, s: int, delta: float):
     return sorted(levels)
 
 
-def spectral_error_bound(n: int, sigma, num_samples: int, delta, *, variance=None) -> SpectralBound:
+def spectral_error_bound(
+    n: int, sigma: float, num_samples: int, delta: float, *, variance: float | None = None
+) -> SpectralBound:
     """``eps`` with ``P(||M~ - L*||_2 > eps) <= delta`` for aligned positions ``0..n-1``.
 
     Truncated matrix Bernstein (``proofs_notes/spectral_bound.md``): with ``X_t = M_t - L*``,
@@ -468,10 +480,13 @@ def spectral_error_bound(n: int, sigma, num_samples: int, delta, *, variance=Non
         )
         if best is None or cand.eps < best.eps:
             best = cand
+    assert best is not None  # the candidate loop runs at least once
     return best
 
 
-def kernel_spectral_error_bound(n: int, kernel, num_samples: int, delta) -> SpectralBound:
+def kernel_spectral_error_bound(
+    n: int, kernel: DistanceKernel, num_samples: int, delta: float
+) -> SpectralBound:
     """:func:`spectral_error_bound` for a general Pólya kernel ``k`` (``E[M] = K``).
 
     The same truncated matrix Bernstein inequality with the kernel's own ingredients
@@ -548,10 +563,13 @@ def kernel_spectral_error_bound(n: int, kernel, num_samples: int, delta) -> Spec
         )
         if best is None or cand.eps < best.eps:
             best = cand
+    assert best is not None  # the candidate loop runs at least once
     return best
 
 
-def spectral_tail_bound(n: int, sigma, num_samples: int, eps, *, variance=None) -> float:
+def spectral_tail_bound(
+    n: int, sigma: float, num_samples: int, eps: float, *, variance: float | None = None
+) -> float:
     """An upper bound on ``P(||M~ - L*||_2 > eps)`` (aligned positions ``0..n-1``).
 
     The same truncated Bernstein inequality as :func:`spectral_error_bound`, minimised over
@@ -589,7 +607,13 @@ def spectral_tail_bound(n: int, sigma, num_samples: int, eps, *, variance=None) 
 
 
 def spectral_required_samples(
-    n: int, sigma, eps, delta, *, variance=None, max_samples: int = 10**9
+    n: int,
+    sigma: float,
+    eps: float,
+    delta: float,
+    *,
+    variance: float | None = None,
+    max_samples: int = 10**9,
 ) -> int:
     """Smallest ``s`` (found by bisection) with ``spectral_error_bound(n, sigma, s, delta).eps <= eps``.
 
@@ -675,17 +699,17 @@ def _value_range(v: np.ndarray, admissible: np.ndarray):
 
 
 def output_error_certificate(
-    query,
-    key,
-    value,
-    partition,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    partition: PartitionSample,
     *,
-    slopes=None,
+    slopes: ArrayLike | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-):
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+) -> np.ndarray:
     """A-posteriori bound on ``|T~_ik - T*_ik|`` for a given partition sample and Q/K/V.
 
     Deterministic in the sample, so it holds for every sampler (``partition.sampler``).
@@ -744,20 +768,20 @@ def output_error_certificate(
 
 
 def output_error_bound(
-    query,
-    key,
-    value,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
     num_samples: int,
-    delta,
+    delta: float,
     *,
-    slopes=None,
+    slopes: ArrayLike | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
     sampler: str = "iid",
-    group_size=None,
-):
+    group_size: int | None = None,
+) -> np.ndarray:
     """A-priori bound: with probability ``>= 1 - delta`` over the partition sample,
     simultaneously for every head, row and column,
     ``|T~_ik - T*_ik| <= range_k(V_i) * eps * sum_j A_ij / sum_j A_ij L*_ij``.

@@ -33,6 +33,8 @@ import importlib.util
 import os
 import re
 import sys
+from types import ModuleType
+from typing import NoReturn
 
 __all__ = [
     "DEFAULT_COMMAND",
@@ -107,7 +109,7 @@ def _needs_message(command: str, what: str) -> str:
     )
 
 
-def load_command(name: str):
+def load_command(name: str) -> ModuleType:
     """Import the module of subcommand ``name``.
 
     Raises
@@ -212,7 +214,7 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     usage).
     """
 
-    def error(self, message):  # noqa: D102 - argparse API
+    def error(self, message: str) -> NoReturn:  # noqa: D102 - argparse API
         # "argument --qkv: no such file" -> "--qkv: no such file", as the commands' own
         # errors name their options
         message = re.sub(r"^argument ([^:\s]+): ", r"\1: ", str(message)).replace("\n", " ")
@@ -316,7 +318,7 @@ def _option_text(exc: BaseException, parser: argparse.ArgumentParser, extra) -> 
     """``exc``'s message on one line, a leading parameter name turned into its option."""
     from .experiments.options import option_message
 
-    names = {}
+    names: dict[str, str] = {}
     for action in parser._actions:  # noqa: SLF001 - argparse keeps no public list
         long = [o for o in action.option_strings if o.startswith("--")]
         if long and action.help != argparse.SUPPRESS:

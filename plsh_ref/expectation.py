@@ -25,6 +25,7 @@ import math
 
 import mpmath
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import gammainc, lambertw
 
 from .alibi import kernel_matrix
@@ -69,7 +70,7 @@ def _rho(sigma: float) -> float:
 # --------------------------------------------------------------------------------------
 
 
-def collision_probability(distance, sigma):
+def collision_probability(distance: ArrayLike, sigma: float) -> float | np.ndarray:
     """Probability that two positions at ``distance`` share a bin: ``exp(-|r| / sigma)``.
 
     ``P[bin(x) = bin(y)] = E_delta[max(0, 1 - |x - y| / delta)]`` with
@@ -104,7 +105,9 @@ def collision_probability(distance, sigma):
     return float(out) if out.ndim == 0 else out
 
 
-def collision_probability_mp(distance, sigma, *, dps: int = 50):
+def collision_probability_mp(
+    distance: float | mpmath.mpf, sigma: float | mpmath.mpf, *, dps: int = 50
+) -> mpmath.mpf:
     """The collision probability by mpmath quadrature over the pitch, at ``dps`` digits.
 
     Evaluates ``int_r^inf (1 - r / delta) delta exp(-delta / sigma) / sigma^2 d delta``
@@ -178,7 +181,9 @@ def _to_mpf(name: str, value):
     return out
 
 
-def expected_mask(sigma, query_positions, key_positions, *, causal: bool = False) -> np.ndarray:
+def expected_mask(
+    sigma: ArrayLike, query_positions: ArrayLike, key_positions: ArrayLike, *, causal: bool = False
+) -> np.ndarray:
     """``E[M(h)] = L*``: the kernel matrix ``exp(-|p_i - p_j| / sigma)`` (times the causal mask).
 
     The expectation of one mask equals the kernel matrix exactly because each entry is
@@ -193,7 +198,12 @@ def expected_mask(sigma, query_positions, key_positions, *, causal: bool = False
 
 
 def mask_variance(
-    sigma, query_positions, key_positions, num_samples: int, *, causal: bool = False
+    sigma: ArrayLike,
+    query_positions: ArrayLike,
+    key_positions: ArrayLike,
+    num_samples: int,
+    *,
+    causal: bool = False,
 ) -> np.ndarray:
     """``Var(M~_ij) = L*_ij (1 - L*_ij) / s`` for ``s`` independent samples.
 
@@ -230,7 +240,7 @@ def mask_variance(
 
 
 def relative_frobenius_error_square(
-    sigma, n: int, num_samples: int, *, causal: bool = False
+    sigma: float, n: int, num_samples: int, *, causal: bool = False
 ) -> float:
     """``E||M~ - L*||_F^2 / ||L*||_F^2 = sum L*(1 - L*) / (s sum L*^2)`` (positions ``0..n-1``).
 
@@ -274,7 +284,7 @@ def relative_frobenius_error_square(
 # --------------------------------------------------------------------------------------
 
 
-def expected_mask_square(sigma, positions) -> np.ndarray:
+def expected_mask_square(sigma: float, positions: ArrayLike) -> np.ndarray:
     """``E[M^2]`` for the square mask on ``positions`` (closed form, ``O(n^2)``).
 
     ``(M^2)_ij = 1[i ~ j] |block(i)|``, so ``E[M^2]_ij = sum_k P[i, j, k share a bin]`` and
@@ -332,7 +342,7 @@ def expected_mask_square(sigma, positions) -> np.ndarray:
     return out
 
 
-def expected_error_square(sigma, positions) -> np.ndarray:
+def expected_error_square(sigma: float, positions: ArrayLike) -> np.ndarray:
     """``E[(M - L*)^2] = E[M^2] - L*^2`` for one mask on ``positions``.
 
     Entrywise non-negative and at most ``csch(1 / sigma) L*`` (equality on the infinite
@@ -348,7 +358,7 @@ def expected_error_square(sigma, positions) -> np.ndarray:
     return m2 - lstar @ lstar
 
 
-def variance_proxy(sigma, positions) -> float:
+def variance_proxy(sigma: float, positions: ArrayLike) -> float:
     """The matrix-Bernstein variance proxy ``v = ||E[(M - L*)^2]||_2`` (one sample).
 
     Computed with ``numpy.linalg.eigvalsh`` from :func:`expected_error_square`
@@ -372,7 +382,7 @@ def variance_proxy(sigma, positions) -> float:
     return float(np.max(np.abs(np.linalg.eigvalsh(e2))))
 
 
-def variance_proxy_limit(sigma) -> float:
+def variance_proxy_limit(sigma: float) -> float:
     """``1 / (2 sinh^2(1 / (2 sigma))) = csch(1/sigma) coth(1/(2 sigma))``.
 
     The supremum over ``n`` (and any set of distinct integer positions) of
@@ -413,7 +423,7 @@ def _scalar_or_array(x: np.ndarray):
     return float(x) if x.ndim == 0 else x
 
 
-def block_extent_sf(b, sigma):
+def block_extent_sf(b: ArrayLike, sigma: float) -> float | np.ndarray:
     """``P(R >= b) = rho^b``: tail of the right (or left) extent of the block of a position.
 
     ``R`` is the number of positions to the right of a fixed position in its block
@@ -446,7 +456,7 @@ def block_extent_sf(b, sigma):
     return _scalar_or_array(np.exp(-b / sigma))
 
 
-def block_size_pmf(k, sigma):
+def block_size_pmf(k: ArrayLike, sigma: float) -> float | np.ndarray:
     """``P(K = k) = k (1 - rho)^2 rho^(k-1)``: size of the block containing a fixed position.
 
     ``K = L + R + 1`` with independent geometric extents; the size-biased version of the
@@ -479,7 +489,7 @@ def block_size_pmf(k, sigma):
     return _scalar_or_array(k * one_minus_rho**2 * np.exp(-(k - 1) / sigma))
 
 
-def block_size_sf(k, sigma):
+def block_size_sf(k: ArrayLike, sigma: float) -> float | np.ndarray:
     """``P(K >= k) = rho^(k-1) (k (1 - rho) + rho)`` for the block containing a position.
 
     Arguments, returns and errors as :func:`block_size_pmf`.
@@ -494,7 +504,7 @@ def block_size_sf(k, sigma):
     return _scalar_or_array(np.exp(-(k - 1) / sigma) * (k * -math.expm1(-1.0 / sigma) + rho))
 
 
-def block_size_mean(sigma) -> float:
+def block_size_mean(sigma: float) -> float:
     """``E[K] = (1 + rho) / (1 - rho) = coth(1 / (2 sigma))`` (about ``2 sigma``, not ``3 sigma``).
 
     Raises
@@ -515,7 +525,7 @@ def block_size_mean(sigma) -> float:
 # --------------------------------------------------------------------------------------
 
 
-def pitch_sf(b, sigma):
+def pitch_sf(b: ArrayLike, sigma: float) -> float | np.ndarray:
     """``P(delta > b) = (1 + b / sigma) exp(-b / sigma)`` for ``delta ~ Gamma(2, sigma)``.
 
     Parameters
@@ -546,7 +556,7 @@ def pitch_sf(b, sigma):
     return _scalar_or_array((1.0 + x) * np.exp(-x))
 
 
-def largest_pitch_sf(b, sigma, num_samples: int):
+def largest_pitch_sf(b: ArrayLike, sigma: float, num_samples: int) -> float | np.ndarray:
     """``P(max_t delta_t > b) = 1 - (1 - (1 + b/sigma) e^(-b/sigma))^s`` (independent samples).
 
     Computed as ``-expm1(s log1p(-pitch_sf))`` so that tiny tails keep their digits.
@@ -580,7 +590,7 @@ def largest_pitch_sf(b, sigma, num_samples: int):
     return _scalar_or_array(out)
 
 
-def largest_pitch_cdf(b, sigma, num_samples: int):
+def largest_pitch_cdf(b: ArrayLike, sigma: float, num_samples: int) -> float | np.ndarray:
     """``P(max_t delta_t <= b) = (1 - (1 + b/sigma) e^(-b/sigma))^s`` (``b`` in tokens).
 
     Arguments, shapes and errors as :func:`largest_pitch_sf` (``num_samples < 1``, sigma
@@ -601,7 +611,7 @@ def largest_pitch_cdf(b, sigma, num_samples: int):
     return _scalar_or_array(out)
 
 
-def largest_pitch_quantile(q, sigma, num_samples: int) -> float:
+def largest_pitch_quantile(q: float, sigma: float, num_samples: int) -> float:
     """The ``q``-quantile of the largest of ``s`` independent Gamma(2, sigma) pitches.
 
     Solves ``(1 + x) e^(-x) = t`` with ``t = 1 - q^(1/s)`` and ``x = b / sigma``:
@@ -654,7 +664,9 @@ def _max_extent_tail_sum(sigma: float, s: int, limit: int | None) -> np.ndarray:
     return np.concatenate([[0.0], np.cumsum(terms)])
 
 
-def expected_window_width(sigma, num_samples: int, n: int | None = None, *, causal: bool = False):
+def expected_window_width(
+    sigma: float, num_samples: int, n: int | None = None, *, causal: bool = False
+) -> float | np.ndarray:
     """Expected number of keys with a nonzero count ``C_ij`` for a query (fused window).
 
     The keys with ``C_ij > 0`` are the union of the ``s`` blocks containing the query, an
@@ -703,7 +715,7 @@ def expected_window_width(sigma, num_samples: int, n: int | None = None, *, caus
     return 1.0 + left + right
 
 
-def expected_reduction_width(sigma, num_samples: int) -> float:
+def expected_reduction_width(sigma: float, num_samples: int) -> float:
     """Expected keys per query in the paper's reduction: ``s coth(1 / (2 sigma))``.
 
     Each of the ``s`` block passes attends to the whole block containing the query, whose

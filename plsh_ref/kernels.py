@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Any, cast
 
 import mpmath
 import numpy as np
@@ -130,11 +131,11 @@ class DistanceKernel:
         """``k''(r)``, float64, the shape of ``r`` (``r > 0``)."""
         raise NotImplementedError
 
-    def k_mp(self, r, dps: int = 50) -> mpmath.mpf:
+    def k_mp(self, r: float | mpmath.mpf, dps: int = 50) -> mpmath.mpf:
         """``k(r)`` in mpmath at ``dps`` digits (``r`` an mpf or a number)."""
         raise NotImplementedError
 
-    def d2k_mp(self, r, dps: int = 50) -> mpmath.mpf:
+    def d2k_mp(self, r: float | mpmath.mpf, dps: int = 50) -> mpmath.mpf:
         """``k''(r)`` in mpmath at ``dps`` digits (``r > 0``)."""
         raise NotImplementedError
 
@@ -221,7 +222,7 @@ class DistanceKernel:
         """
         _check_rng(rng)
         u = rng.random(size)
-        return self.pitch_quantile(u, 1.0 - u)
+        return np.asarray(self.pitch_quantile(u, 1.0 - u))
 
     def stratified_pitch(self, uniform: ArrayLike) -> np.ndarray:
         """Stratified pitches ``F^-1((k + U_k) / m)``, ``k = 0..m-1``, from ``U_k`` in ``[0, 1)``.
@@ -330,11 +331,11 @@ class Exponential(DistanceKernel):
     def d2k(self, r: ArrayLike) -> float | np.ndarray:
         return _out(np.exp(-_distance("r", r) / self.sigma) / self.sigma**2)
 
-    def k_mp(self, r, dps: int = 50) -> mpmath.mpf:
+    def k_mp(self, r: float | mpmath.mpf, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             return mpmath.exp(-mpmath.mpf(r) / mpmath.mpf(self.sigma))
 
-    def d2k_mp(self, r, dps: int = 50) -> mpmath.mpf:
+    def d2k_mp(self, r: float | mpmath.mpf, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             sig = mpmath.mpf(self.sigma)
             return mpmath.exp(-mpmath.mpf(r) / sig) / sig**2
@@ -408,11 +409,11 @@ class KerpleLog(DistanceKernel):
         c = self.r1
         return _out(c * (c + 1.0) * self.r2**2 * np.exp(-(c + 2.0) * np.log1p(x)))
 
-    def k_mp(self, r, dps: int = 50) -> mpmath.mpf:
+    def k_mp(self, r: float | mpmath.mpf, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             return (1 + mpmath.mpf(self.r2) * mpmath.mpf(r)) ** (-mpmath.mpf(self.r1))
 
-    def d2k_mp(self, r, dps: int = 50) -> mpmath.mpf:
+    def d2k_mp(self, r: float | mpmath.mpf, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             c, a = mpmath.mpf(self.r1), mpmath.mpf(self.r2)
             return c * (c + 1) * a**2 * (1 + a * mpmath.mpf(r)) ** (-c - 2)
@@ -516,11 +517,11 @@ class KerplePower(DistanceKernel):
             out = self.r1 * self.p * r ** (self.p - 2.0) * np.exp(-y) * (self.p * y + 1.0 - self.p)
         return _out(out)
 
-    def k_mp(self, r, dps: int = 50) -> mpmath.mpf:
+    def k_mp(self, r: float | mpmath.mpf, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             return mpmath.exp(-mpmath.mpf(self.r1) * mpmath.mpf(r) ** mpmath.mpf(self.p))
 
-    def d2k_mp(self, r, dps: int = 50) -> mpmath.mpf:
+    def d2k_mp(self, r: float | mpmath.mpf, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             a, p, r = mpmath.mpf(self.r1), mpmath.mpf(self.p), mpmath.mpf(r)
             y = a * r**p
@@ -608,13 +609,13 @@ class Mixture(DistanceKernel):
     def d2k(self, r: ArrayLike) -> float | np.ndarray:
         return self._mix("d2k", r)
 
-    def k_mp(self, r, dps: int = 50) -> mpmath.mpf:
+    def k_mp(self, r: float | mpmath.mpf, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             return mpmath.fsum(
                 mpmath.mpf(w) * c.k_mp(r, dps) for w, c in zip(self.weights, self.kernels)
             )
 
-    def d2k_mp(self, r, dps: int = 50) -> mpmath.mpf:
+    def d2k_mp(self, r: float | mpmath.mpf, dps: int = 50) -> mpmath.mpf:
         with mpmath.workdps(dps):
             return mpmath.fsum(
                 mpmath.mpf(w) * c.d2k_mp(r, dps) for w, c in zip(self.weights, self.kernels)
@@ -748,7 +749,7 @@ def check_kernels(kernels: object, num_heads: int | None = None, *, name: str = 
     if isinstance(kernels, DistanceKernel) or isinstance(kernels, (str, bytes)):
         raise TypeError(f"{name}: must be a sequence of DistanceKernel, one per head")
     try:
-        out = tuple(kernels)
+        out: tuple[Any, ...] = tuple(cast(Any, kernels))
     except TypeError:
         raise TypeError(
             f"{name}: must be a sequence of DistanceKernel, got {type(kernels).__name__}"

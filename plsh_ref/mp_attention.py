@@ -12,8 +12,12 @@ Source: the definitions of SPEC sections 1 and 3; the identity of
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import mpmath
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .alibi import check_slopes, resolve_batch_positions, resolve_positions
 from .attention import validate_qkv
@@ -23,7 +27,15 @@ from .validation import check_bool, check_dps, check_scale, partition_argument, 
 __all__ = ["alibi_attention_mp", "plsh_attention_mp", "weighted_attention_mp"]
 
 
-def weighted_attention_mp(query, key, value, weight, *, scale=None, dps: int = 30):
+def weighted_attention_mp(
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    weight: ArrayLike | Callable[[int, int, int], Any],
+    *,
+    scale: float | None = None,
+    dps: int = 30,
+) -> tuple[np.ndarray, np.ndarray]:
     """``T_i = sum_j A_ij W_ij v_j / sum_j A_ij W_ij`` and ``lse_i = log sum_j A_ij W_ij``.
 
     Parameters
@@ -131,19 +143,19 @@ def _padded_mp(attend, q, query_positions, key_positions, attention_mask, n_k, d
 
 
 def alibi_attention_mp(
-    query,
-    key,
-    value,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
     *,
-    slopes=None,
+    slopes: ArrayLike | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
     dps: int = 30,
-):
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact ALiBi attention at ``dps`` digits (same arguments as
     :func:`plsh_ref.attention.alibi_attention`, padding included, plus ``dps``).
 
@@ -174,19 +186,19 @@ def alibi_attention_mp(
 
 
 def plsh_attention_mp(
-    query,
-    key,
-    value,
-    *args,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
+    *args: Any,
     partition: PartitionSample | None = None,
     causal: bool = True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
     dps: int = 30,
-):
+) -> tuple[np.ndarray, np.ndarray]:
     """PLSH attention with weights ``M~ = C / s`` at ``dps`` digits (arguments as
     :func:`plsh_ref.attention.plsh_attention`, padding included: ``partition`` keyword-only,
     ``(output, lse)`` with ``return_lse=True``). Counts are exact integers; ``C / s`` is

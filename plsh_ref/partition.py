@@ -15,9 +15,12 @@ the same sample.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .alibi import check_slopes, sigma_from_slopes
 from .validation import (
@@ -83,7 +86,7 @@ class PartitionSample:
     offset: np.ndarray
     sampler: str = "iid"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         # lazy: samplers needs scipy/mpmath, and `import plsh_ref` loads this module
         from .samplers import check_sampler
 
@@ -136,7 +139,7 @@ class PartitionSample:
             raise ValueError(f"stop: must be <= num_samples={self.num_samples}, got {stop}")
         return PartitionSample(self.pitch[:, start:stop], self.offset[:, start:stop], self.sampler)
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, PartitionSample):
             return NotImplemented
         return (
@@ -150,12 +153,12 @@ class PartitionSample:
         extra = "" if self.sampler == "iid" else f", sampler={self.sampler!r}"
         return f"PartitionSample(num_heads={self.num_heads}, num_samples={self.num_samples}{extra})"
 
-    def save(self, path) -> None:
+    def save(self, path: str | os.PathLike[str]) -> None:
         """Write ``pitch``, ``offset`` and ``sampler`` to an ``.npz`` file (bit-exact round trip)."""
         np.savez(path, pitch=self.pitch, offset=self.offset, sampler=np.array(self.sampler))
 
     @classmethod
-    def load(cls, path) -> PartitionSample:
+    def load(cls, path: str | os.PathLike[str]) -> PartitionSample:
         """Read a sample written by :meth:`save` (files without ``sampler`` read as ``"iid"``).
 
         Raises
@@ -189,7 +192,7 @@ def head_rng(seed: int, head: int) -> np.random.Generator:
 
 
 def draw_partition(
-    sigma,
+    sigma: ArrayLike,
     num_samples: int,
     seed: int | None = None,
     *,
@@ -259,6 +262,17 @@ def draw_partition(
     ----------
     Rahimi & Recht (2007), random binning features; Wolfson & Wagner (2026), section 2;
     ``proofs_notes/samplers.md`` (the correlated samplers).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.partition import draw_partition
+    >>> sigma = np.array([4.0, 16.0])
+    >>> partition = draw_partition(sigma, num_samples=8, seed=0)
+    >>> partition.pitch.shape, partition.offset.shape  # (num_heads, num_samples)
+    ((2, 8), (2, 8))
+    >>> partition.heads(1, 2) == draw_partition(sigma[1:], 8, seed=0, head_start=1)
+    True
     """
     from .kernels import PITCH_FLOOR, DistanceKernel, check_kernels
 
@@ -312,9 +326,10 @@ def draw_partition(
     if stratified and kernels is None:  # F^-1 of Gamma(2, sigma) is sigma times that of Gamma(2, 1)
         group_pitch = sig[:, None] * stratified_pitch(uniform, 1.0)
     elif stratified:  # stratified uniforms pushed through each head's pitch quantile
-        for kernel in set(kernels):  # heads with equal kernels in one vectorised call
-            rows = [h for h, c in enumerate(kernels) if c == kernel]
-            group_pitch[rows] = kernel.stratified_pitch(uniform[rows])
+        head_kernels = cast(tuple, kernels)  # (not None on this branch)
+        for kernel in set(head_kernels):  # heads with equal kernels in one vectorised call
+            heads = [h for h, c in enumerate(head_kernels) if c == kernel]
+            group_pitch[heads] = kernel.stratified_pitch(uniform[heads])
         group_pitch = np.maximum(group_pitch, PITCH_FLOOR)
     grid = (phase[:, :, None] + np.arange(group)[None, None, :] / group) % 1.0
     group_offset = group_pitch[:, :, None] * grid
@@ -325,7 +340,11 @@ def draw_partition(
 
 
 def check_partition(
-    partition, num_heads: int | None = None, *, num_samples=None, seed=None
+    partition: Any,
+    num_heads: int | None = None,
+    *,
+    num_samples: int | None = None,
+    seed: int | None = None,
 ) -> PartitionSample:
     """Return ``partition`` if it is a :class:`PartitionSample` that fits the call, else raise.
 
@@ -366,7 +385,12 @@ def check_partition(
 
 
 def resolve_partition(
-    partition=None, *, num_heads: int, slopes=None, num_samples=None, seed=None
+    partition: PartitionSample | None = None,
+    *,
+    num_heads: int,
+    slopes: ArrayLike | None = None,
+    num_samples: int | None = None,
+    seed: int | None = None,
 ) -> PartitionSample:
     """The partition of a call of the attention family: ``partition``, or a fresh draw.
 
@@ -411,7 +435,7 @@ def resolve_partition(
     return draw_partition(sigma, s, seed)
 
 
-def bins(partition: PartitionSample, positions) -> np.ndarray:
+def bins(partition: PartitionSample, positions: ArrayLike) -> np.ndarray:
     """Bin index ``floor((p - offset) / pitch)`` of every position under every hash.
 
     The subtraction and the division are the correctly rounded binary64 operations of
@@ -453,7 +477,9 @@ def bins(partition: PartitionSample, positions) -> np.ndarray:
     return quotient.astype(np.int64)
 
 
-def blocks(partition: PartitionSample, positions, head: int, sample: int) -> list[np.ndarray]:
+def blocks(
+    partition: PartitionSample, positions: ArrayLike, head: int, sample: int
+) -> list[np.ndarray]:
     """The blocks of hash ``(head, sample)``: index arrays into ``positions``, one per bin.
 
     Blocks are listed in increasing bin order; for sorted positions each block is a
@@ -485,7 +511,7 @@ def blocks(partition: PartitionSample, positions, head: int, sample: int) -> lis
     return np.split(order, starts[1:]) if b.size else []
 
 
-def block_sizes(partition: PartitionSample, positions) -> list[list[np.ndarray]]:
+def block_sizes(partition: PartitionSample, positions: ArrayLike) -> list[list[np.ndarray]]:
     """Sizes of the blocks of every hash, ``sizes[h][t]`` (int64, in bin order).
 
     The nonzero spectrum of one mask ``M(h)`` is exactly this list (each all-ones block of
@@ -505,7 +531,11 @@ def block_sizes(partition: PartitionSample, positions) -> list[list[np.ndarray]]
 
 
 def masks(
-    partition: PartitionSample, query_positions, key_positions, *, causal: bool = False
+    partition: PartitionSample,
+    query_positions: ArrayLike,
+    key_positions: ArrayLike,
+    *,
+    causal: bool = False,
 ) -> np.ndarray:
     """All masks ``M(h_t)_ij = 1[bin_t(p_i) = bin_t(p_j)]`` (and ``p_j <= p_i`` if causal).
 
@@ -535,7 +565,11 @@ def masks(
 
 
 def counts(
-    partition: PartitionSample, query_positions, key_positions, *, causal: bool = False
+    partition: PartitionSample,
+    query_positions: ArrayLike,
+    key_positions: ArrayLike,
+    *,
+    causal: bool = False,
 ) -> np.ndarray:
     """Collision counts ``C[h, i, j] = #{t : bin_t(p_i) = bin_t(p_j)}`` (0..s).
 
@@ -563,6 +597,19 @@ def counts(
     References
     ----------
     SPEC sections 2-3 (``C = s M~``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.partition import counts, draw_partition
+    >>> partition = draw_partition(np.array([4.0]), num_samples=8, seed=0)
+    >>> c = counts(partition, np.arange(5), np.arange(5), causal=True)
+    >>> c.shape  # (num_heads, n_q, n_k)
+    (1, 5, 5)
+    >>> bool((np.diag(c[0]) == 8).all())  # a position shares its bin with itself in every sample
+    True
+    >>> int(c[0, 0, 4])  # causal: no later key
+    0
     """
     causal = check_bool("causal", causal)
     qpos = as_positions("query_positions", query_positions)
@@ -577,7 +624,7 @@ def counts(
     return out
 
 
-def count_bias(counts, num_samples: int) -> np.ndarray:
+def count_bias(counts: ArrayLike, num_samples: int) -> np.ndarray:
     """The additive bias of PLSH attention, ``log(C / s) = log M~`` (``-inf`` where ``C = 0``).
 
     PLSH attention is ``softmax(scale q k^T + count_bias(C, s)) v`` (SPEC section 3 (b));
@@ -619,7 +666,11 @@ def count_bias(counts, num_samples: int) -> np.ndarray:
 
 
 def empirical_mean(
-    partition: PartitionSample, query_positions, key_positions, *, causal: bool = False
+    partition: PartitionSample,
+    query_positions: ArrayLike,
+    key_positions: ArrayLike,
+    *,
+    causal: bool = False,
 ) -> np.ndarray:
     """Empirical mean ``M~ = (1/s) sum_t M(h_t)``, float64, shape ``(num_heads, n_q, n_k)``.
 
@@ -661,6 +712,6 @@ def derived_seed(seed: int, *keys: int) -> int:
         If ``seed`` or a key is not an integer ``>= 0``.
     """
     seed = check_int("seed", seed, minimum=0)
-    keys = [check_int("keys", k, minimum=0) for k in keys]
-    state = np.random.SeedSequence([seed, *keys]).generate_state(1, np.uint64)[0]
+    key_ints = [check_int("keys", k, minimum=0) for k in keys]
+    state = np.random.SeedSequence([seed, *key_ints]).generate_state(1, np.uint64)[0]
     return int(state >> np.uint64(1))

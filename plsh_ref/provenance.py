@@ -53,7 +53,7 @@ def dependency_versions() -> dict:
         ``{"python": "3.11.7", "numpy": "2.4.6", ...}``: the module's ``__version__``,
         else its distribution's metadata version, else ``None``.
     """
-    versions = {"python": platform.python_version()}
+    versions: dict[str, str | None] = {"python": platform.python_version()}
     for module_name, distribution in DEPENDENCIES.items():
         module = sys.modules.get(module_name)
         if module is None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy.special import gammainccinv, gammaincinv
 
 from .expectation import expected_window_width, largest_pitch_quantile, largest_pitch_sf
@@ -64,7 +65,7 @@ SAMPLERS = ("iid", "stratified", "shared")
 # --------------------------------------------------------------------------------------
 
 
-def check_sampler(sampler) -> str:
+def check_sampler(sampler: object) -> str:
     """Return ``sampler`` if it is one of :data:`SAMPLERS`, else raise.
 
     Raises
@@ -116,7 +117,7 @@ def default_group_size(num_samples: int) -> int:
     return min(divisors, key=lambda d: (abs(math.log(d / target)), d))
 
 
-def resolve_group_size(sampler: str, num_samples: int, group_size=None) -> int:
+def resolve_group_size(sampler: str, num_samples: int, group_size: int | None = None) -> int:
     """The group size ``s'`` of ``sampler`` for ``s`` samples (validated).
 
     ``"iid"`` has ``s' = 1`` (``group_size`` must be ``None`` or 1); ``"stratified"`` and
@@ -152,7 +153,7 @@ def resolve_group_size(sampler: str, num_samples: int, group_size=None) -> int:
 # --------------------------------------------------------------------------------------
 
 
-def gamma2_quantile(lower, upper, sigma) -> np.ndarray:
+def gamma2_quantile(lower: ArrayLike, upper: ArrayLike, sigma: float) -> np.ndarray:
     """``F^-1`` of Gamma(2, sigma) at probability ``lower = 1 - upper``, accurate in both tails.
 
     Both complementary probabilities are passed so that neither is formed by a
@@ -189,7 +190,7 @@ def gamma2_quantile(lower, upper, sigma) -> np.ndarray:
     return sigma * np.where(lo < 0.5, gammaincinv(2.0, lo), gammainccinv(2.0, up))
 
 
-def stratum_edges(sigma, num_groups: int) -> np.ndarray:
+def stratum_edges(sigma: float, num_groups: int) -> np.ndarray:
     """Edges ``q_k = F^-1(k / m)``, ``k = 0..m``, of the ``m`` equal-probability strata.
 
     Returns
@@ -207,7 +208,7 @@ def stratum_edges(sigma, num_groups: int) -> np.ndarray:
     return gamma2_quantile(k / m, (m - k) / m, sigma)
 
 
-def stratified_pitch(uniform, sigma) -> np.ndarray:
+def stratified_pitch(uniform: ArrayLike, sigma: float) -> np.ndarray:
     """Stratified pitches ``delta_k = F^-1((k + U_k) / m)`` from ``U_k`` in ``[0, 1)``.
 
     A ``U_0 = 0`` (probability ``2^-53``) would give the pitch 0; it is replaced by
@@ -289,7 +290,14 @@ def _group_moments(distance, sampler, sigma, num_samples, group_size):
     return sampler, m, lk, second
 
 
-def entry_variance(distance, sigma, num_samples: int, *, sampler="iid", group_size=None):
+def entry_variance(
+    distance: ArrayLike,
+    sigma: float,
+    num_samples: int,
+    *,
+    sampler: str = "iid",
+    group_size: int | None = None,
+) -> float | np.ndarray:
     """Exact ``Var(M~_ij)`` for two positions at ``distance`` under ``sampler``.
 
     ``"iid"``: ``L (1 - L) / s`` with ``L = exp(-r / sigma)``. ``"stratified"``:
@@ -329,7 +337,14 @@ def entry_variance(distance, sigma, num_samples: int, *, sampler="iid", group_si
     return within + between
 
 
-def variance_split(distance, sigma, num_samples: int, *, sampler="iid", group_size=None):
+def variance_split(
+    distance: ArrayLike,
+    sigma: float,
+    num_samples: int,
+    *,
+    sampler: str = "iid",
+    group_size: int | None = None,
+) -> tuple[float | np.ndarray, float | np.ndarray]:
     """``Var(M~_ij) = within + between``: the within-pitch and the between-pitch parts.
 
     ``within = (1/m^2) sum_k E_k[Var(A_k | delta_k)]`` (offsets given the pitch) and
@@ -414,7 +429,13 @@ def _stratum_mass(lo, hi, sigma):
 
 
 def frobenius_error_square(
-    sigma, n: int, num_samples: int, *, sampler="iid", group_size=None, causal: bool = False
+    sigma: float,
+    n: int,
+    num_samples: int,
+    *,
+    sampler: str = "iid",
+    group_size: int | None = None,
+    causal: bool = False,
 ) -> float:
     """Exact ``E||M~ - L*||_F^2`` for one head on positions ``0..n-1``.
 
@@ -458,7 +479,7 @@ def frobenius_error_square(
     return float(np.sum((1 if causal else 2) * (n - r) * var))
 
 
-def optimal_group_size(sigma, n: int, num_samples: int, *, causal: bool = False) -> int:
+def optimal_group_size(sigma: float, n: int, num_samples: int, *, causal: bool = False) -> int:
     """The divisor ``s'`` of ``s`` minimising the stratified :func:`frobenius_error_square`.
 
     Returns
@@ -488,7 +509,14 @@ def optimal_group_size(sigma, n: int, num_samples: int, *, causal: bool = False)
 # --------------------------------------------------------------------------------------
 
 
-def largest_pitch_sf_of(b, sigma, num_samples: int, *, sampler="iid", group_size=None):
+def largest_pitch_sf_of(
+    b: ArrayLike,
+    sigma: float,
+    num_samples: int,
+    *,
+    sampler: str = "iid",
+    group_size: int | None = None,
+) -> float | np.ndarray:
     """``P(max_t delta_t > b)`` for the ``s`` pitches of one head under ``sampler``.
 
     ``"iid"``: :func:`plsh_ref.expectation.largest_pitch_sf`. ``"shared"``: the same with
@@ -527,7 +555,9 @@ def largest_pitch_sf_of(b, sigma, num_samples: int, *, sampler="iid", group_size
     return float(out) if np.ndim(out) == 0 else out
 
 
-def largest_pitch_quantile_of(q, sigma, num_samples: int, *, sampler="iid", group_size=None):
+def largest_pitch_quantile_of(
+    q: float, sigma: float, num_samples: int, *, sampler: str = "iid", group_size: int | None = None
+) -> float:
     """The ``q``-quantile of the largest pitch under ``sampler`` (tokens).
 
     ``"stratified"``: ``F^-1(1 - (1 - q)/m)``, i.e. ``sigma gammainccinv(2, (1 - q)/m)``.
@@ -579,14 +609,14 @@ def _no_reach(r, sampler, sigma, num_samples, group_size):
 
 
 def window_width(
-    sigma,
+    sigma: float,
     num_samples: int,
     n: int | None = None,
     *,
-    sampler="iid",
-    group_size=None,
+    sampler: str = "iid",
+    group_size: int | None = None,
     causal: bool = False,
-):
+) -> float | np.ndarray:
     """Expected fused window per query: keys with ``C_ij > 0``, under ``sampler``.
 
     The window is the union of the ``s`` blocks containing the query, an interval of

@@ -24,6 +24,7 @@ import math
 
 import mpmath
 import numpy as np
+from numpy.typing import ArrayLike
 
 from .partition import PartitionSample, block_sizes
 from .validation import as_float_array, check_dps, check_int, check_positive_float
@@ -49,7 +50,7 @@ def _check(n, sigma) -> tuple[int, float]:
     return check_int("n", n, minimum=1), check_positive_float("sigma", sigma)
 
 
-def kms_symbol(theta, sigma):
+def kms_symbol(theta: ArrayLike, sigma: float) -> float | np.ndarray:
     """The symbol ``f(theta) = sum_k rho^|k| e^(i k theta) = (1 - rho^2) / (1 - 2 rho cos theta + rho^2)``.
 
     Parameters
@@ -82,7 +83,7 @@ def kms_symbol(theta, sigma):
     return float(out) if out.ndim == 0 else out
 
 
-def kms_symbol_bounds(sigma) -> tuple[float, float]:
+def kms_symbol_bounds(sigma: float) -> tuple[float, float]:
     """``(min f, max f) = ((1 - rho)/(1 + rho), (1 + rho)/(1 - rho)) = (tanh(1/(2 sigma)), coth(1/(2 sigma)))``.
 
     Every eigenvalue of ``L*`` (any ``n``) lies strictly inside this interval.
@@ -101,7 +102,7 @@ def kms_symbol_bounds(sigma) -> tuple[float, float]:
     return t, 1.0 / t
 
 
-def kms_spectral_norm_limit(sigma) -> float:
+def kms_spectral_norm_limit(sigma: float) -> float:
     """``lim_n ||L*_n||_2 = f(0) = coth(1 / (2 sigma))``; the norms increase to it with ``n``.
 
     Raises
@@ -116,7 +117,7 @@ def kms_spectral_norm_limit(sigma) -> float:
     return kms_symbol_bounds(sigma)[1]
 
 
-def kms_secular(theta, n: int, sigma):
+def kms_secular(theta: ArrayLike, n: int, sigma: float) -> float | np.ndarray:
     """The secular function ``g(theta) = sin((n+1)t) - 2 rho sin(n t) + rho^2 sin((n-1)t)``.
 
     Its roots in ``(0, pi)`` are the angles of the eigenvalues of ``L*`` (float64).
@@ -161,7 +162,7 @@ def _brackets(n: int):
     return (k - 1) * np.pi / n, k * np.pi / (n + 1)
 
 
-def kms_angles(n: int, sigma) -> np.ndarray:
+def kms_angles(n: int, sigma: float) -> np.ndarray:
     """The angles ``theta_1 < ... < theta_n`` of the KMS eigenvalues, in float64.
 
     Bisection on all ``n`` interlacing brackets ``[(k-1) pi/n, k pi/(n+1)]`` at once,
@@ -206,7 +207,7 @@ def kms_angles(n: int, sigma) -> np.ndarray:
     return 0.5 * (lo + hi)
 
 
-def kms_eigenvalues(n: int, sigma) -> np.ndarray:
+def kms_eigenvalues(n: int, sigma: float) -> np.ndarray:
     """Eigenvalues of ``L*`` (``n x n`` KMS matrix), float64, in decreasing order.
 
     ``f(theta_k)`` for the angles of :func:`kms_angles`. Agrees with
@@ -233,7 +234,7 @@ def kms_eigenvalues(n: int, sigma) -> np.ndarray:
     ----------
     Kac, Murdock & Szego (1953); ``proofs_notes/kms_spectrum.md``.
     """
-    return kms_symbol(kms_angles(n, sigma), sigma)
+    return np.asarray(kms_symbol(kms_angles(n, sigma), sigma))
 
 
 def _secular_mp(theta, n: int, rho, one_minus_rho):
@@ -244,7 +245,7 @@ def _secular_mp(theta, n: int, rho, one_minus_rho):
     )
 
 
-def kms_angles_mp(n: int, sigma, *, dps: int = 50) -> list:
+def kms_angles_mp(n: int, sigma: float | mpmath.mpf, *, dps: int = 50) -> list:
     """The KMS angles at ``dps`` decimal digits (mpmath), increasing.
 
     Each root is found by the Anderson-Bjorck bracketing method (``mpmath.findroot``,
@@ -304,7 +305,7 @@ def kms_angles_mp(n: int, sigma, *, dps: int = 50) -> list:
         return [+t for t in out]
 
 
-def kms_eigenvalues_mp(n: int, sigma, *, dps: int = 50) -> list:
+def kms_eigenvalues_mp(n: int, sigma: float | mpmath.mpf, *, dps: int = 50) -> list:
     """Eigenvalues ``f(theta_k)`` of ``L*`` at ``dps`` digits, decreasing (mpmath).
 
     Arguments and errors as :func:`kms_angles_mp`; returns a list of ``mpmath.mpf``.
@@ -323,7 +324,7 @@ def kms_eigenvalues_mp(n: int, sigma, *, dps: int = 50) -> list:
         return [+v for v in vals]
 
 
-def kms_eigenvectors(n: int, sigma) -> tuple[np.ndarray, np.ndarray]:
+def kms_eigenvectors(n: int, sigma: float) -> tuple[np.ndarray, np.ndarray]:
     """Eigenpairs of ``L*``: ``x_j = sin(j theta_k) - rho sin((j-1) theta_k)``, normalised.
 
     Parameters
@@ -354,10 +355,10 @@ def kms_eigenvectors(n: int, sigma) -> tuple[np.ndarray, np.ndarray]:
     j = np.arange(1, n + 1, dtype=np.float64)[:, None]
     vec = np.sin(j * theta[None, :]) - rho * np.sin((j - 1) * theta[None, :])
     vec /= np.linalg.norm(vec, axis=0, keepdims=True)
-    return kms_symbol(theta, sigma), vec
+    return np.asarray(kms_symbol(theta, sigma)), vec
 
 
-def kms_inverse(n: int, sigma) -> np.ndarray:
+def kms_inverse(n: int, sigma: float) -> np.ndarray:
     """``L*^-1 = tridiag(-rho, 1 + rho^2, -rho) / (1 - rho^2)`` with corner diagonal entries ``1/(1 - rho^2)``.
 
     Parameters
@@ -396,7 +397,7 @@ def kms_inverse(n: int, sigma) -> np.ndarray:
     return out / one_minus_rho2
 
 
-def kms_log_determinant(n: int, sigma) -> float:
+def kms_log_determinant(n: int, sigma: float) -> float:
     """``log det L* = (n - 1) log(1 - rho^2)`` (natural log; never underflows).
 
     Raises
@@ -412,7 +413,7 @@ def kms_log_determinant(n: int, sigma) -> float:
     return (n - 1) * math.log(-math.expm1(-2.0 / sigma))
 
 
-def kms_determinant(n: int, sigma) -> float:
+def kms_determinant(n: int, sigma: float) -> float:
     """``det L* = (1 - rho^2)^(n-1)``, ``rho = exp(-1/sigma)`` (float).
 
     May underflow to 0 for large ``n``; see :func:`kms_log_determinant`, whose arguments
@@ -426,7 +427,7 @@ def kms_determinant(n: int, sigma) -> float:
 
 
 def mask_spectrum(
-    partition: PartitionSample, positions, head: int = 0, sample: int = 0
+    partition: PartitionSample, positions: ArrayLike, head: int = 0, sample: int = 0
 ) -> np.ndarray:
     """Eigenvalues of one mask ``M(h)`` (bidirectional, square on ``positions``).
 

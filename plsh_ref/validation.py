@@ -22,6 +22,7 @@ import importlib
 import math
 import numbers
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,9 @@ __all__ = [
 ]
 
 
-def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
+def check_int(
+    name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     """Return ``value`` as a Python ``int`` or raise.
 
     Raises
@@ -64,7 +67,7 @@ def check_int(name: str, value, *, minimum: int | None = None, maximum: int | No
     return value
 
 
-def check_bool(name: str, value) -> bool:
+def check_bool(name: str, value: Any) -> bool:
     """Return ``value`` as a ``bool`` or raise ``TypeError`` (only ``bool``/``numpy.bool_``).
 
     Flags such as ``causal`` are never coerced from strings, numbers or ``None``: a typo like
@@ -75,7 +78,7 @@ def check_bool(name: str, value) -> bool:
     return bool(value)
 
 
-def check_positive_float(name: str, value, *, allow_zero: bool = False) -> float:
+def check_positive_float(name: str, value: Any, *, allow_zero: bool = False) -> float:
     """Return ``value`` as a finite positive ``float`` or raise ``TypeError``/``ValueError``.
 
     ``allow_zero=True`` also accepts ``0`` (a finite, non-negative value).
@@ -91,7 +94,7 @@ def check_positive_float(name: str, value, *, allow_zero: bool = False) -> float
     return value
 
 
-def check_probability(name: str, value) -> float:
+def check_probability(name: str, value: Any) -> float:
     """Return ``value`` as a float in the open interval (0, 1) or raise."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: must be a real number, got {type(value).__name__} {value!r}")
@@ -112,7 +115,7 @@ def _tensor_to_numpy(name: str, tensor) -> np.ndarray:
 
 
 def as_float_array(
-    name: str, value, *, ndim: int | tuple[int, ...] | None = None, finite: bool = True
+    name: str, value: Any, *, ndim: int | tuple[int, ...] | None = None, finite: bool = True
 ) -> np.ndarray:
     """Convert ``value`` to a float64 numpy array and check its rank and finiteness.
 
@@ -154,7 +157,7 @@ def as_float_array(
     return arr
 
 
-def check_sigma(name: str, value) -> np.ndarray:
+def check_sigma(name: str, value: Any) -> np.ndarray:
     """Return ``value`` as a float64 array of length scales (tokens), each finite and > 0.
 
     Accepts a scalar (returned with shape ``()``) or an array of any shape.
@@ -165,7 +168,7 @@ def check_sigma(name: str, value) -> np.ndarray:
     return arr
 
 
-def as_positions(name: str, value, *, length: int | None = None) -> np.ndarray:
+def as_positions(name: str, value: Any, *, length: int | None = None) -> np.ndarray:
     """Return integer token positions as a 1-D int64 array or raise.
 
     Float arrays are accepted only when every entry is integral (e.g. ``3.0``); the
@@ -209,7 +212,7 @@ MAX_DPS = 10_000
 MAX_NUM_SAMPLES = 500_000
 
 
-def check_num_samples(num_samples, name: str = "num_samples") -> int:
+def check_num_samples(num_samples: Any, name: str = "num_samples") -> int:
     """Return the number of partition samples as an ``int`` in ``[1, MAX_NUM_SAMPLES]``.
 
     Raises
@@ -222,7 +225,7 @@ def check_num_samples(num_samples, name: str = "num_samples") -> int:
     return check_int(name, num_samples, minimum=1, maximum=MAX_NUM_SAMPLES)
 
 
-def check_dps(dps) -> int:
+def check_dps(dps: Any) -> int:
     """Return the mpmath working precision ``dps`` (decimal digits) or raise.
 
     Raises
@@ -236,7 +239,7 @@ def check_dps(dps) -> int:
     return check_int("dps", dps, minimum=15, maximum=MAX_DPS)
 
 
-def check_scale(scale, head_dim: int) -> float:
+def check_scale(scale: Any, head_dim: int) -> float:
     """The logit scale: ``1 / sqrt(head_dim)`` for ``None``, else ``scale`` checked.
 
     The single definition of the default scale (that of
@@ -283,7 +286,7 @@ def warn_deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
     )
 
 
-def select_return(result: tuple, return_lse: bool | None, function: str):
+def select_return(result: tuple, return_lse: bool | None, function: str) -> Any:
     """``output`` or ``(output, lse)`` by ``return_lse`` (the family's return convention).
 
     SPEC section 5: ``out``, or ``(out, lse)`` with ``return_lse=True``. The float64
@@ -315,7 +318,9 @@ def select_return(result: tuple, return_lse: bool | None, function: str):
     return result if check_bool("return_lse", return_lse) else result[0]
 
 
-def partition_argument(args: tuple, partition, return_lse: bool | None, function: str):
+def partition_argument(
+    args: tuple, partition: Any, return_lse: bool | None, function: str
+) -> tuple[Any, bool | None]:
     """The ``partition`` of a reference call, keyword-only with the old positional form shimmed.
 
     ``function(query, key, value, partition)`` (positional, the old form) still works for
@@ -365,7 +370,7 @@ _MOVED = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """Deprecated names moved out of this module (PEP 562; one release).
 
     They are looked up at attribute access, after the package has loaded (``plsh_ref``

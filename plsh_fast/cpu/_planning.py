@@ -24,6 +24,7 @@ from . import _chunks as chunks
 from . import _plan_cache as plan_cache
 from . import _pool as pool
 from . import _settings as settings
+from ._chunks import Chunk
 from ._ranges import block_ranges, clip
 from ._rows import pad_last
 
@@ -113,7 +114,7 @@ class Plan:
             for spec in self.head_specs(h):
                 yield self.build(spec)
 
-    def build(self, spec) -> chunks.Chunk:
+    def build(self, spec) -> Chunk:
         """The chunk (indices and bias) of one work item of :meth:`head_specs`.
 
         Built once and kept when the plan keeps its chunks (``PLAN_CACHE_BYTES``) and

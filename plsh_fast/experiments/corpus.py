@@ -118,8 +118,8 @@ def load_corpus(
     val_fraction = check_probability("val_fraction", val_fraction)
     if max_bytes is not None:
         max_bytes = check_int("max_bytes", max_bytes, minimum=1)
-    parts = {"train": [], "val": []}
-    names = {"train": [], "val": []}
+    parts: dict[str, list[bytes]] = {"train": [], "val": []}
+    names: dict[str, list[str]] = {"train": [], "val": []}
     sizes = {"train": 0, "val": 0}
     for rel in list_files(root, suffix):
         split = "val" if is_validation(rel, val_fraction) else "train"

@@ -18,6 +18,8 @@ identical initial weights across variants.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -110,7 +112,7 @@ class FixedBlockAttention(_MaskAttention):
     causal : bool
     """
 
-    def __init__(self, num_heads: int, block_sizes, causal: bool = True):
+    def __init__(self, num_heads: int, block_sizes: Sequence[int], causal: bool = True) -> None:
         super().__init__(num_heads, causal)
         sizes = [check_int("block_sizes", b, minimum=1) for b in block_sizes]
         if len(sizes) != self.num_heads:
@@ -131,7 +133,7 @@ def make_attention(
     *,
     seed: int,
     backend: str = "auto",
-    block_sizes=None,
+    block_sizes: Sequence[int] | None = None,
     resample: str = "every_forward",
     sampler: str = "iid",
 ) -> nn.Module:
@@ -140,6 +142,7 @@ def make_attention(
     if kind == "alibi":
         return PLSHAttention(num_heads, 1, method="exact", seed=seed)
     if kind == "plsh":
+        assert s is not None  # "plsh-S" always names S
         return PLSHAttention(
             num_heads, s, seed=seed, backend=backend, resample=resample, sampler=sampler
         )
@@ -203,10 +206,10 @@ class ByteLM(nn.Module):
         mlp_ratio: int = 4,
         seed: int = 0,
         backend: str = "auto",
-        block_sizes=None,
+        block_sizes: Sequence[int] | None = None,
         resample: str = "every_forward",
         sampler: str = "iid",
-    ):
+    ) -> None:
         super().__init__()
         parse_variant(variant)
         self.variant = variant
@@ -232,14 +235,15 @@ class ByteLM(nn.Module):
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)
+                if bias is not None:
+                    nn.init.zeros_(bias)
 
     def attention_cores(self) -> list[nn.Module]:
         """The attention core of every layer."""
-        return [block.attn.attention for block in self.blocks]
+        return [cast(Any, block).attn.attention for block in self.blocks]
 
-    def forward(self, tokens):
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Next-byte logits ``(batch, seq_len, 256)`` for int64 ``tokens (batch, seq_len)``."""
         x = self.embed(tokens)
         for block in self.blocks:

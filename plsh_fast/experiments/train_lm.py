@@ -37,6 +37,8 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -54,6 +56,11 @@ from plsh_ref.experiments.options import (
     output_folder,
 )
 from plsh_ref.provenance import run_metadata
+
+if TYPE_CHECKING:  # torch is imported only when a run starts (`plsh train-lm --help` needs none)
+    from torch import nn
+
+    from .corpus import Corpus
 
 #: what the command needs beyond plsh_ref (checked by the ``plsh`` dispatcher)
 REQUIRES = ("torch",)
@@ -179,13 +186,14 @@ def _output_folder(text: str) -> str:
     return str(output_folder(text))
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh train-lm`` on an ``argparse`` parser.
 
     Shared spellings (``--out``, ``--seed``, ``--quiet``) follow
     :mod:`plsh_ref.experiments.options`; the old ones in :data:`DEPRECATED` still work.
     """
     for flag, dest, typ, default, text in _OPTIONS:
+        kw: dict[str, Any]
         if dest == "seeds":
             kw = dict(action=JoinedValues, element=int, minimum=0, metavar="SEED")
         elif dest == "variants":
@@ -220,7 +228,7 @@ def add_arguments(parser) -> None:
         action="store_false",
         help="skip evaluating PLSH-trained models with exact ALiBi",
     )
-    quiet = dict(dest="progress", action=StoreConst, const=False, default=True)
+    quiet: dict[str, Any] = dict(dest="progress", action=StoreConst, const=False, default=True)
     parser.add_argument(
         "--quiet",
         help="no progress bars and no commentary: results and the output path only",
@@ -229,7 +237,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--no-progress", replacement="--quiet", help=argparse.SUPPRESS, **quiet)
 
 
-def command_line(args) -> str:
+def command_line(args: argparse.Namespace) -> str:
     """The full ``plsh train-lm`` command (every option spelled out) that reproduces ``args``."""
     parts = ["plsh", "train-lm"]
     for flag, dest, _, _, _ in _OPTIONS:
@@ -359,7 +367,7 @@ def _largest(args, names, factors=None) -> tuple[str, object]:
     if factors is not None:
         ratios["--eval-lengths"] = factors[-1] / 4
         values["--eval-lengths"] = args.eval_lengths
-    option = max(ratios, key=ratios.get)
+    option = max(ratios, key=lambda o: ratios[o])
     return option, values[option]
 
 
@@ -400,7 +408,7 @@ def _windows(stream: np.ndarray, starts: np.ndarray, length: int):
 
 
 def evaluate(
-    model, stream: np.ndarray, length: int, num_tokens: int, batch_tokens: int = 16384
+    model: nn.Module, stream: np.ndarray, length: int, num_tokens: int, batch_tokens: int = 16384
 ) -> float:
     """Mean next-byte cross-entropy (nats) over non-overlapping windows of ``length``.
 
@@ -432,14 +440,20 @@ def _metrics(loss: float) -> dict:
     return {"loss_nats": loss, "bits_per_byte": loss / math.log(2.0), "perplexity": math.exp(loss)}
 
 
-def batch_order(corpus, args, seed: int) -> np.ndarray:
+def batch_order(corpus: Corpus, args: argparse.Namespace, seed: int) -> np.ndarray:
     """Start offsets ``(steps, batch_size)`` of the training windows for ``seed``."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     return rng.integers(0, corpus.train.size - args.seq_len - 1, size=(args.steps, args.batch_size))
 
 
 def train_variant(
-    variant: str, seed: int, corpus, args, batch_starts: np.ndarray, factors, block_sizes
+    variant: str,
+    seed: int,
+    corpus: Corpus,
+    args: argparse.Namespace,
+    batch_starts: np.ndarray,
+    factors: Sequence[int],
+    block_sizes: Sequence[int],
 ) -> dict:
     """Train one variant from the init of ``seed`` on ``batch_starts``; evaluate it."""
     import torch
@@ -494,7 +508,7 @@ def train_variant(
             bar.set_postfix(bpb=f"{losses[-1] / math.log(2):.3f}")
     bar.close()
     train_s = time.perf_counter() - t0
-    result = {
+    result: dict[str, Any] = {
         "variant": variant,
         "seed": seed,
         "train_loss": losses,
@@ -506,7 +520,7 @@ def train_variant(
             evaluate(model, corpus.val, f * args.seq_len, args.eval_tokens)
         )
     if parse_variant(variant)[0] == "plsh" and args.eval_exact:
-        cores = model.attention_cores()
+        cores: list[Any] = model.attention_cores()  # PLSHAttention cores (a plsh variant)
         for core in cores:
             core.exact = True
         result["eval_exact_alibi"] = {
@@ -519,14 +533,15 @@ def train_variant(
     return result
 
 
-def summarize(results: list[dict], factors) -> list[dict]:
+def summarize(results: list[dict], factors: Sequence[int]) -> list[dict]:
     """Rows of the table, one per variant (and per PLSH variant evaluated with exact ALiBi).
 
     Per evaluation length: mean and sample sd over seeds of the loss (as bits per byte and
     perplexity of the mean loss) and, when ``alibi`` was trained, the difference to
     ``alibi`` paired by seed (same initial weights and batches), mean and sd over seeds.
     """
-    rows, order = {}, []
+    rows: dict[str, Any] = {}
+    order: list[str] = []
     for r in results:
         for key, suffix in (("eval", ""), ("eval_exact_alibi", " (eval: exact ALiBi)")):
             if key not in r:
@@ -544,7 +559,11 @@ def summarize(results: list[dict], factors) -> list[dict]:
 
     out = []
     for name in order:
-        row = {"name": name, "seeds": sorted(rows[name][str(factors[0])]), "lengths": {}}
+        row: dict[str, Any] = {
+            "name": name,
+            "seeds": sorted(rows[name][str(factors[0])]),
+            "lengths": {},
+        }
         for f in factors:
             by_seed = rows[name][str(f)]
             loss = np.asarray([by_seed[k] for k in sorted(by_seed)])
@@ -564,7 +583,7 @@ def _pm(mean: float, sd: float, digits: int = 4, sign: bool = False) -> str:
     return text if math.isnan(sd) else f"{text} ± {sd:.{digits}f}"
 
 
-def markdown_table(rows: list[dict], factors, seq_len: int) -> str:
+def markdown_table(rows: list[dict], factors: Sequence[int], seq_len: int) -> str:
     """Validation bits per byte (mean ± sd over seeds), the paired difference to exact
     ALiBi (when trained) and the perplexity per byte, at each evaluation length."""
     lengths = [f * seq_len for f in factors]
@@ -595,7 +614,7 @@ def _plot(results: list[dict], rows: list[dict], factors, seq_len: int, path: st
 
     has_delta = "delta_bpb_vs_alibi" in rows[0]["lengths"][str(factors[0])]
     fig, axes = plt.subplots(1, 3 if has_delta else 2, figsize=(16 if has_delta else 11, 4.4))
-    curves = {}
+    curves: dict[str, Any] = {}
     for r in results:
         curves.setdefault(r["variant"], []).append(np.asarray(r["train_loss"]))
     colors = {v: f"C{k}" for k, v in enumerate(curves)}
@@ -650,7 +669,7 @@ def _plot(results: list[dict], rows: list[dict], factors, seq_len: int, path: st
     plt.close(fig)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run the experiment described by ``args`` (see :func:`add_arguments`); return 0.
 
     Raises
@@ -714,7 +733,7 @@ def run(args) -> int:
     table = markdown_table(rows, factors, args.seq_len)
     with open(os.path.join(out, "results.json"), "w") as fh:
         json.dump({"meta": meta, "table": rows, "results": results}, fh, indent=1)
-    times = {}
+    times: dict[str, Any] = {}
     for r in results:
         times[r["variant"]] = times.get(r["variant"], 0.0) + r["train_seconds"] / len(seeds)
     times_text = ", ".join(f"{v} {t:.0f} s" for v, t in times.items())

@@ -168,9 +168,10 @@ class TileConfig:
         halves = self.halves(forward=False)
         whole = self.narrow_whole and not (dkdv and self.dkdv_split_d)
         widest = max(head_dim, head_dim_v)
-        return tuple(
+        d_split, dv_split = (
             head_dim_split(d, halves and not (whole and d < widest)) for d in (head_dim, head_dim_v)
         )
+        return d_split, dv_split
 
     def forward_chunks(
         self, head_dim: int, head_dim_v: int, dtype: torch.dtype

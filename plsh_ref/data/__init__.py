@@ -36,6 +36,7 @@ import importlib.resources
 import os
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -207,7 +208,7 @@ def _load(path: Path, layer: int | None) -> dict:
         sel = slice(int(hits[0]), int(hits[0]) + 1)
         query, key, value, layers = query[sel], key[sel], value[sel], layers[sel]
 
-    result = {
+    result: dict[str, Any] = {
         "query": np.ascontiguousarray(query),
         "key": np.ascontiguousarray(key),
         "value": np.ascontiguousarray(value),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 
 from ..bounds import (
     block_size_bound,
@@ -71,7 +72,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def rows(
-    n: int, sigmas, num_samples: int, eps: float, delta: float, spectral_eps: float | None = None
+    n: int,
+    sigmas: Sequence[float],
+    num_samples: int,
+    eps: float,
+    delta: float,
+    spectral_eps: float | None = None,
 ) -> list[dict]:
     """One dict per sigma with every reported number (used by :func:`run` and tests).
 

@@ -34,8 +34,9 @@ import os
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "DEFAULT_MAX_MEMORY_GIB",
@@ -283,7 +284,7 @@ class CreatedFolders:
         The ``--out`` folder; ``None``: the default ``plsh_out/<command>-<time>``.
     """
 
-    def __init__(self, path: str | os.PathLike | None):
+    def __init__(self, path: str | os.PathLike | None) -> None:
         self.root = Path(path) if path else OUT_ROOT
         chain = (self.root, *self.root.parents)
         self.missing = [p for p in chain if str(p) not in ("", ".") and not p.exists()]
@@ -364,7 +365,13 @@ class StoreValue(_Deprecatable):
     depend on their order.
     """
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         self._announce(option_string)
         self._record_spelling(namespace, option_string)
         setattr(namespace, self.dest, values)
@@ -373,10 +380,23 @@ class StoreValue(_Deprecatable):
 class StoreConst(_Deprecatable):
     """A flag storing ``const`` (``store_true``/``store_false`` style), deprecatable."""
 
-    def __init__(self, option_strings, dest, const, default=None, **kwargs):
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        const: Any,
+        default: Any = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(option_strings, dest, nargs=0, const=const, default=default, **kwargs)
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         self._announce(option_string)
         setattr(namespace, self.dest, self.const)
 
@@ -392,14 +412,14 @@ class Values(_Deprecatable):
 
     def __init__(
         self,
-        *args,
-        element=float,
-        minimum=None,
-        maximum=None,
+        *args: Any,
+        element: Callable[[str], Any] = float,
+        minimum: float | None = None,
+        maximum: float | None = None,
         positive: bool = False,
         unique_sorted: bool = False,
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         kwargs.setdefault("nargs", "+")
         self.element = element
         self.minimum = minimum
@@ -408,7 +428,7 @@ class Values(_Deprecatable):
         self.unique_sorted = unique_sorted
         super().__init__(*args, **kwargs)
 
-    def convert(self, tokens) -> list:
+    def convert(self, tokens: Sequence[str]) -> list:
         """The list of converted values of ``tokens`` (each may hold commas)."""
         kind = "integers" if self.element is int else "numbers"
         items = [x for tok in tokens for x in str(tok).split(",")]
@@ -437,7 +457,13 @@ class Values(_Deprecatable):
                 )
         return sorted(set(values)) if self.unique_sorted else values
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         self._announce(option_string)
         self._record_spelling(namespace, option_string)
         setattr(namespace, self.dest, self.convert(values))
@@ -446,13 +472,21 @@ class Values(_Deprecatable):
 class JoinedValues(Values):
     """:class:`Values` stored as one comma-separated string (for string-typed options)."""
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         self._announce(option_string)
         self._record_spelling(namespace, option_string)
         setattr(namespace, self.dest, ",".join(map(str, self.convert(values))))
 
 
-def add_out_option(parser: argparse.ArgumentParser, command: str, *, optional: bool = False):
+def add_out_option(
+    parser: argparse.ArgumentParser, command: str, *, optional: bool = False
+) -> None:
     """``--out DIR`` (dest ``out``, a :class:`~pathlib.Path` or ``None``) and ``--output``.
 
     ``optional=True``: the command writes nothing unless ``--out`` is given.
@@ -514,7 +548,7 @@ def format_bytes(nbytes: float) -> str:
     return f"{int(nbytes)} B"
 
 
-def check_memory(option: str, value, needed_bytes: float, max_memory_gib: float) -> None:
+def check_memory(option: str, value: object, needed_bytes: float, max_memory_gib: float) -> None:
     """Refuse a size whose estimated memory ``needed_bytes`` exceeds ``max_memory_gib``.
 
     Raises
@@ -536,7 +570,9 @@ def check_memory(option: str, value, needed_bytes: float, max_memory_gib: float)
         )
 
 
-def option_message(exc: Exception, names, options=None) -> str:
+def option_message(
+    exc: Exception, names: Collection[str], options: Mapping[str, str] | None = None
+) -> str:
     """The message of ``exc`` with a leading library parameter name turned into its option.
 
     Library functions name their parameter (``"num_samples: must be >= 1"``); a command

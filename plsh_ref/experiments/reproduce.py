@@ -32,10 +32,13 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.linalg
+from numpy.typing import ArrayLike
 
 from ..alibi import alibi_slopes, kernel_matrix, sigma_from_slopes
 from ..attention import alibi_attention, biased_attention, fixed_block_attention, no_bias_attention
@@ -56,6 +59,9 @@ from .options import (
     npz_archive,
     option_message,
 )
+
+if TYPE_CHECKING:
+    from ..kernels import DistanceKernel
 
 __all__ = [
     "HELP",
@@ -84,7 +90,9 @@ NORMS = ("spectral", "max", "frobenius")
 KERNEL_KINDS = ("alibi", "kerple-log", "kerple-power")
 
 
-def kernel_heads(kind: str, sigmas, *, r1: float = 0.7, p: float = 0.5) -> list | None:
+def kernel_heads(
+    kind: str, sigmas: Iterable[float], *, r1: float = 0.7, p: float = 0.5
+) -> list | None:
     """One :mod:`plsh_ref.kernels` kernel per length scale ``sigma`` (``None`` for ALiBi).
 
     ``"alibi"``: ``None`` (the ``sigma`` path of :func:`plsh_ref.partition.draw_partition`,
@@ -156,7 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=1024,
         help="sequence length of the kernel-matrix part (default: 1024)",
     )
-    sigma = dict(dest="sigmas", action=Values, positive=True, maximum=MAX_SIGMA)
+    sigma: dict[str, Any] = dict(dest="sigmas", action=Values, positive=True, maximum=MAX_SIGMA)
     parser.add_argument(
         "--sigma",
         default=[4.0, 16.0, 64.0],
@@ -166,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         **sigma,
     )
     parser.add_argument("--sigmas", replacement="--sigma", help=argparse.SUPPRESS, **sigma)
-    samples = dict(
+    samples: dict[str, Any] = dict(
         dest="samples",
         action=Values,
         element=int,
@@ -313,7 +321,7 @@ def memory_estimate(
     }
 
 
-def fit_loglog_slope(samples, errors) -> float:
+def fit_loglog_slope(samples: ArrayLike, errors: ArrayLike) -> float:
     """Least-squares slope of ``log(error)`` against ``log(s)``.
 
     Parameters
@@ -382,16 +390,16 @@ def _running_counts(partition, checkpoints, qpos, kpos, causal):
 
 def matrix_error_experiment(
     n: int,
-    sigmas,
-    samples,
+    sigmas: Sequence[float],
+    samples: Sequence[int],
     reps: int,
     seed: int,
-    progress=None,
+    progress: Callable[[], object] | None = None,
     *,
     sampler: str = "iid",
-    group_size=None,
-    kernels=None,
-):
+    group_size: int | None = None,
+    kernels: Sequence[DistanceKernel] | None = None,
+) -> dict[str, Any]:
     """Errors ``||M~ - L*||`` (bidirectional, positions ``0..n-1``) vs ``s``.
 
     Parameters
@@ -446,7 +454,7 @@ def matrix_error_experiment(
     kernel = kernel_matrix(sig, pos, pos) if kernels is None else _expected_mask(law, pos, pos)
     kernel_fro = np.linalg.norm(kernel, axis=(1, 2))
     shape = (sig.size, len(samples), reps)
-    errors = {name: np.empty(shape) for name in NORMS}
+    errors: dict[str, Any] = {name: np.empty(shape) for name in NORMS}
     errors["window"] = np.empty(shape)
     for r in range(reps):
         draws = _sampler_counts(law, samples, seed + 1000 * r, pos, pos, False, sampler, group_size)
@@ -507,20 +515,20 @@ def _reference_output(query, key, value, kernels=None):
 
 
 def output_error_experiment(
-    query,
-    key,
-    value,
-    samples,
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    samples: Sequence[int],
     reps: int,
     seed: int,
-    fixed_block_size=None,
-    progress=None,
+    fixed_block_size: int | Sequence[int] | None = None,
+    progress: Callable[[], object] | None = None,
     *,
     sampler: str = "iid",
-    group_size=None,
-    reference=None,
-    kernels=None,
-):
+    group_size: int | None = None,
+    reference: np.ndarray | None = None,
+    kernels: Sequence[DistanceKernel] | None = None,
+) -> dict[str, Any]:
     """Attention output error of PLSH against exact ALiBi (causal, standard slopes) vs ``s``.
 
     Parameters
@@ -579,7 +587,7 @@ def output_error_experiment(
         want = (*np.shape(query)[:3], np.shape(value)[3])
         if ref.shape != want:
             raise ValueError(f"reference: must have shape {want}, got {ref.shape}")
-    result = {
+    result: dict[str, Any] = {
         "slopes": slopes.tolist(),
         "plsh_max_abs": np.empty((len(samples), reps)),
         "plsh_rel_fro": np.empty((len(samples), reps)),

@@ -28,6 +28,7 @@ in every session of an environment where positional-lsh is installed, costs noth
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 #: public name -> submodule defining it
 _EXPORTS = {
@@ -63,7 +64,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
         globals()[name] = value
@@ -71,5 +72,5 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import inspect
 import warnings
+from collections.abc import Callable, Mapping
+from typing import Any
 
 __all__ = ["from_bias_builder", "from_hf_attention", "from_score_mod"]
 
@@ -144,7 +146,7 @@ def _attend(query, key, value, bias, admissible, scale):
     return weights @ v
 
 
-def _kernel(run, slopes: str, supports, name: str):
+def _kernel(run, slopes: str, supports, name):
     """A kernel with the standard- or given-slopes signature around ``run(..., slopes)``."""
     if slopes not in ("standard", "given"):
         raise ValueError(f"slopes: must be 'standard' or 'given', got {slopes!r}")
@@ -167,7 +169,7 @@ def _kernel(run, slopes: str, supports, name: str):
 
     else:
 
-        def kernel(
+        def kernel(  # type: ignore[misc]  # the given-slopes contract: another signature
             query,
             key,
             value,
@@ -192,11 +194,17 @@ def _kernel(run, slopes: str, supports, name: str):
             )
 
     kernel.__name__ = kernel.__qualname__ = name
-    kernel.supports = dict(supports or {})
+    kernel.supports = dict(supports or {})  # type: ignore[attr-defined]  # read by the suite
     return kernel
 
 
-def from_bias_builder(build, *, slopes: str = "standard", supports=None, name=None):
+def from_bias_builder(
+    build: Callable[..., Any],
+    *,
+    slopes: str = "standard",
+    supports: Mapping[str, bool] | None = None,
+    name: str | None = None,
+) -> Callable[..., Any]:
     """A kernel from a function returning the additive ALiBi bias.
 
     Parameters
@@ -248,14 +256,14 @@ def from_bias_builder(build, *, slopes: str = "standard", supports=None, name=No
 
 
 def from_score_mod(
-    score_mod=None,
+    score_mod: Callable[..., Any] | None = None,
     *,
-    factory=None,
+    factory: Callable[..., Any] | None = None,
     slopes: str = "standard",
     flex: bool = False,
-    supports=None,
-    name=None,
-):
+    supports: Mapping[str, bool] | None = None,
+    name: str | None = None,
+) -> Callable[..., Any]:
     """A kernel from a FlexAttention ``score_mod`` (or a factory building one per problem).
 
     ``score_mod(score, b, h, q_idx, kv_idx)`` is applied to the float32 score tensor
@@ -370,8 +378,13 @@ class _AttentionModule:
 
 
 def from_hf_attention(
-    attention_fn, *, slopes: str = "given", bias_builder=None, supports=None, name=None
-):
+    attention_fn: Callable[..., Any],
+    *,
+    slopes: str = "given",
+    bias_builder: Callable[..., Any] | None = None,
+    supports: Mapping[str, bool] | None = None,
+    name: str | None = None,
+) -> Callable[..., Any]:
     """A kernel from an HF attention function (``AttentionInterface`` signature).
 
     The function is called as ``attention_fn(module, query, key, value, attention_mask,

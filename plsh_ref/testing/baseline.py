@@ -21,7 +21,15 @@ from .problems import round_to_dtype
 __all__ = ["plain_attention_numpy", "plain_attention_torch"]
 
 
-def plain_attention_numpy(query, key, value, bias, *, scale, dtype: str):
+def plain_attention_numpy(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    bias: np.ndarray,
+    *,
+    scale: float | None,
+    dtype: str,
+) -> tuple[np.ndarray, np.ndarray]:
     """``softmax(scale q k^T + bias) v`` with every intermediate rounded to ``dtype``.
 
     Parameters
@@ -69,7 +77,16 @@ def plain_attention_numpy(query, key, value, bias, *, scale, dtype: str):
     return out, lse
 
 
-def plain_attention_torch(query, key, value, bias, *, scale, dtype: str, device: str = "cpu"):
+def plain_attention_torch(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    bias: np.ndarray,
+    *,
+    scale: float | None,
+    dtype: str,
+    device: str = "cpu",
+) -> tuple[np.ndarray, np.ndarray]:
     """The same as :func:`plain_attention_numpy`, computed by torch in ``dtype`` on ``device``.
 
     Parameters

@@ -65,7 +65,9 @@ so the battery runs in a few seconds against a numpy kernel.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from .capabilities import CAPABILITIES, restrict
 from .problems import DTYPES, POSITION_MODES, ProblemSpec
@@ -196,11 +198,11 @@ def battery_plan(
     kind: str = "alibi",
     *,
     seed: int = 0,
-    dtypes=("float16", "float32", "float64"),
+    dtypes: Sequence[str] = ("float16", "float32", "float64"),
     slopes: str = "given",
     max_bias: float = 8.0,
     causal: bool | None = None,
-    positions=None,
+    positions: Sequence[str] | None = None,
     capabilities: dict | None = None,
 ) -> tuple[list[tuple[str, ProblemSpec]], list[NotCovered]]:
     """The battery restricted to a kernel and a run's options, and what it cannot cover.
@@ -269,7 +271,9 @@ def battery_plan(
         max_bias=max_bias,
         num_samples=4 if kind == "plsh" else 1,
     )
-    cases, not_covered, seen = [], [], {}
+    cases: list[tuple[str, ProblemSpec]] = []
+    not_covered: list[NotCovered] = []
+    seen: dict[ProblemSpec, str] = {}
     for i, (name, changes, targets) in enumerate(_cases(kind, main, halves, slopes)):
         spec = base.replace(data_seed=1000 * seed + i, **changes)
         explicit = {"explicit", "left_padding", "per_sequence"} & set(allowed_positions)
@@ -283,6 +287,7 @@ def battery_plan(
         if hit:
             not_covered.append(NotCovered(name, option.get(hit[0], hit[0])))
             continue
+        restricted = cast(ProblemSpec, restricted)  # None only with a hit (skipped above)
         key = restricted.replace(data_seed=0)
         if key in seen:
             not_covered.append(NotCovered(name, f"the same problem as {seen[key]} here"))
@@ -296,9 +301,9 @@ def battery(
     kind: str = "alibi",
     *,
     seed: int = 0,
-    dtypes=("float16", "float32", "float64"),
+    dtypes: Sequence[str] = ("float16", "float32", "float64"),
     slopes: str = "given",
-    **restrictions,
+    **restrictions: Any,
 ) -> list[tuple[str, ProblemSpec]]:
     """The named edge cases, in a fixed order.
 

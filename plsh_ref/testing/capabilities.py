@@ -14,6 +14,8 @@ capability that excluded it (:mod:`plsh_ref.testing.battery`).
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +70,9 @@ SIGNATURE_INPUTS = {
 }
 
 
-def kernel_capabilities(kernel, supports=None) -> dict:
+def kernel_capabilities(
+    kernel: Callable[..., Any], supports: Mapping[str, bool] | None = None
+) -> dict:
     """What ``kernel`` declares it supports: its ``supports`` attribute updated by ``supports``.
 
     Parameters
@@ -106,7 +110,7 @@ def kernel_capabilities(kernel, supports=None) -> dict:
     return out
 
 
-def optional_inputs(kernel) -> dict:
+def optional_inputs(kernel: Callable[..., Any]) -> dict:
     """Which optional contract inputs ``kernel`` takes, from its signature.
 
     ``attention_mask`` is taken by a parameter of that name or ``**kwargs``;
@@ -135,7 +139,9 @@ def optional_inputs(kernel) -> dict:
     }
 
 
-def effective_capabilities(kernel, supports=None, *, slopes: str = "given") -> dict:
+def effective_capabilities(
+    kernel: Callable[..., Any], supports: Mapping[str, bool] | None = None, *, slopes: str = "given"
+) -> dict:
     """Declared capabilities (:func:`kernel_capabilities`) and the signature's, combined.
 
     A capability of :data:`SIGNATURE_INPUTS` holds only if declared (default True) and
@@ -250,7 +256,7 @@ def restrict(spec: ProblemSpec, caps: dict) -> tuple[ProblemSpec | None, list[st
     if (s.positions in ("explicit", "left_padding", "per_sequence") or s.offset) and not caps[
         "positions"
     ]:
-        fields = {"offset": 0}
+        fields: dict[str, Any] = {"offset": 0}
         if s.positions not in PADDED_MODES:
             fields.update(positions="default", pad=0)
         change("positions", **fields)

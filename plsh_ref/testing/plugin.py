@@ -24,12 +24,15 @@ kernel in one line.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import pytest
 
 __all__ = ["plsh_check", "plsh_kernel", "plsh_reference", "pytest_addoption"]
 
 
-def pytest_addoption(parser):
+def pytest_addoption(parser: pytest.Parser) -> None:
     """Register the ``plsh`` option group (all defaults are inert)."""
     group = parser.getgroup("plsh", "positional-lsh kernel validation")
     group.addoption(
@@ -68,13 +71,13 @@ class _References:
 
 
 @pytest.fixture
-def plsh_reference():
+def plsh_reference() -> Any:
     """Reference callables: ``.alibi`` (exact ALiBi) and ``.plsh`` (PLSH), float64."""
     return _References()
 
 
 @pytest.fixture
-def plsh_check(request):
+def plsh_check(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """``check(kernel, problem, framework=None, device=None)``: assert that one case passes.
 
     ``framework`` and ``device`` default to ``--plsh-framework`` and ``--plsh-device``.
@@ -92,7 +95,7 @@ def plsh_check(request):
 
 
 @pytest.fixture
-def plsh_kernel(request):
+def plsh_kernel(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """The kernel named by ``--plsh-kernel`` (skips the test when the option is absent)."""
     target = request.config.getoption("--plsh-kernel")
     if target is None:

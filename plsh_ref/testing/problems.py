@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -177,7 +178,7 @@ class ProblemSpec:
     amplitude: float = 1.0
     data_seed: int = 0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"kind: must be one of {KINDS}, got {self.kind!r}")
         for name in ("batch", "num_heads", "num_heads_kv", "head_dim", "head_dim_v", "num_samples"):
@@ -222,7 +223,7 @@ class ProblemSpec:
         if not (np.isfinite(self.amplitude) and self.amplitude > 0):
             raise ValueError(f"amplitude: must be finite and > 0, got {self.amplitude!r}")
 
-    def replace(self, **changes) -> ProblemSpec:
+    def replace(self, **changes: Any) -> ProblemSpec:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 
@@ -487,7 +488,7 @@ class AttentionProblem:
         lse = np.concatenate([p[1] for p in parts], axis=2)
         return out, lse
 
-    def positions_and_keep(self):
+    def positions_and_keep(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per-sequence positions and keep masks (:func:`plsh_ref.alibi.resolve_batch_positions`).
 
         Returns
@@ -529,9 +530,8 @@ class AttentionProblem:
                 w = alibi_bias(self.slopes, qpos[b], kpos[b], causal=self.spec.causal)
             else:
                 with np.errstate(divide="ignore"):
-                    w = np.log(
-                        empirical_mean(self.partition, qpos[b], kpos[b], causal=self.spec.causal)
-                    )
+                    partition = cast(PartitionSample, self.partition)  # kind "plsh" has one
+                    w = np.log(empirical_mean(partition, qpos[b], kpos[b], causal=self.spec.causal))
             per.append(w)
         shape = (0, self.spec.num_heads, self.spec.n_q, self.spec.n_k)
         log_w = np.stack(per) if per else np.zeros(shape)

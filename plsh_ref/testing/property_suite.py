@@ -15,6 +15,9 @@ and reported with its spec and worst element.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from hypothesis import assume, given, settings
 
 from .reference import KINDS
@@ -25,15 +28,15 @@ __all__ = ["make_property_suite"]
 
 
 def make_property_suite(
-    kernel,
+    kernel: Callable[..., Any] | str,
     *,
     kind: str = "alibi",
     framework: str = "numpy",
     device: str = "cpu",
     slopes: str | None = None,
     max_examples: int | None = None,
-    **bounds,
-):
+    **bounds: Any,
+) -> Callable[..., None]:
     """Build a pytest test function that runs the property suite against ``kernel``.
 
     Parameters
@@ -112,7 +115,7 @@ def make_property_suite(
     run_one.__name__ = "test_plsh_property_suite"
     run_one.__doc__ = f"Property suite ({kind}, {framework}) for {name}."
     test = given(strategy)(run_one)
-    overrides = {"deadline": None}
+    overrides: dict[str, Any] = {"deadline": None}
     if max_examples is not None:
         overrides["max_examples"] = max_examples
     return settings(**overrides)(test)

@@ -13,7 +13,14 @@ arrays and (duck-typed, without importing torch) CPU or CUDA torch tensors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import cast
+
+import numpy as np
+from numpy.typing import ArrayLike
+
 from ..attention import alibi_attention, plsh_attention
+from ..partition import PartitionSample
 
 __all__ = ["KINDS", "alibi_reference", "plsh_reference", "reference_for"]
 
@@ -23,17 +30,17 @@ KINDS = ("alibi", "plsh")
 
 
 def alibi_reference(
-    query,
-    key,
-    value,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
     *,
-    slopes=None,
-    causal=True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
-):
+    slopes: ArrayLike | None = None,
+    causal: bool = True,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Exact ALiBi attention in float64 with the ``alibi`` kernel contract.
 
     Parameters
@@ -71,7 +78,7 @@ def alibi_reference(
     >>> out[0, 0, 0].tolist()  # the first query sees only the first key
     [0.0, 1.0, 2.0, 3.0]
     """
-    return alibi_attention(
+    out = alibi_attention(
         query,
         key,
         value,
@@ -83,20 +90,21 @@ def alibi_reference(
         attention_mask=attention_mask,
         return_lse=True,
     )
+    return cast(tuple[np.ndarray, np.ndarray], out)  # return_lse=True: (output, lse)
 
 
 def plsh_reference(
-    query,
-    key,
-    value,
+    query: ArrayLike,
+    key: ArrayLike,
+    value: ArrayLike,
     *,
-    partition,
-    causal=True,
-    scale=None,
-    query_positions=None,
-    key_positions=None,
-    attention_mask=None,
-):
+    partition: PartitionSample,
+    causal: bool = True,
+    scale: float | None = None,
+    query_positions: ArrayLike | None = None,
+    key_positions: ArrayLike | None = None,
+    attention_mask: ArrayLike | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """PLSH attention in float64 (count-weighted form) with the ``plsh`` kernel contract.
 
     Parameters
@@ -122,7 +130,7 @@ def plsh_reference(
     ----------
     Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
     """
-    return plsh_attention(
+    out = plsh_attention(
         query,
         key,
         value,
@@ -134,9 +142,10 @@ def plsh_reference(
         attention_mask=attention_mask,
         return_lse=True,
     )
+    return cast(tuple[np.ndarray, np.ndarray], out)  # return_lse=True: (output, lse)
 
 
-def reference_for(kind: str):
+def reference_for(kind: str) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
     """The reference callable of a kernel kind.
 
     Parameters

@@ -15,8 +15,12 @@ Hypothesis version).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import numpy as np
 from hypothesis import strategies as st
+from numpy.typing import ArrayLike
 
 from ..alibi import alibi_slopes
 from ..partition import PartitionSample, draw_partition
@@ -51,7 +55,9 @@ DEFAULT_DTYPES = ("float16", "float32", "float64")
 POSITION_LAYOUTS = ("default", "explicit", "left_padding", "shifted", "gaps", "unsorted")
 
 
-def draw_positions(mode: str, n_q: int, n_k: int, rng: np.random.Generator):
+def draw_positions(
+    mode: str, n_q: int, n_k: int, rng: np.random.Generator
+) -> tuple[np.ndarray | None, np.ndarray | None]:
     """``(query_positions, key_positions)`` of one layout, drawn from a numpy generator.
 
     The one generator of position layouts for seeded (non-Hypothesis) tests; the same
@@ -122,7 +128,7 @@ def _check_choices(name: str, values, allowed) -> tuple:
     return values
 
 
-def dtypes(allowed=DEFAULT_DTYPES) -> st.SearchStrategy[str]:
+def dtypes(allowed: Sequence[str] = DEFAULT_DTYPES) -> st.SearchStrategy[str]:
     """dtype names, shrinking toward the first entry.
 
     Parameters
@@ -176,7 +182,7 @@ def slopes(num_heads: int, *, standard: bool | None = None) -> st.SearchStrategy
 
 
 def positions(
-    n_q: int, n_k: int, *, modes=("default", "explicit", "left_padding")
+    n_q: int, n_k: int, *, modes: Sequence[str] = ("default", "explicit", "left_padding")
 ) -> st.SearchStrategy[tuple[np.ndarray | None, np.ndarray | None]]:
     """``(query_positions, key_positions)`` for lengths ``n_q`` and ``n_k``.
 
@@ -211,7 +217,9 @@ def positions(
     return st.builds(build, st.sampled_from(modes), st.integers(0, 8), st.integers(0, 2**32 - 1))
 
 
-def partition_samples(sigma, *, max_samples: int = 8) -> st.SearchStrategy[PartitionSample]:
+def partition_samples(
+    sigma: ArrayLike, *, max_samples: int = 8
+) -> st.SearchStrategy[PartitionSample]:
     """Partition samples for length scales ``sigma`` (:func:`~plsh_ref.partition.draw_partition`).
 
     Parameters
@@ -369,13 +377,13 @@ def problem_specs(
     max_heads: int = 16,
     max_seq_len: int = 16,
     max_head_dim: int = 8,
-    dtypes=DEFAULT_DTYPES,
+    dtypes: Sequence[str] = DEFAULT_DTYPES,
     causal: bool | None = None,
     gqa: bool = True,
-    positions=RANDOM_POSITION_MODES,
+    positions: Sequence[str] = RANDOM_POSITION_MODES,
     max_samples: int = 8,
     max_amplitude: float = 3.0,
-    slopes=SLOPE_MODES,
+    slopes: Sequence[str] = SLOPE_MODES,
 ) -> st.SearchStrategy[ProblemSpec]:
     """Specs of attention problems (no arrays): see :class:`~plsh_ref.testing.problems.ProblemSpec`.
 
@@ -482,7 +490,7 @@ def _bound_args(
     )
 
 
-def attention_problems(kind: str = "alibi", **bounds) -> st.SearchStrategy[AttentionProblem]:
+def attention_problems(kind: str = "alibi", **bounds: Any) -> st.SearchStrategy[AttentionProblem]:
     """Attention problems with their arrays: ``problem_specs(kind, **bounds)`` built.
 
     Parameters
@@ -513,7 +521,7 @@ def _problem_key(spec: ProblemSpec):
     """What makes two specs the same problem (fields a problem ignores are normalised)."""
     import dataclasses
 
-    changes = {}
+    changes: dict[str, Any] = {}
     if spec.positions == "default":
         changes["pad"] = 0
     if spec.kind == "alibi":
@@ -528,7 +536,7 @@ def sample_specs(
     num_cases: int = 50,
     capabilities: dict | None = None,
     max_bias: float = 8.0,
-    **bounds,
+    **bounds: Any,
 ) -> list[ProblemSpec]:
     """A fixed list of ``num_cases`` specs drawn from ``seed``, with the distribution of
     :func:`problem_specs`, within a kernel's capabilities.
@@ -620,11 +628,11 @@ def long_specs(
     *,
     seed: int = 0,
     num_cases: int = 2,
-    dtypes=("float16", "bfloat16"),
+    dtypes: Sequence[str] = ("float16", "bfloat16"),
     causal: bool | None = None,
     capabilities: dict | None = None,
     max_bias: float = 8.0,
-    slopes=SLOPE_MODES,
+    slopes: Sequence[str] = SLOPE_MODES,
 ) -> list[ProblemSpec]:
     """Random long cases in half precision: ``n_k`` in 257..320, 8, 12 or 16 heads,
     default positions.

@@ -28,7 +28,9 @@ import os
 import sys
 import threading
 import traceback as traceback_module
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -139,11 +141,12 @@ class CaseResult:
             else (0.0 if self.error == 0 else float("inf"))
         ]
         if self.lse_error is not None:
+            lse_allowed = cast(float, self.lse_allowed)  # set with lse_error
             ratios.append(
                 float("inf")
                 if not np.isfinite(self.lse_error)
-                else self.lse_error / self.lse_allowed
-                if self.lse_allowed > 0
+                else self.lse_error / lse_allowed
+                if lse_allowed > 0
                 else (0.0 if self.lse_error == 0 else float("inf"))
             )
         if not self.passed and self.message:
@@ -151,7 +154,7 @@ class CaseResult:
         return max(ratios)
 
 
-def load_kernel(target: str):
+def load_kernel(target: str) -> Callable[..., Any]:
     """Import ``"MODULE:FUNCTION"`` or ``"path/to/file.py:FUNCTION"`` (``FUNCTION`` may be
     dotted, e.g. ``Class.method``).
 
@@ -200,7 +203,7 @@ def _import_module(module_name: str):
             if not os.path.isfile(path):
                 raise KernelContractError(f"kernel: no file {module_name!r}")
             name = os.path.splitext(os.path.basename(path))[0]
-            spec = importlib.util.spec_from_file_location(name, path)
+            spec = cast(Any, importlib.util.spec_from_file_location(name, path))  # a .py file
             module = importlib.util.module_from_spec(spec)
             sys.path.insert(0, os.path.dirname(path))
             sys.modules[name] = module
@@ -223,7 +226,7 @@ def _import_module(module_name: str):
 
 
 def _names(kind: str, slopes: str) -> tuple:
-    names = _KWARGS[kind]
+    names: tuple[str, ...] = _KWARGS[kind]
     if kind == "alibi" and slopes == "standard":
         names = names[1:]
     return names
@@ -233,7 +236,7 @@ def _contract(kind: str, slopes: str = "given") -> str:
     return f"f(query, key, value, *, {', '.join(_names(kind, slopes))}[, attention_mask])"
 
 
-def check_signature(kernel, kind: str, slopes: str = "given") -> bool:
+def check_signature(kernel: Callable[..., Any], kind: str, slopes: str = "given") -> bool:
     """Check that ``kernel`` accepts the call of the ``kind`` contract.
 
     Parameters
@@ -286,7 +289,7 @@ def check_signature(kernel, kind: str, slopes: str = "given") -> bool:
         return False
 
 
-def slope_mode(kernel) -> str:
+def slope_mode(kernel: Callable[..., Any]) -> str:
     """``"given"`` if ``kernel`` takes a ``slopes`` argument (or ``**kwargs``), else ``"standard"``."""
     try:
         params = inspect.signature(kernel).parameters
@@ -298,8 +301,12 @@ def slope_mode(kernel) -> str:
 
 
 def contract_kwargs(
-    problem: AttentionProblem, *, slopes: str = "given", attention_mask=True, inputs=None
-):
+    problem: AttentionProblem,
+    *,
+    slopes: str = "given",
+    attention_mask: bool = True,
+    inputs: Any = None,
+) -> dict[str, Any]:
     """The keyword arguments a kernel receives for ``problem`` (numpy values).
 
     Parameters
@@ -466,7 +473,7 @@ def _nan_report(x: np.ndarray, empty: np.ndarray) -> str:
 
 
 def check_case(
-    kernel,
+    kernel: Callable[..., Any],
     problem: AttentionProblem,
     *,
     framework: str = "numpy",
@@ -772,7 +779,13 @@ def _judge_lse(lse64, ref_lse, plain_lse, keep, dtype):
     return lse_error, lse_allowed, messages
 
 
-def detect_framework(kernel, kind: str, slopes: str, attention_mask: bool, timeout=None) -> str:
+def detect_framework(
+    kernel: Callable[..., Any],
+    kind: str,
+    slopes: str,
+    attention_mask: bool,
+    timeout: float | None = None,
+) -> str:
     """``"numpy"``, ``"torch"`` or ``"jax"``: what the kernel returns on one small float32
     problem.
 

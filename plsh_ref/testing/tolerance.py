@@ -18,6 +18,7 @@ duck-typed, without importing torch).
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["EPS", "allowed_error", "assert_close_to_reference", "dtype_eps", "max_error"]
 
@@ -25,7 +26,7 @@ __all__ = ["EPS", "allowed_error", "assert_close_to_reference", "dtype_eps", "ma
 EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
 
 
-def dtype_eps(dtype) -> float:
+def dtype_eps(dtype: str | np.dtype) -> float:
     """Machine epsilon of ``dtype``.
 
     Parameters
@@ -69,7 +70,7 @@ def _as_float64(name, x) -> np.ndarray:
     return arr.astype(np.float64)
 
 
-def max_error(out, ref) -> tuple[float, tuple | None]:
+def max_error(out: ArrayLike, ref: ArrayLike) -> tuple[float, tuple | None]:
     """``max |out - ref|`` and the index of the worst element.
 
     Entries that are infinite in ``ref`` must be equal in ``out`` (error 0 if so, ``inf``
@@ -101,9 +102,9 @@ def max_error(out, ref) -> tuple[float, tuple | None]:
 
 
 def allowed_error(
-    ref,
-    baseline,
-    dtype,
+    ref: ArrayLike,
+    baseline: ArrayLike,
+    dtype: str | np.dtype,
     *,
     factor: float = 2.0,
     floor_ulps: float = 4.0,
@@ -141,10 +142,10 @@ def allowed_error(
 
 
 def assert_close_to_reference(
-    out,
-    ref,
-    baseline,
-    dtype,
+    out: ArrayLike,
+    ref: ArrayLike,
+    baseline: ArrayLike,
+    dtype: str | np.dtype,
     *,
     name: str = "output",
     factor: float = 2.0,
@@ -177,6 +178,20 @@ def assert_close_to_reference(
     ------
     AssertionError
         If ``max|out - ref| > allowed``, with the worst index and values.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from plsh_ref.testing.tolerance import assert_close_to_reference
+    >>> ref = np.linspace(-1.0, 1.0, 7)  # float64 reference
+    >>> baseline = ref.astype(np.float32)  # plain float32 computation of the same function
+    >>> ratio = assert_close_to_reference(ref.astype(np.float32), ref, baseline, "float32")
+    >>> ratio <= 1.0  # error / allowed error
+    True
+    >>> assert_close_to_reference(ref + 0.1, ref, baseline, "float32")
+    Traceback (most recent call last):
+        ...
+    AssertionError: ...
     """
     err, idx = max_error(out, ref)
     allowed = allowed_error(

@@ -41,6 +41,8 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
 
 import numpy as np
 
@@ -564,7 +566,7 @@ def case_features(spec: ProblemSpec, empty_rows: int = 0) -> list[str]:
     return labels
 
 
-def shared_axes(records, top: int = 8) -> list[dict]:
+def shared_axes(records: Sequence[tuple[Any, ProblemSpec, Any]], top: int = 8) -> list[dict]:
     """What the failing cases share: each label's count among failures and among passes.
 
     Parameters
@@ -645,7 +647,7 @@ def _group(name) -> str:
 class _Setup:
     """What one ``plsh verify`` run checks, and how (resolved from the options)."""
 
-    kernel: object
+    kernel: Callable[..., Any]
     slopes: str
     max_bias: float
     framework: str
@@ -722,7 +724,8 @@ def _plan(args, setup: _Setup):
     from .strategies import long_specs, sample_specs
 
     causal = setup.bounds["causal"]
-    cases, not_covered = [], []
+    cases: list[Any] = []  # (battery name or sampled case number, ProblemSpec)
+    not_covered: list[Any] = []
     if not args.no_battery:
         cases, not_covered = battery_plan(
             args.kind,
@@ -861,7 +864,12 @@ def _print_case(args, setup, name, spec, result) -> None:
         print(f"  traceback of {_label(name)}:\n" + result.traceback.rstrip())
 
 
-def precision_growth(kernel, spec: ProblemSpec, lengths=GROWTH_LENGTHS, **check) -> list[dict]:
+def precision_growth(
+    kernel: Callable[..., Any],
+    spec: ProblemSpec,
+    lengths: Sequence[int] = GROWTH_LENGTHS,
+    **check: Any,
+) -> list[dict]:
     """The error of ``kernel`` on ``spec`` at several lengths (``n_q = n_k = n``).
 
     Parameters
@@ -975,7 +983,7 @@ def _inconclusive_reason(args, setup: _Setup, plan: _Plan, records, not_run) -> 
     classes = plan.num_battery_classes - (len(plan.not_covered) - len(counted))
     covered = classes - len(counted)
     if not args.no_battery and classes and covered < MIN_BATTERY_SHARE * classes:
-        by = {}
+        by: dict[str, Any] = {}
         for nc in counted:
             by[nc.reason] = by.get(nc.reason, 0) + 1
         top = ", ".join(f"{r} ({k})" for r, k in sorted(by.items(), key=lambda t: -t[1]))
@@ -1133,6 +1141,6 @@ def _junit_report(path, args, records, plan, elapsed) -> None:
     for nc in plan.not_covered:
         case = ET.SubElement(suite, "testcase", classname="plsh_verify.battery", name=nc.name)
         ET.SubElement(case, "skipped", message=f"not covered: {nc.reason}")
-    ET.ElementTree(ET.Element("testsuites")).getroot().append(suite)
+    cast(Any, ET.ElementTree(ET.Element("testsuites")).getroot()).append(suite)
     tree = ET.ElementTree(suite)
     tree.write(path, encoding="utf-8", xml_declaration=True)

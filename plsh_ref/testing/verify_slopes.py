@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -76,7 +78,7 @@ class SlopeReport:
         The first wrong ``num_heads`` with its wrong entries (empty if none).
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.wrong: list[int] = []
         self.rounded_to: dict[int, str] = {}
         self.max_relative_error = 0.0
@@ -111,7 +113,9 @@ def _as_float64(value, num_heads: int) -> np.ndarray:
     return arr
 
 
-def check_slopes_function(function, max_heads: int = 64, max_bias: float = 8.0) -> SlopeReport:
+def check_slopes_function(
+    function: Callable[[int], Any], max_heads: int = 64, max_bias: float = 8.0
+) -> SlopeReport:
     """Compare ``function(num_heads)`` with Press et al.'s slopes for ``1..max_heads``.
 
     Parameters
