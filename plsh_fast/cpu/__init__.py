@@ -122,7 +122,8 @@ Where each step lives (private modules; import from ``plsh_fast.cpu`` only):
 * ``_tiles.py``: step 7, the tile kernels (:func:`tiles_forward`, the fused operator's
   checks :func:`fused_tiles_available`, the backward's formulas);
 * ``_plan_cache.py``: step 8, the kept-plan cache (:func:`clear_plan_cache`,
-  :func:`no_kept_plans`, :func:`kept_plan_bytes`);
+  :func:`no_kept_plans`, :func:`kept_plan_bytes`; a layer's own :class:`PlanCache`,
+  made active by :func:`use_plan_cache`);
 * ``_plan_tensor.py``: a plan as one tensor for the compiled backward;
 * ``_pool.py``: the worker pool and per-thread thread limits (:func:`executor`,
   :func:`per_thread_limits_available`);
@@ -196,7 +197,13 @@ import types
 from . import _settings
 from ._backward import plsh_backward_cpu
 from ._forward import plsh_forward_cpu
-from ._plan_cache import clear_plan_cache, kept_plan_bytes, no_kept_plans
+from ._plan_cache import (
+    PlanCache,
+    clear_plan_cache,
+    kept_plan_bytes,
+    no_kept_plans,
+    use_plan_cache,
+)
 from ._plan_tensor import plan_from_tensor, plan_to_tensor
 from ._planning import plan_cpu, tile_size
 from ._pool import executor, per_thread_limits_available
@@ -210,6 +217,7 @@ __all__ = [
     "PATTERN_ROWS_FRACTION",
     "PLAN_CACHE_BYTES",
     "USE_FUSED_TILES",
+    "PlanCache",
     "clear_plan_cache",
     "executor",
     "fused_tiles_available",
@@ -223,12 +231,14 @@ __all__ = [
     "plsh_forward_cpu",
     "tile_size",
     "tiles_forward",
+    "use_plan_cache",
 ]
 
 
 # The public objects are documented as this package's own: the modules that define them
 # are private (the API pages list public modules only).
 for _public in (
+    PlanCache,
     clear_plan_cache,
     executor,
     fused_tiles_available,
@@ -242,6 +252,7 @@ for _public in (
     plsh_forward_cpu,
     tile_size,
     tiles_forward,
+    use_plan_cache,
 ):
     _public.__module__ = __name__
 del _public

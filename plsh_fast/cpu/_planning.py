@@ -76,6 +76,8 @@ class Plan:
     #: ``(key, query positions, key positions)`` under which the plan may be kept.
     cache_key: tuple | None = None
     nbytes: int = 0  # bytes of the built chunks and block ranges, once kept
+    #: the :class:`~plsh_fast.cpu._plan_cache.PlanCache` it was planned under, if keepable
+    kept_in: object | None = None
 
     @property
     def n_q(self) -> int:
@@ -116,7 +118,9 @@ class Plan:
     def build(self, spec) -> chunks.Chunk:
         """The chunk (indices and bias) of one work item of :meth:`head_specs`.
 
-        Built once and kept when the plan keeps its chunks (``PLAN_CACHE_BYTES``) and
+        Built once and kept when the plan keeps its chunks (``PLAN_CACHE_BYTES``), with
+        its counts in place of its bias (:meth:`~plsh_fast.cpu._chunks.Chunk.compact`; the
+        bias is read back from :attr:`log_counts` at each use, bit for bit), and
         ``spec`` is one of the plan's own work items (:attr:`specs`, alive as long as the
         plan, so their ``id`` cannot be taken by another object); a spec is built by one
         worker at a time, so the store needs no lock. Any other spec is built afresh
@@ -125,10 +129,12 @@ class Plan:
         store = self.chunk_store
         if store is None or id(spec) not in store:
             return chunks.make_chunk(self, *spec)
-        chunk = store[id(spec)]
-        if chunk is None:
-            chunk = store[id(spec)] = chunks.make_chunk(self, *spec)
-        return chunk
+        kept = store[id(spec)]
+        if kept is None:  # kept with counts in place of the bias (Chunk.compact)
+            chunk = chunks.make_chunk(self, *spec)
+            store[id(spec)] = chunk.compact(self.log_counts)
+            return chunk
+        return kept.expand(self.log_counts)
 
     def head_specs(self, h: int) -> list[tuple]:
         """Work items of head ``h``: groups of tiles of similar window width (step 3), or
@@ -265,6 +271,7 @@ def plan_cpu(pitch, offset, query_positions, key_positions, causal: bool, dtype)
     plan = make_plan(pitch, offset, query_positions, key_positions, causal, dtype)
     if key is not None and plan_cache.seen_before(key):
         plan.cache_key = (key, query_positions.clone(), key_positions.clone())
+        plan.kept_in = plan_cache.active_plan_cache()
     return plan
 
 

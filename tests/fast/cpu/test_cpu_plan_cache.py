@@ -287,3 +287,82 @@ def test_no_kept_plans_plans_afresh_and_leaves_the_kept_plans_alone(counted):
     assert cpu.kept_plan_bytes() == kept and len(cpu._plan_cache._CACHE) == 1
     _forward(q, k, v, pitch, offset, positions)  # outside: the kept plan serves again
     assert counted["plan"] == 5
+
+
+@pytest.mark.parametrize("num_samples, dtype", [(16, torch.uint8), (300, torch.int16)])
+def test_kept_chunks_hold_counts_and_give_back_the_bias_bit_for_bit(num_samples, dtype):
+    """A kept chunk holds its counts in the smallest integer dtype, no bias; the bias
+    read back from the table equals the freshly built one bit for bit, and so do the
+    outputs (float64 too: the table is per compute dtype)."""
+    core = PLSHAttention(4, num_samples, seed=3)
+    positions = torch.arange(200)
+    for work in (torch.float32, torch.float64):
+        q, k, v = (x.to(work) for x in _qkv(n=200))
+        fresh = _forward(q, k, v, core.pitch, core.offset, positions)
+        kept = _kept(q, k, v, core.pitch, core.offset, positions)
+        for a, b in zip(fresh, kept):
+            assert torch.equal(a, b)
+        plan = cpu.plan_cpu(core.pitch, core.offset, positions, positions, True, work)
+        stored = [c for c in plan.chunk_store.values()]
+        assert stored and all(c.bias is None and c.counts.dtype == dtype for c in stored)
+        for spec in plan.specs:
+            rebuilt = plan.build(spec)
+            built = cpu._chunks.make_chunk(plan, *spec)
+            assert rebuilt.bias.dtype == work and torch.equal(rebuilt.bias, built.bias)
+            assert torch.equal(rebuilt.keys, built.keys) and rebuilt.keys.dtype == torch.int64
+        # what is counted is what is held
+        held = sum(c.nbytes() for c in stored)
+        ranges = plan.nbytes - sum(
+            spec[3].numel() * spec[1] * (spec[2] * dtype.itemsize + 9)
+            + spec[3].numel() * spec[2] * 4
+            for spec in plan.specs
+        )
+        assert held + ranges == plan.nbytes
+        cpu.clear_plan_cache()
+
+
+def test_a_chunk_with_a_bias_off_the_table_does_not_survive_compaction():
+    """Negative control of the exactness argument: ``compact`` recovers counts only from
+    biases that are entries of the table; a bias shifted by one ulp comes back different."""
+    q, k, v = _qkv()
+    pitch, offset = _partition()
+    positions = torch.arange(96)
+    plan = cpu.plan_cpu(pitch, offset, positions, positions, True, torch.float32)
+    spec = cpu._planning.chunk_specs(plan, 1)[0]
+    chunk = cpu._chunks.make_chunk(plan, *spec)
+    finite = torch.isfinite(chunk.bias) & (chunk.bias < 0)
+    assert finite.any()
+    chunk.bias = torch.where(finite, torch.nextafter(chunk.bias, torch.tensor(0.0)), chunk.bias)
+    back = chunk.compact(plan.log_counts).expand(plan.log_counts)
+    assert not torch.equal(back.bias, chunk.bias)
+
+
+def test_each_layer_keeps_its_plan_in_its_own_cache(counted, monkeypatch):
+    """With a budget that holds one plan, two layers alternating in the shared cache evict
+    each other's plan at every call (the negative control); each in its own PlanCache
+    (``use_plan_cache``, as :class:`plsh_fast.nn.PLSHAttention` does), both stay kept."""
+    q, k, v = _qkv()
+    positions = torch.arange(96)
+    layers = [_partition(seed) for seed in (5, 6)]
+    _kept(q, k, v, *layers[0], positions)
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", cpu.kept_plan_bytes() * 3 // 2)
+    cpu.clear_plan_cache()
+    counted["plan"] = 0
+    for _ in range(4):  # shared: after the first two rounds every call plans again
+        for p in layers:
+            _forward(q, k, v, *p, positions)
+    assert counted["plan"] == 8
+    caches = [cpu.PlanCache(), cpu.PlanCache()]
+    counted["plan"] = 0
+    results = []
+    for _ in range(4):
+        for p, cache in zip(layers, caches):
+            with cpu.use_plan_cache(cache):
+                results.append(_forward(q, k, v, *p, positions))
+    assert counted["plan"] == 4  # two calls each to be kept, then none
+    assert all(len(c) == 1 and 0 < c.nbytes <= cpu.PLAN_CACHE_BYTES for c in caches)
+    for a, b in zip(results[-2:], results[:2]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(TypeError, match="^cache: must be a PlanCache"):
+        with cpu.use_plan_cache({}):
+            pass
