@@ -72,7 +72,7 @@ class PlanCache:
         an autograd graph still holds a plan: its backward builds them again)."""
         with self._lock:
             for plan in self.plans.values():
-                plan.chunk_store = None
+                plan.drop_chunks()
             self.plans.clear()
             self.seen.clear()
             self.nbytes = 0
@@ -84,7 +84,7 @@ class PlanCache:
         while self.plans and self.nbytes > settings.PLAN_CACHE_BYTES:
             _, old = self.plans.popitem(last=False)
             self.nbytes -= old.nbytes
-            old.chunk_store = None
+            old.drop_chunks()
 
     def evict_beyond_budget(self) -> None:
         """Apply a lowered ``PLAN_CACHE_BYTES`` (or 0) now."""
@@ -127,7 +127,8 @@ class PlanCache:
                 return
             if old is not None:  # same inputs planned twice concurrently: keep the newer
                 self.nbytes -= old.nbytes
-                old.chunk_store = None
+                old.drop_chunks()
+            plan.drop_ranges()
             self.plans[key] = plan
             self.plans.move_to_end(key)
             self.nbytes += plan.nbytes
@@ -263,13 +264,14 @@ def keep_chunks(plan) -> None:
     from the tile groups before any is built)."""
     if plan.cache_key is None or plan.chunk_store is not None:
         return
-    # kept chunks are compact (Chunk.compact): counts, int64 rows, bool empty, int32 keys
+    # Kept chunks are compact (Chunk.compact): counts, int64 rows, bool empty, int32 keys;
+    # the kept work items hold their tiles and window starts only (Plan.drop_ranges).
     elem = torch.empty((), dtype=count_dtype(plan.pitch.shape[1])).element_size()
     estimate = 0
     for spec in plan.specs:
-        _, tile, w, sel = spec[:4]
+        _, tile, w, sel, lo = spec[:5]
         estimate += sel.numel() * tile * (w * elem + 9) + sel.numel() * w * 4
-        estimate += _tensor_bytes(*(t for t in spec[4:] if isinstance(t, torch.Tensor)))
+        estimate += _tensor_bytes(sel, lo)
     if estimate <= settings.PLAN_CACHE_BYTES:
         plan.chunk_store = dict.fromkeys(map(id, plan.specs))  # built on first use
         plan.nbytes = estimate

@@ -305,20 +305,31 @@ def test_kept_chunks_hold_counts_and_give_back_the_bias_bit_for_bit(num_samples,
         plan = cpu.plan_cpu(core.pitch, core.offset, positions, positions, True, work)
         stored = [c for c in plan.chunk_store.values()]
         assert stored and all(c.bias is None and c.counts.dtype == dtype for c in stored)
-        for spec in plan.specs:
+        for spec, full in zip(plan.specs, plan_full(plan, plan.specs)):
             rebuilt = plan.build(spec)
-            built = cpu._chunks.make_chunk(plan, *spec)
+            built = cpu._chunks.make_chunk(plan, *full)
             assert rebuilt.bias.dtype == work and torch.equal(rebuilt.bias, built.bias)
             assert torch.equal(rebuilt.keys, built.keys) and rebuilt.keys.dtype == torch.int64
-        # what is counted is what is held
+        # What is counted is what is held: the compact chunks, and per kept item its
+        # tiles and window starts only (the rows' ranges are dropped, Plan.drop_ranges).
+        assert all(spec[5:9] == (None,) * 4 for spec in plan.specs)
         held = sum(c.nbytes() for c in stored)
-        ranges = plan.nbytes - sum(
-            spec[3].numel() * spec[1] * (spec[2] * dtype.itemsize + 9)
-            + spec[3].numel() * spec[2] * 4
-            for spec in plan.specs
-        )
-        assert held + ranges == plan.nbytes
+        items = sum(x.numel() * x.element_size() for spec in plan.specs for x in spec[3:5])
+        assert held + items == plan.nbytes
+        # A call still holding the slim items after the chunks were dropped (evicted
+        # meanwhile) plans them again, bit for bit.
+        slim = list(plan.specs)
+        plan.drop_chunks()
+        for spec, built in zip(
+            slim, (cpu._chunks.make_chunk(plan, *s) for s in plan_full(plan, slim))
+        ):
+            assert torch.equal(plan.build(spec).bias, built.bias)
         cpu.clear_plan_cache()
+
+
+def plan_full(plan, slim):
+    """The full work items of ``slim`` ones, from :meth:`Plan.head_specs`."""
+    return [plan.head_specs(spec[0])[spec[-1]] for spec in slim]
 
 
 def test_a_chunk_with_a_bias_off_the_table_does_not_survive_compaction():
@@ -366,3 +377,27 @@ def test_each_layer_keeps_its_plan_in_its_own_cache(counted, monkeypatch):
     with pytest.raises(TypeError, match="^cache: must be a PlanCache"):
         with cpu.use_plan_cache({}):
             pass
+
+
+def test_a_kept_plan_travels_to_the_compiled_backward_as_its_tiles():
+    """A kept plan's items no longer hold their ranges: its tensor form (for the compiled
+    backward) is ``[-3, heads, tiles, band flags]``; decoded while the plan is kept it is
+    the kept plan, decoded after an eviction it plans the same items with those tiles."""
+    q, k, v = _qkv(n=300)
+    pitch, offset = _partition()
+    pos = torch.arange(300)
+    full = cpu.plan_cpu(pitch, offset, pos, pos, True, torch.float32)
+    full_specs = cpu._planning.chunk_specs(full, 1)
+    _kept(q, k, v, pitch, offset, pos)
+    plan = cpu.plan_cpu(pitch, offset, pos, pos, True, torch.float32)
+    blob = cpu.plan_to_tensor(plan)
+    assert blob.tolist() == [-3, 4, *plan.tiles, *plan.band]
+    assert cpu.plan_from_tensor(blob, pitch, offset, pos, pos, True, torch.float32) is plan
+    cpu.clear_plan_cache()
+    back = cpu.plan_from_tensor(blob, pitch, offset, pos, pos, True, torch.float32)
+    assert back is not plan and back.tiles == plan.tiles and back.band == plan.band
+    specs = cpu._planning.chunk_specs(back, 1)
+    assert len(specs) == len(full_specs)
+    for a, b in zip(specs, full_specs):
+        assert a[:3] == b[:3]
+        assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a[3:], b[3:]))
