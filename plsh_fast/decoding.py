@@ -19,12 +19,14 @@ evicts the keys no later query can reach.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from plsh_ref.bounds import max_norm_error_bound
 from plsh_ref.partition import PartitionSample
-from plsh_ref.validation import check_scale
+from plsh_ref.validation import check_probability, check_scale
 
 from . import _padding as padding
 from . import _validation as V
@@ -32,7 +34,7 @@ from ._partition import bins, count_bias, partition_tensors
 from .api import plsh_attention
 from .dense import working_dtype
 
-__all__ = ["PLSHDecodingCache", "binary64_bound", "cache_bound"]
+__all__ = ["DecodingErrorBound", "PLSHDecodingCache", "binary64_bound", "cache_bound"]
 
 #: above this many (new query, cached key) pairs per sequence and head, a call goes
 #: through :func:`plsh_fast.plsh_attention` instead of the dense counts form
@@ -99,6 +101,44 @@ def binary64_bound(partition: PartitionSample, max_abs_position: int) -> int:
     pitch = np.asarray(partition.pitch, dtype=np.float64)
     rounding = (abs(int(max_abs_position)) / pitch + 1.0) * (2.0**-52 + 2.0**-106) + 2.0**-1075
     return int(np.max(np.ceil((1.0 + 2.0 * rounding) * pitch)))
+
+
+@dataclass(frozen=True)
+class DecodingErrorBound:
+    """The a-priori error statement of a decoding cache's attention against exact ALiBi.
+
+    With probability at least ``1 - delta`` over the draw of the cache's partition,
+    every count weight ``C_ij / s`` the cache can have used, for any query and key
+    positions within the span seen (``num_positions`` integers), is within ``eps`` of
+    the ALiBi kernel ``L*_ij = exp(-slope_h |p_i - p_j|)`` in every head (evicted keys
+    included: their weight is 0 and ``L*_ij <= eps``); on that event every output row
+    decoded so far satisfies, for every head, row and value column,
+    ``|T~_ik - T*_ik| <= range_k(V_i) eps sum_j A_ij / sum_j A_ij L*_ij`` (Theorem 2.2,
+    :func:`plsh_ref.bounds.output_error_bound` with this ``eps``; ``A_ij`` the softmax
+    numerators over all keys up to the row, ``range_k`` over them).
+
+    Attributes
+    ----------
+    eps : float
+        :func:`plsh_ref.bounds.max_norm_error_bound` of ``(num_positions, num_samples,
+        delta / num_heads)`` for the partition's sampler (DKW, a union bound over heads).
+    delta : float
+        Failure probability in ``(0, 1)``.
+    num_positions, num_samples, num_heads : int
+        The span of integer positions seen (``max - min + 1`` over all sequences, an upper
+        bound on the distinct positions), ``s`` and the head count.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorems 2.1 and 2.2; ``proofs_notes/max_norm_bound.md``,
+    ``proofs_notes/output_bound.md``.
+    """
+
+    eps: float
+    delta: float
+    num_positions: int
+    num_samples: int
+    num_heads: int
 
 
 class PLSHDecodingCache:
@@ -173,6 +213,7 @@ class PLSHDecodingCache:
         #: tensors above hold the cache
         self._buffers: _StepRing | None = None
         self._general_only = False  # a step the ring cannot take runs the general path
+        self._span: tuple[int, int] | None = None  # smallest and largest position seen
 
     # ------------------------------------------------------------------ state
     @property
@@ -235,11 +276,45 @@ class PLSHDecodingCache:
         tensors = self._key + self._value + self._positions + self._bins
         return int(sum(t.numel() * t.element_size() for t in tensors))
 
+    def error_bound(self, delta: float = 0.05) -> DecodingErrorBound:
+        """The a-priori bound on this layer's output error against exact ALiBi attention,
+        for the positions decoded so far (:class:`DecodingErrorBound`).
+
+        Computed from the partition and the span of positions only (no Q/K/V, no device
+        work), so it can be read after every step; it grows like ``sqrt(log n)``.
+
+        Parameters
+        ----------
+        delta : float
+            Failure probability in ``(0, 1)`` (over the partition's draw).
+
+        Returns
+        -------
+        DecodingErrorBound
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``delta`` outside ``(0, 1)``; a call before any token was decoded.
+
+        References
+        ----------
+        :func:`plsh_ref.bounds.max_norm_error_bound`, :func:`plsh_ref.bounds.output_error_bound`.
+        """
+        delta = check_probability("delta", delta)
+        if self._span is None:
+            raise ValueError("delta: no positions decoded yet (call update first)")
+        n = self._span[1] - self._span[0] + 1
+        heads, s = self.partition.num_heads, self.partition.num_samples
+        eps = max_norm_error_bound(n, s, delta / heads, sampler=self.partition.sampler)
+        return DecodingErrorBound(eps, delta, n, s, heads)
+
     def reset(self) -> None:
         """Forget every sequence (the partition and scale are kept)."""
         self._key, self._value, self._positions, self._bins, self._last = [], [], [], [], []
         self._shape = None
         self._buffers = None
+        self._span = None
 
     # ------------------------------------------------------------------ helpers
     def _query_bins(self, positions: torch.Tensor) -> torch.Tensor:
@@ -378,6 +453,9 @@ class PLSHDecodingCache:
                     f"{int(pos[0])} after {last[b]}"
                 )
             new_pos.append((keep, pos))
+        for _, pos in new_pos:
+            if pos.numel():
+                self._see(int(pos[0]), int(pos[-1]))
         device = query.device
         if self._shape is None:
             self._shape = shape
@@ -445,6 +523,13 @@ class PLSHDecodingCache:
             return False
         return mask is None or bool(mask.all())
 
+    def _see(self, low: int, high: int) -> None:
+        """Widen the span of positions seen (for :meth:`error_bound`)."""
+        if self._span is None:
+            self._span = (low, high)
+        else:
+            self._span = (min(self._span[0], low), max(self._span[1], high))
+
     def _unbuffer(self) -> None:
         """Move the cache back into per-sequence tensors (the general path's form)."""
         if self._buffers is not None:
@@ -473,6 +558,7 @@ class PLSHDecodingCache:
                     f"positions: decode step out of order for sequence {b}: position "
                     f"{int(pos[b])} after {int(ring.last[b])}"
                 )
+        self._see(int(pos.min()), int(pos.max()))
         plan = ring.plan(pos, consecutive=positions is None)
         if plan is None:  # not exactly representable by the ring: the general path
             self._unbuffer()
