@@ -41,6 +41,7 @@ from . import _padding as P
 from . import _validation as V
 from ._partition import bins as torch_bins
 from ._partition import count_bias
+from .cpu import PlanCache, use_plan_cache
 from .dense import expand_kv
 
 __all__ = [
@@ -333,6 +334,9 @@ class PLSHAttention(nn.Module):
         part = draw_partition(1.0 / m, num_samples, self.seed, **self._sampler_kwargs())
         self.register_buffer("pitch", torch.from_numpy(part.pitch.copy()))
         self.register_buffer("offset", torch.from_numpy(part.offset.copy()))
+        # This layer's own kept CPU plans (plsh_fast.cpu.PlanCache): the layers of a model
+        # do not evict each other's plans from one shared budget (eager calls).
+        self.plan_cache = PlanCache()
 
     # ------------------------------------------------------------------ state
     @property
@@ -553,19 +557,25 @@ class PLSHAttention(nn.Module):
             return biased_sdpa(query, key, value, bias, scale=self.scale)
         from .api import plsh_attention  # noqa: PLC0415 (plsh_fast.api imports torch/triton)
 
-        return plsh_attention(
-            query,
-            key,
-            value,
-            causal=self.causal,
-            scale=self.scale,
-            partition=self._forward_partition(),
-            query_positions=query_positions,
-            key_positions=key_positions,
-            attention_mask=attention_mask,
-            backend=self.backend,
-            check_finite=self.check_finite,
-        )
+        def attend():
+            return plsh_attention(
+                query,
+                key,
+                value,
+                causal=self.causal,
+                scale=self.scale,
+                partition=self._forward_partition(),
+                query_positions=query_positions,
+                key_positions=key_positions,
+                attention_mask=attention_mask,
+                backend=self.backend,
+                check_finite=self.check_finite,
+            )
+
+        if torch.compiler.is_compiling():  # the compiled operator keeps plans process-wide
+            return attend()
+        with use_plan_cache(self.plan_cache):  # this layer's CPU plans
+            return attend()
 
 
 def _eager_mask_values(mask):

@@ -67,6 +67,13 @@ class PlanCache:
     def __len__(self) -> int:
         return len(self.plans)
 
+    def __deepcopy__(self, memo) -> PlanCache:
+        """An empty cache (a copied layer plans again; plans are not copied)."""
+        return PlanCache()
+
+    def __reduce__(self):
+        return (PlanCache, ())  # pickled empty, like a copy
+
     def clear(self) -> None:
         """Forget every kept plan and every remembered call (frees their chunks, also where
         an autograd graph still holds a plan: its backward builds them again)."""

@@ -401,3 +401,29 @@ def test_a_kept_plan_travels_to_the_compiled_backward_as_its_tiles():
     for a, b in zip(specs, full_specs):
         assert a[:3] == b[:3]
         assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a[3:], b[3:]))
+
+
+def test_a_model_of_layers_keeps_one_plan_per_layer(counted, monkeypatch):
+    """PLSHAttention layers keep their plans in their own caches: with a budget that holds
+    one plan, four layers called in turn plan twice each (to be kept), then never again;
+    the process-wide cache stays empty. A copy of a layer starts with an empty cache."""
+    import copy
+
+    q, k, v = _qkv()
+    layers = [PLSHAttention(4, 8, seed=seed, resample="fixed") for seed in range(4)]
+    for layer in layers:
+        layer.eval()
+    layers[0](q, k, v)
+    layers[0](q, k, v)
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", layers[0].plan_cache.nbytes * 3 // 2)
+    for layer in layers:
+        layer.plan_cache.clear()
+    counted["plan"] = 0
+    first = [layer(q, k, v) for layer in layers]
+    for _ in range(3):
+        again = [layer(q, k, v) for layer in layers]
+    assert counted["plan"] == 8
+    assert all(len(layer.plan_cache) == 1 for layer in layers) and cpu.kept_plan_bytes() == 0
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    twin = copy.deepcopy(layers[0])
+    assert len(twin.plan_cache) == 0 and torch.equal(twin(q, k, v), first[0])
