@@ -4,8 +4,16 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# torch==2.13.0 is the CPU wheel; a plain `torch` requirement would pull a multi-GB CUDA build.
+# torch is installed first, by itself: TORCH_SPEC is the requirement (the version the project
+# is tested with), TORCH_INDEX an index to take it from instead of pip's configured ones.
+# On Linux the public index (PyPI) serves the CUDA build of torch; a CPU-only machine whose
+# pip sees only PyPI runs
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# (the PyTorch CPU wheel index, passed to pip as --index-url); a CUDA machine runs plain
+# `make test`. Empty TORCH_INDEX: pip's own configuration decides (a machine may serve a
+# CPU wheel from a local index already).
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
 
 .PHONY: demo test venv install-test lint tests docs clean
 
@@ -18,7 +26,7 @@ demo: $(BIN)/python
 	$(BIN)/plsh reproduce
 
 install-test: $(BIN)/python
-	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet $(if $(strip $(TORCH_INDEX)),--index-url "$(TORCH_INDEX)") "$(TORCH_SPEC)"
 	$(BIN)/pip install --quiet -e ".[test,fast,docs,hf]"
 
 lint:

@@ -1,7 +1,7 @@
 """Ahead-of-time compilation report of the Triton kernels (no GPU needed).
 
-Compiles the kernels that :func:`plsh_fast.triton_forward.plsh_forward_triton` and
-:func:`plsh_fast.triton_backward.plsh_backward_triton` launch, for a CUDA target given by
+Compiles the kernels that :func:`plsh_fast.triton.plsh_forward_triton` and
+:func:`plsh_fast.triton.plsh_backward_triton` launch, for a CUDA target given by
 compute capability (sm_90a, sm_80), through Triton's own compile API
 (``triton.compile(ASTSource(fn, signature, constexprs, attrs), target=GPUTarget(...))``)
 and reads what the compiler produced:
@@ -58,21 +58,23 @@ __all__ = [
 ]
 
 _KERNELS = (
-    ("tiling", "_bins_kernel"),
-    ("triton_forward", "_fwd_kernel"),
-    ("triton_backward", "_delta_kernel"),
-    ("triton_backward", "_bwd_dq_kernel"),
-    ("triton_backward", "_bwd_dkdv_kernel"),
+    ("triton._tiling", "_bins_kernel"),
+    ("triton._forward", "_fwd_kernel"),
+    ("triton._backward", "_delta_kernel"),
+    ("triton._backward", "_bwd_dq_kernel"),
+    ("triton._backward", "_bwd_dkdv_kernel"),
 )
 
 
 def _modules():
-    """The kernel modules, imported compiled (fails if ``TRITON_INTERPRET`` is set)."""
+    """The package ``plsh_fast.triton`` and its kernel modules, imported compiled (fails if
+    ``TRITON_INTERPRET`` is set), by name relative to ``plsh_fast``."""
     if ROOT not in sys.path:
         sys.path.insert(0, ROOT)
     import importlib
 
-    return {name: importlib.import_module(f"plsh_fast.{name}") for name, _ in _KERNELS}
+    names = ["triton"] + [name for name, _ in _KERNELS]
+    return {name: importlib.import_module(f"plsh_fast.{name}") for name in names}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +83,7 @@ class KernelConfig:
 
     ``kernel`` is one of ``_bins_kernel``, ``_fwd_kernel``, ``_delta_kernel``,
     ``_bwd_dq_kernel``, ``_bwd_dkdv_kernel``; the tile sizes and warps are the shipped
-    defaults (:func:`plsh_fast.triton_forward.tile_config`) for a CUDA device.
+    defaults (:func:`plsh_fast.triton.tile_config`) for a CUDA device.
     """
 
     kernel: str
@@ -181,7 +183,7 @@ FULL_CONFIGS = (
     ],
     *_fwd_bwd("bfloat16", 112, head_dim_v=64),  # sm_90 half types: backward halves at 112
     KernelConfig("_fwd_kernel", "float32", 256),  # the float32 tiles of width 256
-    # s > 64 (tiling.sample_block: four and eight static passes of 32 samples)
+    # s > 64 (plsh_fast.triton.sample_block: four and eight static passes of 32 samples)
     *_fwd_bwd("bfloat16", 128, num_samples=128),
     *_fwd_bwd("bfloat16", 128, num_samples=256),
     *_fwd_bwd("float32", 128, num_samples=128),
@@ -242,8 +244,7 @@ def _launches(cfg: KernelConfig, n: int = 4096):
     """Run the real launch code of ``cfg``'s direction on CPU tensors; the recorded calls."""
     import torch
 
-    modules = _modules()
-    triton_forward, triton_backward = modules["triton_forward"], modules["triton_backward"]
+    plsh_triton = _modules()["triton"]
     dtype = getattr(torch, cfg.dtype)
     d, dv = cfg.head_dim, cfg.head_dim_v or cfg.head_dim
     num_heads = 4 * cfg.group if cfg.group > 1 else 4
@@ -257,20 +258,20 @@ def _launches(cfg: KernelConfig, n: int = 4096):
     )
     offset = pitch * torch.rand((num_heads, cfg.num_samples), dtype=torch.float64, generator=gen)
     pos = torch.arange(n, dtype=torch.int64)
-    tiles = triton_forward.tile_config(
+    tiles = plsh_triton.tile_config(
         d, dv, torch.device("cuda"), dtype, capability=divmod(cfg.arch, 10),
         num_samples=cfg.num_samples,
     )  # fmt: skip
-    blocks = dict(_tiles=tiles)
+    blocks = dict(tiles=tiles)
     with capture_launches() as calls:
         if cfg.kernel in ("_fwd_kernel", "_bins_kernel"):
-            triton_forward.plsh_forward_triton(
+            plsh_triton.plsh_forward_triton(
                 q, k, v, pitch, offset, pos, pos, 0.1, cfg.causal, **blocks
             )
         else:
             out = torch.zeros((1, num_heads, n, dv), dtype=dtype)
             lse = torch.zeros((1, num_heads, n), dtype=torch.float32)
-            triton_backward.plsh_backward_triton(
+            plsh_triton.plsh_backward_triton(
                 q, k, v, out, lse, out, pitch, offset, pos, pos, 0.1, cfg.causal, **blocks
             )
     return calls

@@ -92,7 +92,10 @@ def bench(context: int, batch: int, args) -> dict:
     a = context - tail
     t0 = time.perf_counter()
     cache.update(
-        q[:, :, a:context], k[:, :, a:context], v[:, :, a:context], torch.arange(a, context)
+        q[:, :, a:context],
+        k[:, :, a:context],
+        v[:, :, a:context],
+        query_positions=torch.arange(a, context),
     )
     row["plsh_prefill_tail"] = tail
     row["plsh_prefill_s"] = time.perf_counter() - t0

@@ -28,6 +28,7 @@ machine (placeholder numbers, marked as such).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -233,7 +234,7 @@ def _peak_mb(fn):
 
 def check_bins(device):
     torch = _torch()
-    from plsh_fast.tiling import compute_bins
+    from plsh_fast.triton import compute_bins
     from plsh_ref.partition import bins, draw_partition
 
     rng = np.random.default_rng(0)
@@ -288,8 +289,7 @@ def check_case(
     device, dtype_name, batch, heads, heads_kv, n_q, n_k, d, dv, s, causal, positions, seed
 ):
     torch = _torch()
-    from plsh_fast.triton_backward import plsh_backward_triton
-    from plsh_fast.triton_forward import plsh_forward_triton
+    from plsh_fast.triton import plsh_backward_triton, plsh_forward_triton
     from plsh_ref.attention import plsh_attention
     from plsh_ref.partition import draw_partition
     from plsh_ref.testing.baseline import plain_attention_torch
@@ -319,7 +319,15 @@ def check_case(
     )
     q64, k64, v64 = (t.double().cpu().numpy() for t in (q, k, v))
     ref_out, ref_lse = plsh_attention(
-        q64, k64, v64, part, causal=causal, scale=scale, query_positions=qpos, key_positions=kpos
+        q64,
+        k64,
+        v64,
+        partition=part,
+        causal=causal,
+        scale=scale,
+        query_positions=qpos,
+        key_positions=kpos,
+        return_lse=True,
     )
     bias = _dense_bias(part, qpos, kpos, causal)
     base_out, base_lse = plain_attention_torch(
@@ -405,8 +413,7 @@ def check_large(device, n=None, window=1024, tail=128):
     problem): the reference covers the last ``window`` positions of batch entry 1 and is
     exact for its last ``tail`` rows and keys."""
     torch = _torch()
-    from plsh_fast.triton_backward import plsh_backward_triton
-    from plsh_fast.triton_forward import plsh_forward_triton
+    from plsh_fast.triton import plsh_backward_triton, plsh_forward_triton
     from plsh_ref.attention import plsh_attention
     from plsh_ref.partition import draw_partition
     from plsh_ref.testing.baseline import plain_attention_torch
@@ -439,7 +446,15 @@ def check_large(device, n=None, window=1024, tail=128):
     qs, ks, vs, gs = (t[1:2, :, sl] for t in (q, k, v, g))
     q64, k64, v64 = (t.double().cpu().numpy() for t in (qs, ks, vs))
     ref_out, ref_lse = plsh_attention(
-        q64, k64, v64, part, causal=True, scale=scale, query_positions=spos, key_positions=spos
+        q64,
+        k64,
+        v64,
+        partition=part,
+        causal=True,
+        scale=scale,
+        query_positions=spos,
+        key_positions=spos,
+        return_lse=True,
     )
     bias = _dense_bias(part, spos, spos, True)
     base_out, base_lse = plain_attention_torch(
@@ -579,7 +594,7 @@ def sdpa_results(q, k, v, slopes, n, scale, err, device, max_gb=16.0):
     try:
         from plsh_fast import peers
 
-        bias = peers.alibi_bias(slopes, n, n, causal=True, dtype=q.dtype, device=device)
+        bias = peers.sdpa_alibi_bias(slopes, n, n, causal=True, dtype=q.dtype, device=device)
 
         def fwd():
             return peers.sdpa_alibi_attention(q, k, v, bias=bias, scale=scale)
@@ -620,9 +635,13 @@ def flex_results(flex, q, k, v, g, n, scale, err, args, device, mods):
 
 def bench_one(device, n, s, args, state):
     torch = _torch()
-    from plsh_fast.tiling import compute_bins, make_plan
-    from plsh_fast.triton_backward import plsh_backward_triton
-    from plsh_fast.triton_forward import plsh_forward_triton
+    from plsh_fast.triton import (
+        compute_bins,
+        make_plan,
+        plsh_backward_triton,
+        plsh_forward_triton,
+        tile_config,
+    )
     from plsh_ref.alibi import alibi_slopes
     from plsh_ref.partition import draw_partition
 
@@ -676,9 +695,11 @@ def bench_one(device, n, s, args, state):
         rec["plsh_fwd_bwd_peak_mb"] = _peak_mb(ours_fwd_bwd)
     del out, lse
 
+    ablation = dataclasses.replace(tile_config(d, d, q.device, q.dtype, num_samples=s), variant=3)
+
     def ablation_fwd():  # same kernel, counts not computed (planned range + causal mask)
         return plsh_forward_triton(
-            q, k, v, pitch, offset, pos, pos, scale, True, positions_sorted=True, _variant=3
+            q, k, v, pitch, offset, pos, pos, scale, True, positions_sorted=True, tiles=ablation
         )
 
     try:
@@ -764,7 +785,7 @@ def _variant_name(bm, bn, warps, stages, variant):
 def bench_variants(device, n, s, args):
     """Forward time of tile-size/stage variants and of the no-counts ablation."""
     torch = _torch()
-    from plsh_fast.triton_forward import plsh_forward_triton
+    from plsh_fast.triton import plsh_forward_triton, tile_config
     from plsh_ref.alibi import alibi_slopes
     from plsh_ref.partition import draw_partition
 
@@ -778,31 +799,28 @@ def bench_variants(device, n, s, args):
     pitch, offset = _partition_tensors(part, device)
     pos = torch.arange(n, device=device)
     scale = 1.0 / math.sqrt(d)
+    shipped = tile_config(d, d, q.device, q.dtype, num_samples=s)
     base = None
     times = {}
     for bm, bn, warps, stages, variant in VARIANTS:
         key = _variant_name(bm, bn, warps, stages, variant)
         try:
+            tiles = dataclasses.replace(
+                shipped,
+                block_m=bm,
+                block_n=bn,
+                dq_block_n=None,  # the dQ key tile must divide block_n (forward only here)
+                num_warps=warps,
+                num_stages=stages,
+                variant=variant if variant != 4 else 0,
+                classify=variant != 4,
+            )
 
-            def run(bm=bm, bn=bn, warps=warps, stages=stages, variant=variant):
+            def run(tiles=tiles):
                 return plsh_forward_triton(
-                    q,
-                    k,
-                    v,
-                    pitch,
-                    offset,
-                    pos,
-                    pos,
-                    scale,
-                    True,
-                    _block_m=bm,
-                    _block_n=bn,
-                    _num_warps=warps,
-                    _num_stages=stages,
-                    _variant=variant if variant != 4 else 0,
-                    _classify=variant != 4,
+                    q, k, v, pitch, offset, pos, pos, scale, True, tiles=tiles,
                     positions_sorted=True,
-                )
+                )  # fmt: skip
 
             out = run()[0]
             if base is None:

@@ -17,8 +17,9 @@ changes, so incremental builds stay incremental:
   page also lists its modules and the functions and classes of each direct submodule
   (``__all__`` if the module has one), so a new module needs no edit here;
 * ``_generated/``: the overview figure (``_scripts/overview_figure.py``), the plots of a
-  reduced ``plsh reproduce`` run (``_scripts/reproduce_plots.py``) and the ``plsh verify``
-  runs of the validation guide (``_scripts/verify_examples.py``).
+  reduced ``plsh reproduce`` run (``_scripts/reproduce_plots.py``), the general-kernels
+  figures (``_scripts/kernels_plots.py``) and the ``plsh verify`` runs of the validation
+  guide (``_scripts/verify_examples.py``).
 """
 
 from __future__ import annotations
@@ -166,15 +167,83 @@ def _theory_stubs() -> None:
     _sync_dir(DOCS / "theory", wanted, keep={"index.md"})
 
 
-def _benchmark_stubs() -> None:
-    wanted = {}
-    for table in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
-        lines = [line for line in table.read_text().splitlines() if line.strip()]
-        title = "" if lines and lines[0].startswith("# ") else f"# {table.stem}\n\n"
-        wanted[table.name] = (
-            f"{title}```{{include}} ../../benchmarks/results/{table.name}\n:relative-images:\n```\n"
+#: facts that tell benchmark reports of one title apart, tried in this order (a report
+#: states them in its header): the Triton version, the commit of the kernels, the number of
+#: compiled configurations, then the counts cost
+_TITLE_FACTS = [
+    (r"Triton (\d+\.\d+(?:\.\d+)?)", "Triton {}"),
+    (r"commit `([0-9a-f]{7,40})`", "kernels of {}"),
+    (r"(\d+) configurations", "{} configurations"),
+    (r"([\d.]+) SASS instructions per mixed sample", "counts {} SASS instructions per sample"),
+]
+
+
+def _heading(text: str) -> tuple[str | None, int]:
+    """The first line's ``# `` title of ``text`` and the number of lines up to it."""
+    for number, line in enumerate(text.splitlines()):
+        if line.strip():
+            return (line[2:].strip(), number + 1) if line.startswith("# ") else (None, 0)
+    return None, 0
+
+
+def benchmark_titles(texts: dict[str, str]) -> dict[str, str]:
+    """A distinct page title for each benchmark report (file name -> title).
+
+    A report keeps its own ``# `` title (or its file stem when it has none) when no other
+    report shares it; reports that share one get the facts of :data:`_TITLE_FACTS` found
+    in their text appended, one more fact at a time until the titles differ, and the file
+    stem as the last resort.
+    """
+    base = {}
+    for name, text in texts.items():
+        title, _ = _heading(text)
+        base[name] = title or Path(name).stem
+    titles = dict(base)
+    for name in texts:
+        group = [other for other in texts if base[other] == base[name]]
+        if len(group) == 1:
+            continue
+        for depth in range(1, len(_TITLE_FACTS) + 2):
+            candidates = {}
+            for member in group:
+                facts = []
+                for pattern, template in _TITLE_FACTS[:depth]:
+                    found = re.search(pattern, texts[member])
+                    if found:
+                        facts.append(template.format(found.group(1)))
+                if depth > len(_TITLE_FACTS):
+                    facts.append(Path(member).stem)
+                candidates[member] = (
+                    f"{base[member]}: {', '.join(facts)}" if facts else base[member]
+                )
+            if len(set(candidates.values())) == len(group):
+                break
+        titles[name] = candidates[name]
+    return titles
+
+
+def benchmark_pages() -> dict[str, str]:
+    """The stub of each ``benchmarks/results/*.md`` (file name -> MyST source).
+
+    Each stub states the report's title (:func:`benchmark_titles`) and includes the report
+    from the line after its own title, so every page has one, distinct, title.
+    """
+    tables = sorted((ROOT / "benchmarks" / "results").glob("*.md"))
+    texts = {table.name: table.read_text() for table in tables}
+    titles = benchmark_titles(texts)
+    pages = {}
+    for name, text in texts.items():
+        _, skip = _heading(text)
+        start = f":start-line: {skip}\n" if skip else ""
+        pages[name] = (
+            f"# {titles[name]}\n\n```{{include}} ../../benchmarks/results/{name}\n"
+            f"{start}:relative-images:\n```\n"
         )
-    _sync_dir(DOCS / "benchmarks", wanted, keep={"index.md"})
+    return pages
+
+
+def _benchmark_stubs() -> None:
+    _sync_dir(DOCS / "benchmarks", benchmark_pages(), keep={"index.md"})
 
 
 def public_modules(package: str) -> list[str]:
@@ -316,6 +385,7 @@ def _api_pages() -> None:
 _FIGURE_SCRIPTS = {
     "overview_figure.py": "overview.png",
     "reproduce_plots.py": "reproduce/log.txt",
+    "kernels_plots.py": "kernels/reproduce/log.txt",
     "verify_examples.py": "verify/numpy_alibi.txt",
 }
 
@@ -363,6 +433,7 @@ THEORY_ORDER = [
     "spectral_bound",
     "output_bound",
     "gradient_expectation",
+    "general_kernels",
 ]
 #: index pages whose marker line is replaced by a toctree of the stubs next to them
 _GENERATED_TOCS = {"theory/index": "the proofs_notes", "benchmarks/index": "benchmarks/results"}

@@ -63,8 +63,7 @@ def kernels(backend: str):
 
         return plsh_forward_cpu, plsh_backward_cpu, plan_cpu
     if backend == "triton":
-        from .triton_backward import plsh_backward_triton
-        from .triton_forward import plsh_forward_triton
+        from .triton import plsh_backward_triton, plsh_forward_triton
 
         return plsh_forward_triton, plsh_backward_triton, None
     raise ValueError(f"backend: must be 'cpu' or 'triton', got {backend!r}")

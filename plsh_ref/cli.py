@@ -7,30 +7,53 @@ names a module exposing ``HELP`` (its description), ``add_arguments(parser)`` an
 package adds a command by declaring one in its metadata; this package declares
 ``reproduce``, ``spectrum``, ``bounds``, ``verify`` (plsh_ref) and ``train-lm``
 (plsh_fast) in ``pyproject.toml``. Only the chosen module is imported, so the plsh_ref
-commands run without torch.
+commands run without torch; ``plsh --help`` imports none of them (it reads each module's
+``SUMMARY`` and ``REQUIRES`` from its source, :func:`command_summary`).
 
 With no subcommand, ``plsh`` runs the main job ``plsh reproduce`` with its defaults. A
 command whose module or ``REQUIRES`` cannot be imported ends in one line naming what is
 missing, exit status 2. A ``ValueError``, ``TypeError``, ``ArithmeticError`` (overflow,
-division by zero), ``MemoryError`` or ``OSError`` escaping a subcommand is reported in one line with exit
-status 2 (set ``PLSH_DEBUG=1`` for the traceback).
+division by zero), ``MemoryError`` or ``OSError`` escaping a subcommand is reported in one
+line with exit status 2 (set ``PLSH_DEBUG=1`` for the traceback); a message that starts
+with a parameter name the command has as an option (``num_samples: ...``) names the option
+(``--num-samples: ...``), as does one listed in the module's optional
+``PARAMETER_OPTIONS`` mapping. Ctrl-C ends a command with one line and exit status 130.
+A command that fails or is interrupted leaves no empty output folder behind
+(:class:`plsh_ref.experiments.options.CreatedFolders`).
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib
+import importlib.machinery
 import importlib.metadata
+import importlib.util
 import os
+import re
 import sys
 
-__all__ = ["DEFAULT_COMMAND", "GROUP", "commands", "load_command", "main"]
+__all__ = [
+    "DEFAULT_COMMAND",
+    "GROUP",
+    "INTERRUPTED",
+    "OneLineArgumentParser",
+    "command_summary",
+    "commands",
+    "install_hint",
+    "load_command",
+    "main",
+]
 
 #: entry-point group of the subcommands
 GROUP = "plsh.commands"
 
 #: the command run by a bare ``plsh``
 DEFAULT_COMMAND = "reproduce"
+
+#: exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
+INTERRUPTED = 130
 
 
 def commands() -> dict[str, importlib.metadata.EntryPoint]:
@@ -50,12 +73,37 @@ def _missing_requirement(module) -> str | None:
     return None
 
 
+def install_hint(what: str) -> str:
+    """How to install ``what`` (``"torch"`` or another requirement) from a checkout.
+
+    There is no published release: the package installs from its source folder. torch
+    comes first, from the PyTorch CPU wheel index on a machine without a CUDA GPU (the
+    public index serves the CUDA build, with its NVIDIA libraries, on Linux), plainly on a
+    CUDA machine.
+
+    Parameters
+    ----------
+    what : str
+        The top-level module that cannot be imported.
+
+    Returns
+    -------
+    str
+        One sentence of pip commands (no trailing period).
+    """
+    extras = "`pip install -e '.[fast]'` in the positional-lsh checkout"
+    if what != "torch":
+        return extras
+    return (
+        "on a CPU-only machine `pip install torch --index-url "
+        "https://download.pytorch.org/whl/cpu`, on a CUDA machine `pip install torch`; "
+        f"then {extras} (see the quickstart)"
+    )
+
+
 def _needs_message(command: str, what: str) -> str:
-    return f"plsh {command}: needs {what}, which cannot be imported; install it, e.g. " + (
-        "`pip install torch==2.13.0` (a CPU build where a plain `torch` would pull a "
-        "multi-GB CUDA one; see the quickstart), then `pip install positional-lsh[fast]`"
-        if what == "torch"
-        else "`pip install positional-lsh[fast]`"
+    return f"plsh {command}: needs {what}, which cannot be imported; install it: " + install_hint(
+        what
     )
 
 
@@ -72,17 +120,76 @@ def load_command(name: str):
     return importlib.import_module(commands()[name].value)
 
 
-def _summary(ep) -> str:
+def _module_file(name: str) -> str | None:
+    """The source file of module ``name``, found without importing it or its packages."""
+    path = None
+    spec = None
+    for part in range(1, len(name.split(".")) + 1):
+        spec = importlib.machinery.PathFinder.find_spec(".".join(name.split(".")[:part]), path)
+        if spec is None:
+            return None
+        path = spec.submodule_search_locations
+    origin = getattr(spec, "origin", None)
+    return origin if origin and origin.endswith(".py") else None
+
+
+def _static_constants(filename: str) -> dict:
+    """Module-level ``NAME = <literal>`` assignments of a source file (not executed)."""
+    with open(filename, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), filename)
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            if isinstance(target, ast.Name) and target.id in ("SUMMARY", "HELP", "REQUIRES"):
+                try:
+                    found[target.id] = ast.literal_eval(node.value)
+                except ValueError:
+                    continue
+    return found
+
+
+def _findable(name: str) -> bool:
+    """Whether the top-level module ``name`` can be found (found, not imported)."""
     try:
-        module = importlib.import_module(ep.value)
-    except ModuleNotFoundError as exc:
-        return f"(needs {(exc.name or str(exc)).split('.')[0]}: not installed)"
-    except ImportError as exc:
-        return f"(unavailable: {exc})"
-    text = getattr(module, "SUMMARY", None) or module.HELP.split(". ")[0].rstrip(".")
-    missing = _missing_requirement(module)
-    if missing:
-        text = text.removesuffix(f" (needs {missing})") + f" (needs {missing}: not installed)"
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def command_summary(ep: importlib.metadata.EntryPoint) -> str:
+    """The one-line description of a subcommand for ``plsh --help``.
+
+    Read from the module's source (``SUMMARY``, else the first sentence of ``HELP``), so
+    that the overview imports no command (``train-lm`` would import torch); a module whose
+    constants are not literals is imported instead. A requirement in ``REQUIRES`` that is
+    not installed is named (``"(needs torch: not installed)"``).
+
+    Parameters
+    ----------
+    ep : importlib.metadata.EntryPoint
+        An entry point of :data:`GROUP` (its value is the command's module name).
+
+    Returns
+    -------
+    str
+        One line; never raises for a module that cannot be imported (it says so).
+    """
+    filename = _module_file(ep.value)
+    constants = _static_constants(filename) if filename else {}
+    if "SUMMARY" not in constants and "HELP" not in constants:
+        try:
+            module = importlib.import_module(ep.value)
+        except ModuleNotFoundError as exc:
+            return f"(needs {(exc.name or str(exc)).split('.')[0]}: not installed)"
+        except ImportError as exc:
+            return f"(unavailable: {exc})"
+        constants = {k: getattr(module, k, None) for k in ("SUMMARY", "HELP", "REQUIRES")}
+    text = constants.get("SUMMARY") or str(constants.get("HELP")).split(". ")[0].rstrip(".")
+    for name in constants.get("REQUIRES") or ():
+        if not _findable(name):
+            text = text.removesuffix(f" (needs {name})") + f" (needs {name}: not installed)"
+            break
     return text
 
 
@@ -92,7 +199,7 @@ def _usage() -> str:
         "",
         f"With no COMMAND, runs `plsh {DEFAULT_COMMAND}`. Commands:",
     ]
-    lines += [f"  {name:<10} {_summary(ep)}" for name, ep in commands().items()]
+    lines += [f"  {name:<13} {command_summary(ep)}" for name, ep in commands().items()]
     lines += ["", "`plsh COMMAND --help` describes a command's options; `plsh --version`."]
     return "\n".join(lines)
 
@@ -106,6 +213,9 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     """
 
     def error(self, message):  # noqa: D102 - argparse API
+        # "argument --qkv: no such file" -> "--qkv: no such file", as the commands' own
+        # errors name their options
+        message = re.sub(r"^argument ([^:\s]+): ", r"\1: ", str(message)).replace("\n", " ")
         self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
 
 
@@ -114,11 +224,19 @@ def main(argv: list[str] | None = None) -> int:
 
     A reader of the output that goes away early (``plsh --help | head -3``) ends the
     command with status 1 and no traceback (Python's advice for ``BrokenPipeError``).
+    Ctrl-C ends it with one line on stderr and status :data:`INTERRUPTED` (130).
     """
     try:
         status = _main(argv)
         sys.stdout.flush()  # a closed pipe raises here rather than at interpreter exit
         return status
+    except KeyboardInterrupt:
+        if os.environ.get("PLSH_DEBUG"):
+            raise
+        words = list(sys.argv[1:] if argv is None else argv)
+        command = DEFAULT_COMMAND if not words or words[0].startswith("-") else words[0]
+        print(f"\nplsh {command}: interrupted", file=sys.stderr)  # e.g. while importing
+        return INTERRUPTED
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())  # the exit-time flush must not fail again
@@ -159,22 +277,55 @@ def _main(argv: list[str] | None) -> int:
         return 2
     parser = OneLineArgumentParser(prog=f"plsh {command}", description=module.HELP)
     module.add_arguments(parser)
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # a usage error (one line, status 2) or --help (status 0)
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     missing = _missing_requirement(module)
     if missing is not None:
         print(_needs_message(command, missing), file=sys.stderr)
         return 2
+    from .experiments.options import CreatedFolders
+
+    created = CreatedFolders(getattr(args, "out", None) or None)
+    status = 2
     try:
-        return int(module.run(args) or 0)
+        status = int(module.run(args) or 0)
+        return status
+    except KeyboardInterrupt:
+        if os.environ.get("PLSH_DEBUG"):
+            raise
+        print(f"\nplsh {command}: interrupted", file=sys.stderr)
+        status = INTERRUPTED
+        return status
     except (ValueError, TypeError, ArithmeticError, MemoryError, OSError) as exc:
         # Bad input (an option out of range, an unreadable file, an argument the library
         # refuses): one line and exit status 2, as for argparse errors. PLSH_DEBUG=1 shows
         # the traceback.
         if os.environ.get("PLSH_DEBUG"):
             raise
-        text = str(exc).replace("\n", " ") or type(exc).__name__
+        text = _option_text(exc, parser, getattr(module, "PARAMETER_OPTIONS", None))
         print(f"plsh {command}: error: {text}", file=sys.stderr)
         return 2
+    finally:
+        if status != 0:
+            created.remove_empty()
+
+
+def _option_text(exc: BaseException, parser: argparse.ArgumentParser, extra) -> str:
+    """``exc``'s message on one line, a leading parameter name turned into its option."""
+    from .experiments.options import option_message
+
+    names = {}
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps no public list
+        long = [o for o in action.option_strings if o.startswith("--")]
+        if long and action.help != argparse.SUPPRESS:
+            names.setdefault(action.dest, long[0])
+    names.update(extra or {})
+    text = str(exc).replace("\n", " ") or type(exc).__name__
+    if isinstance(exc, OSError) and exc.filename is not None and not text.startswith("-"):
+        text = f"{exc.strerror or text}: {exc.filename!r}"
+    return option_message(Exception(text), (), names)
 
 
 if __name__ == "__main__":  # pragma: no cover

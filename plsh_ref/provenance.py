@@ -15,10 +15,57 @@ import subprocess
 import sys
 from pathlib import Path
 
-__all__ = ["DISTRIBUTION", "git_commit", "package_version", "run_metadata"]
+__all__ = [
+    "DEPENDENCIES",
+    "DISTRIBUTION",
+    "dependency_versions",
+    "git_commit",
+    "package_version",
+    "run_metadata",
+]
 
 #: name of the installed distribution that holds ``plsh_ref`` and ``plsh_fast``
 DISTRIBUTION = "positional-lsh"
+
+#: the libraries whose versions a results file records when the run imported them
+#: (module name -> distribution name)
+DEPENDENCIES = {
+    "numpy": "numpy",
+    "scipy": "scipy",
+    "mpmath": "mpmath",
+    "matplotlib": "matplotlib",
+    "torch": "torch",
+    "triton": "triton",
+    "transformers": "transformers",
+    "hypothesis": "hypothesis",
+}
+
+
+def dependency_versions() -> dict:
+    """Versions of Python and of the :data:`DEPENDENCIES` this process has imported.
+
+    Only modules already in ``sys.modules`` are reported (nothing is imported to ask:
+    a run of ``plsh spectrum`` records no torch, and does not load it).
+
+    Returns
+    -------
+    dict
+        ``{"python": "3.11.7", "numpy": "2.4.6", ...}``: the module's ``__version__``,
+        else its distribution's metadata version, else ``None``.
+    """
+    versions = {"python": platform.python_version()}
+    for module_name, distribution in DEPENDENCIES.items():
+        module = sys.modules.get(module_name)
+        if module is None:
+            continue
+        version = getattr(module, "__version__", None)
+        if not isinstance(version, str):
+            try:
+                version = importlib.metadata.version(distribution)
+            except importlib.metadata.PackageNotFoundError:
+                version = None
+        versions[module_name] = version
+    return versions
 
 
 def package_version() -> str:
@@ -84,14 +131,17 @@ def run_metadata() -> dict:
     dict
         JSON-serialisable: ``package`` (distribution name), ``version``
         (:func:`package_version`), ``git_commit`` (:func:`git_commit`, ``None`` outside a
-        git checkout), ``python``, ``numpy`` (versions), ``date_utc`` (ISO 8601, seconds),
+        git checkout), ``python``, ``numpy`` (versions), ``dependencies`` (the versions of
+        Python and of every library of :data:`DEPENDENCIES` the run imported,
+        :func:`dependency_versions`), ``date_utc`` (ISO 8601, seconds),
         ``machine`` (``platform``, ``arch``, ``cpu_count``), ``argv`` (the command
         line of this process).
 
     Notes
     -----
     Never raises; a field that cannot be determined is ``None``. Imports nothing beyond
-    numpy and the standard library.
+    numpy and the standard library; call it after the computation, so that the libraries
+    the run used are imported (and recorded).
     """
     try:
         import numpy
@@ -105,6 +155,7 @@ def run_metadata() -> dict:
         "git_commit": git_commit(),
         "python": platform.python_version(),
         "numpy": numpy_version,
+        "dependencies": dependency_versions(),
         "date_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": {
             "platform": platform.platform(),

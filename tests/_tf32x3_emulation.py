@@ -4,7 +4,7 @@ The Triton interpreter computes float32 dots exactly in float32, so the interpre
 cannot see what ``input_precision="tf32x3"`` does on a GPU. This module redoes the
 kernels' float32 arithmetic in torch on CPU, tile by tile, with each ``tl.dot`` replaced
 by a model of the compiled one. What is modelled is read from Triton's own lowering (the
-``F32DotTC`` pass, checked in the TTGIR of ``plsh_fast.triton_forward._fwd_kernel`` compiled
+``F32DotTC`` pass, checked in the TTGIR of ``plsh_fast.triton._forward._fwd_kernel`` compiled
 for sm_90a by Triton 3.6 and 3.9, which agree):
 
 * ``tf32x3``: ``a_hi = cvt.rna.tf32.f32(a)`` (10 mantissa bits, round to nearest, ties away
@@ -36,7 +36,7 @@ float32 ulps (we assume 2 bounds both), and the contraction of multiply-adds int
 (Triton's default; it only removes roundings). Everything else (the scale product, the online
 softmax's maximum and rescaling, ``P = C exp2(.)``, ``D_i = dO_i . O_i``) is float32 in the
 kernels' order, tile sizes and column chunks (given by the caller:
-``plsh_fast.triton_forward.tile_config`` and ``head_dim_split``).
+``plsh_fast.triton.tile_config`` and ``head_dim_split``).
 """
 
 from __future__ import annotations
@@ -153,7 +153,7 @@ class KernelArithmetic:
 
     def chained_dot(self, a: torch.Tensor, b: torch.Tensor, split: tuple[int, int]):
         """A dot whose reduction dimension the kernels take in two column chunks
-        ``split = (BLOCK_D, BLOCK_D1)`` (``plsh_fast.triton_forward.head_dim_split``):
+        ``split = (BLOCK_D, BLOCK_D1)`` (``plsh_fast.triton.head_dim_split``):
         ``tl.dot(a1, b1, tl.dot(a0, b0))``; ``BLOCK_D1 = 0``: one dot."""
         first, second = split
         if second == 0:
@@ -253,7 +253,7 @@ def emulated_forward(
     d_split: tuple[int, int] = (0, 0),
     return_stats: bool = False,
 ):
-    """The float32 forward of ``plsh_fast.triton_forward._fwd_kernel`` under ``arith``.
+    """The float32 forward of ``plsh_fast.triton._forward._fwd_kernel`` under ``arith``.
 
     Parameters
     ----------
@@ -268,7 +268,7 @@ def emulated_forward(
     scale : float
     block_m, block_n : int
         Tile sizes (defaults: the float32 tiles on sm_90 at ``head_dim <= 128``,
-        ``plsh_fast.triton_forward.tile_config``).
+        ``plsh_fast.triton.tile_config``).
     d_split : tuple of int
         The kernels' column chunks ``(BLOCK_D, BLOCK_D1)`` of ``head_dim`` (the reduction of
         ``q . k``); ``(0, 0)``: one chunk.
@@ -344,7 +344,7 @@ def emulated_backward(
     stats: torch.Tensor | None = None,
 ):
     """The float32 ``_delta_kernel``, ``_bwd_dq_kernel`` and ``_bwd_dkdv_kernel`` of
-    ``plsh_fast.triton_backward`` under ``arith``.
+    ``plsh_fast.triton._backward`` under ``arith``.
 
     Parameters
     ----------

@@ -103,8 +103,8 @@ the compiled backward receives it as a tensor (:func:`plan_to_tensor`,
 :func:`plan_from_tensor`).
 
 The two public functions have the signature of the Triton path
-(:func:`plsh_fast.triton_forward.plsh_forward_triton`,
-:func:`plsh_fast.triton_backward.plsh_backward_triton`), so that
+(:func:`plsh_fast.triton.plsh_forward_triton`,
+:func:`plsh_fast.triton.plsh_backward_triton`), so that
 :mod:`plsh_fast._autograd` dispatches uniformly. They trust their arguments: validation
 happens in :func:`plsh_fast.plsh_attention`.
 

@@ -48,7 +48,10 @@ from plsh_ref.experiments.options import (
     check_memory,
     default_out_dir,
     deprecation,
+    integer,
+    number,
     option_message,
+    output_folder,
 )
 from plsh_ref.provenance import run_metadata
 
@@ -143,14 +146,14 @@ _OPTIONS = [
     ),
     ("--corpus", "corpus", str, "", "directory of .py files (default: the stdlib)"),
     ("--threads", "threads", int, 2, "torch CPU threads"),
-    ("--out", "out", str, "", "output folder (default: plsh_out/train-lm-<UTC time>)"),
+    ("--out", "out", str, None, "output folder (default: plsh_out/train-lm-<UTC time>)"),
     (
         "--max-memory",
         "max_memory",
         float,
         DEFAULT_MAX_MEMORY_GIB,
-        "refuse, before allocating, a --seq-len/--batch-size whose estimated attention "
-        "memory exceeds this many GiB",
+        "refuse, before allocating, sizes (--seq-len, --batch-size, --heads, --layers, "
+        "--d-model, --steps) whose estimated memory exceeds this many GiB",
     ),
 ]
 
@@ -163,6 +166,18 @@ BACKENDS = ("auto", "cpu", "triton", "dense")
 #: old option spellings (old -> new), accepted until 0.2 with a deprecation line
 DEPRECATED = {"--seeds": "--seed", "--output": "--out", "--no-progress": "--quiet"}
 
+#: integer options that accept 0 (meaning "default" or "no cap"); the others need >= 1
+_ZERO_ALLOWED = ("block_size", "max_bytes")
+
+#: most torch CPU threads accepted by --threads (torch takes an int32; more threads than
+#: cores only slow a run down)
+MAX_THREADS = 1024
+
+
+def _output_folder(text: str) -> str:
+    """``--out``: a folder that can be written or created (checked when parsing), as text."""
+    return str(output_folder(text))
+
 
 def add_arguments(parser) -> None:
     """Register the options of ``plsh train-lm`` on an ``argparse`` parser.
@@ -172,15 +187,27 @@ def add_arguments(parser) -> None:
     """
     for flag, dest, typ, default, text in _OPTIONS:
         if dest == "seeds":
-            kw = dict(action=JoinedValues, element=int, minimum=0)
+            kw = dict(action=JoinedValues, element=int, minimum=0, metavar="SEED")
         elif dest == "variants":
             kw = dict(action=JoinedValues, element=str.strip, metavar="VARIANTS")
         elif dest == "out":
-            kw = dict(action=StoreValue, type=typ)
+            kw = dict(action=StoreValue, type=_output_folder, metavar="DIR")
             text = text.split(" (default")[0]
+        elif typ is int:
+            top = MAX_THREADS if dest == "threads" else None
+            kw = dict(type=integer(minimum=0 if dest in _ZERO_ALLOWED else 1, maximum=top))
+        elif dest == "max_memory":
+            kw = dict(type=number(positive=True, unit="GiB"), metavar="GIB")
+        elif typ is float:
+            kw = dict(type=number())
         else:
             kw = dict(type=typ)
-        shown = "plsh_out/train-lm-<UTC time>" if dest == "out" else repr(default)
+        shown = "plsh_out/train-lm-<UTC time>" if dest == "out" else default
+        if dest == "corpus":
+            shown = "the standard library"
+            text = text.split(" (default")[0]
+        if isinstance(default, float):
+            shown = f"{default:g}"
         parser.add_argument(
             flag, dest=dest, default=default, help=f"{text} (default: {shown})", **kw
         )
@@ -292,6 +319,9 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
     ):
         if getattr(args, name) < 1:
             raise ValueError(f"{name}: must be >= 1, got {getattr(args, name)}")
+    # sizes before the options that depend on them: --seq-len 100000000 was reported as
+    # an --eval-tokens below the longest evaluation length
+    _check_sizes(args, factors)
     if args.d_model % args.heads:
         raise ValueError(f"d_model: {args.d_model} not divisible by --heads {args.heads}")
     if args.eval_tokens < args.seq_len * factors[-1]:
@@ -308,16 +338,6 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
         args.backend = "auto"
     if args.backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {args.backend!r}")
-    check_memory(
-        "--seq-len",
-        args.seq_len,
-        memory_estimate(args.seq_len, args.batch_size, args.heads, args.layers, factors[-1]),
-        args.max_memory,
-    )
-    # before nn.Embedding allocates: --d-model 100000000 ended in torch's RuntimeError
-    check_memory(
-        "--d-model", args.d_model, model_memory_estimate(args.d_model, args.layers), args.max_memory
-    )
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise ValueError(f"lr: must be finite and > 0, got {args.lr}")
     if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):
@@ -328,6 +348,39 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
         if getattr(args, name) < 0:
             raise ValueError(f"{name}: must be >= 0 (0: default), got {getattr(args, name)}")
     return variants, factors, seeds
+
+
+def _largest(args, names, factors=None) -> tuple[str, object]:
+    """Of the options ``names`` (attributes), the one furthest above its default, and its
+    value; ``factors``: also ``--eval-lengths`` (its longest multiple against 4)."""
+    defaults = {dest: default for _, dest, _, default, _ in _OPTIONS}
+    ratios = {PARAMETER_OPTIONS[name]: getattr(args, name) / defaults[name] for name in names}
+    values = {PARAMETER_OPTIONS[name]: getattr(args, name) for name in names}
+    if factors is not None:
+        ratios["--eval-lengths"] = factors[-1] / 4
+        values["--eval-lengths"] = args.eval_lengths
+    option = max(ratios, key=ratios.get)
+    return option, values[option]
+
+
+def _check_sizes(args, factors) -> None:
+    """Refuse, before allocating, sizes over ``--max-memory``, naming the option to lower.
+
+    The attention arrays grow with ``--seq-len``, ``--batch-size``, ``--heads`` and
+    ``--layers`` (:func:`memory_estimate`), the model with ``--d-model`` and ``--layers``
+    (:func:`model_memory_estimate`), the batch order with ``--steps`` times
+    ``--batch-size`` (int64 offsets); the message names the option furthest above its
+    default.
+    """
+    attention = memory_estimate(args.seq_len, args.batch_size, args.heads, args.layers, factors[-1])
+    option, value = _largest(args, ("seq_len", "batch_size", "heads", "layers"), factors)
+    check_memory(option, value, attention, args.max_memory)
+    # before nn.Embedding allocates: --d-model 100000000 ended in torch's RuntimeError
+    option, value = _largest(args, ("d_model", "layers"))
+    check_memory(option, value, model_memory_estimate(args.d_model, args.layers), args.max_memory)
+    option, value = _largest(args, ("steps", "batch_size"))
+    order = 8 * args.steps * args.batch_size + 64 * args.steps  # offsets, training curve
+    check_memory(option, value, order, args.max_memory)
 
 
 def _lr_at(step: int, total: int, peak: float) -> float:
@@ -618,6 +671,11 @@ def run(args) -> int:
         if corpus.train.size <= args.seq_len + 1:
             raise ValueError(
                 f"corpus: training split has {corpus.train.size} bytes, fewer than --seq-len + 2"
+            )
+        if corpus.val.size <= args.seq_len * factors[-1]:  # noticed only after training
+            raise ValueError(
+                f"corpus: validation split has {corpus.val.size} bytes, fewer than the longest "
+                f"evaluation length {args.seq_len * factors[-1]} + 1 (--seq-len, --eval-lengths)"
             )
     except ValueError as exc:  # name the options, not the parameters (steps: -> --steps:)
         raise ValueError(option_message(exc, (), PARAMETER_OPTIONS)) from None

@@ -21,7 +21,7 @@ from ..bounds import (
 from ..expectation import block_size_mean, expected_window_width, variance_proxy_limit
 from ..provenance import run_metadata
 from ..validation import check_int, check_positive_float, check_probability
-from .options import Values, add_out_option, add_quiet_option, option_message
+from .options import Values, add_out_option, add_quiet_option, integer, number, option_message
 
 #: one line for ``plsh --help``
 SUMMARY = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
@@ -39,7 +39,9 @@ _OPTIONS = ("n", "sigma", "num_samples", "eps", "delta", "spectral_eps")
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh bounds``."""
-    parser.add_argument("--n", type=int, default=4096, help="sequence length (default: 4096)")
+    parser.add_argument(
+        "--n", type=integer(minimum=1), default=4096, help="sequence length (default: 4096)"
+    )
     parser.add_argument(
         "--sigma",
         action=Values,
@@ -49,18 +51,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="length scales, space- or comma-separated (default: those of the 4-head ALiBi "
         "slopes, 4 16 64 256)",
     )
-    parser.add_argument("--num-samples", type=int, default=16, help="samples s (default: 16)")
     parser.add_argument(
-        "--eps", type=float, default=0.1, help="target max-norm error in (0, 1) (default: 0.1)"
+        "--num-samples", type=integer(minimum=1), default=16, help="samples s (default: 16)"
+    )
+    parser.add_argument(
+        "--eps", type=number(), default=0.1, help="target max-norm error in (0, 1) (default: 0.1)"
     )
     parser.add_argument(
         "--spectral-eps",
-        type=float,
+        type=number(),
         default=None,
         help="target spectral error (default: eps * coth(1/(2 sigma)))",
     )
     parser.add_argument(
-        "--delta", type=float, default=0.01, help="failure probability in (0, 1) (default: 0.01)"
+        "--delta", type=number(), default=0.01, help="failure probability in (0, 1) (default: 0.01)"
     )
     add_out_option(parser, "bounds", optional=True)
     add_quiet_option(parser)

@@ -27,14 +27,17 @@ from ..toeplitz import (
     kms_symbol_bounds,
     mask_spectrum,
 )
-from ..validation import check_int, check_positive_float
+from ..validation import MAX_NUM_SAMPLES, check_int, check_positive_float
 from .options import (
+    MAX_SIGMA,
     Values,
     add_max_memory_option,
     add_out_option,
     add_quiet_option,
     check_memory,
     default_out_dir,
+    integer,
+    option_message,
 )
 
 #: one line for ``plsh --help``
@@ -42,23 +45,35 @@ SUMMARY = "KMS spectrum of L*, symbol bounds, spectra of M~ and M~ - L*"
 
 HELP = "KMS spectrum of L*, symbol bounds, spectra of M~ and M~ - L* (plots + table)"
 
+#: library parameters named in error messages -> the option that sets them (a partition
+#: whose bins leave int64 comes from a --sigma too small for --n)
+PARAMETER_OPTIONS = {"partition": "--sigma", "sigma": "--sigma", "num_samples": "--num-samples"}
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh spectrum`` (vocabulary: :mod:`.options`)."""
-    parser.add_argument("--n", type=int, default=256, help="sequence length (default: 256)")
+    parser.add_argument(
+        "--n", type=integer(minimum=1), default=256, help="sequence length (default: 256)"
+    )
     parser.add_argument(
         "--sigma",
         action=Values,
         positive=True,
+        maximum=MAX_SIGMA,
         default=[16.0],
         metavar="SIGMA",
         help="length scale(s) sigma = 1/slope in tokens, space- or comma-separated; one "
         "table column and one pair of plots per value (default: 16)",
     )
     parser.add_argument(
-        "--num-samples", type=int, default=16, help="number of samples s in M~ (default: 16)"
+        "--num-samples",
+        type=integer(minimum=1, maximum=MAX_NUM_SAMPLES),
+        default=16,
+        help="number of samples s in M~ (default: 16)",
     )
-    parser.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
+    parser.add_argument(
+        "--seed", type=integer(minimum=0), default=0, help="partition seed (default: 0)"
+    )
     add_out_option(parser, "spectrum")
     add_max_memory_option(parser)
     add_quiet_option(parser)
@@ -114,7 +129,7 @@ def _plot(res: dict, n: int, sigma: float, s: int, out: pathlib.Path) -> list[pa
     out.mkdir(parents=True, exist_ok=True)
     lo, hi = res["bounds"]
     k = np.arange(1, n + 1)
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), layout="constrained")
     grid = np.linspace(0, np.pi, 400)
     ax.plot(grid, kms_symbol(grid, sigma), color="0.6", lw=1, label=r"symbol $f(\theta)$")
     ax.plot(
@@ -127,14 +142,13 @@ def _plot(res: dict, n: int, sigma: float, s: int, out: pathlib.Path) -> list[pa
     ax.set_yscale("log")
     ax.set_xlabel(r"angle $\theta$ (radians)")
     ax.set_ylabel(r"eigenvalue $\lambda$ of $L^*$")
-    ax.set_title(rf"KMS spectrum of $L^*$, $n = {n}$, $\sigma = {sigma:g}$")
-    ax.legend()
+    ax.set_title(rf"KMS spectrum of $L^*$, $n = {n}$, $\sigma = {sigma:g}$", fontsize="medium")
+    fig.legend(loc="outside lower center", ncols=2, frameon=False, fontsize="small")
     p1 = out / "kms_spectrum.png"
-    fig.tight_layout()
     fig.savefig(p1, dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), layout="constrained")
     ax.plot(k, res["kms"], label=r"$L^*$")
     ax.plot(k, res["m_tilde"], label=rf"$\tilde M$ ($s = {s}$)")
     ax.plot(k, np.sort(np.abs(res["error"]))[::-1], label=r"$|\lambda_k(\tilde M - L^*)|$, sorted")
@@ -142,10 +156,12 @@ def _plot(res: dict, n: int, sigma: float, s: int, out: pathlib.Path) -> list[pa
     ax.set_yscale("symlog", linthresh=1e-3)
     ax.set_xlabel(r"index $k$ (decreasing order)")
     ax.set_ylabel(r"eigenvalue $\lambda_k$ (symlog scale)")
-    ax.set_title(rf"Spectra, $n = {n}$, $\sigma = {sigma:g}$, $s = {s}$ (one draw, no error bars)")
-    ax.legend()
+    ax.set_title(
+        rf"Spectra, $n = {n}$, $\sigma = {sigma:g}$, $s = {s}$ (one draw, no error bars)",
+        fontsize="medium",
+    )
+    fig.legend(loc="outside lower center", ncols=2, frameon=False, fontsize="small")
     p2 = out / "mask_spectra.png"
-    fig.tight_layout()
     fig.savefig(p2, dpi=120)
     plt.close(fig)
     return [p1, p2]
@@ -189,7 +205,11 @@ def run(args: argparse.Namespace) -> int:
     check_memory("--n", n, memory_estimate(n, 0), args.max_memory)
     check_memory("--num-samples", s, memory_estimate(n, s), args.max_memory)
     sigmas = list(args.sigma)
-    results = [compute(n, sigma, s, args.seed) for sigma in sigmas]
+    out = args.out or default_out_dir("spectrum")
+    try:
+        results = [compute(n, sigma, s, args.seed) for sigma in sigmas]
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(option_message(exc, ("n", "seed"), PARAMETER_OPTIONS)) from None
     tables = [_table_rows(res, s) for res in results]
     if not args.quiet:
         rhos = ", ".join(f"{math.exp(-1 / sg):.6g}" for sg in sigmas)
@@ -200,7 +220,6 @@ def run(args: argparse.Namespace) -> int:
     print(f"{'quantity':<36}" + "".join(f"{f'sigma={sg:g}':>16}" for sg in sigmas))
     for i, (name, _) in enumerate(tables[0]):
         print(f"{name:<36}" + "".join(f"{table[i][1]:>16.8g}" for table in tables))
-    out = args.out or default_out_dir("spectrum")
     out.mkdir(parents=True, exist_ok=True)
     record = {
         "command": "plsh spectrum",

@@ -54,7 +54,7 @@ def test_output_error_with_a_given_reference_is_the_same():
 
     rng = np.random.default_rng(1)
     q, k, v = (rng.normal(size=(1, 2, 24, 4)) for _ in range(3))
-    ref = alibi_attention(q, k, v, slopes=alibi_slopes(2), causal=True)[0]
+    ref = alibi_attention(q, k, v, slopes=alibi_slopes(2), causal=True, return_lse=False)
     a = output_error_experiment(q, k, v, [2, 8], reps=1, seed=0)
     b = output_error_experiment(q, k, v, [2, 8], reps=1, seed=0, reference=ref)
     assert np.array_equal(a["plsh_rel_fro"], b["plsh_rel_fro"])
@@ -238,8 +238,99 @@ def test_plots_label_axes_state_error_bars_and_anchor_the_reference_at_the_large
         assert "standard deviation" in fig._suptitle.get_text()
         assert "crosses: stratified sampler (mean only)" in fig._suptitle.get_text()
         for ax, anchor in zip(fig.axes, anchors):
-            assert ax.get_ylabel().startswith("$") and ax.get_xlabel() == "samples $s$"
+            assert "$" in ax.get_ylabel() and ax.get_xlabel().startswith("number of samples $s$")
             (line,) = [ln for ln in ax.lines if "s^{-1/2}" in ln.get_label()]
             x, y = line.get_data()
             np.testing.assert_allclose(y, anchor * (x / x[-1]) ** -0.5, rtol=1e-12)
             assert y[0] != pytest.approx(anchor) and y[-1] == pytest.approx(anchor)
+
+
+def _captured_figures(tmp_path, monkeypatch, others: bool):
+    from matplotlib.figure import Figure
+
+    from plsh_ref.experiments import reproduce
+
+    figures = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: figures.append(self))
+    rng = np.random.default_rng(1)
+    samples = [1, 4, 16, 64, 256]
+    s = np.array(samples, dtype=np.float64)
+    # sigma = 4 has the largest errors, at the top left where an inside legend sat
+    matrix = {
+        norm: (s[None, :, None] ** -0.5) * rng.uniform(0.9, 1.1, size=(3, 5, 3)) * scale
+        * np.array([4.0, 2.0, 1.0])[:, None, None]
+        for norm, scale in zip(reproduce.NORMS, (4.0, 0.5, 10.0))
+    }  # fmt: skip
+    matrix["n"] = 64
+    output = {
+        "plsh_max_abs": (s**-0.5)[:, None] * rng.uniform(0.9, 1.1, size=(5, 2)),
+        "plsh_rel_fro": 0.1 * (s**-0.5)[:, None] * rng.uniform(0.9, 1.1, size=(5, 2)),
+        "no_bias": {"max_abs": 1.0, "rel_fro": 0.5},
+        "fixed_blocks": {"max_abs": 0.8, "rel_fro": 0.4},
+    }
+    extra = {"stratified": (matrix, output)} if others else None
+    reproduce._plot(tmp_path, samples, [4.0, 16.0, 64.0], matrix, output, extra)
+    return figures
+
+
+@pytest.mark.parametrize("others", [False, True])
+def test_plots_have_one_legend_outside_the_data(tmp_path, monkeypatch, others):
+    """``matrix_error.png`` repeated a 7-entry legend in all three panels, over the
+    sigma = 4 curves; now one figure legend, outside every panel, naming every curve once;
+    titles at body size."""
+    import matplotlib
+
+    figures = _captured_figures(tmp_path, monkeypatch, others)
+    assert len(figures) == 2
+    body = matplotlib.rcParams["font.size"]
+    for fig in figures:
+        fig.draw_without_rendering()  # runs the layout (the closed figure has no canvas)
+        assert all(ax.get_legend() is None for ax in fig.axes)  # no legend per panel
+        assert len(fig.legends) == 1
+        legend = fig.legends[0].get_window_extent()
+        for ax in fig.axes:
+            assert not legend.overlaps(ax.get_window_extent()), "legend over a panel"
+            for line in ax.lines:  # and, a fortiori, over no curve
+                xy = ax.transData.transform(np.column_stack(line.get_data()))
+                inside = (
+                    (xy[:, 0] >= legend.x0) & (xy[:, 0] <= legend.x1)
+                    & (xy[:, 1] >= legend.y0) & (xy[:, 1] <= legend.y1)
+                )  # fmt: skip
+                assert not inside.any(), line.get_label()
+            assert ax.title.get_fontsize() == body
+            assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+        assert fig._suptitle.get_fontsize() == body
+        labels = [t.get_text() for t in fig.legends[0].get_texts()]
+        curves = {ln.get_label() for ln in fig.axes[0].lines if not ln.get_label().startswith("_")}
+        curves |= {c.get_label() for c in fig.axes[0].containers}
+        assert sorted(labels) == sorted(curves) and len(set(labels)) == len(labels)
+    # the negative control of the bounding-box check: the old inside legend is caught
+    fig = figures[0]
+    old = fig.axes[0].legend(loc="upper right")
+    fig.draw_without_rendering()
+    assert old.get_window_extent().overlaps(fig.axes[0].get_window_extent())
+
+
+def test_sampler_table_header_names_its_columns(tmp_path, capsys):
+    """The stratified/iid table packed 'ratio ± se (exact); window' into one cell under a
+    'sigma=4' header; now one column each, explained above the table."""
+    common = ["--n", "32", "--num-samples", "4,8", "--reps", "2", "--output-reps", "1"]
+    common += ["--max-tokens", "16", "--no-plots", "--quiet", "--sigma", "4"]
+    assert main(["reproduce", *common, "--out", str(tmp_path / "a")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("Sampler stratified"))
+    assert [lines[top + k].split("=")[0].strip() for k in (1, 2, 3)] == [
+        "error",
+        "exact",
+        "window",
+    ]
+    assert lines[top + 4].split() == [
+        "s",
+        "group",
+        "size",
+        "s'",
+        "sigma=4:",
+        "error",
+        "exact",
+        "window",
+    ]

@@ -225,8 +225,7 @@ def test_triton_backend_through_the_api_agrees_with_the_cpu_path():
     """Dispatch of backend="triton" (interpreter on CPU), forward and backward."""
     import _triton_interp  # sets TRITON_INTERPRET=1 and reloads the kernels interpreted
 
-    _triton_interp.load("triton_forward")
-    _triton_interp.load("triton_backward")
+    _triton_interp.load("triton")
     q, k, v = qkv(batch=1, heads=2, kv_heads=1, n_q=21, n_k=21, d=8, dv=8)
     partition = draw_partition(np.array([2.0, 9.0]), 4, seed=3)
     results = []

@@ -42,8 +42,8 @@ def test_the_reported_bound_is_the_theorems_for_the_positions_seen():
     with pytest.raises(ValueError, match="^delta: no positions decoded yet"):
         cache.error_bound()
     q = torch.randn(1, 4, 10, 8, dtype=torch.float64)
-    cache.update(q, q, q, torch.arange(5, 15))
-    cache.update(q[:, :, :1], q[:, :, :1], q[:, :, :1], torch.tensor([40]))
+    cache.update(q, q, q, query_positions=torch.arange(5, 15))
+    cache.update(q[:, :, :1], q[:, :, :1], q[:, :, :1], query_positions=torch.tensor([40]))
     got = cache.error_bound(0.1)
     assert got == DecodingErrorBound(max_norm_error_bound(36, S, 0.1 / 4), 0.1, 36, S, 4)
     assert cache.error_bound(0.01).eps > got.eps  # smaller delta, larger eps

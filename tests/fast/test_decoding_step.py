@@ -24,7 +24,12 @@ def _run(part, q, k, v, prefill, mask=None, positions=None, general=False):
         am = mask[:, a:b] if (mask is not None and a == 0) else None
         outs.append(
             cache.update(
-                q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], pos, attention_mask=am, return_lse=True
+                q[:, :, a:b],
+                k[:, :, a:b],
+                v[:, :, a:b],
+                query_positions=pos,
+                attention_mask=am,
+                return_lse=True,
             )
         )
         held.append(cache.cached_tokens().tolist())

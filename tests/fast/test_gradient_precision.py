@@ -66,7 +66,7 @@ def _backends():
 def _load_triton():
     import _triton_interp  # sets TRITON_INTERPRET=1 and reloads the kernels interpreted
 
-    return _triton_interp.load("triton_forward"), _triton_interp.load("triton_backward")
+    return _triton_interp.load("triton")
 
 
 @pytest.mark.parametrize("backend", _backends())
@@ -144,17 +144,17 @@ def _triton_gradients(q, k, v, g, split: bool):
     its float32 LSE alone."""
     import _triton_interp
 
-    triton_forward, triton_backward = _load_triton()
+    plsh_triton = _load_triton()
     pitch, offset = (torch.from_numpy(np.array(x)) for x in (PARTITION.pitch, PARTITION.offset))
     pos = torch.arange(N)
     q, k, v, g = (x.float() for x in (q, k, v, g))
     out, lse, stats = _triton_interp.call(
-        triton_forward.plsh_forward_triton, q, k, v, pitch, offset, pos, pos, SCALE, True,
+        plsh_triton.plsh_forward_triton, q, k, v, pitch, offset, pos, pos, SCALE, True,
         return_stats=True,
     )  # fmt: skip
     kw = {"stats": stats} if split else {}
     grads = _triton_interp.call(
-        triton_backward.plsh_backward_triton, q, k, v, out, lse, g, pitch, offset, pos, pos,
+        plsh_triton.plsh_backward_triton, q, k, v, out, lse, g, pitch, offset, pos, pos,
         SCALE, True, **kw,
     )  # fmt: skip
     return [x.cpu() for x in grads]
@@ -177,14 +177,14 @@ def test_triton_statistics_are_the_row_maximum_and_log2_row_sum():
     rounding); an empty row gives ``(-inf, -inf)`` (first query before every key)."""
     import _triton_interp
 
-    triton_forward, _ = _load_triton()
+    plsh_triton = _load_triton()
     q, k, v, _ = (x.float() for x in inputs(8.0))
     pitch, offset = (torch.from_numpy(np.array(x)) for x in (PARTITION.pitch, PARTITION.offset))
     qpos, kpos = torch.arange(N), torch.arange(N) + 1
     out, lse, stats = (
         x.cpu()
         for x in _triton_interp.call(
-            triton_forward.plsh_forward_triton,
+            plsh_triton.plsh_forward_triton,
             q,
             k,
             v,
@@ -217,7 +217,7 @@ def test_dq_rounding_factor_is_the_exact_rounding_of_mu():
     ``e = mu - m - log2 l`` exactly when ``|m| >= log2 l`` (Fast2Sum), else to
     ``4 log2(n s) 2^-24``; 1 on empty rows; without
     it (factor 1) the relative error of a row would be about ``|m| 2^-24``."""
-    from plsh_fast.triton_backward import dq_rounding_factor  # noqa: PLC0415 (needs triton)
+    from plsh_fast.triton import dq_rounding_factor  # noqa: PLC0415 (needs triton)
 
     g = torch.Generator().manual_seed(0)
     m = (torch.rand(4096, generator=g, dtype=torch.float64) * 2 - 1) * 2000.0

@@ -1,6 +1,6 @@
 """``input_precision="tf32x3"`` of the float32 Triton kernels against the tolerance rule.
 
-The float32 kernels (``plsh_fast.triton_forward``, ``plsh_fast.triton_backward``) compile
+The float32 kernels (``plsh_fast.triton._forward``, ``plsh_fast.triton._backward``) compile
 every ``tl.dot`` as three TF32 tensor-core MMAs (``dot_precision``). The Triton interpreter
 computes those dots exactly in float32, so the interpreted kernel tests cannot fail on
 tf32x3. Here the kernels' float32 arithmetic is redone on CPU with a model of the compiled
@@ -49,8 +49,7 @@ from plsh_ref.partition import count_bias, counts, draw_partition
 from plsh_ref.testing.baseline import plain_attention_torch
 from plsh_ref.testing.tolerance import assert_close_to_reference
 
-triton_forward = _triton_interp.load("triton_forward")
-triton_backward = _triton_interp.load("triton_backward")
+plsh_triton = _triton_interp.load("triton")
 
 N = 300
 HEADS = [0, 5, 10, 15]  # of the standard 16-head slopes: sigma 1.41 .. 256
@@ -63,11 +62,11 @@ MODELS = {
 
 def _gpu_tiles(head_dim: int, arch: int = 90):
     """The shipped float32 tiles on sm_<arch> (TileConfig) and the emulation's keywords."""
-    tiles = triton_forward.tile_config(
+    tiles = plsh_triton.tile_config(
         head_dim, head_dim, torch.device("cuda"), torch.float32, capability=divmod(arch, 10)
     )
-    fwd_split = triton_forward.head_dim_split(head_dim, tiles.halves(forward=True))
-    split = triton_forward.head_dim_split(head_dim, tiles.halves(forward=False))
+    fwd_split = plsh_triton.head_dim_split(head_dim, tiles.halves(forward=True))
+    split = plsh_triton.head_dim_split(head_dim, tiles.halves(forward=False))
     forward = dict(block_m=tiles.block_m, block_n=tiles.block_n, d_split=fwd_split)
     backward = dict(forward, d_split=split, dkdv_block_m=tiles.dkdv_block_m, dv_split=split)
     return tiles, forward, backward
@@ -155,9 +154,9 @@ def _problem(head_dim, num_samples, magnitude=1.0, seed=0):
     scale = 1.0 / math.sqrt(head_dim)
     q64, k64, v64 = (t.double().numpy() for t in (q, k, v))
     ref = plsh_attention(
-        q64, k64, v64, partition, causal=True, scale=scale, query_positions=pos,
+        q64, k64, v64, partition=partition, causal=True, scale=scale, query_positions=pos,
         key_positions=pos,
-    )  # fmt: skip
+     return_lse=True,)  # fmt: skip
     base = plain_attention_torch(q64, k64, v64, bias, scale=scale, dtype="float32")
     grad_ref = _dense_grads(q.double(), k.double(), v.double(), g.double(), bias, scale,
                             torch.float64)  # fmt: skip
@@ -180,7 +179,7 @@ def _check(problem, arith, arch=90):
         assert_close_to_reference(lse, ref[1], base[1], "float32", name="lse"),
     ]
     grads = emulated_backward(arith, q, k, v, out, lse, g, c, s, scale, stats=stats, **bwd)
-    # Floor relative to the largest gradient entry, as tests/fast/triton/test_triton_backward.py.
+    # Floor relative to the largest gradient entry, as tests/fast/triton/test_plsh_triton.py.
     magnitude = max(float(r.abs().max()) for r in problem["grad_ref"])
     for name, x, r, b in zip(
         ("grad_query", "grad_key", "grad_value"), grads, problem["grad_ref"],
@@ -211,14 +210,14 @@ def test_emulation_follows_the_kernels(d):
     pitch, offset = (torch.from_numpy(np.array(x)) for x in (partition.pitch, partition.offset))
     tpos = torch.from_numpy(pos)
     tiles, fwd, bwd = _gpu_tiles(d)
-    blocks = dict(_tiles=tiles)
+    blocks = dict(tiles=tiles)
     out, lse, stats = _triton_interp.call(
-        triton_forward.plsh_forward_triton, q, k, v, pitch, offset, tpos, tpos, scale, True,
+        plsh_triton.plsh_forward_triton, q, k, v, pitch, offset, tpos, tpos, scale, True,
         return_stats=True, **blocks,
     )  # fmt: skip
     grads = _triton_interp.call(
-        triton_backward.plsh_backward_triton, q, k, v, out, lse, g, pitch, offset, tpos, tpos,
-        scale, True, stats=stats, _dkdv_block_m=tiles.dkdv_block_m, **blocks,
+        plsh_triton.plsh_backward_triton, q, k, v, out, lse, g, pitch, offset, tpos, tpos,
+        scale, True, stats=stats, **blocks,
     )  # fmt: skip
     arith = KernelArithmetic("tf32x3" if _triton_interp.COMPILED else "ieee")
     e_out, e_lse, e_stats = emulated_forward(arith, q, k, v, c, s, scale, return_stats=True, **fwd)

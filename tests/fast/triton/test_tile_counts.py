@@ -1,4 +1,4 @@
-"""The counts tile of :func:`plsh_fast.tiling.tile_counts_all`, element by element, against
+"""The counts tile of :func:`plsh_fast.triton._tiling.tile_counts_all`, element by element, against
 :func:`plsh_ref.partition.counts` (SPEC section 3): compiled on CUDA, in the Triton
 interpreter on CPU (tests/_triton_interp.py).
 
@@ -25,9 +25,8 @@ from hypothesis import strategies as st
 from plsh_ref.partition import counts, draw_partition
 from plsh_ref.testing.strategies import draw_positions
 
-tiling = _triton_interp.load("tiling")
-triton_forward = _triton_interp.load("triton_forward")
-tile_counts_all = tiling.tile_counts_all
+plsh_triton = _triton_interp.load("triton")
+tile_counts_all = _triton_interp.load("triton._tiling").tile_counts_all
 
 pytestmark = pytest.mark.triton
 
@@ -70,13 +69,13 @@ def _counts_kernel(
 
 def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify, passes=None):
     """The kernel's counts ``(num_heads, n_q, n_k)``; ``passes``: override the number of
-    static passes of :func:`tiling.sample_block` (0: its runtime loop, over passes of
+    static passes of :func:`plsh_triton.sample_block` (0: its runtime loop, over passes of
     ``MAX_SAMPLE_BLOCK`` samples as above ``MAX_STATIC_SAMPLES``)."""
     num_heads, n_q, _ = plan.row_start.shape
-    s_block, default_passes = tiling.sample_block(num_samples)
+    s_block, default_passes = plsh_triton.sample_block(num_samples)
     passes = default_passes if passes is None else passes
     if passes == 0:
-        s_block = tiling.MAX_SAMPLE_BLOCK
+        s_block = plsh_triton.MAX_SAMPLE_BLOCK
     out = torch.full((num_heads, n_q, n_k), -1, dtype=torch.int32)
 
     def run(row_start, row_end, causal_end, out):
@@ -93,7 +92,7 @@ def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classif
 
 def _plan(partition, qpos, kpos, causal, block_m, block_n):
     return _triton_interp.call(
-        tiling.make_plan,
+        plsh_triton.make_plan,
         torch.from_numpy(qpos),
         torch.from_numpy(kpos),
         torch.from_numpy(np.array(partition.pitch)),
@@ -149,14 +148,17 @@ def test_counts_tile_with_several_static_passes(s, causal, classify):
     """s = 65, 130, 200: three, five and seven statically unrolled passes of 32 samples, the
     last one partial (not a multiple of 32), query and key tiles of different sizes (both
     orientations; without the tile classification at 65 only: interpreter time)."""
-    assert tiling.sample_block(s) == (tiling.MULTI_PASS_BLOCK, -(-s // tiling.MULTI_PASS_BLOCK))
+    assert plsh_triton.sample_block(s) == (
+        plsh_triton.MULTI_PASS_BLOCK,
+        -(-s // plsh_triton.MULTI_PASS_BLOCK),
+    )
     qpos, kpos = np.arange(20) + 12, np.arange(40)
     _check(qpos, kpos, [0.6, 12.0], s, s, causal, 16, 32, classify=classify)
 
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_counts_tile_runtime_pass_loop(causal):
-    """The runtime loop over the passes (``PASSES = 0``, what :func:`tiling.sample_block`
+    """The runtime loop over the passes (``PASSES = 0``, what :func:`plsh_triton.sample_block`
     picks above ``MAX_STATIC_SAMPLES``), here at s = 130 (three passes of 64): the same
     counts."""
     qpos, kpos = np.arange(20) + 12, np.arange(40)
@@ -168,10 +170,14 @@ def test_sample_block_covers_every_sample_with_the_fewest_passes():
     power of two (at least 2) covering ``s``; above, ``MULTI_PASS_BLOCK``-sample passes,
     as few as cover ``s``, while they hold at most ``MAX_STATIC_SAMPLES``; beyond that the
     runtime loop (``PASSES = 0``) over ``MAX_SAMPLE_BLOCK``-sample passes."""
-    big, multi, cap = tiling.MAX_SAMPLE_BLOCK, tiling.MULTI_PASS_BLOCK, tiling.MAX_STATIC_SAMPLES
+    big, multi, cap = (
+        plsh_triton.MAX_SAMPLE_BLOCK,
+        plsh_triton.MULTI_PASS_BLOCK,
+        plsh_triton.MAX_STATIC_SAMPLES,
+    )
     assert big == 64 and multi & (multi - 1) == 0 and multi <= big < cap
     for s in range(1, 2 * cap + 2):
-        block, passes = tiling.sample_block(s)
+        block, passes = plsh_triton.sample_block(s)
         assert block & (block - 1) == 0 and 2 <= block <= big, s
         if s <= big:
             assert passes == 1 and (block // 2 < s <= block or s == 1), s

@@ -22,8 +22,9 @@ from plsh_ref.partition import (
 )
 from plsh_ref.testing.tolerance import assert_close_to_reference
 
-triton_forward = _triton_interp.load("triton_forward")
-triton_backward = _triton_interp.load("triton_backward")
+plsh_triton = _triton_interp.load("triton")
+backward_module = _triton_interp.load("triton._backward")
+launch_module = _triton_interp.load("triton._launch")
 
 pytestmark = pytest.mark.triton
 
@@ -57,19 +58,30 @@ def _case(rng, batch, num_heads, num_heads_kv, n_q, n_k, d, dv, s, dtype, sigma,
     return partition, q, k, v, g
 
 
-def _kernel_grads(q, k, v, g, partition, qpos, kpos, scale, causal, **kw):
+def _blocks(q, v, partition, **changes):
+    """16 x 16 tiles of the shipped ``TileConfig`` and ``changes`` (other fields)."""
+    changes = dict(dict(block_m=BLOCK, block_n=BLOCK), **changes)
+    return _triton_interp.tiles(q.shape[3], v.shape[3], q.dtype, partition.num_samples, **changes)
+
+
+#: ``_kernel_grads``'s default backward tiles: 16 x 16 (and the ``changes`` given).
+SMALL = "16 x 16"
+
+
+def _kernel_grads(q, k, v, g, partition, qpos, kpos, scale, causal, tiles=SMALL, **changes):
+    """The forward on 16 x 16 tiles, then the backward on ``tiles`` (a ``TileConfig``;
+    ``None``: the launch code's own choice; default: 16 x 16 tiles with ``changes``)."""
     pitch = torch.from_numpy(np.array(partition.pitch))
     offset = torch.from_numpy(np.array(partition.offset))
     qp, kp = torch.from_numpy(qpos), torch.from_numpy(kpos)
     out, lse, stats = _triton_interp.call(
-        triton_forward.plsh_forward_triton,
-        q, k, v, pitch, offset, qp, kp, scale, causal, _block_m=BLOCK, _block_n=BLOCK,
+        plsh_triton.plsh_forward_triton,
+        q, k, v, pitch, offset, qp, kp, scale, causal, tiles=_blocks(q, v, partition),
         return_stats=True,
     )  # fmt: skip
-    blocks = dict(_block_m=BLOCK, _block_n=BLOCK, stats=stats)
-    blocks.update(kw)
+    tiles = _blocks(q, v, partition, **changes) if tiles is SMALL else tiles
     return _triton_interp.call(
-        triton_backward.plsh_backward_triton,
+        plsh_triton.plsh_backward_triton,
         q,
         k,
         v,
@@ -82,7 +94,8 @@ def _kernel_grads(q, k, v, g, partition, qpos, kpos, scale, causal, **kw):
         kp,
         scale,
         causal,
-        **blocks,
+        stats=stats,
+        tiles=tiles,
     )
 
 
@@ -170,27 +183,27 @@ def test_plan_saved_by_the_forward_gives_the_same_gradients(monkeypatch):
     pos = torch.arange(35)
     pitch = torch.from_numpy(np.array(partition.pitch))
     offset = torch.from_numpy(np.array(partition.offset))
-    blocks = dict(_block_m=BLOCK, _block_n=BLOCK)
+    blocks = dict(tiles=_blocks(q, v, partition))
     call = _triton_interp.call
     out, lse, stats, plan = call(
-        triton_forward.plsh_forward_triton,
+        plsh_triton.plsh_forward_triton,
         q, k, v, pitch, offset, pos, pos, 0.5, True, return_plan=True, return_stats=True,
         **blocks,
     )  # fmt: skip
     fresh = call(
-        triton_backward.plsh_backward_triton,
+        plsh_triton.plsh_backward_triton,
         q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, stats=stats, **blocks,
     )  # fmt: skip
-    planned = _triton_interp.record_plans(monkeypatch, triton_backward)
+    planned = _triton_interp.record_plans(monkeypatch)
     saved = call(
-        triton_backward.plsh_backward_triton,
+        plsh_triton.plsh_backward_triton,
         q, k, v, out, lse, g, pitch, offset, pos, pos, 0.5, True, stats=stats, plan=plan,
         **blocks,
     )  # fmt: skip
     assert planned == []  # no planning in the backward pass
     assert all(torch.equal(a, b) for a, b in zip(fresh, saved))
     again = call(
-        triton_forward.plsh_forward_triton,
+        plsh_triton.plsh_forward_triton,
         q, k, v, pitch, offset, pos, pos, 0.5, True, plan=plan, **blocks,
     )  # fmt: skip
     assert torch.equal(again[0], out) and torch.equal(again[1], lse)
@@ -206,7 +219,7 @@ def test_key_value_gradients_with_smaller_query_tiles():
     pos = np.arange(70)
     for causal in (True, False):
         _check_grads(
-            q, k, v, g, partition, pos, pos, 0.6, causal, "float32", _block_m=32, _dkdv_block_m=16
+            q, k, v, g, partition, pos, pos, 0.6, causal, "float32", block_m=32, dkdv_block_m=16
         )
 
 
@@ -221,7 +234,7 @@ def test_query_gradients_with_narrower_key_tiles():
     qpos, kpos = np.arange(70) + 5, np.arange(75)
     for causal in (True, False):
         _check_grads(
-            q, k, v, g, partition, qpos, kpos, 0.6, causal, "float32", _block_n=32, _dq_block_n=16
+            q, k, v, g, partition, qpos, kpos, 0.6, causal, "float32", block_n=32, dq_block_n=16
         )
 
 
@@ -235,12 +248,12 @@ def test_many_samples_use_several_sample_blocks(s, causal, n, monkeypatch):
         rng, 1, 2, 1, n, n, 6, 6, s, torch.float32, np.array([2.0, 9.0]), 19
     )
     asked = []
-    real = triton_backward.tile_config
+    real = launch_module.tile_config
     monkeypatch.setattr(
-        triton_backward, "tile_config", lambda *a, **kw: asked.append(kw) or real(*a, **kw)
+        launch_module, "tile_config", lambda *a, **kw: asked.append(kw) or real(*a, **kw)
     )
     pos = np.arange(n)
-    _check_grads(q, k, v, g, partition, pos, pos, 0.6, causal, "float32")
+    _check_grads(q, k, v, g, partition, pos, pos, 0.6, causal, "float32", tiles=None)
     assert [kw.get("num_samples") for kw in asked] == [s]
 
 
@@ -252,7 +265,7 @@ def test_tile_classification_gives_the_same_gradients():
     )
     pos = np.arange(35)
     fast = _kernel_grads(q, k, v, g, partition, pos, pos, 0.5, True)
-    slow = _kernel_grads(q, k, v, g, partition, pos, pos, 0.5, True, _classify=False)
+    slow = _kernel_grads(q, k, v, g, partition, pos, pos, 0.5, True, classify=False)
     assert all(torch.equal(a, b) for a, b in zip(fast, slow))
 
 
@@ -265,13 +278,13 @@ def test_negative_control_counts_ignored_fails():
     pos = np.arange(40)
     _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "float32")
     with pytest.raises(AssertionError):
-        _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "float32", _variant=1)
+        _check_grads(q, k, v, g, partition, pos, pos, 0.5, True, "float32", variant=1)
 
 
 def test_unsorted_positions_give_the_gradients_in_the_callers_order(monkeypatch):
     """Shuffled (and repeated) positions: both passes plan on sorted rows; the gradients
     come back in the caller's row order."""
-    planned = _triton_interp.record_plans(monkeypatch, triton_backward)
+    planned = _triton_interp.record_plans(monkeypatch)
     rng = np.random.default_rng(13)
     partition, q, k, v, g = _case(
         rng, 1, 2, 1, 33, 29, 6, 5, 3, torch.float32, np.array([2.5, 11.0]), 13
@@ -280,7 +293,7 @@ def test_unsorted_positions_give_the_gradients_in_the_callers_order(monkeypatch)
     kpos = rng.permutation(np.repeat(np.arange(15), 2)[:29] * 4).astype(np.int64)
     for causal in (True, False):
         _check_grads(q, k, v, g, partition, qpos, kpos, 0.7, causal, "float32")
-    assert len(planned) == 2
+    assert len(planned) == 4  # the forward and the backward pass, causal and not
     for positions in (p for pair in planned for p in pair):
         assert bool((positions[1:] >= positions[:-1]).all())
 
@@ -294,7 +307,7 @@ def test_head_dims_split_in_two_column_chunks(head_dims, dtype_name):
     (``TileConfig.narrow_whole``): the reference gradients."""
     d, dv = head_dims
     dtype = DTYPES[dtype_name]
-    tiles = triton_forward.tile_config(d, dv, _triton_interp.DEVICE, dtype)
+    tiles = plsh_triton.tile_config(d, dv, _triton_interp.DEVICE, dtype)
     assert tiles.column_halves == tiles.narrow_whole == (dtype == torch.float32)
     rng = np.random.default_rng(d + dv)
     partition, q, k, v, g = _case(rng, 1, 2, 1, 30, 30, d, dv, 3, dtype, np.array([3.0, 14.0]), d)
@@ -329,11 +342,11 @@ def test_float32_sm90_key_value_layout(monkeypatch, head_dims, group, causal):
     20/24 (column halves of 16) keep Triton's own tf32x3 (quarters would be narrower than
     16 columns)."""
     d, dv = head_dims
-    tiles = triton_forward.TileConfig(
+    tiles = plsh_triton.TileConfig(
         16, 16, 4, 1, 4, 16, 4, True, dkdv_block_n=32, dkdv_split_d=True, dkdv_manual_x3=True
     )
-    recorder = _LaunchRecorder(triton_backward._bwd_dkdv_kernel)
-    monkeypatch.setattr(triton_backward, "_bwd_dkdv_kernel", recorder)
+    recorder = _LaunchRecorder(backward_module._bwd_dkdv_kernel)
+    monkeypatch.setattr(backward_module, "_bwd_dkdv_kernel", recorder)
     rng = np.random.default_rng(d + dv + group)
     sigma = np.array([2.0, 9.0, 40.0, 3.0])[: 2 * group]
     partition, q, k, v, g = _case(
@@ -341,8 +354,7 @@ def test_float32_sm90_key_value_layout(monkeypatch, head_dims, group, causal):
     )
     qpos, kpos = np.arange(37) + 8, np.arange(45)
     _check_grads(
-        q, k, v, g, partition, qpos, kpos, 0.3, causal, "float32", _tiles=tiles,
-        _dkdv_block_m=16,
+        q, k, v, g, partition, qpos, kpos, 0.3, causal, "float32", tiles=tiles
     )  # fmt: skip
     ((grid, kw),) = recorder.launches
     assert kw["BLOCK_N"] == 32 and kw["SPLIT_D"]
@@ -354,7 +366,7 @@ def test_row_strides_too_long_for_int32_tile_offsets_are_detected():
     """The dK/dV kernel addresses tiles with int32 offsets from a 64-bit base; a row
     stride with ``block * stride >= 2**31`` must send the tensor through ``.contiguous()``
     (meta tensors: strides without storage)."""
-    fits = triton_backward.rows_fit_int32
+    fits = plsh_triton.rows_fit_int32
     x = torch.empty((1, 2, 8, 16), device="meta")
     assert fits(x, 64)
     wide = torch.empty_strided((1, 2, 8, 16), (0, 0, 2**27, 1), device="meta")

@@ -31,8 +31,9 @@ from plsh_ref.testing.baseline import plain_attention_torch
 from plsh_ref.testing.strategies import draw_positions  # noqa: E402
 from plsh_ref.testing.tolerance import assert_close_to_reference
 
-tiling = _triton_interp.load("tiling")
-triton_forward = _triton_interp.load("triton_forward")
+plsh_triton = _triton_interp.load("triton")
+forward_module = _triton_interp.load("triton._forward")
+launch_module = _triton_interp.load("triton._launch")
 
 pytestmark = pytest.mark.triton
 
@@ -73,11 +74,12 @@ def _reference(q, k, v, partition, qpos, kpos, causal, scale, dtype_name):
         q64,
         k64,
         v64,
-        partition,
+        partition=partition,
         causal=causal,
         scale=scale,
         query_positions=qpos,
         key_positions=kpos,
+        return_lse=True,
     )
     c = counts(partition, qpos, kpos, causal=causal)
     bias = count_bias(c, partition.num_samples)
@@ -85,10 +87,15 @@ def _reference(q, k, v, partition, qpos, kpos, causal, scale, dtype_name):
     return ref, base
 
 
-def _run(q, k, v, partition, qpos, kpos, causal, scale, **kw):
+def _run(q, k, v, partition, qpos, kpos, causal, scale, **changes):
+    """The kernel on 16 x 16 tiles; ``changes``: other fields of its ``TileConfig``."""
     pitch, offset = _tensors(partition)
+    tiles = _triton_interp.tiles(
+        q.shape[3], v.shape[3], q.dtype, partition.num_samples, block_m=BLOCK, block_n=BLOCK,
+        **changes,
+    )  # fmt: skip
     return _triton_interp.call(
-        triton_forward.plsh_forward_triton,
+        plsh_triton.plsh_forward_triton,
         q,
         k,
         v,
@@ -98,9 +105,7 @@ def _run(q, k, v, partition, qpos, kpos, causal, scale, **kw):
         torch.from_numpy(kpos),
         scale,
         causal,
-        _block_m=BLOCK,
-        _block_n=BLOCK,
-        **kw,
+        tiles=tiles,
     )
 
 
@@ -178,7 +183,7 @@ def test_negative_controls_fail(variant):
     ref, base = _reference(q, k, v, partition, qpos, kpos, causal, 0.5, "float32")
     out, lse = _run(q, k, v, partition, qpos, kpos, causal, 0.5)
     _check(out, lse, ref, base, "float32")  # the real kernel passes on this case
-    bad_out, bad_lse = _run(q, k, v, partition, qpos, kpos, causal, 0.5, _variant=variant)
+    bad_out, bad_lse = _run(q, k, v, partition, qpos, kpos, causal, 0.5, variant=variant)
     with pytest.raises(AssertionError):
         assert_close_to_reference(bad_out, ref[0], base[0], "float32", name="output")
 
@@ -199,7 +204,7 @@ def test_plan_row_ranges_give_reference_counts(mode, causal, n_q, n_k, s, seed):
     partition = draw_partition(np.array([0.7, 6.0]), s, seed=seed)
     qpos, kpos = _positions(mode, n_q, n_k, rng)
     plan = _triton_interp.call(
-        tiling.make_plan,
+        plsh_triton.make_plan,
         torch.from_numpy(qpos),
         torch.from_numpy(kpos),
         *_tensors(partition),
@@ -226,7 +231,7 @@ def test_tile_classification_is_exact(s):
     k, v = (torch.from_numpy(rng.standard_normal((1, 3, 54, 6))).float() for _ in range(2))
     for causal in (True, False):
         fast = _run(q, k, v, partition, qpos, kpos, causal, 0.6)
-        slow = _run(q, k, v, partition, qpos, kpos, causal, 0.6, _classify=False)
+        slow = _run(q, k, v, partition, qpos, kpos, causal, 0.6, classify=False)
         assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
 
 
@@ -236,22 +241,30 @@ def test_many_samples_use_several_sample_blocks(s, causal, monkeypatch):
     unrolled 32-sample blocks (the last one partial); still the reference. The launch code
     asks :func:`tile_config` for the tiles of ``s`` samples."""
     q, k, v, partition, qpos, kpos, _ = _fixed_case(n=24, s=s, causal=causal)
-    assert tiling.sample_block(s) == (tiling.MULTI_PASS_BLOCK, -(-s // tiling.MULTI_PASS_BLOCK))
+    assert plsh_triton.sample_block(s) == (
+        plsh_triton.MULTI_PASS_BLOCK,
+        -(-s // plsh_triton.MULTI_PASS_BLOCK),
+    )
     asked = []
-    real = triton_forward.tile_config
+    real = launch_module.tile_config
     monkeypatch.setattr(
-        triton_forward, "tile_config", lambda *a, **kw: asked.append(kw) or real(*a, **kw)
+        launch_module, "tile_config", lambda *a, **kw: asked.append(kw) or real(*a, **kw)
     )
     ref, base = _reference(q, k, v, partition, qpos, kpos, causal, 0.5, "float32")
-    _check(*_run(q, k, v, partition, qpos, kpos, causal, 0.5), ref, base, "float32")
+    pitch, offset = _tensors(partition)
+    out = _triton_interp.call(
+        plsh_triton.plsh_forward_triton, q, k, v, pitch, offset, torch.from_numpy(qpos),
+        torch.from_numpy(kpos), 0.5, causal,
+    )  # fmt: skip
+    _check(*out, ref, base, "float32")
     assert [kw.get("num_samples") for kw in asked] == [s]
 
 
 def test_no_counts_ablation_is_the_causal_window_mask():
-    """_variant=3 (benchmark ablation) weights every planned key by 1: the result is the
+    """``variant=3`` (benchmark ablation) weights every planned key by 1: the result is the
     softmax over the keys of the planned range that the causal mask admits, not PLSH."""
     q, k, v, partition, qpos, kpos, causal = _fixed_case(n=20, s=3)
-    out, _ = _run(q, k, v, partition, qpos, kpos, causal, 0.5, _variant=3)
+    out, _ = _run(q, k, v, partition, qpos, kpos, causal, 0.5, variant=3)
     ref, base = _reference(q, k, v, partition, qpos, kpos, causal, 0.5, "float32")
     with pytest.raises(AssertionError):
         assert_close_to_reference(out, ref[0], base[0], "float32", name="output")
@@ -335,7 +348,7 @@ def test_kernel_bins_equal_reference_bits(sigma, s, seed, base, n, spread):
     rng = np.random.default_rng(seed)
     pos = (base + rng.integers(-spread, spread, size=n)).astype(np.int64)
     got = _triton_interp.call(
-        tiling.compute_bins, *_tensors(partition), torch.from_numpy(pos), block=BLOCK
+        plsh_triton.compute_bins, *_tensors(partition), torch.from_numpy(pos), block=BLOCK
     )
     assert got.dtype == torch.int64
     np.testing.assert_array_equal(got.numpy(), bins(partition, pos))
@@ -356,7 +369,7 @@ def test_planned_ranges_cover_every_collision(mode, causal, n_q, n_k, seed):
     partition = draw_partition(np.array([1.41, 8.0, 64.0]), 5, seed=seed)
     qpos, kpos = _positions(mode, n_q, n_k, rng)
     plan = _triton_interp.call(
-        tiling.make_plan,
+        plsh_triton.make_plan,
         torch.from_numpy(qpos),
         torch.from_numpy(kpos),
         *_tensors(partition),
@@ -364,7 +377,7 @@ def test_planned_ranges_cover_every_collision(mode, causal, n_q, n_k, seed):
         block_m=BLOCK,
         block_n=BLOCK,
     )
-    plan = _triton_interp.call(tiling.plan_query_range, plan)
+    plan = _triton_interp.call(plsh_triton.plan_query_range, plan)
     c = counts(partition, qpos, kpos, causal=causal)
     kr = plan.key_range.numpy()
     qr = plan.query_range.numpy()
@@ -379,7 +392,7 @@ def test_planned_range_is_local_for_sorted_positions():
     partition = draw_partition(np.array([2.0]), 8, seed=11)
     pos = torch.arange(2000)
     plan = _triton_interp.call(
-        tiling.make_plan, pos, pos, *_tensors(partition), causal=True, block_m=64, block_n=64
+        plsh_triton.make_plan, pos, pos, *_tensors(partition), causal=True, block_m=64, block_n=64
     )
     width = (plan.key_range[..., 1] - plan.key_range[..., 0]).max().item()
     # a key range is the tile (64) + at most one extra aligned tile for sigma = 2 at s = 8
@@ -391,7 +404,7 @@ def test_planned_range_is_local_for_sorted_positions():
 def test_unsorted_positions_are_planned_in_sorted_order(monkeypatch, causal):
     """Shuffled positions: the kernel runs on rows sorted by position (bounded key ranges)
     and returns rows in the caller's order."""
-    seen = _triton_interp.record_plans(monkeypatch, triton_forward)
+    seen = _triton_interp.record_plans(monkeypatch)
     rng = np.random.default_rng(21)
     n_q, n_k = 37, 45
     partition = draw_partition(np.array([2.0, 9.0]), 4, seed=21)
@@ -411,7 +424,7 @@ def test_heads_with_the_most_planned_work_are_launched_first():
     partition = draw_partition(np.array([1.5, 200.0, 20.0]), 8, seed=2)
     pos = torch.arange(300)
     plan = _triton_interp.call(
-        tiling.make_plan, pos, pos, *_tensors(partition), causal=True, block_m=16, block_n=16
+        plsh_triton.make_plan, pos, pos, *_tensors(partition), causal=True, block_m=16, block_n=16
     )
     width = (plan.key_range[..., 1] - plan.key_range[..., 0]).sum(dim=1)
     assert plan.head_order.tolist()[0] == 1 and plan.head_order.tolist()[-1] == 0
@@ -420,7 +433,7 @@ def test_heads_with_the_most_planned_work_are_launched_first():
 
 def test_mode_follows_the_device():
     """Compiled kernels on CUDA tensors when a GPU is present, interpreted on CPU otherwise."""
-    kind = type(triton_forward._fwd_kernel).__name__
+    kind = type(forward_module._fwd_kernel).__name__
     if torch.cuda.is_available() and _triton_interp.COMPILED:
         assert kind == "JITFunction" and _triton_interp.DEVICE.type == "cuda"
     else:
@@ -432,7 +445,7 @@ def test_head_dims_split_in_two_column_chunks(head_dims):
     """head_dim 48 = 32 + 16, 80 = 64 + 16, 96 = 64 + 32: two column chunks, not padding
     to the next power of two; the reference all the same."""
     d, dv = head_dims
-    assert triton_forward.head_dim_split(max(d, dv))[1] > 0
+    assert plsh_triton.head_dim_split(max(d, dv))[1] > 0
     rng = np.random.default_rng(d + dv)
     partition = draw_partition(np.array([4.0, 15.0]), 3, seed=d)
     pos = np.arange(30)
@@ -446,7 +459,7 @@ def test_head_dims_split_in_two_column_chunks(head_dims):
 def test_column_halves_split_head_dim_in_two_equal_chunks():
     """``halves``: two equal power-of-two chunks covering head_dim (the float32 and sm_80
     tiles); without it the uneven split of the other tiles."""
-    split = triton_forward.head_dim_split
+    split = plsh_triton.head_dim_split
     assert [split(d, halves=True) for d in (20, 40, 64, 80, 96, 128)] == [
         (16, 16), (32, 32), (32, 32), (64, 64), (64, 64), (64, 64),
     ]  # fmt: skip
@@ -470,7 +483,7 @@ def test_tile_configs_are_consistent(dtype, capability):
     halves and float32 ``maxnreg = 254`` in the forward only between 96 and 128; the
     narrower of unequal head sizes is whole wherever the backward takes column halves."""
     for d in (16, 40, 64, 96, 112, 120, 128, 200, 256):
-        cfg = triton_forward.tile_config(d, d, torch.device("cuda"), dtype, capability)
+        cfg = plsh_triton.tile_config(d, d, torch.device("cuda"), dtype, capability)
         for size in (cfg.block_m, cfg.block_n, cfg.dkdv_block_m):
             assert size >= 16 and size & (size - 1) == 0
         assert cfg.block_m % cfg.dkdv_block_m == 0 and cfg.num_stages >= 2
@@ -486,7 +499,7 @@ def test_tile_configs_are_consistent(dtype, capability):
         assert cfg.narrow_whole == cfg.column_halves
         hopper_fp32 = dtype == torch.float32 and capability >= (9, 0)
         assert (cfg.fwd_maxnreg == 254) == (hopper_fp32 and 96 < d < 128)
-        assert triton_forward.default_blocks(d, d, torch.device("cuda"), dtype, capability) == (
+        assert plsh_triton.default_blocks(d, d, torch.device("cuda"), dtype, capability) == (
             cfg.block_m,
             cfg.block_n,
             cfg.num_warps,
@@ -506,16 +519,16 @@ def test_tile_config_rules_for_more_than_64_samples(dtype, capability):
     full/disjoint samples the dQ kernel spilled 16-96 B and the forward 16-40 B)."""
     dev = torch.device("cuda")
     for d in (16, 40, 64, 96, 112, 120, 128, 200, 256):
-        base = triton_forward.tile_config(d, d, dev, dtype, capability)
+        base = plsh_triton.tile_config(d, d, dev, dtype, capability)
         for s in (1, 2, 16, 33, 64):
-            assert triton_forward.tile_config(d, d, dev, dtype, capability, num_samples=s) == base
+            assert plsh_triton.tile_config(d, d, dev, dtype, capability, num_samples=s) == base
         rules = {}
         if dtype != torch.float32 and capability < (9, 0) and d <= 128:
             rules["dkdv_maxnreg"] = 255
         if dtype == torch.float32 and capability >= (9, 0) and d <= 128:
             rules["classify"] = False
         for s in (65, 96, 128, 256, 257, 1000):
-            cfg = triton_forward.tile_config(d, d, dev, dtype, capability, num_samples=s)
+            cfg = plsh_triton.tile_config(d, d, dev, dtype, capability, num_samples=s)
             assert cfg == dataclasses.replace(base, **rules)
 
 
@@ -523,7 +536,7 @@ def test_backward_chunks_keep_the_narrower_head_size_whole():
     """``TileConfig.narrow_whole``: the narrower of unequal head sizes in one piece (64, or
     40 -> 32 + 16), the wider in halves; equal sizes and ``narrow_whole=False`` in halves;
     the dK/dV kernel's column-half programs (``dkdv_split_d``) keep halves of both."""
-    base = triton_forward.TileConfig(64, 16, 4, 2, 8, 16, 4, True)
+    base = plsh_triton.TileConfig(64, 16, 4, 2, 8, 16, 4, True)
     whole = dataclasses.replace(base, narrow_whole=True)
     assert base.backward_chunks(64, 128, dkdv=False) == ((32, 32), (64, 64))
     assert whole.backward_chunks(64, 128, dkdv=False) == ((64, 0), (64, 64))
@@ -542,7 +555,7 @@ def test_float32_column_halves_match_the_reference(head_dims):
     """float32 takes head_dim in two equal column chunks (40 -> 32 + 32 with 24 masked
     columns, 96 -> 64 + 64): the reference all the same."""
     d, dv = head_dims
-    cfg = triton_forward.tile_config(d, dv, _triton_interp.DEVICE, torch.float32)
+    cfg = plsh_triton.tile_config(d, dv, _triton_interp.DEVICE, torch.float32)
     assert cfg.column_halves
     rng = np.random.default_rng(d)
     partition = draw_partition(np.array([4.0, 15.0]), 3, seed=d)
@@ -565,11 +578,11 @@ def test_forward_with_sorted_positions_never_synchronises():
     )
     pitch, offset = (t.to(dev) for t in _tensors(partition))
     pos = torch.arange(300, device=dev)
-    triton_forward.plsh_forward_triton(q, k, v, pitch, offset, pos, pos, 0.1, True)  # warm-up
+    plsh_triton.plsh_forward_triton(q, k, v, pitch, offset, pos, pos, 0.1, True)  # warm-up
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        triton_forward.plsh_forward_triton(
+        plsh_triton.plsh_forward_triton(
             q, k, v, pitch, offset, pos, pos, 0.1, True, positions_sorted=True
         )
     finally:
@@ -591,7 +604,7 @@ def test_aligned_rows_gives_16_element_strides(head_dim, layout):
         x = base[..., :head_dim].contiguous().transpose(1, 2)
     else:  # a slice of a fused projection: unaligned strides and base
         x = base[..., 1 : 1 + head_dim]
-    y = triton_forward.aligned_rows(x)
+    y = plsh_triton.aligned_rows(x)
     assert torch.equal(y, x) and y.shape == x.shape and y.dtype == x.dtype
     assert y.stride(-1) == 1 and all(s % 16 == 0 for s in y.stride()[:-1])
     assert y.data_ptr() % 16 == 0

@@ -18,6 +18,13 @@ same planned key range as the forward pass; ``dK, dV`` per key tile over the pla
 query range of every query head of its key/value group (grouped-query gradients are summed
 in registers). Pairs outside the planned ranges, masked pairs and padded rows contribute
 exactly zero.
+
+The launcher :func:`plsh_backward_triton` runs in named steps: check the shapes, form the
+statistics (:func:`softmax_statistics`), run on rows sorted by position
+(:func:`plsh_fast.triton._launch.on_sorted_rows`), align the rows, resolve the
+configuration and plan (:func:`plsh_fast.triton._launch.prepare_launch`), then the three
+kernels: :func:`launch_delta`, :func:`launch_dq` (and the row factor
+:func:`dq_rounding_factor`) and :func:`launch_dkdv`.
 """
 
 from __future__ import annotations
@@ -29,24 +36,21 @@ import torch
 import triton
 import triton.language as tl
 
-from ._ordering import position_order, sort_positions, take_rows
-from .tiling import (
-    make_plan,
-    plan_query_range,
-    sample_block,
-    sum_combine,
-    tile_counts_all,
-)
-from .triton_forward import (
-    LENGTHS,
-    LOG2E,
-    aligned_rows,
-    dot_precision,
-    pow2,
-    tile_config,
-)
+from ._config import TileConfig, pow2
+from ._launch import LENGTHS, LOG2E, Launch, aligned_rows, on_sorted_rows, prepare_launch
+from ._memory import load_tile, store_tile
+from ._tiling import TilePlan, plan_query_range, sum_combine, tile_counts_all
 
-__all__ = ["dq_rounding_factor", "plsh_backward_triton"]
+__all__ = [
+    "dkdv_layout",
+    "dq_rounding_factor",
+    "launch_delta",
+    "launch_dkdv",
+    "launch_dq",
+    "plsh_backward_triton",
+    "rows_fit_int32",
+    "softmax_statistics",
+]
 
 
 @triton.jit(do_not_specialize=["n_q", "num_heads", "n_q_tiles"])
@@ -76,44 +80,14 @@ def _delta_kernel(
     h = (bh % num_heads).to(tl.int64)
     offs_m = m_tile.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, BLOCK_DV)
-    mask = (offs_m < n_q)[:, None] & (offs_dv < DV)[None, :]
-    o = tl.load(
-        Out + b * sob + h * soh + offs_m[:, None] * som + offs_dv[None, :] * sod,
-        mask=mask,
-        other=0.0,
-    ).to(tl.float32)
-    do = tl.load(
-        DOut + b * sdb + h * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
-        mask=mask,
-        other=0.0,
-    ).to(tl.float32)
+    m_valid = offs_m < n_q
+    dv_valid = offs_dv < DV
+    o = load_tile(Out + b * sob + h * soh, offs_m, som, offs_dv, sod, m_valid, dv_valid, True)
+    do = load_tile(DOut + b * sdb + h * sdh, offs_m, sdm, offs_dv, sdd, m_valid, dv_valid, True)
     tl.store(
         Delta + bh.to(tl.int64) * n_q + offs_m,
         tl.reduce(o * do, 1, sum_combine),
-        mask=offs_m < n_q,
-    )
-
-
-@triton.jit
-def _tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, UPCAST: tl.constexpr):
-    """``base[rows, cols]`` (masked, 0 outside), upcast to float32 in the interpreter."""
-    x = tl.load(
-        base + rows[:, None] * row_stride + cols[None, :] * col_stride,
-        mask=row_valid[:, None] & col_valid[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def _store_tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, x):
-    """``base[rows, cols] = x`` (masked), cast to the element type of ``base``."""
-    tl.store(
-        base + rows[:, None] * row_stride + cols[None, :] * col_stride,
-        x.to(base.dtype.element_ty),
-        mask=row_valid[:, None] & col_valid[None, :],
+        mask=m_valid,
     )
 
 
@@ -184,7 +158,7 @@ def _split_tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid):
     """``(hi, lo)`` of the float32 tile ``base[rows, cols]`` (masked, 0 outside): ``hi`` its
     TF32 rounding, ``lo`` the rest. The barrier after it keeps the next tile's load from
     being scheduled before this one is split (live registers in the prologue)."""
-    x = _tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, False)
+    x = load_tile(base, rows, row_stride, cols, col_stride, row_valid, col_valid, False)
     lo = x - _round_tf32(x)
     hi = x - lo
     tl.debug_barrier()
@@ -200,9 +174,13 @@ def _dot_half(a0, a0_lo, a1, a1_lo, base, rows, row_stride, c0, col_stride, row_
     step before the last): the quarters only narrow the MMA operands."""
     Q: tl.constexpr = a0.shape[1]
     cols = c0 + tl.arange(0, Q)
-    b0 = tl.trans(_tile(base, rows, row_stride, cols, col_stride, row_valid, cols < n_cols, False))
+    b0 = tl.trans(
+        load_tile(base, rows, row_stride, cols, col_stride, row_valid, cols < n_cols, False)
+    )
     cols = cols + Q
-    b1 = tl.trans(_tile(base, rows, row_stride, cols, col_stride, row_valid, cols < n_cols, False))
+    b1 = tl.trans(
+        load_tile(base, rows, row_stride, cols, col_stride, row_valid, cols < n_cols, False)
+    )
     h0 = _round_tf32(b0)
     h1 = _round_tf32(b1)
     d = tl.dot(a0_lo, h0, input_precision="tf32")
@@ -289,30 +267,19 @@ def _bwd_dq_kernel(
     m_last = tl.minimum(m_first + BLOCK_M, n_q) - 1
     d_valid = offs_d < D
     dv_valid = offs_dv < DV
-    q = tl.load(
-        Q + b * sqb + h.to(tl.int64) * sqh + offs_m[:, None] * sqm + offs_d[None, :] * sqd,
-        mask=m_valid[:, None] & d_valid[None, :],
-        other=0.0,
-    )
-    do = tl.load(
-        DOut + b * sdb + h.to(tl.int64) * sdh + offs_m[:, None] * sdm + offs_dv[None, :] * sdd,
-        mask=m_valid[:, None] & dv_valid[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
-        do = do.to(tl.float32)
     q_base = Q + b * sqb + h.to(tl.int64) * sqh
+    q = load_tile(q_base, offs_m, sqm, offs_d, sqd, m_valid, d_valid, UPCAST)
     do_base = DOut + b * sdb + h.to(tl.int64) * sdh
-    if BLOCK_D1 > 0:  # second column chunk of head_dim (triton_forward.head_dim_split)
+    do = load_tile(do_base, offs_m, sdm, offs_dv, sdd, m_valid, dv_valid, UPCAST)
+    if BLOCK_D1 > 0:  # second column chunk of head_dim (_config.head_dim_split)
         offs_d1 = BLOCK_D + tl.arange(0, BLOCK_D1)
         d1_valid = offs_d1 < D
-        q1 = _tile(q_base, offs_m, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
+        q1 = load_tile(q_base, offs_m, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
         dq1 = tl.zeros([BLOCK_M, BLOCK_D1], dtype=tl.float32)
     if BLOCK_DV1 > 0:
         offs_dv1 = BLOCK_DV + tl.arange(0, BLOCK_DV1)
         dv1_valid = offs_dv1 < DV
-        do1 = _tile(do_base, offs_m, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
+        do1 = load_tile(do_base, offs_m, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
     row = bh * n_q + offs_m
     # mu = fl(m + log2 l), one row vector across the loop (as an LSE would be): the loop's
     # C 2^(x log2 e - mu) is P 2^-e, e = mu - m - log2 l; the launch code multiplies the rows
@@ -325,22 +292,15 @@ def _bwd_dq_kernel(
     for start_n in tl.range(tl.load(rng), tl.load(rng + 1), BLOCK_N, num_stages=NUM_STAGES):
         offs_n = start_n + tl.arange(0, BLOCK_N).to(tl.int64)
         n_valid = offs_n < n_k
-        k = tl.load(
-            K + b * skb + hk * skh + offs_n[:, None] * skn + offs_d[None, :] * skd,
-            mask=n_valid[:, None] & d_valid[None, :],
-            other=0.0,
-        )
-        v_t = tl.load(
-            V + b * svb + hk * svh + offs_n[None, :] * svn + offs_dv[:, None] * svd,
-            mask=n_valid[None, :] & dv_valid[:, None],
-            other=0.0,
-        )
-        if UPCAST:
-            k = k.to(tl.float32)
-            v_t = v_t.to(tl.float32)
+        k = load_tile(K + b * skb + hk * skh, offs_n, skn, offs_d, skd, n_valid, d_valid, UPCAST)
+        v_t = load_tile(
+            V + b * svb + hk * svh, offs_n, svn, offs_dv, svd, n_valid, dv_valid, UPCAST, True
+        )  # (DV, N)
         logits = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
         if BLOCK_D1 > 0:
-            k1 = _tile(K + b * skb + hk * skh, offs_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST)
+            k1 = load_tile(
+                K + b * skb + hk * skh, offs_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST
+            )
             logits = tl.dot(q1, tl.trans(k1), logits, input_precision=DOT_PREC)
         counts = tile_counts_all(
             RowStart, RowEnd, CausalEnd, h, start_n, offs_m, m_first, m_last, n_q,
@@ -350,7 +310,7 @@ def _bwd_dq_kernel(
         p = _probabilities(logits, counts, live, lse2, scale_log2, VARIANT)
         dp = tl.dot(do, v_t, input_precision=DOT_PREC)
         if BLOCK_DV1 > 0:
-            v1 = _tile(
+            v1 = load_tile(
                 V + b * svb + hk * svh, offs_n, svn, offs_dv1, svd, n_valid, dv1_valid, UPCAST
             )
             dp = tl.dot(do1, tl.trans(v1), dp, input_precision=DOT_PREC)
@@ -359,17 +319,9 @@ def _bwd_dq_kernel(
         if BLOCK_D1 > 0:
             dq1 += tl.dot(ds.to(k1.dtype), k1, input_precision=DOT_PREC)
     dq_base = DQ + b * sgb + h.to(tl.int64) * sgh
-    tl.store(
-        dq_base + offs_m[:, None] * sgm + offs_d[None, :] * sgd,
-        (dq * scale).to(DQ.dtype.element_ty),
-        mask=m_valid[:, None] & d_valid[None, :],
-    )
+    store_tile(dq_base, offs_m, sgm, offs_d, sgd, m_valid, d_valid, dq * scale)
     if BLOCK_D1 > 0:
-        tl.store(
-            dq_base + offs_m[:, None] * sgm + offs_d1[None, :] * sgd,
-            (dq1 * scale).to(DQ.dtype.element_ty),
-            mask=m_valid[:, None] & d1_valid[None, :],
-        )
+        store_tile(dq_base, offs_m, sgm, offs_d1, sgd, m_valid, d1_valid, dq1 * scale)
 
 
 @triton.jit(do_not_specialize=LENGTHS + ["num_heads_kv", "n_k_tiles"])
@@ -488,7 +440,7 @@ def _bwd_dkdv_kernel(
     else:  # BLOCK_D, BLOCK_D1: this program's chunk (half) and the other one
         offs_d = half * BLOCK_D + tl.arange(0, BLOCK_D)
         offs_dv = half * BLOCK_DV + tl.arange(0, BLOCK_DV)
-        if BLOCK_D1 > 0:  # second column chunk of head_dim (triton_forward.head_dim_split)
+        if BLOCK_D1 > 0:  # second column chunk of head_dim (_config.head_dim_split)
             offs_d1 = (1 - half) * BLOCK_D + tl.arange(0, BLOCK_D1)
         if BLOCK_DV1 > 0:
             offs_dv1 = (1 - half) * BLOCK_DV + tl.arange(0, BLOCK_DV1)
@@ -502,12 +454,12 @@ def _bwd_dkdv_kernel(
     if BLOCK_DV1 > 0:
         dv1_valid = offs_dv1 < DV
     if not MANUAL_X3:
-        k = _tile(k_base, rows_n, skn, offs_d, skd, n_valid, d_valid, UPCAST)
-        v = _tile(v_base, rows_n, svn, offs_dv, svd, n_valid, dv_valid, UPCAST)
+        k = load_tile(k_base, rows_n, skn, offs_d, skd, n_valid, d_valid, UPCAST)
+        v = load_tile(v_base, rows_n, svn, offs_dv, svd, n_valid, dv_valid, UPCAST)
         if BLOCK_D1 > 0:
-            k1 = _tile(k_base, rows_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST)
+            k1 = load_tile(k_base, rows_n, skn, offs_d1, skd, n_valid, d1_valid, UPCAST)
         if BLOCK_DV1 > 0:
-            v1 = _tile(v_base, rows_n, svn, offs_dv1, svd, n_valid, dv1_valid, UPCAST)
+            v1 = load_tile(v_base, rows_n, svn, offs_dv1, svd, n_valid, dv1_valid, UPCAST)
     dk = tl.zeros([BLOCK_N, BLOCK_D], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_DV], dtype=tl.float32)
     if ACC_D1:
@@ -524,8 +476,8 @@ def _bwd_dkdv_kernel(
             m64 = tl.cast(start_m, tl.int64)  # a Python int in the interpreter
             q_base = Q + b * sqb + h.to(tl.int64) * sqh + m64 * sqm
             do_base = DOut + b * sdb + h.to(tl.int64) * sdh + m64 * sdm
-            q = _tile(q_base, rows, sqm, offs_d, sqd, m_valid, d_valid, UPCAST)
-            do = _tile(do_base, rows, sdm, offs_dv, sdd, m_valid, dv_valid, UPCAST)
+            q = load_tile(q_base, rows, sqm, offs_d, sqd, m_valid, d_valid, UPCAST)
+            do = load_tile(do_base, rows, sdm, offs_dv, sdd, m_valid, dv_valid, UPCAST)
             row0 = (b * num_heads + h) * n_q + m64
             if STATS_PAIR:  # one 8-byte load (two spilled 12 B: float32 sm_90, Triton 3.6)
                 live, row_max, log2_l = _row_stats(Stats, row0 + rows, m_valid)
@@ -536,7 +488,7 @@ def _bwd_dkdv_kernel(
             # Transposed tiles (keys along the rows): every dot has BLOCK_N rows, so that
             # BLOCK_M can be small (registers) while the MMAs stay warpgroup-sized.
             if BLOCK_D1 > 0 and (ACC_D1 or not MANUAL_X3):
-                q1 = _tile(q_base, rows, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
+                q1 = load_tile(q_base, rows, sqm, offs_d1, sqd, m_valid, d1_valid, UPCAST)
             if MANUAL_X3:
                 # Two halves, each one tf32x3 dot, added as tl.dot(k1, q1^T, tl.dot(k, q^T)).
                 logits_t = _dot_half(
@@ -552,7 +504,7 @@ def _bwd_dkdv_kernel(
                 BLOCK_M, BLOCK_N, S_BLOCK, PASSES, True, CLASSIFY, logits_t, CAUSAL,
             )  # fmt: skip
             if BLOCK_DV1 > 0:
-                do1 = _tile(do_base, rows, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
+                do1 = load_tile(do_base, rows, sdm, offs_dv1, sdd, m_valid, dv1_valid, UPCAST)
             logits_t = logits_t * scale_log2
             weight_t = counts_t.to(tl.float32)
             admissible_t = (weight_t > 0.0) & (m_valid & live)[None, :]
@@ -577,12 +529,12 @@ def _bwd_dkdv_kernel(
                 dk1 += tl.dot(ds_t.to(q1.dtype), q1, input_precision=DOT_PREC)
     dk_base = DK + b * skgb + hk.to(tl.int64) * skgh + n64 * skgn
     dv_base = DV_ + b * svgb + hk.to(tl.int64) * svgh + n64 * svgn
-    _store_tile(dk_base, rows_n, skgn, offs_d, skgd, n_valid, d_valid, dk * scale)
-    _store_tile(dv_base, rows_n, svgn, offs_dv, svgd, n_valid, dv_valid, dv)
+    store_tile(dk_base, rows_n, skgn, offs_d, skgd, n_valid, d_valid, dk * scale)
+    store_tile(dv_base, rows_n, svgn, offs_dv, svgd, n_valid, dv_valid, dv)
     if ACC_D1:
-        _store_tile(dk_base, rows_n, skgn, offs_d1, skgd, n_valid, d1_valid, dk1 * scale)
+        store_tile(dk_base, rows_n, skgn, offs_d1, skgd, n_valid, d1_valid, dk1 * scale)
     if ACC_DV1:
-        _store_tile(dv_base, rows_n, svgn, offs_dv1, svgd, n_valid, dv1_valid, dv1)
+        store_tile(dv_base, rows_n, svgn, offs_dv1, svgd, n_valid, dv1_valid, dv1)
 
 
 def dq_rounding_factor(stats: torch.Tensor) -> torch.Tensor:
@@ -633,39 +585,30 @@ def rows_fit_int32(x: torch.Tensor, block: int) -> bool:
 
 
 def plsh_backward_triton(
-    query,
-    key,
-    value,
-    out,
-    lse,
-    grad_out,
-    pitch,
-    offset,
-    query_positions,
-    key_positions,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    pitch: torch.Tensor,
+    offset: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
     scale: float,
     causal: bool,
     *,
-    stats=None,
-    plan=None,
+    stats: torch.Tensor | None = None,
+    plan: TilePlan | None = None,
     positions_sorted: bool | None = None,
-    _block_m: int | None = None,
-    _block_n: int | None = None,
-    _variant: int = 0,
-    _num_warps=None,
-    _num_stages=None,
-    _dkdv_block_m: int | None = None,
-    _dq_block_n: int | None = None,
-    _dkdv_block_n: int | None = None,
-    _classify: bool | None = None,
-    _tiles=None,
-):
+    tiles: TileConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients of PLSH attention with respect to query, key and value (Triton).
 
     Parameters
     ----------
     query, key, value, pitch, offset, query_positions, key_positions, scale, causal
-        As :func:`plsh_fast.triton_forward.plsh_forward_triton`.
+        As :func:`plsh_fast.triton.plsh_forward_triton`.
     out : torch.Tensor
         ``(batch, num_heads, n_q, head_dim_v)`` forward output.
     lse : torch.Tensor
@@ -679,18 +622,22 @@ def plsh_backward_triton(
         (``plsh_forward_triton(..., return_stats=True)``: row maximum and ``log2`` of the row
         sum): the probabilities are recomputed as ``C 2^((x log2 e - m) - log2 l)``, whose
         error does not grow with the logits' magnitude (``proofs_notes/backward.md``).
-        ``None``: recomputed from ``lse`` as ``C 2^(x log2 e - (lse log2 e + log2 s))``,
-        FlashAttention's form, whose float32 rounding of ``lse`` is a relative error of
-        about ``|lse| 2^-24`` of every probability in the row (float32 gradients then fail
-        the SPEC section 6 rule from logits of standard deviation about 9,
+        ``None``: recomputed from ``lse``
+        (:func:`plsh_fast.triton._backward.softmax_statistics`), FlashAttention's
+        form, whose float32 rounding of ``lse`` is a relative error of about
+        ``|lse| 2^-24`` of every probability in the row (float32 gradients then fail the
+        SPEC section 6 rule from logits of standard deviation about 9,
         ``tests/fast/test_gradient_precision.py``).
-    plan : plsh_fast.tiling.TilePlan or None
+    plan : plsh_fast.triton.TilePlan or None
         The forward pass's plan (``plsh_forward_triton(..., return_plan=True)``), reused
         instead of planning again (then the positions are taken as sorted, no check and no
         host synchronisation); ``None`` plans here. Must come from the same positions,
-        partition, ``causal`` and default tile sizes.
+        partition, ``causal`` and tiles.
     positions_sorted : bool or None
-        As in :func:`plsh_fast.triton_forward.plsh_forward_triton`.
+        As in :func:`plsh_fast.triton.plsh_forward_triton`.
+    tiles : plsh_fast.triton.TileConfig or None
+        Tile sizes and launch options, as in :func:`plsh_fast.triton.plsh_forward_triton`
+        (the forward's, when ``plan`` is the forward's).
 
     Returns
     -------
@@ -703,92 +650,92 @@ def plsh_backward_triton(
     ----------
     Dao (2023), FlashAttention-2, backward pass; SPEC section 3 (weights ``C_ij``).
     """
-    batch, num_heads, n_q, head_dim = query.shape
-    _, num_heads_kv, n_k, _ = key.shape
-    head_dim_v = value.shape[3]
-    assert key.dtype == query.dtype and value.dtype == query.dtype
-    assert grad_out.shape == (batch, num_heads, n_q, head_dim_v)
-    assert out.shape == grad_out.shape and lse.shape == (batch, num_heads, n_q)
-    assert num_heads % num_heads_kv == 0 and pitch.shape[0] == num_heads
-    num_samples = pitch.shape[1]
-    if stats is None:  # FlashAttention's recompute from the rounded LSE (docstring)
-        lse = lse.to(torch.float32)
-        stats = torch.stack([lse * LOG2E + math.log2(num_samples), torch.zeros_like(lse)], -1)
-    assert stats.shape == (batch, num_heads, n_q, 2) and stats.dtype == torch.float32
-    kw = dict(
-        _block_m=_block_m,
-        _block_n=_block_n,
-        _variant=_variant,
-        _num_warps=_num_warps,
-        _num_stages=_num_stages,
-        _dkdv_block_m=_dkdv_block_m,
-        _dq_block_n=_dq_block_n,
-        _dkdv_block_n=_dkdv_block_n,
-        _classify=_classify,
-        _tiles=_tiles,
-    )
+    _check_shapes(query, key, value, out, lse, grad_out, pitch)
+    stats = softmax_statistics(lse, pitch.shape[1]) if stats is None else stats
+    assert stats.shape == (*lse.shape, 2) and stats.dtype == torch.float32
     if plan is None and not positions_sorted:
-        q_order, q_inverse = position_order(query_positions)
-        k_order, k_inverse = position_order(key_positions)
-        if q_order is not None or k_order is not None:
-            # Unsorted positions: the gradients of the forward's sorted rows, put back.
-            query, out, lse, grad_out, stats = take_rows(q_order, query, out, lse, grad_out, stats)
-            key, value = take_rows(k_order, key, value)
+
+        def run_sorted(query_rows, key_rows, sorted_query_positions, sorted_key_positions):
+            q, o, l_, g, st = query_rows
             dq, dk, dv = plsh_backward_triton(
-                query,
-                key,
-                value,
-                out,
-                lse,
-                grad_out,
-                pitch,
-                offset,
-                sort_positions(query_positions, q_order),
-                sort_positions(key_positions, k_order),
-                scale,
-                causal,
-                stats=stats,
-                positions_sorted=True,
-                **kw,
-            )
-            return (*take_rows(q_inverse, dq), *take_rows(k_inverse, dk, dv))
-    dev = query.device
-    dq = torch.zeros_like(query, memory_format=torch.contiguous_format)
-    dk = torch.zeros_like(key, memory_format=torch.contiguous_format)
-    dv = torch.zeros_like(value, memory_format=torch.contiguous_format)
-    if batch == 0 or n_q == 0 or n_k == 0:
+                q, *key_rows, o, l_, g, pitch, offset, sorted_query_positions,
+                sorted_key_positions, scale, causal, stats=st, positions_sorted=True,
+                tiles=tiles,
+            )  # fmt: skip
+            return (dq,), (dk, dv)
+
+        # Unsorted positions: the gradients of the forward's sorted rows, put back.
+        done = on_sorted_rows(
+            run_sorted, query_positions, key_positions,
+            (query, out, lse, grad_out, stats), (key, value),
+        )  # fmt: skip
+        if done is not None:
+            return (*done[0], *done[1])
+    dq, dk, dv = (
+        torch.zeros_like(x, memory_format=torch.contiguous_format) for x in (query, key, value)
+    )
+    if query.shape[0] == 0 or query.shape[2] == 0 or key.shape[2] == 0:
         return dq, dk, dv
     # 16-element row strides for the pipelined loads (cp.async)
     query, key, value, grad_out = (aligned_rows(x) for x in (query, key, value, grad_out))
-    tiles = _tiles or tile_config(head_dim, head_dim_v, dev, query.dtype, num_samples=num_samples)
-    block_m = _block_m or tiles.block_m
-    block_n = _block_n or tiles.block_n
-    num_stages = _num_stages or tiles.num_stages
-    # The dQ kernel may walk the key range in narrower tiles than the plan's (key ranges
-    # start at multiples of block_n, hence of any divisor of it).
-    dq_block_n = _dq_block_n or (block_n if _block_n else tiles.dq_block_n or block_n)
-    assert block_n % dq_block_n == 0
-    if plan is None:
-        plan = make_plan(
-            query_positions,
-            key_positions,
-            pitch,
-            offset,
-            causal=causal,
-            block_m=block_m,
-            block_n=block_n,
-        )
-    assert (plan.block_m, plan.block_n, plan.causal, plan.n_k) == (block_m, block_n, causal, n_k)
-    n_q_tiles = triton.cdiv(n_q, block_m)
+    launch = prepare_launch(
+        query, value, pitch, offset, query_positions, key_positions, causal,
+        tiles=tiles, plan=plan, kernel=_bwd_dq_kernel,
+    )  # fmt: skip
     stats = stats.contiguous()
     if stats.data_ptr() % 8:  # the dK/dV kernel reads each row's pair as one 8-byte word
         stats = stats.clone()
     grad_out = grad_out.to(query.dtype)
-    delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=dev)
-    (block_d, block_d1), (block_dv, block_dv1) = tiles.backward_chunks(
-        head_dim, head_dim_v, dkdv=False
-    )
-    _delta_kernel[(n_q_tiles * batch * num_heads,)](
+    delta = launch_delta(launch, out, grad_out)
+    launch_dq(launch, query, key, value, grad_out, stats, delta, dq, scale)
+    dq.mul_(dq_rounding_factor(stats)[..., None])
+    launch_dkdv(launch, query, key, value, grad_out, stats, delta, dk, dv, scale)
+    return dq, dk, dv
+
+
+def _check_shapes(query, key, value, out, lse, grad_out, pitch) -> None:
+    """The launcher's internal preconditions (the inputs were validated by the caller)."""
+    batch, num_heads, n_q, _ = query.shape
+    num_heads_kv, head_dim_v = key.shape[1], value.shape[3]
+    assert key.dtype == query.dtype and value.dtype == query.dtype
+    assert grad_out.shape == (batch, num_heads, n_q, head_dim_v)
+    assert out.shape == grad_out.shape and lse.shape == (batch, num_heads, n_q)
+    assert num_heads % num_heads_kv == 0 and pitch.shape[0] == num_heads
+
+
+def softmax_statistics(lse: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """The statistics ``(m, log2 l)`` that reproduce a rounded LSE: FlashAttention's
+    recompute, ``m = lse log2 e + log2 s`` and ``log2 l = 0``.
+
+    The backward kernels recompute ``P = C 2^((x log2 e - m) - log2 l)``; with these
+    statistics that is ``C 2^(x log2 e - (lse log2 e + log2 s))``, whose float32 rounding
+    of ``lse`` is a relative error of about ``|lse| 2^-24`` of every probability
+    (``proofs_notes/backward.md``, section 3; the forward's own statistics avoid it).
+
+    Parameters
+    ----------
+    lse : torch.Tensor
+        ``(batch, num_heads, n_q)`` forward LSE (natural log), any floating dtype.
+    num_samples : int
+        Partition samples ``s``.
+
+    Returns
+    -------
+    torch.Tensor
+        float32 ``(batch, num_heads, n_q, 2)``; ``(-inf, 0)`` on a row with ``lse = -inf``.
+    """
+    lse = lse.to(torch.float32)
+    return torch.stack([lse * LOG2E + math.log2(num_samples), torch.zeros_like(lse)], -1)
+
+
+def launch_delta(launch: Launch, out: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
+    """``D_i = dO_i . O_i`` per row (the delta kernel), float32 ``(batch, num_heads, n_q)``.
+
+    ``out``, ``grad_out``: ``(batch, num_heads, n_q, head_dim_v)``, any strides.
+    """
+    batch, num_heads, n_q, head_dim_v = out.shape
+    delta = torch.empty((batch, num_heads, n_q), dtype=torch.float32, device=out.device)
+    _delta_kernel[(launch.n_q_tiles * batch * num_heads,)](
         out,
         grad_out,
         delta,
@@ -796,35 +743,41 @@ def plsh_backward_triton(
         *grad_out.stride(),
         n_q,
         num_heads,
-        n_q_tiles,
+        launch.n_q_tiles,
         DV=head_dim_v,
-        BLOCK_M=block_m,
+        BLOCK_M=launch.tiles.block_m,
         BLOCK_DV=pow2(head_dim_v),
     )
-    interp = type(_bwd_dq_kernel).__name__ == "InterpretedFunction"
-    upcast = query.dtype == torch.bfloat16 and interp
-    s_block, passes = sample_block(num_samples)
-    common = dict(
-        D=head_dim,
-        DV=head_dim_v,
-        BLOCK_M=block_m,
-        BLOCK_N=block_n,
-        BLOCK_D=block_d,
-        BLOCK_DV=block_dv,
-        BLOCK_D1=block_d1,
-        BLOCK_DV1=block_dv1,
-        S_BLOCK=s_block,
-        PASSES=passes,
-        UPCAST=upcast,
-        DOT_PREC=dot_precision(query.dtype, interp or upcast),
-        VARIANT=int(_variant),
-        CLASSIFY=bool(tiles.classify if _classify is None else _classify),
-        NUM_STAGES=num_stages,
-        CAUSAL=bool(causal),
-        num_stages=num_stages,
+    return delta
+
+
+def launch_dq(
+    launch: Launch,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    grad_out: torch.Tensor,
+    stats: torch.Tensor,
+    delta: torch.Tensor,
+    dq: torch.Tensor,
+    scale: float,
+) -> None:
+    """The dQ kernel into ``dq`` (in place; rows still to be multiplied by
+    :func:`dq_rounding_factor`): per query tile over the forward's planned key range, in
+    key tiles of ``launch.dq_block_n``.
+
+    ``query``, ``key``, ``value``, ``grad_out``: the pass's (sorted, aligned) tensors;
+    ``stats``: contiguous float32 ``(batch, num_heads, n_q, 2)``; ``delta``: from
+    :func:`launch_delta`; ``dq``: contiguous, shaped as ``query``.
+    """
+    batch, num_heads, n_q, head_dim = query.shape
+    num_heads_kv, n_k, head_dim_v = key.shape[1], key.shape[2], value.shape[3]
+    tiles, plan = launch.tiles, launch.plan
+    (block_d, block_d1), (block_dv, block_dv1) = tiles.backward_chunks(
+        head_dim, head_dim_v, dkdv=False
     )
     scale = float(scale)
-    _bwd_dq_kernel[(n_q_tiles * batch * num_heads,)](
+    _bwd_dq_kernel[(launch.n_q_tiles * batch * num_heads,)](
         query,
         key,
         value,
@@ -847,36 +800,33 @@ def plsh_backward_triton(
         n_k,
         num_heads,
         num_heads // num_heads_kv,
-        num_samples,
-        n_q_tiles,
+        launch.num_samples,
+        launch.n_q_tiles,
         scale,
         scale * LOG2E,
-        num_warps=_num_warps or tiles.dq_num_warps,
+        num_warps=tiles.dq_num_warps,
         maxnreg=tiles.dq_maxnreg,
-        **dict(common, BLOCK_N=dq_block_n),
-    )
-    dq.mul_(dq_rounding_factor(stats)[..., None])
-    # The dK/dV kernel walks the query range in tiles of at most tiles.dkdv_block_m rows (its
-    # two float32 accumulators stay in registers); query ranges start at multiples of
-    # block_m, hence of any divisor of it.
-    dkdv_block_m = _dkdv_block_m or (block_m if interp else min(block_m, tiles.dkdv_block_m))
-    assert block_m % dkdv_block_m == 0
-    # Its key tile may be wider than the plan's (float32 on sm_90: warpgroup-sized MMAs):
-    # the query ranges are then planned for that tile.
-    dkdv_block_n = _dkdv_block_n or tiles.dkdv_block_n or block_n
-    if dkdv_block_n == block_n:
-        query_range = plan_query_range(plan).query_range
-    else:
-        wide = dataclasses.replace(plan, block_n=dkdv_block_n, query_range=None)
-        query_range = plan_query_range(wide).query_range
-    n_k_tiles = triton.cdiv(n_k, dkdv_block_n)
+        **dict(
+            launch.meta, BLOCK_N=launch.dq_block_n, BLOCK_D=block_d, BLOCK_DV=block_dv,
+            BLOCK_D1=block_d1, BLOCK_DV1=block_dv1,
+        ),
+    )  # fmt: skip
+
+
+def dkdv_layout(launch: Launch, head_dim: int, head_dim_v: int, dtype: torch.dtype) -> dict:
+    """The dK/dV kernel's column layout: ``SPLIT_D``, ``MANUAL_X3`` and its column chunks
+    ``BLOCK_D``, ``BLOCK_D1``, ``BLOCK_DV``, ``BLOCK_DV1`` (constexprs), from
+    :meth:`TileConfig.backward_chunks` and the configuration's ``dkdv_split_d`` (equal,
+    non-empty column halves only) and ``dkdv_manual_x3`` (float32, halves of at least
+    32 columns: the kernel's chunks are then the two quarters of a program's half)."""
+    tiles = launch.tiles
     (block_d, block_d1), (block_dv, block_dv1) = tiles.backward_chunks(
         head_dim, head_dim_v, dkdv=True
     )
     halves = block_d == block_d1 and block_dv == block_dv1  # equal column halves
     split_d = tiles.dkdv_split_d and halves and block_d1 > 0 and block_dv1 > 0
     # Column quarters of at least 16 (the smallest tl.dot operand), in column-half programs.
-    manual_x3 = tiles.dkdv_manual_x3 and query.dtype == torch.float32
+    manual_x3 = tiles.dkdv_manual_x3 and dtype == torch.float32
     manual_x3 = manual_x3 and split_d and min(block_d1, block_dv1) >= 32
     chunks = dict(BLOCK_D=block_d, BLOCK_D1=block_d1, BLOCK_DV=block_dv, BLOCK_DV1=block_dv1)
     if manual_x3:  # the kernel's BLOCK_D, BLOCK_D1: the two quarters of a program's half
@@ -884,10 +834,44 @@ def plsh_backward_triton(
             BLOCK_D=block_d // 2, BLOCK_D1=block_d // 2, BLOCK_DV=block_dv // 2,
             BLOCK_DV1=block_dv // 2,
         )  # fmt: skip
+    return dict(SPLIT_D=split_d, MANUAL_X3=manual_x3, **chunks)
+
+
+def launch_dkdv(
+    launch: Launch,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    grad_out: torch.Tensor,
+    stats: torch.Tensor,
+    delta: torch.Tensor,
+    dk: torch.Tensor,
+    dv: torch.Tensor,
+    scale: float,
+) -> None:
+    """The dK/dV kernel into ``dk``, ``dv`` (in place): per key tile of
+    ``launch.dkdv_block_n`` over the planned query range of every query head of its
+    key/value group (:func:`plsh_fast.triton._tiling.plan_query_range`; planned for that
+    key tile when it is not the plan's), in query tiles of ``launch.dkdv_block_m``.
+
+    Arguments as :func:`launch_dq`; ``dk``, ``dv`` contiguous, shaped as ``key``, ``value``.
+    """
+    batch, num_heads, n_q, head_dim = query.shape
+    num_heads_kv, n_k, head_dim_v = key.shape[1], key.shape[2], value.shape[3]
+    tiles, plan = launch.tiles, launch.plan
+    dkdv_block_m, dkdv_block_n = launch.dkdv_block_m, launch.dkdv_block_n
+    if dkdv_block_n == plan.block_n:
+        query_range = plan_query_range(plan).query_range
+    else:
+        wide = dataclasses.replace(plan, block_n=dkdv_block_n, query_range=None)
+        query_range = plan_query_range(wide).query_range
+    n_k_tiles = triton.cdiv(n_k, dkdv_block_n)
+    layout = dkdv_layout(launch, head_dim, head_dim_v, query.dtype)
     # int32 tile offsets (rows_fit_int32); a row stride too long for them: contiguous rows.
     q_, do_ = (x if rows_fit_int32(x, dkdv_block_m) else x.contiguous() for x in (query, grad_out))
     k_, v_ = (x if rows_fit_int32(x, dkdv_block_n) else x.contiguous() for x in (key, value))
-    _bwd_dkdv_kernel[(n_k_tiles * batch * num_heads_kv * (2 if split_d else 1),)](
+    scale = float(scale)
+    _bwd_dkdv_kernel[(n_k_tiles * batch * num_heads_kv * (2 if layout["SPLIT_D"] else 1),)](
         q_,
         k_,
         v_,
@@ -912,16 +896,13 @@ def plsh_backward_triton(
         num_heads,
         num_heads_kv,
         num_heads // num_heads_kv,
-        num_samples,
-        n_q_tiles,
+        launch.num_samples,
+        launch.n_q_tiles,
         n_k_tiles,
         scale,
         scale * LOG2E,
-        num_warps=_num_warps or tiles.dkdv_num_warps,
+        num_warps=tiles.dkdv_num_warps,
         maxnreg=tiles.dkdv_maxnreg,
-        SPLIT_D=split_d,
-        MANUAL_X3=manual_x3,
-        STATS_PAIR=manual_x3,  # the register footprint measured best (kernel comment)
-        **dict(common, BLOCK_M=dkdv_block_m, BLOCK_N=dkdv_block_n, **chunks),
+        STATS_PAIR=layout["MANUAL_X3"],  # the register footprint measured best (kernel comment)
+        **dict(launch.meta, BLOCK_M=dkdv_block_m, BLOCK_N=dkdv_block_n, **layout),
     )
-    return dq, dk, dv

@@ -1,4 +1,5 @@
-"""Bins and tile planning shared by the Triton forward and backward kernels.
+"""The bins kernel, the counts plan, the tile counts and the key/query ranges of the
+Triton kernels (what the forward and backward kernels share besides their tiles).
 
 The Triton kernels never divide in float32 and never compare bins element by element.
 The bins ``floor((float64(p) - offset) / pitch)`` (SPEC section 2) are computed once per
@@ -311,8 +312,9 @@ def plan_query_range(plan: TilePlan) -> TilePlan:
 
 
 def sample_block(num_samples: int) -> tuple[int, int]:
-    """``(S_BLOCK, PASSES)`` for :func:`tile_counts_all`: samples per unrolled pass of
-    :func:`tile_counts` and the number of passes.
+    """``(S_BLOCK, PASSES)`` for :func:`~plsh_fast.triton._tiling.tile_counts_all`: samples
+    per unrolled pass of :func:`~plsh_fast.triton._tiling.tile_counts` and the number of
+    passes.
 
     Up to ``MAX_SAMPLE_BLOCK`` (64) samples: one pass of the smallest power of two ``>= s``
     (at least 2). Above: ``PASSES = ceil(s / MULTI_PASS_BLOCK)`` passes of
