@@ -73,8 +73,10 @@ matrix:
 
 Memory is ``O(batch * CHUNK_ELEMENTS)`` per tile group in flight plus ``O(s n)`` int64
 for the block boundaries of one head, plus at most :data:`PLAN_CACHE_BYTES` for kept
-plans (a kept plan is ``O(n * window)``: its biases hold one value per tile logit,
-:func:`kept_plan_bytes`). Parallelism: with ``torch.get_num_threads() = N > 1``
+plans (a kept plan is ``O(n * window)``: its chunks hold one count per tile logit, uint8
+for ``s <= 255``, the bias rebuilt from them at each use; :func:`kept_plan_bytes`). A
+:class:`plsh_fast.nn.PLSHAttention` layer keeps its plans in its own :class:`PlanCache`
+(:func:`use_plan_cache`), each within :data:`PLAN_CACHE_BYTES`. Parallelism: with ``torch.get_num_threads() = N > 1``
 the tile groups (and the per-head planning) go to ``N`` Python worker threads of one
 package-level pool: in the forward and the planning each worker takes the next item when
 it is free (their outputs are disjoint, so who runs what does not change a bit), in the
