@@ -2,25 +2,30 @@
 
 Run from the repository root, e.g.::
 
-    python benchmarks/decode_bench.py --context 8192 65536 262144 --num-heads 8 --threads 2
+    python benchmarks/decode_bench.py --context 8192 65536 262144 --batch 1 8 --threads 1
 
-For each context length ``N`` (batch 1, ``--num-heads`` heads with the standard slopes,
-head_dim 64, float32, ``s = --num-samples``), one process measures side by side:
+For each context length ``N`` and batch size (``--num-heads`` heads with the standard
+slopes, head_dim 64, float32, ``s = --num-samples``), one process measures side by side:
 
-* ``plsh_cache``: :class:`plsh_fast.decoding.PLSHDecodingCache` after a prefill of ``N``
-  tokens, then ``--steps`` decode steps of one token (exact PLSH attention; the cache keeps
-  only the keys that later queries can reach, at most ``cache_bound(partition)``);
+* ``plsh_cache``: :class:`plsh_fast.decoding.PLSHDecodingCache` after a prefill of the
+  context, then ``--steps`` decode steps of one token per sequence (exact PLSH attention;
+  the cache keeps only the keys that later queries can reach, at most
+  ``cache_bound(partition)``), with its default ``check_finite=True``. The prefill feeds
+  only the last ``--prefill-tail`` tokens of the context, at their positions
+  ``N - tail .. N - 1``: the cache after a call holds the keys the newest query reaches,
+  all within the last ``bound`` positions, so for ``tail >= bound`` its state is the one a
+  prefill of all ``N`` tokens leaves (the prefill's own outputs are not measured);
 * ``alibi_full``: exact ALiBi over the whole cache of ``N + step`` keys, through
   ``scaled_dot_product_attention`` with the ALiBi bias row of the new query;
 * ``alibi_window``: the same over the last ``W`` keys only, ``W`` the PLSH cache bound (a
   sliding-window cache of equal size; an approximation of ALiBi).
 
-Reported: decode tokens/s (median over steps after one warm-up step; the three methods
-take turns at every step, so a load from other processes hits them alike), the cache memory in
-bytes (keys and values; the PLSH cache also counts its int64 positions and bins), the PLSH
-cache size after prefill and at the end, and its bound. The prefill time is reported but is
-not the point. Results go to ``benchmarks/results/decode_<date>_<host>_t<threads>.json`` and
-``.md``, with the package version and git commit.
+Reported: decode tokens/s (batch x steps per second: median step time after one warm-up
+step; the three methods take turns at every step, so a load from other processes hits them
+alike), the cache memory in bytes (keys and values; the PLSH cache also counts its int64
+positions), the PLSH cache size after prefill and at the end (largest sequence), its bound,
+and the load average. Results go to ``benchmarks/results/decode_<date>_t<threads>.json``
+and ``.md``, with the package version and git commit.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import datetime as _dt
 import json
+import os
 import platform
 import socket
 import statistics
@@ -68,23 +74,32 @@ def _interleaved_rates(fns: dict, steps: int) -> dict:
     return {name: 1.0 / statistics.median(t) for name, t in times.items()}
 
 
-def bench(context: int, args) -> dict:
+def bench(context: int, batch: int, args) -> dict:
     H, d, s = args.num_heads, args.head_dim, args.num_samples
     slopes = alibi_slopes(H)
     part = draw_partition(1.0 / slopes, s, seed=args.seed)
     bound = cache_bound(part)
     g = torch.Generator().manual_seed(context)
     total = context + args.steps + 1
-    q = torch.randn(1, H, total, d, generator=g)
-    k = torch.randn(1, H, total, d, generator=g)
-    v = torch.randn(1, H, total, d, generator=g)
-    row = {"context": context, "num_heads": H, "head_dim": d, "num_samples": s, "bound": bound}
+    q = torch.randn(batch, H, total, d, generator=g)
+    k = torch.randn(batch, H, total, d, generator=g)
+    v = torch.randn(batch, H, total, d, generator=g)
+    row = {"context": context, "batch": batch, "num_heads": H, "head_dim": d}
+    row.update({"num_samples": s, "bound": bound})
 
     cache = PLSHDecodingCache(part)
+    tail = min(context, max(args.prefill_tail, bound))
+    a = context - tail
     t0 = time.perf_counter()
-    cache.update(q[:, :, :context], k[:, :, :context], v[:, :, :context])
+    cache.update(
+        q[:, :, a:context],
+        k[:, :, a:context],
+        v[:, :, a:context],
+        query_positions=torch.arange(a, context),
+    )
+    row["plsh_prefill_tail"] = tail
     row["plsh_prefill_s"] = time.perf_counter() - t0
-    row["plsh_cached_after_prefill"] = int(cache.cached_tokens()[0])
+    row["plsh_cached_after_prefill"] = int(cache.cached_tokens().max())
 
     slopes_t = torch.from_numpy(slopes).to(torch.float32)
     pos = torch.arange(total)
@@ -115,23 +130,27 @@ def bench(context: int, args) -> dict:
         {"plsh": plsh_step, "alibi_full": full_step, "alibi_window": window_step}, args.steps
     )
     for name, rate in rates.items():
-        row[f"{name}_tokens_per_s"] = rate
-    row["plsh_cached_at_end"] = int(cache.cached_tokens()[0])
+        row[f"{name}_tokens_per_s"] = batch * rate
+    row["plsh_over_window"] = rates["plsh"] / rates["alibi_window"]
+    row["plsh_cached_at_end"] = int(cache.cached_tokens().max())
     row["plsh_cache_bytes"] = cache.memory_bytes()
-    row["alibi_full_cache_bytes"] = 2 * H * (context + args.steps) * d * 4
-    row["alibi_window_cache_bytes"] = 2 * H * bound * d * 4
+    row["alibi_full_cache_bytes"] = batch * 2 * H * (context + args.steps) * d * 4
+    row["alibi_window_cache_bytes"] = batch * 2 * H * bound * d * 4
+    row["load_average"] = os.getloadavg()[0]
     return row
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--context", type=int, nargs="+", default=[8192, 65536, 262144])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--prefill-tail", type=int, default=4096)
     parser.add_argument("--num-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--num-samples", type=int, default=16)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
     if min(args.context) < 1 or args.steps < 1:
@@ -139,9 +158,10 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     rows = []
     for n in args.context:
-        row = bench(n, args)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        for batch in args.batch:
+            row = bench(n, batch, args)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     stamp = _dt.datetime.now(_dt.timezone.utc)
     meta = {
         **run_metadata(),
@@ -155,21 +175,28 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     base = out / f"decode_{stamp:%Y-%m-%d}_t{args.threads}"
     base.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    load = ", ".join(f"{r['load_average']:.1f}" for r in rows)
     lines = [
         f"# Decoding benchmark, {meta['date_utc']}",
         "",
-        f"CPU: {meta['cpu_model']}, {args.threads} threads, torch {meta['torch']}, commit "
-        f"{(meta['git_commit'] or 'unknown')[:10]}. Batch 1, {args.num_heads} heads (standard "
-        f"slopes), head_dim {args.head_dim}, float32, s = {args.num_samples}; tokens/s is the "
-        f"median over {args.steps} one-token steps, the three methods taking turns at every step. Made by `benchmarks/decode_bench.py`.",
+        f"CPU: {meta['cpu_model']}, {args.threads} torch threads, torch {meta['torch']}, commit "
+        f"{(meta['git_commit'] or 'unknown')[:10]}; machine shared with other processes (1-min "
+        f"load average per row: {load}). {args.num_heads} heads (standard slopes), head_dim "
+        f"{args.head_dim}, float32, s = {args.num_samples}; tokens/s = batch x steps/s, the "
+        f"median over {args.steps} one-token steps, the three methods taking turns at every "
+        "step (the ratios hold under the load, absolute numbers do not). PLSH cache with "
+        "check_finite=True. Made by `benchmarks/decode_bench.py`.",
         "",
-        "| context | PLSH cache tok/s | full ALiBi tok/s | window ALiBi tok/s | PLSH cache (tokens after prefill / end / bound) | PLSH cache MB | full cache MB | window cache MB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| context | batch | PLSH cache tok/s | full ALiBi tok/s | window ALiBi tok/s | PLSH / window "
+        "| PLSH cache (tokens after prefill / end / bound) | PLSH cache MB | full cache MB | "
+        "window cache MB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['context']} | {r['plsh_tokens_per_s']:.0f} | {r['alibi_full_tokens_per_s']:.0f} | "
-            f"{r['alibi_window_tokens_per_s']:.0f} | {r['plsh_cached_after_prefill']} / "
+            f"| {r['context']} | {r['batch']} | {r['plsh_tokens_per_s']:.0f} | "
+            f"{r['alibi_full_tokens_per_s']:.0f} | {r['alibi_window_tokens_per_s']:.0f} | "
+            f"{r['plsh_over_window']:.2f} | {r['plsh_cached_after_prefill']} / "
             f"{r['plsh_cached_at_end']} / {r['bound']} | {r['plsh_cache_bytes'] / 2**20:.2f} | "
             f"{r['alibi_full_cache_bytes'] / 2**20:.1f} | {r['alibi_window_cache_bytes'] / 2**20:.2f} |"
         )

@@ -19,14 +19,16 @@ evicts the keys no later query can reach.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
+from plsh_ref.bounds import max_norm_error_bound
 from plsh_ref.partition import PartitionSample
-from plsh_ref.validation import check_scale, warn_deprecated
+from plsh_ref.validation import check_probability, check_scale, warn_deprecated
 
 from . import _padding as padding
 from . import _validation as V
@@ -34,7 +36,13 @@ from ._partition import bins, count_bias, partition_tensors
 from .api import plsh_attention
 from .dense import dense_counts, working_dtype
 
-__all__ = ["PLSHDecodingCache", "binary64_bound", "cache_bound", "reachable_keys"]
+__all__ = [
+    "DecodingErrorBound",
+    "PLSHDecodingCache",
+    "binary64_bound",
+    "cache_bound",
+    "reachable_keys",
+]
 
 #: above this many (new query, cached key) pairs per sequence and head, a call goes
 #: through :func:`plsh_fast.plsh_attention` instead of the dense counts form
@@ -156,6 +164,44 @@ def binary64_bound(partition: PartitionSample, max_abs_position: int) -> int:
     return int(np.max(np.ceil((1.0 + 2.0 * rounding) * pitch)))
 
 
+@dataclass(frozen=True)
+class DecodingErrorBound:
+    """The a-priori error statement of a decoding cache's attention against exact ALiBi.
+
+    With probability at least ``1 - delta`` over the draw of the cache's partition,
+    every count weight ``C_ij / s`` the cache can have used, for any query and key
+    positions within the span seen (``num_positions`` integers), is within ``eps`` of
+    the ALiBi kernel ``L*_ij = exp(-slope_h |p_i - p_j|)`` in every head (evicted keys
+    included: their weight is 0 and ``L*_ij <= eps``); on that event every output row
+    decoded so far satisfies, for every head, row and value column,
+    ``|T~_ik - T*_ik| <= range_k(V_i) eps sum_j A_ij / sum_j A_ij L*_ij`` (Theorem 2.2,
+    :func:`plsh_ref.bounds.output_error_bound` with this ``eps``; ``A_ij`` the softmax
+    numerators over all keys up to the row, ``range_k`` over them).
+
+    Attributes
+    ----------
+    eps : float
+        :func:`plsh_ref.bounds.max_norm_error_bound` of ``(num_positions, num_samples,
+        delta / num_heads)`` for the partition's sampler (DKW, a union bound over heads).
+    delta : float
+        Failure probability in ``(0, 1)``.
+    num_positions, num_samples, num_heads : int
+        The span of integer positions seen (``max - min + 1`` over all sequences, an upper
+        bound on the distinct positions), ``s`` and the head count.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorems 2.1 and 2.2; ``proofs_notes/max_norm_bound.md``,
+    ``proofs_notes/output_bound.md``.
+    """
+
+    eps: float
+    delta: float
+    num_positions: int
+    num_samples: int
+    num_heads: int
+
+
 class PLSHDecodingCache:
     """Bounded key/value cache for causal PLSH decoding of one attention layer.
 
@@ -224,6 +270,11 @@ class PLSHDecodingCache:
         self._shape: tuple | None = (
             None  # (num_heads, num_heads_kv, head_dim, head_dim_v, dtype, device)
         )
+        #: the decode-step buffers (:meth:`_step`), or ``None`` while the per-sequence
+        #: tensors above hold the cache
+        self._buffers: _StepRing | None = None
+        self._general_only = False  # a step the ring cannot take runs the general path
+        self._span: tuple[int, int] | None = None  # smallest and largest position seen
 
     # ------------------------------------------------------------------ state
     @property
@@ -233,6 +284,8 @@ class PLSHDecodingCache:
 
     def cached_tokens(self) -> torch.Tensor:
         """Keys held per sequence, int64 ``(batch,)``; each ``<= bound``."""
+        if self._buffers is not None:
+            return torch.tensor(self._buffers.lengths(), dtype=torch.int64)
         return torch.tensor([p.numel() for p in self._positions], dtype=torch.int64)
 
     def live_tokens(self) -> torch.Tensor:
@@ -242,6 +295,7 @@ class PLSHDecodingCache:
         of head ``h``, with ``p`` the newest query position of the sequence. The cache
         keeps the union over heads (a suffix of the positions); this is the per-head view.
         """
+        self._unbuffer()
         rows = []
         for b, kb in enumerate(self._bins):
             last = self._last[b]
@@ -256,6 +310,7 @@ class PLSHDecodingCache:
 
     def cached_positions(self, sequence: int) -> torch.Tensor:
         """int64 ``(L,)`` positions of the keys held for ``sequence``, increasing."""
+        self._unbuffer()
         return self._positions[self._sequence(sequence)]
 
     def key_bins(self, sequence: int) -> torch.Tensor:
@@ -263,6 +318,7 @@ class PLSHDecodingCache:
 
         Equal bit for bit to :func:`plsh_ref.partition.bins` of :meth:`cached_positions`.
         """
+        self._unbuffer()
         return self._bins[self._sequence(sequence)]
 
     def _sequence(self, sequence) -> int:
@@ -273,14 +329,53 @@ class PLSHDecodingCache:
         return int(sequence)
 
     def memory_bytes(self) -> int:
-        """Bytes held by the cached keys, values, positions and bins, all sequences."""
+        """Bytes held by the cached keys, values, positions and bins, all sequences (while
+        decoding one token per call: the ring's ``capacity = bound`` columns of keys,
+        values and positions; it holds no bins)."""
+        if self._buffers is not None:
+            return self._buffers.nbytes()
         tensors = self._key + self._value + self._positions + self._bins
         return int(sum(t.numel() * t.element_size() for t in tensors))
+
+    def error_bound(self, delta: float = 0.05) -> DecodingErrorBound:
+        """The a-priori bound on this layer's output error against exact ALiBi attention,
+        for the positions decoded so far (:class:`DecodingErrorBound`).
+
+        Computed from the partition and the span of positions only (no Q/K/V, no device
+        work), so it can be read after every step; it grows like ``sqrt(log n)``.
+
+        Parameters
+        ----------
+        delta : float
+            Failure probability in ``(0, 1)`` (over the partition's draw).
+
+        Returns
+        -------
+        DecodingErrorBound
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``delta`` outside ``(0, 1)``; a call before any token was decoded.
+
+        References
+        ----------
+        :func:`plsh_ref.bounds.max_norm_error_bound`, :func:`plsh_ref.bounds.output_error_bound`.
+        """
+        delta = check_probability("delta", delta)
+        if self._span is None:
+            raise ValueError("delta: no positions decoded yet (call update first)")
+        n = self._span[1] - self._span[0] + 1
+        heads, s = self.partition.num_heads, self.partition.num_samples
+        eps = max_norm_error_bound(n, s, delta / heads, sampler=self.partition.sampler)
+        return DecodingErrorBound(eps, delta, n, s, heads)
 
     def reset(self) -> None:
         """Forget every sequence (the partition and scale are kept)."""
         self._key, self._value, self._positions, self._bins, self._last = [], [], [], [], []
         self._shape = None
+        self._buffers = None
+        self._span = None
 
     # ------------------------------------------------------------------ helpers
     def _query_bins(self, positions: torch.Tensor) -> torch.Tensor:
@@ -410,10 +505,16 @@ class PLSHDecodingCache:
         batch, m, shape, mask, positions = self._check_call(
             query, key, value, positions, attention_mask, partition
         )
-        if check_finite:
-            V.check_finite(query, key, value)
+        if check_finite and not (m == 1 and _sum_is_finite(query, key, value)):
+            V.check_finite(query, key, value)  # names the argument (or passes: overflow)
         scale = check_scale(None, shape[2]) if self.scale is None else self.scale
+        if self._can_step(m, mask):
+            return self._step(query, key, value, positions, scale, return_lse)
+        self._unbuffer()  # the general path below works on per-sequence tensors
         new_pos = self._new_positions(batch, m, mask, positions)  # checks order, no change yet
+        for _, pos in new_pos:
+            if pos.numel():
+                self._see(int(pos[0]), int(pos[-1]))
         if self._shape is None:
             self._start(shape, batch, key, value)
         out = query.new_zeros((batch, shape[0], m, shape[3]))
@@ -541,6 +642,65 @@ class PLSHDecodingCache:
                     "(proofs_notes/decoding_cache.md); please report this"
                 )
 
+    # ------------------------------------------------------------- one decode step
+    def _can_step(self, m: int, mask) -> bool:
+        """Whether the call is a plain decode step: one real token per sequence, every
+        sequence already holding keys (then :meth:`_step` runs, batched)."""
+        if m != 1 or self._shape is None or self.batch_size == 0 or self._general_only:
+            return False
+        if self._buffers is None and any(last is None for last in self._last):
+            return False
+        return mask is None or bool(mask.all())
+
+    def _see(self, low: int, high: int) -> None:
+        """Widen the span of positions seen (for :meth:`error_bound`)."""
+        if self._span is None:
+            self._span = (low, high)
+        else:
+            self._span = (min(self._span[0], low), max(self._span[1], high))
+
+    def _unbuffer(self) -> None:
+        """Move the cache back into per-sequence tensors (the general path's form)."""
+        if self._buffers is not None:
+            self._buffers.write_back(self)
+            self._buffers = None
+
+    def _step(self, query, key, value, positions, scale: float, return_lse: bool):
+        """One decode step of every sequence, batched: no per-sequence loop, no host
+        synchronisation, no allocation beyond the step's logits (:class:`_StepRing`).
+
+        The same function as the general path. Falls back to it when the ring cannot take
+        the step exactly (a block edge out of the checked range, or no dead column: only
+        possible where ``|p| + pitch > 2**50``, ``proofs_notes/decoding_cache.md``).
+        """
+        if self._buffers is None:
+            self._buffers = _StepRing(self)
+        ring = self._buffers
+        if positions is None:
+            pos = ring.last + 1
+        else:
+            pos = positions[:, 0].numpy().astype(np.int64)
+            behind = pos <= ring.last
+            if behind.any():
+                b = int(behind.nonzero()[0][0])
+                raise ValueError(
+                    f"query_positions: decode step out of order for sequence {b}: position "
+                    f"{int(pos[b])} after {int(ring.last[b])}"
+                )
+        self._see(int(pos.min()), int(pos.max()))
+        plan = ring.plan(pos, consecutive=positions is None)
+        if plan is None:  # not exactly representable by the ring: the general path
+            self._unbuffer()
+            self._general_only = True
+            try:
+                return self.update(
+                    query, key, value, query_positions=torch.from_numpy(pos)[:, None],
+                    return_lse=return_lse, check_finite=False,
+                )  # fmt: skip
+            finally:
+                self._general_only = False
+        return ring.attend(query, key, value, plan, scale, return_lse)
+
     def _attend(self, q, k, v, qpos, kpos, qbins, kbins, scale):
         """One sequence: new queries ``(H, m, d)`` against keys ``(H_kv, L, d)``."""
         num_heads, m = q.shape[0], q.shape[1]
@@ -575,3 +735,214 @@ class PLSHDecodingCache:
         logits.sub_(torch.where(empty, 0.0, lse)[..., None]).exp_()
         out = torch.bmm(logits, vx).masked_fill_(empty[..., None], 0.0)
         return out.view(num_heads, m, -1), lse.view(num_heads, m)
+
+
+def _sum_is_finite(*tensors) -> bool:
+    """A decode step's finiteness check, one reduction per tensor: a NaN or inf anywhere
+    makes a sum non-finite (finite sums prove every element finite); a non-finite sum
+    (also one that merely overflowed) sends the caller to the element-wise check."""
+    return math.isfinite(sum(float(t.sum()) for t in tensors))
+
+
+class _StepRing:
+    """The decode-step form of :class:`PLSHDecodingCache`: a ring of ``capacity`` columns.
+
+    Keys ``(B, H_kv, capacity, d)``, values, and positions ``(B, H, capacity)`` (one row
+    per query head, for :func:`torch.searchsorted`) on the device, positions ``(B,
+    capacity)`` on the host. Attention does not depend on the order of the keys, so the
+    columns are a FIFO ring: a step writes its new token into column ``head`` (for every
+    sequence the oldest held key, or an unused column), advances ``head`` and attends
+    all ``capacity`` columns. No bins are stored: key ``j`` shares the bin of sample
+    ``t`` with the newest query ``p`` (both ``<= p``) iff ``p_j >= L_t``, the first
+    integer position of ``p``'s bin, so the count of a key is ``#{t : p_j >= L_t}``, one
+    ``searchsorted`` against the sorted ``L`` of each head; ``L`` is found exactly on the
+    host from the binary64 bins (:meth:`plan`). A key is dead iff ``p_j < min L``; the
+    oldest key is dead whenever any is, and unused columns hold a position below every
+    ``L`` (count 0). ``capacity`` is the cache bound: memory does not grow, and the
+    overwritten key is always dead within ``|p| + pitch <= 2**50`` (else the step goes
+    to the general path). After a step exactly the keys the general path holds are live.
+    """
+
+    _UNUSED = -(2**62)  # position of an unused column: below every L
+    _BLOCK = 64  # consecutive steps planned at once (:meth:`_block_plan`)
+
+    def __init__(self, cache) -> None:
+        lengths = [p.numel() for p in cache._positions]
+        capacity = max(cache.bound, max(lengths))
+        batch, num_heads = len(lengths), cache._shape[0]
+        k0, v0 = cache._key[0], cache._value[0]
+        self.key = k0.new_zeros((batch, k0.shape[0], capacity, k0.shape[2]))
+        self.value = v0.new_zeros((batch, v0.shape[0], capacity, v0.shape[2]))
+        self.host_positions = np.full((batch, capacity), self._UNUSED, dtype=np.int64)
+        # each sequence's keys in its last columns, oldest first: the FIFO starts at 0
+        for b, n in enumerate(lengths):
+            self.key[b, :, capacity - n :] = cache._key[b]
+            self.value[b, :, capacity - n :] = cache._value[b]
+            self.host_positions[b, capacity - n :] = cache._positions[b].cpu().numpy()
+        rows = torch.from_numpy(self.host_positions.copy()).to(k0.device)
+        self.positions = rows[:, None, :].repeat(1, num_heads, 1)
+        self.head = 0
+        self.last = np.array(cache._last, dtype=np.int64)
+        self.pitch = np.asarray(cache.partition.pitch, dtype=np.float64)
+        self.offset = np.asarray(cache.partition.offset, dtype=np.float64)
+        num_samples = cache.partition.num_samples
+        # oldest live position per sequence (every held key is live after a call)
+        self.first = np.array([int(p[0]) for p in cache._positions], dtype=np.int64)
+        self.edges = self._edges(self.last)  # L of the newest queries, or None
+        self.last_bins = self._bins(self.last)
+        self._block = None  # plans of a run of consecutive steps (:meth:`_block_plan`)
+        work = working_dtype(k0.dtype)
+        self.log_counts = count_bias(
+            torch.arange(num_samples + 1, device=k0.device), num_samples, dtype=work
+        )
+
+    def _bins(self, pos: np.ndarray) -> np.ndarray:
+        """Bins ``(B, H, s)`` of one position per sequence, binary64 (SPEC section 2; as
+        float64 integers): ``floor((float64(p) - offset) / pitch)``."""
+        return np.floor((pos.astype(np.float64)[:, None, None] - self.offset) / self.pitch)
+
+    def _edges(self, pos: np.ndarray):
+        """``L`` ``(B, H, s)`` int64: the first integer position of each position's bin,
+        or ``None`` if the checked candidates do not bracket it.
+
+        The candidates ``x0 - 2 .. x0 + 2`` around ``x0 = floor(offset + bin * pitch)`` are
+        binned exactly; bins are monotone in the position, so ``L`` is the first candidate
+        whose bin is at least the position's, provided the first candidate's bin is below
+        it and the last's is not (checked: otherwise ``None``). Within ``|p| + pitch <=
+        2**50`` the rounding of ``x0`` is below one position, so this always holds.
+        """
+        b = self._bins(pos)
+        x0 = np.floor(self.offset + b * self.pitch).astype(np.int64)
+        cand = x0[..., None] + np.arange(-2, 3)
+        cb = np.floor((cand.astype(np.float64) - self.offset[..., None]) / self.pitch[..., None])
+        ok = cb >= b[..., None]  # monotone in the candidate: False..., True...
+        if ok[..., 0].any() or not ok[..., -1].all():
+            return None
+        return x0 - 2 + ok.argmax(axis=-1)
+
+    def plan(self, pos: np.ndarray, consecutive: bool):
+        """``(pos, L sorted, min L, L, bins, pos and sorted L on the device)`` of the step,
+        or ``None`` (general path).
+
+        For the next position of every sequence (``consecutive``: ``p + 1``), ``L``
+        follows from the previous one: unchanged where the bin is unchanged, else
+        ``p + 1`` itself (its bin is then above ``p``'s, so no integer before it shares
+        it): :meth:`_block_plan`. Otherwise :meth:`_edges`.
+        """
+        if consecutive and self.edges is not None:
+            return self._block_plan()
+        self._block = None
+        new_bins = self._bins(pos)
+        edges = self._edges(pos)
+        if edges is None:
+            return None
+        first = edges.reshape(edges.shape[0], -1).min(axis=1)
+        if not (self.host_positions[:, self.head] < first).all():
+            return None  # the oldest key is still live: more than capacity keys
+        ordered = np.sort(edges, axis=-1)
+        device = self.key.device
+        pos_t, sorted_t = torch.from_numpy(pos).to(device), torch.from_numpy(ordered).to(device)
+        return pos, ordered, first, edges, new_bins, pos_t, sorted_t
+
+    def _block_plan(self):
+        """:meth:`plan` of the next step of a run of consecutive steps, computed for up
+        to ``_BLOCK`` steps at once (host arrays, one device transfer per block).
+
+        Along positions ``p + 1, p + 2, ...`` each ``L`` is the last position at which
+        its bin changed (before the run: the current ``L``), a running maximum; the
+        columns the run will overwrite are checked dead in one comparison, and the run
+        stops before the first step that would overwrite a live key (that step goes to
+        the general path).
+        """
+        block = self._block
+        if block is None or block["next"] == block["size"]:
+            block = self._block = self._make_block()
+            if block is None:
+                return None
+        i = block["next"]
+        block["next"] = i + 1
+        return (block["pos"][i], block["sorted"][i], block["first"][i], block["edges"][i],
+                block["bins"][i], block["pos_t"][i], block["sorted_t"][i])  # fmt: skip
+
+    def _make_block(self):
+        capacity = self.key.shape[2]
+        size = min(self._BLOCK, capacity)
+        pos = self.last[None, :] + 1 + np.arange(size)[:, None]  # (K, B)
+        new_bins = np.floor((pos.astype(np.float64)[..., None, None] - self.offset) / self.pitch)
+        previous = np.concatenate([self.last_bins[None], new_bins[:-1]])
+        moved = new_bins != previous
+        edges = np.where(moved, pos[..., None, None], np.iinfo(np.int64).min)
+        edges[0] = np.where(moved[0], edges[0], self.edges)
+        edges = np.maximum.accumulate(edges, axis=0)
+        first = edges.reshape(size, pos.shape[1], -1).min(axis=2)  # (K, B)
+        columns = (self.head + np.arange(size)) % capacity
+        dead = (self.host_positions[:, columns].T < first).all(axis=1)  # (K,)
+        if not dead.all():
+            size = int(np.argmin(dead))  # steps before the first one that cannot run
+            if size == 0:
+                return None
+        ordered = np.sort(edges[:size], axis=-1)
+        device = self.key.device
+        return {
+            "next": 0,
+            "size": size,
+            "pos": pos[:size],
+            "sorted": ordered,
+            "first": first[:size],
+            "edges": edges[:size],
+            "bins": new_bins[:size],
+            "pos_t": torch.from_numpy(pos[:size]).to(device),
+            "sorted_t": torch.from_numpy(ordered).to(device),
+        }
+
+    def attend(self, query, key, value, plan, scale: float, return_lse: bool):
+        """Write the new tokens, attend every column, remember the step (no host reads)."""
+        pos, _, self.first, self.edges, self.last_bins, pos_t, edges_t = plan
+        batch, num_heads = query.shape[:2]
+        col = self.head
+        self.key[:, :, col] = key[:, :, 0]
+        self.value[:, :, col] = value[:, :, 0]
+        self.positions[:, :, col] = pos_t[:, None]
+        self.host_positions[:, col] = pos
+        self.last = pos
+        capacity = self.key.shape[2]
+        self.head = (col + 1) % capacity
+        counts = torch.searchsorted(edges_t, self.positions, right=True)
+        num_heads_kv = self.key.shape[1]
+        group = num_heads // num_heads_kv
+        bias = self.log_counts.index_select(0, counts.view(-1))
+        bias = bias.view(batch, num_heads_kv, group, capacity)
+        work = self.log_counts.dtype
+        # grouped-query heads share their kv head: the group is SDPA's query axis
+        q = query.reshape(batch, num_heads_kv, group, -1)
+        k, v = self.key, self.value
+        if k.dtype != work:  # float16/bfloat16 inputs compute in float32
+            q, k, v = q.to(work), k.to(work), v.to(work)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
+        out = out.reshape(batch, num_heads, 1, -1).to(query.dtype)
+        if not return_lse:
+            return out
+        logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
+        return out, torch.logsumexp(logits, dim=-1).reshape(batch, num_heads, 1)
+
+    def lengths(self) -> list[int]:
+        """Keys held (live) per sequence."""
+        return (self.host_positions >= self.first[:, None]).sum(axis=1).tolist()
+
+    def write_back(self, cache) -> None:
+        """Per-sequence tensors of the live keys, by position, for the general path."""
+        device = self.key.device
+        for b in range(self.key.shape[0]):
+            live = np.nonzero(self.host_positions[b] >= self.first[b])[0]
+            live = live[np.argsort(self.host_positions[b, live], kind="stable")]
+            idx = torch.from_numpy(live).to(device)
+            cache._key[b] = self.key[b].index_select(1, idx)
+            cache._value[b] = self.value[b].index_select(1, idx)
+            cache._positions[b] = torch.from_numpy(self.host_positions[b, live]).to(device)
+            cache._bins[b] = bins(cache._pitch, cache._offset, cache._positions[b])
+            cache._last[b] = int(self.last[b])
+
+    def nbytes(self) -> int:
+        """Bytes of the ring (all ``capacity`` columns: keys, values, device positions)."""
+        tensors = (self.key, self.value, self.positions)
+        return int(sum(t.numel() * t.element_size() for t in tensors))

@@ -49,6 +49,7 @@ from . import _padding as P
 from . import _validation as V
 from ._partition import bins as torch_bins
 from ._partition import count_bias
+from .cpu import PlanCache, use_plan_cache
 from .dense import alibi_bias, dense_counts, expand_kv
 
 __all__ = [
@@ -407,6 +408,9 @@ class PLSHAttention(nn.Module):
         part = draw_partition(sigma, num_samples, self.seed, **self._sampler_kwargs())
         self.register_buffer("pitch", torch.from_numpy(part.pitch.copy()))
         self.register_buffer("offset", torch.from_numpy(part.offset.copy()))
+        # This layer's own kept CPU plans (plsh_fast.cpu.PlanCache): the layers of a model
+        # do not evict each other's plans from one shared budget (eager calls).
+        self.plan_cache = PlanCache()
 
     # ------------------------------------------------------------------ state
     @property
@@ -634,20 +638,26 @@ class PLSHAttention(nn.Module):
             return biased_sdpa(query, key, value, bias, scale=self.scale)
         from .api import plsh_attention  # noqa: PLC0415 (plsh_fast.api imports torch/triton)
 
-        out = plsh_attention(
-            query,
-            key,
-            value,
-            causal=self.causal,
-            scale=self.scale,
-            partition=self._forward_partition(),
-            query_positions=query_positions,
-            key_positions=key_positions,
-            attention_mask=attention_mask,
-            backend=self.backend,
-            check_finite=self.check_finite,
-        )
-        return cast(torch.Tensor, out)  # return_lse=False: the output alone
+        def attend() -> torch.Tensor:
+            out = plsh_attention(
+                query,
+                key,
+                value,
+                causal=self.causal,
+                scale=self.scale,
+                partition=self._forward_partition(),
+                query_positions=query_positions,
+                key_positions=key_positions,
+                attention_mask=attention_mask,
+                backend=self.backend,
+                check_finite=self.check_finite,
+            )
+            return cast(torch.Tensor, out)  # return_lse=False: the output alone
+
+        if torch.compiler.is_compiling():  # the compiled operator keeps plans process-wide
+            return attend()
+        with use_plan_cache(self.plan_cache):  # this layer's CPU plans
+            return attend()
 
 
 def _deprecated_positional_positions(args, query_positions, key_positions):

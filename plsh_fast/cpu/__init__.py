@@ -73,8 +73,10 @@ matrix:
 
 Memory is ``O(batch * CHUNK_ELEMENTS)`` per tile group in flight plus ``O(s n)`` int64
 for the block boundaries of one head, plus at most :data:`PLAN_CACHE_BYTES` for kept
-plans (a kept plan is ``O(n * window)``: its biases hold one value per tile logit,
-:func:`kept_plan_bytes`). Parallelism: with ``torch.get_num_threads() = N > 1``
+plans (a kept plan is ``O(n * window)``: its chunks hold one count per tile logit, uint8
+for ``s <= 255``, the bias rebuilt from them at each use; :func:`kept_plan_bytes`). A
+:class:`plsh_fast.nn.PLSHAttention` layer keeps its plans in its own :class:`PlanCache`
+(:func:`use_plan_cache`), each within :data:`PLAN_CACHE_BYTES`. Parallelism: with ``torch.get_num_threads() = N > 1``
 the tile groups (and the per-head planning) go to ``N`` Python worker threads of one
 package-level pool: in the forward and the planning each worker takes the next item when
 it is free (their outputs are disjoint, so who runs what does not change a bit), in the
@@ -122,7 +124,8 @@ Where each step lives (private modules; import from ``plsh_fast.cpu`` only):
 * ``_tiles.py``: step 7, the tile kernels (:func:`tiles_forward`, the fused operator's
   checks :func:`fused_tiles_available`, the backward's formulas);
 * ``_plan_cache.py``: step 8, the kept-plan cache (:func:`clear_plan_cache`,
-  :func:`no_kept_plans`, :func:`kept_plan_bytes`);
+  :func:`no_kept_plans`, :func:`kept_plan_bytes`; a layer's own :class:`PlanCache`,
+  made active by :func:`use_plan_cache`);
 * ``_plan_tensor.py``: a plan as one tensor for the compiled backward;
 * ``_pool.py``: the worker pool and per-thread thread limits (:func:`executor`,
   :func:`per_thread_limits_available`);
@@ -196,7 +199,13 @@ import types
 from . import _settings
 from ._backward import plsh_backward_cpu
 from ._forward import plsh_forward_cpu
-from ._plan_cache import clear_plan_cache, kept_plan_bytes, no_kept_plans
+from ._plan_cache import (
+    PlanCache,
+    clear_plan_cache,
+    kept_plan_bytes,
+    no_kept_plans,
+    use_plan_cache,
+)
 from ._plan_tensor import plan_from_tensor, plan_to_tensor
 from ._planning import plan_cpu, tile_size
 from ._pool import executor, per_thread_limits_available
@@ -210,6 +219,7 @@ __all__ = [
     "PATTERN_ROWS_FRACTION",
     "PLAN_CACHE_BYTES",
     "USE_FUSED_TILES",
+    "PlanCache",
     "clear_plan_cache",
     "executor",
     "fused_tiles_available",
@@ -223,12 +233,14 @@ __all__ = [
     "plsh_forward_cpu",
     "tile_size",
     "tiles_forward",
+    "use_plan_cache",
 ]
 
 
 # The public objects are documented as this package's own: the modules that define them
 # are private (the API pages list public modules only).
 for _public in (
+    PlanCache,
     clear_plan_cache,
     executor,
     fused_tiles_available,
@@ -242,6 +254,7 @@ for _public in (
     plsh_forward_cpu,
     tile_size,
     tiles_forward,
+    use_plan_cache,
 ):
     _public.__module__ = __name__
 del _public

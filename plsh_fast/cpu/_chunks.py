@@ -6,13 +6,16 @@ windows. :func:`make_chunk` builds it from a work item of the plan
 (:meth:`plsh_fast.cpu._planning.Plan.head_specs`): the counts as a difference array summed
 along the keys (step 5, :func:`window_bias`), read from the table of ``log(c / s)``
 (:func:`log_count_table`), computed for the first row of each cell and copied to the cell's
-rows when cells are few (step 6).
+rows when cells are few (step 6). A chunk kept in a plan (step 8) holds its counts in the
+smallest integer dtype instead of its bias (:meth:`Chunk.compact`, uint8 for ``s <= 255``:
+a quarter of a float32 bias) and reads the bias back from the table at each use
+(:meth:`Chunk.expand`), bit for bit.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -24,7 +27,7 @@ from . import _settings as settings
 from ._ranges import clip
 from ._rows import gather
 
-__all__ = ["Chunk", "log_count_table", "make_chunk", "window_bias"]
+__all__ = ["Chunk", "count_dtype", "log_count_table", "make_chunk", "window_bias"]
 
 
 @dataclass
@@ -34,12 +37,40 @@ class Chunk:
     head: int
     rows: torch.Tensor  # (G, T) indices into the padded sorted query rows
     keys: torch.Tensor  # (G, W) indices into the sorted keys (clamped; extra keys have count 0)
-    bias: torch.Tensor  # (G, T, W) log(C / s) (-inf where C = 0), compute dtype
+    #: (G, T, W) log(C / s) (-inf where C = 0), compute dtype; ``None`` in a compact chunk
+    bias: torch.Tensor | None
     empty: torch.Tensor  # (G, T) bool, rows without any admissible key
     #: ``(first row, first key)`` of a band chunk (step 4, :mod:`plsh_fast.cpu._band`): its
     #: rows are consecutive and tile ``g``'s keys are ``first key + g T + [0, W)``, possibly
     #: starting before 0 or ending past ``n_k`` (those keys have count 0); else ``None``.
     band: tuple[int, int] | None = None
+    #: (G, T, W) counts ``C`` in :func:`count_dtype` of a compact chunk (:meth:`compact`),
+    #: else ``None``; ``keys`` is then int32
+    counts: torch.Tensor | None = None
+
+    def compact(self, log_counts: torch.Tensor) -> Chunk:
+        """This chunk with its counts in place of its bias, and int32 key indices (step 8).
+
+        The bias holds only entries of ``log_counts`` (:func:`log_count_table`, strictly
+        increasing from ``-inf``), so ``searchsorted`` recovers each count exactly;
+        :meth:`expand` gives back a bias equal bit for bit. ``uint8`` counts are a quarter
+        of a float32 bias and an eighth of a float64 one.
+        """
+        counts = torch.searchsorted(log_counts, self.bias.reshape(-1))
+        counts = counts.to(count_dtype(log_counts.numel() - 1)).view(self.bias.shape)
+        return replace(self, bias=None, counts=counts, keys=self.keys.to(torch.int32))
+
+    def expand(self, log_counts: torch.Tensor) -> Chunk:
+        """A compact chunk (:meth:`compact`) with its bias read from ``log_counts`` again:
+        ``(G, T, W)`` in the table's dtype, equal bit for bit to the bias it was made from."""
+        index = self.counts.reshape(-1).to(torch.int32)
+        bias = log_counts.index_select(0, index).view(self.counts.shape)
+        return replace(self, bias=bias, counts=None, keys=self.keys.long())
+
+    def nbytes(self) -> int:
+        """Bytes held by the chunk's tensors (indices, bias or counts, empty rows)."""
+        held = (self.rows, self.keys, self.bias, self.empty, self.counts)
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
 
     def take_rows(self, x: torch.Tensor) -> torch.Tensor:
         """The chunk's rows of ``x`` (B, n, ...) as ``(B, G, T, ...)`` (a view for a band)."""
@@ -125,6 +156,14 @@ def window_bias(log_counts, st, en, lo, w) -> torch.Tensor:
     diff.scatter_add_(2, rel_en, -ones)
     counts = diff[..., :w].cumsum(-1, dtype=torch.int32)
     return log_counts.index_select(0, counts.view(-1)).view(g, r, w)
+
+
+def count_dtype(num_samples: int) -> torch.dtype:
+    """Smallest dtype holding the counts ``0..num_samples`` of a compact chunk:
+    ``torch.uint8`` up to 255 samples, then ``torch.int16``, then ``torch.int32``."""
+    if num_samples <= 255:
+        return torch.uint8
+    return torch.int16 if num_samples <= 32767 else torch.int32
 
 
 def log_count_table(num_samples: int, dtype: torch.dtype) -> torch.Tensor:

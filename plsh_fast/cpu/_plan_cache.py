@@ -6,7 +6,8 @@ equal inputs on (:func:`seen_before`); a later call with equal partition, positi
 causal flag and compute dtype (:func:`cache_key`, :func:`cached_plan`) reuses one.
 :func:`plsh_fast.cpu._planning.plan_cpu` consults this cache; :func:`keep_chunks` and
 :func:`remember` admit a plan. User-facing: :func:`clear_plan_cache`,
-:func:`no_kept_plans`, :func:`kept_plan_bytes`.
+:func:`no_kept_plans`, :func:`kept_plan_bytes`, and :class:`PlanCache` with
+:func:`use_plan_cache` for a cache of one's own (a layer's, :mod:`plsh_fast.nn`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,11 @@ from collections import OrderedDict
 import torch
 
 from . import _settings as settings
+from ._chunks import count_dtype
 
 __all__ = [
+    "PlanCache",
+    "active_plan_cache",
     "bypassed",
     "cache_key",
     "cached_plan",
@@ -30,23 +34,160 @@ __all__ = [
     "no_kept_plans",
     "remember",
     "seen_before",
+    "use_plan_cache",
 ]
 
-_CACHE: OrderedDict = OrderedDict()  # key -> kept Plan, least recently used first
-_CACHE_BYTES = 0  # sum of the kept plans' nbytes
-#: ``hash`` of the keys of recent calls (admission on the second call); hashes, not the
-#: keys, so that 4096 remembered calls do not hold 4096 copies of the partition's bytes.
-_SEEN: OrderedDict = OrderedDict()
 _SEEN_KEYS = 4096
-_CACHE_LOCK = threading.Lock()
 
 
+class PlanCache:
+    """Kept plans within ``PLAN_CACHE_BYTES``, least recently used first out (step 8).
+
+    The CPU path keeps plans in one process-wide instance unless a caller makes another
+    one active in its thread with :func:`use_plan_cache`: each
+    :class:`plsh_fast.nn.PLSHAttention` layer owns one, so that a model of ``L`` layers
+    keeps ``L`` plans (each within the budget) instead of having its layers evict each
+    other's from one shared budget. A plan stays in the instance it was planned under.
+    Thread-safe.
+
+    Attributes
+    ----------
+    nbytes : int
+        Bytes of the kept plans (their compact chunks and block ranges).
+    """
+
+    def __init__(self) -> None:
+        self.plans: OrderedDict = OrderedDict()  # key -> kept Plan, least recently used first
+        self.nbytes = 0
+        #: ``hash`` of the keys of recent calls (admission on the second call); hashes, not
+        #: the keys, so that 4096 remembered calls do not hold 4096 copies of the partition.
+        self.seen: OrderedDict = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.plans)
+
+    def __deepcopy__(self, memo) -> PlanCache:
+        """An empty cache (a copied layer plans again; plans are not copied)."""
+        return PlanCache()
+
+    def __reduce__(self):
+        return (PlanCache, ())  # pickled empty, like a copy
+
+    def clear(self) -> None:
+        """Forget every kept plan and every remembered call (frees their chunks, also where
+        an autograd graph still holds a plan: its backward builds them again)."""
+        with self._lock:
+            for plan in self.plans.values():
+                plan.drop_chunks()
+            self.plans.clear()
+            self.seen.clear()
+            self.nbytes = 0
+
+    def _evict(self) -> None:
+        """Drop least recently used plans until the kept ones fit ``PLAN_CACHE_BYTES``
+        (caller holds the lock). An evicted forward's plan lives on in its autograd graph:
+        its chunks are dropped there too (its backward builds them again)."""
+        while self.plans and self.nbytes > settings.PLAN_CACHE_BYTES:
+            _, old = self.plans.popitem(last=False)
+            self.nbytes -= old.nbytes
+            old.drop_chunks()
+
+    def evict_beyond_budget(self) -> None:
+        """Apply a lowered ``PLAN_CACHE_BYTES`` (or 0) now."""
+        if self.plans:
+            with self._lock:
+                self._evict()
+
+    def get(self, key, query_positions, key_positions):
+        """The kept plan of ``key`` whose positions equal these, or ``None``."""
+        with self._lock:
+            plan = self.plans.get(key)
+            if plan is None:
+                return None
+            _, qpos, kpos = plan.cache_key
+            if not (torch.equal(qpos, query_positions) and torch.equal(kpos, key_positions)):
+                return None  # a hash collision
+            self.plans.move_to_end(key)
+            return plan
+
+    def seen_before(self, key) -> bool:
+        """Whether a recent call had this key (then its plan may be kept); remembers it. A
+        hash collision only keeps a plan one call early."""
+        digest = hash(key)
+        with self._lock:
+            if digest in self.seen:
+                self.seen.move_to_end(digest)
+                return True
+            self.seen[digest] = None
+            while len(self.seen) > _SEEN_KEYS:
+                self.seen.popitem(last=False)
+            return False
+
+    def remember(self, plan) -> None:
+        """Keep ``plan`` (whose chunks are all built), evicting the least recently used
+        plans beyond ``PLAN_CACHE_BYTES``."""
+        key = plan.cache_key[0]
+        with self._lock:
+            old = self.plans.get(key)
+            if old is plan:
+                return
+            if old is not None:  # same inputs planned twice concurrently: keep the newer
+                self.nbytes -= old.nbytes
+                old.drop_chunks()
+            plan.drop_ranges()
+            self.plans[key] = plan
+            self.plans.move_to_end(key)
+            self.nbytes += plan.nbytes
+            self._evict()
+
+
+_DEFAULT = PlanCache()  # the process-wide instance
+_CACHE = _DEFAULT.plans  # the default instance's plans and remembered calls (tests read them)
+_SEEN = _DEFAULT.seen
 _BYPASS = threading.local()  # no_kept_plans() active in this thread
+_ACTIVE = threading.local()  # use_plan_cache() instance of this thread
 
 
 def bypassed() -> bool:
     """Whether :func:`no_kept_plans` is active in this thread."""
     return getattr(_BYPASS, "on", False)
+
+
+def active_plan_cache() -> PlanCache:
+    """The :class:`PlanCache` that CPU calls of this thread keep plans in: the one of the
+    innermost :func:`use_plan_cache`, else the process-wide one."""
+    cache = getattr(_ACTIVE, "cache", None)
+    return _DEFAULT if cache is None else cache  # not `or`: an empty cache is falsy
+
+
+@contextlib.contextmanager
+def use_plan_cache(cache: PlanCache):
+    """Context manager: CPU calls of this thread keep and reuse plans in ``cache``.
+
+    Parameters
+    ----------
+    cache : PlanCache
+        The instance to use (for example a layer's own, :class:`plsh_fast.nn.PLSHAttention`).
+
+    Raises
+    ------
+    TypeError
+        ``cache`` is not a :class:`PlanCache`.
+
+    Notes
+    -----
+    Thread-local, like :func:`no_kept_plans` (the pool's workers do not plan); nests. A
+    backward reuses its forward's plan, wherever it was kept.
+    """
+    if not isinstance(cache, PlanCache):
+        raise TypeError(f"cache: must be a PlanCache, got {type(cache).__name__}")
+    previous = getattr(_ACTIVE, "cache", None)
+    _ACTIVE.cache = cache
+    try:
+        yield cache
+    finally:
+        _ACTIVE.cache = previous
 
 
 @contextlib.contextmanager
@@ -68,19 +209,14 @@ def no_kept_plans():
 
 
 def clear_plan_cache() -> None:
-    """Forget every plan the CPU path keeps across calls (``PLAN_CACHE_BYTES``).
+    """Forget every plan the CPU path keeps across calls in its process-wide cache
+    (``PLAN_CACHE_BYTES``; a layer's own :class:`PlanCache` has ``clear()``).
 
     Frees their count biases and indices, also where an autograd graph still holds a
     plan (its backward builds them again). Safe to call at any time, also while other
     threads run CPU calls (a call holding a plan keeps working).
     """
-    global _CACHE_BYTES
-    with _CACHE_LOCK:
-        for plan in _CACHE.values():
-            plan.chunk_store = None
-        _CACHE.clear()
-        _SEEN.clear()
-        _CACHE_BYTES = 0
+    _DEFAULT.clear()
 
 
 def cache_key(pitch, offset, query_positions, key_positions, causal, dtype):
@@ -110,49 +246,20 @@ def cache_key(pitch, offset, query_positions, key_positions, causal, dtype):
     )
 
 
-def _evict_beyond_budget() -> None:
-    """Drop least recently used plans until the kept ones fit ``PLAN_CACHE_BYTES``
-    (caller holds the lock). An evicted forward's plan lives on in its autograd graph:
-    its chunks are dropped there too (its backward builds them again)."""
-    global _CACHE_BYTES
-    while _CACHE and _CACHE_BYTES > settings.PLAN_CACHE_BYTES:
-        _, old = _CACHE.popitem(last=False)
-        _CACHE_BYTES -= old.nbytes
-        old.chunk_store = None
-
-
 def evict_beyond_budget() -> None:
-    """Apply a lowered ``PLAN_CACHE_BYTES`` (or 0) now: drop least recently used plans
-    until the kept ones fit (takes the lock; nothing to do when nothing is kept)."""
-    if _CACHE:
-        with _CACHE_LOCK:
-            _evict_beyond_budget()
+    """Apply a lowered ``PLAN_CACHE_BYTES`` (or 0) now to the active cache
+    (:func:`active_plan_cache`): drop least recently used plans until the kept ones fit."""
+    active_plan_cache().evict_beyond_budget()
 
 
 def cached_plan(key, query_positions, key_positions):
-    with _CACHE_LOCK:
-        plan = _CACHE.get(key)
-        if plan is None:
-            return None
-        _, qpos, kpos = plan.cache_key
-        if not (torch.equal(qpos, query_positions) and torch.equal(kpos, key_positions)):
-            return None  # a hash collision
-        _CACHE.move_to_end(key)
-        return plan
+    """The active cache's kept plan of ``key`` with these positions, or ``None``."""
+    return active_plan_cache().get(key, query_positions, key_positions)
 
 
 def seen_before(key) -> bool:
-    """Whether a recent call had this key (then its plan may be kept); remembers it. A
-    hash collision only keeps a plan one call early."""
-    digest = hash(key)
-    with _CACHE_LOCK:
-        if digest in _SEEN:
-            _SEEN.move_to_end(digest)
-            return True
-        _SEEN[digest] = None
-        while len(_SEEN) > _SEEN_KEYS:
-            _SEEN.popitem(last=False)
-        return False
+    """:meth:`PlanCache.seen_before` of the active cache."""
+    return active_plan_cache().seen_before(key)
 
 
 def _tensor_bytes(*tensors) -> int:
@@ -164,39 +271,29 @@ def keep_chunks(plan) -> None:
     from the tile groups before any is built)."""
     if plan.cache_key is None or plan.chunk_store is not None:
         return
-    elem = torch.empty((), dtype=plan.dtype).element_size()
+    # Kept chunks are compact (Chunk.compact): counts, int64 rows, bool empty, int32 keys;
+    # the kept work items hold their tiles and window starts only (Plan.drop_ranges).
+    elem = torch.empty((), dtype=count_dtype(plan.pitch.shape[1])).element_size()
     estimate = 0
     for spec in plan.specs:
-        _, tile, w, sel = spec[:4]
-        estimate += sel.numel() * tile * (w * elem + 9) + sel.numel() * w * 8
-        estimate += _tensor_bytes(*(t for t in spec[4:] if isinstance(t, torch.Tensor)))
+        _, tile, w, sel, lo = spec[:5]
+        estimate += sel.numel() * tile * (w * elem + 9) + sel.numel() * w * 4
+        estimate += _tensor_bytes(sel, lo)
     if estimate <= settings.PLAN_CACHE_BYTES:
         plan.chunk_store = dict.fromkeys(map(id, plan.specs))  # built on first use
         plan.nbytes = estimate
 
 
 def remember(plan) -> None:
-    """Keep ``plan`` (whose chunks are all built) in the cache, evicting the least
-    recently used plans beyond ``PLAN_CACHE_BYTES``."""
-    global _CACHE_BYTES
+    """Keep ``plan`` (whose chunks are all built) in the cache it was planned under
+    (``plan.kept_in``), evicting the least recently used plans beyond ``PLAN_CACHE_BYTES``."""
     if plan.chunk_store is None or plan.cache_key is None:
         return
-    key = plan.cache_key[0]
-    with _CACHE_LOCK:
-        old = _CACHE.get(key)
-        if old is plan:
-            return
-        if old is not None:  # same inputs planned twice concurrently: keep the newer
-            _CACHE_BYTES -= old.nbytes
-            old.chunk_store = None
-        _CACHE[key] = plan
-        _CACHE.move_to_end(key)
-        _CACHE_BYTES += plan.nbytes
-        _evict_beyond_budget()
+    (_DEFAULT if plan.kept_in is None else plan.kept_in).remember(plan)
 
 
 def kept_plan_bytes() -> int:
-    """Bytes of the plans the CPU path keeps across calls now (``PLAN_CACHE_BYTES``):
-    their count biases, chunk indices and block ranges (``int``, at most the budget)."""
-    with _CACHE_LOCK:
-        return _CACHE_BYTES
+    """Bytes of the plans the CPU path keeps across calls now in its process-wide cache
+    (``PLAN_CACHE_BYTES``; a layer's own :class:`PlanCache` has ``nbytes``): their
+    compact chunks (counts, indices) and block ranges (``int``, at most the budget)."""
+    return _DEFAULT.nbytes

@@ -23,13 +23,19 @@ def plan_to_tensor(plan: planning.Plan) -> torch.Tensor:
 
     Custom operators pass only tensors from a forward to its backward
     (:mod:`plsh_fast._ops`); this is how the compiled backward reuses the forward's plan.
-    ``[-1]`` when the forward built no tile groups (empty inputs).
+    ``[-1]`` when the forward built no tile groups (empty inputs); ``[-3, heads, tiles,
+    band flags]`` for a kept plan, whose items no longer hold their ranges.
     """
     if plan.specs is None:
         return torch.full((1,), -1, dtype=torch.int64)
     # The tile heights and band flags of the heads come first: the backward must use the
     # forward's even if the package settings changed in between.
     heads = len(plan.tiles)
+    if any(spec[5] is None for spec in plan.specs):
+        # A kept plan's slim items (Plan.drop_ranges): the backward finds the kept plan by
+        # its inputs (plan_cpu), or, if it was evicted meanwhile, plans the items again
+        # with the forward's tiles (their ranges depend on the inputs only).
+        return torch.tensor([-3, heads, *plan.tiles, *plan.band], dtype=torch.int64)
     parts = [torch.tensor([len(plan.specs), heads, *plan.tiles, *plan.band], dtype=torch.int64)]
     for h, tile, w, sel, lo, st, en, cut, new in plan.specs:
         header = [h, tile, w, sel.numel(), st.shape[0], cut is not None]
@@ -51,11 +57,13 @@ def plan_from_tensor(
     """
     plan = planning.plan_cpu(pitch, offset, query_positions, key_positions, causal, dtype)
     count = int(blob[0])
-    if count < 0 or plan.specs is not None:
+    if count in (-1, -2) or plan.specs is not None:
         return plan
     heads = int(blob[1])
     plan.tiles = blob[2 : 2 + heads].tolist()
     plan.band = [bool(b) for b in blob[2 + heads : 2 + 2 * heads].tolist()]
+    if count == -3:  # the forward's plan was kept (slim items): plan them with its tiles
+        return plan
     specs, at = [], 2 + 2 * heads
     for _ in range(count):
         h, tile, w, g, s, has_cut = blob[at : at + _SPEC_HEADER].tolist()

@@ -31,6 +31,7 @@ from ._rows import pad_last
 __all__ = ["Plan", "chunk_specs", "make_plan", "plan_cpu", "tile_size"]
 
 _MIN_TILE = 16
+_SLIM = 10  # length of a kept plan's slim work item (Plan.drop_ranges)
 _MAX_TILE = 128
 
 
@@ -77,6 +78,10 @@ class Plan:
     #: ``(key, query positions, key positions)`` under which the plan may be kept.
     cache_key: tuple | None = None
     nbytes: int = 0  # bytes of the built chunks and block ranges, once kept
+    #: ``id`` of each item of :attr:`specs` -> ``(head, place in head_specs(head))``
+    origin: dict | None = None
+    #: the :class:`~plsh_fast.cpu._plan_cache.PlanCache` it was planned under, if keepable
+    kept_in: object | None = None
 
     @property
     def n_q(self) -> int:
@@ -117,7 +122,9 @@ class Plan:
     def build(self, spec) -> Chunk:
         """The chunk (indices and bias) of one work item of :meth:`head_specs`.
 
-        Built once and kept when the plan keeps its chunks (``PLAN_CACHE_BYTES``) and
+        Built once and kept when the plan keeps its chunks (``PLAN_CACHE_BYTES``), with
+        its counts in place of its bias (:meth:`~plsh_fast.cpu._chunks.Chunk.compact`; the
+        bias is read back from :attr:`log_counts` at each use, bit for bit), and
         ``spec`` is one of the plan's own work items (:attr:`specs`, alive as long as the
         plan, so their ``id`` cannot be taken by another object); a spec is built by one
         worker at a time, so the store needs no lock. Any other spec is built afresh
@@ -125,11 +132,41 @@ class Plan:
         """
         store = self.chunk_store
         if store is None or id(spec) not in store:
+            if len(spec) == _SLIM:  # a kept plan's item whose chunks were dropped meanwhile
+                spec = self.head_specs(spec[0])[spec[-1]]
             return chunks.make_chunk(self, *spec)
-        chunk = store[id(spec)]
-        if chunk is None:
-            chunk = store[id(spec)] = chunks.make_chunk(self, *spec)
-        return chunk
+        kept = store[id(spec)]
+        if kept is None:  # kept with counts in place of the bias (Chunk.compact)
+            chunk = chunks.make_chunk(self, *spec)
+            store[id(spec)] = chunk.compact(self.log_counts)
+            return chunk
+        return kept.expand(self.log_counts)
+
+    def drop_ranges(self) -> None:
+        """Once every chunk is kept (step 8): work items without their rows' ranges
+        ``st``, ``en``, cuts and cell starts, which only building a chunk reads and which
+        would be most of a kept plan (``2 s`` int64 per query row). A slim item is
+        ``(h, tile, w, sel, lo, None, None, None, None, i)``, ``i`` its place in
+        :meth:`head_specs` of ``h``, from which :meth:`build` recomputes it if the chunks
+        are dropped meanwhile (a call already running with these items)."""
+        if self.specs is None or self.chunk_store is None:
+            return
+        if any(self.chunk_store.get(id(spec)) is None for spec in self.specs):
+            return
+        if all(len(spec) == _SLIM for spec in self.specs):
+            return
+        slim = [spec[:5] + (None, None, None, None, self.origin[id(spec)]) for spec in self.specs]
+        self.chunk_store = {
+            id(new): self.chunk_store[id(old)] for old, new in zip(self.specs, slim)
+        }
+        self.specs = slim
+        self.origin = None
+
+    def drop_chunks(self) -> None:
+        """Forget the kept chunks and the work items (an evicted plan; a later use plans its
+        items again, :func:`chunk_specs`)."""
+        self.chunk_store = None
+        self.specs = None
 
     def head_specs(self, h: int) -> list[tuple]:
         """Work items of head ``h``: groups of tiles of similar window width (step 3), or
@@ -266,6 +303,7 @@ def plan_cpu(pitch, offset, query_positions, key_positions, causal: bool, dtype)
     plan = make_plan(pitch, offset, query_positions, key_positions, causal, dtype)
     if key is not None and plan_cache.seen_before(key):
         plan.cache_key = (key, query_positions.clone(), key_positions.clone())
+        plan.kept_in = plan_cache.active_plan_cache()
     return plan
 
 
@@ -285,6 +323,7 @@ def chunk_specs(plan: Plan, workers: int) -> list[tuple]:
 
     pool.run_parallel(list(range(len(plan.tiles))), plan_head, workers, dynamic=True)
     specs = [spec for head in per_head for spec in head]
+    plan.origin = {id(spec): i for head in per_head for i, spec in enumerate(head)}
     specs.sort(key=lambda spec: -spec[3].numel() * spec[1] * spec[2])
     plan.specs = specs
     plan_cache.keep_chunks(plan)

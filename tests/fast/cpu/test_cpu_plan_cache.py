@@ -287,3 +287,143 @@ def test_no_kept_plans_plans_afresh_and_leaves_the_kept_plans_alone(counted):
     assert cpu.kept_plan_bytes() == kept and len(cpu._plan_cache._CACHE) == 1
     _forward(q, k, v, pitch, offset, positions)  # outside: the kept plan serves again
     assert counted["plan"] == 5
+
+
+@pytest.mark.parametrize("num_samples, dtype", [(16, torch.uint8), (300, torch.int16)])
+def test_kept_chunks_hold_counts_and_give_back_the_bias_bit_for_bit(num_samples, dtype):
+    """A kept chunk holds its counts in the smallest integer dtype, no bias; the bias
+    read back from the table equals the freshly built one bit for bit, and so do the
+    outputs (float64 too: the table is per compute dtype)."""
+    core = PLSHAttention(4, num_samples, seed=3)
+    positions = torch.arange(200)
+    for work in (torch.float32, torch.float64):
+        q, k, v = (x.to(work) for x in _qkv(n=200))
+        fresh = _forward(q, k, v, core.pitch, core.offset, positions)
+        kept = _kept(q, k, v, core.pitch, core.offset, positions)
+        for a, b in zip(fresh, kept):
+            assert torch.equal(a, b)
+        plan = cpu.plan_cpu(core.pitch, core.offset, positions, positions, True, work)
+        stored = [c for c in plan.chunk_store.values()]
+        assert stored and all(c.bias is None and c.counts.dtype == dtype for c in stored)
+        for spec, full in zip(plan.specs, plan_full(plan, plan.specs)):
+            rebuilt = plan.build(spec)
+            built = cpu._chunks.make_chunk(plan, *full)
+            assert rebuilt.bias.dtype == work and torch.equal(rebuilt.bias, built.bias)
+            assert torch.equal(rebuilt.keys, built.keys) and rebuilt.keys.dtype == torch.int64
+        # What is counted is what is held: the compact chunks, and per kept item its
+        # tiles and window starts only (the rows' ranges are dropped, Plan.drop_ranges).
+        assert all(spec[5:9] == (None,) * 4 for spec in plan.specs)
+        held = sum(c.nbytes() for c in stored)
+        items = sum(x.numel() * x.element_size() for spec in plan.specs for x in spec[3:5])
+        assert held + items == plan.nbytes
+        # A call still holding the slim items after the chunks were dropped (evicted
+        # meanwhile) plans them again, bit for bit.
+        slim = list(plan.specs)
+        plan.drop_chunks()
+        for spec, built in zip(
+            slim, (cpu._chunks.make_chunk(plan, *s) for s in plan_full(plan, slim))
+        ):
+            assert torch.equal(plan.build(spec).bias, built.bias)
+        cpu.clear_plan_cache()
+
+
+def plan_full(plan, slim):
+    """The full work items of ``slim`` ones, from :meth:`Plan.head_specs`."""
+    return [plan.head_specs(spec[0])[spec[-1]] for spec in slim]
+
+
+def test_a_chunk_with_a_bias_off_the_table_does_not_survive_compaction():
+    """Negative control of the exactness argument: ``compact`` recovers counts only from
+    biases that are entries of the table; a bias shifted by one ulp comes back different."""
+    q, k, v = _qkv()
+    pitch, offset = _partition()
+    positions = torch.arange(96)
+    plan = cpu.plan_cpu(pitch, offset, positions, positions, True, torch.float32)
+    spec = cpu._planning.chunk_specs(plan, 1)[0]
+    chunk = cpu._chunks.make_chunk(plan, *spec)
+    finite = torch.isfinite(chunk.bias) & (chunk.bias < 0)
+    assert finite.any()
+    chunk.bias = torch.where(finite, torch.nextafter(chunk.bias, torch.tensor(0.0)), chunk.bias)
+    back = chunk.compact(plan.log_counts).expand(plan.log_counts)
+    assert not torch.equal(back.bias, chunk.bias)
+
+
+def test_each_layer_keeps_its_plan_in_its_own_cache(counted, monkeypatch):
+    """With a budget that holds one plan, two layers alternating in the shared cache evict
+    each other's plan at every call (the negative control); each in its own PlanCache
+    (``use_plan_cache``, as :class:`plsh_fast.nn.PLSHAttention` does), both stay kept."""
+    q, k, v = _qkv()
+    positions = torch.arange(96)
+    layers = [_partition(seed) for seed in (5, 6)]
+    _kept(q, k, v, *layers[0], positions)
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", cpu.kept_plan_bytes() * 3 // 2)
+    cpu.clear_plan_cache()
+    counted["plan"] = 0
+    for _ in range(4):  # shared: after the first two rounds every call plans again
+        for p in layers:
+            _forward(q, k, v, *p, positions)
+    assert counted["plan"] == 8
+    caches = [cpu.PlanCache(), cpu.PlanCache()]
+    counted["plan"] = 0
+    results = []
+    for _ in range(4):
+        for p, cache in zip(layers, caches):
+            with cpu.use_plan_cache(cache):
+                results.append(_forward(q, k, v, *p, positions))
+    assert counted["plan"] == 4  # two calls each to be kept, then none
+    assert all(len(c) == 1 and 0 < c.nbytes <= cpu.PLAN_CACHE_BYTES for c in caches)
+    for a, b in zip(results[-2:], results[:2]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))
+    with pytest.raises(TypeError, match="^cache: must be a PlanCache"):
+        with cpu.use_plan_cache({}):
+            pass
+
+
+def test_a_kept_plan_travels_to_the_compiled_backward_as_its_tiles():
+    """A kept plan's items no longer hold their ranges: its tensor form (for the compiled
+    backward) is ``[-3, heads, tiles, band flags]``; decoded while the plan is kept it is
+    the kept plan, decoded after an eviction it plans the same items with those tiles."""
+    q, k, v = _qkv(n=300)
+    pitch, offset = _partition()
+    pos = torch.arange(300)
+    full = cpu.plan_cpu(pitch, offset, pos, pos, True, torch.float32)
+    full_specs = cpu._planning.chunk_specs(full, 1)
+    _kept(q, k, v, pitch, offset, pos)
+    plan = cpu.plan_cpu(pitch, offset, pos, pos, True, torch.float32)
+    blob = cpu.plan_to_tensor(plan)
+    assert blob.tolist() == [-3, 4, *plan.tiles, *plan.band]
+    assert cpu.plan_from_tensor(blob, pitch, offset, pos, pos, True, torch.float32) is plan
+    cpu.clear_plan_cache()
+    back = cpu.plan_from_tensor(blob, pitch, offset, pos, pos, True, torch.float32)
+    assert back is not plan and back.tiles == plan.tiles and back.band == plan.band
+    specs = cpu._planning.chunk_specs(back, 1)
+    assert len(specs) == len(full_specs)
+    for a, b in zip(specs, full_specs):
+        assert a[:3] == b[:3]
+        assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a[3:], b[3:]))
+
+
+def test_a_model_of_layers_keeps_one_plan_per_layer(counted, monkeypatch):
+    """PLSHAttention layers keep their plans in their own caches: with a budget that holds
+    one plan, four layers called in turn plan twice each (to be kept), then never again;
+    the process-wide cache stays empty. A copy of a layer starts with an empty cache."""
+    import copy
+
+    q, k, v = _qkv()
+    layers = [PLSHAttention(4, 8, seed=seed, resample="fixed") for seed in range(4)]
+    for layer in layers:
+        layer.eval()
+    layers[0](q, k, v)
+    layers[0](q, k, v)
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", layers[0].plan_cache.nbytes * 3 // 2)
+    for layer in layers:
+        layer.plan_cache.clear()
+    counted["plan"] = 0
+    first = [layer(q, k, v) for layer in layers]
+    for _ in range(3):
+        again = [layer(q, k, v) for layer in layers]
+    assert counted["plan"] == 8
+    assert all(len(layer.plan_cache) == 1 for layer in layers) and cpu.kept_plan_bytes() == 0
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    twin = copy.deepcopy(layers[0])
+    assert len(twin.plan_cache) == 0 and torch.equal(twin(q, k, v), first[0])
