@@ -158,6 +158,19 @@ PARAMETER_OPTIONS = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the options of ``plsh reproduce`` on ``parser`` (vocabulary: :mod:`.options`)."""
+    _add_grid_arguments(parser)
+    _add_repetition_arguments(parser)
+    _add_data_arguments(parser)
+    _add_draw_arguments(parser)
+    _add_kernel_arguments(parser)
+    add_out_option(parser, "reproduce")
+    add_max_memory_option(parser)
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    add_quiet_option(parser)
+
+
+def _add_grid_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--n``, ``--sigma``, ``--num-samples`` (and their old spellings): the grid of the run."""
     parser.add_argument(
         "--n",
         type=integer(minimum=2),
@@ -190,6 +203,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         **samples,
     )
     parser.add_argument("--samples", replacement="--num-samples", help=argparse.SUPPRESS, **samples)
+
+
+def _add_repetition_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--reps``, ``--output-reps``, ``--fit-min-samples``: repetitions and the slope fit."""
     parser.add_argument(
         "--reps",
         type=integer(minimum=1, maximum=MAX_REPETITIONS),
@@ -208,6 +225,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=4,
         help="fit the log-log slope on s >= this value (default: 4)",
     )
+
+
+def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--qkv``, ``--max-tokens``, ``--fixed-block-size``: the activations and the baseline."""
     parser.add_argument(
         "--qkv",
         type=npz_archive,
@@ -229,6 +250,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="block size of the fixed-block baseline (default: per head, "
         "the mean block size 2*sigma_h of one PLSH mask, rounded)",
     )
+
+
+def _add_draw_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--seed``, ``--sampler``, ``--group-size``: how the partitions are drawn."""
     parser.add_argument(
         "--seed",
         type=integer(minimum=0),
@@ -251,11 +276,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="group size s' of the correlated samplers for the s it divides (default: "
         "the rule of plsh_ref.samplers.default_group_size)",
     )
-    _add_kernel_arguments(parser)
-    add_out_option(parser, "reproduce")
-    add_max_memory_option(parser)
-    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    add_quiet_option(parser)
 
 
 def _add_kernel_arguments(parser: argparse.ArgumentParser) -> None:
@@ -784,9 +804,16 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    paths = []
     s = np.asarray(samples, dtype=np.float64)
     first = ", iid sampler" if others else ""
+    return [
+        _plot_matrix_error(plt, out_dir, s, sigmas, matrix, others, first),
+        _plot_output_error(plt, out_dir, s, output, others, first),
+    ]
+
+
+def _plot_matrix_error(plt, out_dir: Path, s, sigmas, matrix, others, first: str) -> Path:
+    """``matrix_error.png``: the three norms of ``M~ - L*`` against ``s``, one curve per sigma."""
     fig, axes = plt.subplots(1, 3, figsize=(14, 5), layout="constrained")
     for ax, norm in zip(axes, NORMS):
         for h, sig in enumerate(sigmas):
@@ -822,8 +849,11 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
     path = out_dir / "matrix_error.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    paths.append(path)
+    return path
 
+
+def _plot_output_error(plt, out_dir: Path, s, output, others, first: str) -> Path:
+    """``output_error.png``: the attention output error against ``s``, with the baselines."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 5), layout="constrained")
     for ax, key, label, ylabel in zip(
         axes,
@@ -869,8 +899,7 @@ def _plot(out_dir: Path, samples, sigmas, matrix, output, others=None) -> list[P
     path = out_dir / "output_error.png"
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    paths.append(path)
-    return paths
+    return path
 
 
 def _load_activations(path, max_tokens):
