@@ -113,8 +113,13 @@ def _positions(mask: torch.Tensor, n_q: int, n_k: int, key=None, partition=None)
     pos = mask.to(torch.int64).cumsum(-1) - 1
     kpos, kmask = pos[:, -n_k:], mask[:, -n_k:]
     qpos = kpos[:, -n_q:] if n_q else kpos[:, :0]
+    if torch.compiler.is_compiling():
+        # a traced forward reads keys from transformers' own caches (PLSHCache evicts by
+        # data-dependent slot counts and runs eagerly); the checks below read host objects
+        return qpos, kpos, kmask
     cached = getattr(key, "plsh_positions", None)
-    if partition is not None and getattr(key, "plsh_partition", partition) != partition:
+    held = getattr(key, "plsh_partition", None)
+    if partition is not None and held is not None and held is not partition and held != partition:
         raise ValueError(
             "partition: the PLSHCache layer holding these keys was built for another partition "
             "than the attention module's (rebuild the cache after changing partitions)"
@@ -175,6 +180,80 @@ def layer_partition(module, num_heads: int) -> PartitionSample:
     return part
 
 
+def _module_device(module) -> torch.device:
+    """The device of a module's first parameter (CPU for a module without any)."""
+    for param in module.parameters():
+        return param.device
+    return torch.device("cpu")
+
+
+def prepare_layer(module, num_heads: int, device=None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Everything a traced ``"plsh"`` forward reads from a layer, computed outside the trace.
+
+    The partition sample (:func:`layer_partition`, drawn if missing), its ``pitch`` and
+    ``offset`` as float64 tensors on ``device`` and its reach
+    (:func:`plsh_fast.decoding.cache_bound`) are stored on the module as
+    ``module.plsh_prepared``; the attention function reads them there under
+    ``torch.compile`` (no host arrays, no comparison of partitions and no NumPy inside the
+    graph). :func:`set_alibi_attention`, :func:`swap_bloom_attention` and every eager
+    forward call it; an eager call after ``module.plsh_partition`` was replaced prepares
+    the new one.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        An attention module (as :func:`layer_partition`).
+    num_heads : int
+        Query head count.
+    device : torch.device, optional
+        Of the tensors; default the module's (its first parameter's) device.
+
+    Returns
+    -------
+    (pitch, offset, bound) : tuple
+        float64 ``(num_heads, num_samples)`` tensors and an int.
+
+    Raises
+    ------
+    ValueError
+        As :func:`layer_partition`.
+    """
+    part = layer_partition(module, num_heads)
+    device = _module_device(module) if device is None else torch.device(device)
+    prepared = getattr(module, "plsh_prepared", None)
+    if prepared is None or prepared[0] is not part or prepared[1].device != device:
+        pitch, offset = partition_tensors(part, device)
+        prepared = (part, pitch, offset, cache_bound(part))
+        module.plsh_prepared = prepared
+    return prepared[1:]
+
+
+def _module_slopes(module, num_heads: int) -> torch.Tensor:
+    """float64 CPU tensor of the slopes of ``num_heads`` heads, kept on the module.
+
+    Made on the first eager call (or at set-up) from :func:`plsh_ref.alibi.alibi_slopes`,
+    so that a traced forward reads a tensor, not a (read-only) NumPy array.
+    """
+    slopes = getattr(module, "plsh_slopes", None)
+    if slopes is None or slopes.shape[0] != num_heads:
+        slopes = torch.tensor(alibi_slopes(num_heads), dtype=torch.float64)
+        if not torch.compiler.is_compiling():
+            module.plsh_slopes = slopes
+    return slopes
+
+
+def _traced_layer_state(module, device):
+    """``(pitch, offset, bound)`` prepared by :func:`prepare_layer` (under ``torch.compile``)."""
+    prepared = getattr(module, "plsh_prepared", None)
+    if prepared is None:
+        raise ValueError(
+            "module: this layer's partition is not prepared; call set_alibi_attention(model, "
+            "'plsh') (or swap_bloom_attention / one eager forward) before torch.compile"
+        )
+    _, pitch, offset, bound = prepared
+    return pitch.to(device), offset.to(device), bound
+
+
 # --------------------------------------------------------------------------- attention
 def _check_dropout(module, dropout):
     if dropout and float(dropout) > 0.0 and getattr(module, "training", False):
@@ -228,14 +307,19 @@ def plsh_attention_forward(
     batch, num_heads, n_q, _ = query.shape
     n_k = key.shape[2]
     mask = _padding_mask(attention_mask, batch, n_k, query.device)
-    part = layer_partition(module, num_heads)
-    _check_sliding_window(kwargs.get("sliding_window"), part)
+    if torch.compiler.is_compiling():
+        pitch, offset, bound = _traced_layer_state(module, query.device)
+        part = None
+    else:
+        pitch, offset, bound = prepare_layer(module, num_heads, query.device)
+        part = module.plsh_partition
+    _check_sliding_window(kwargs.get("sliding_window"), bound)
     qpos, kpos, kmask = _positions(mask, n_q, n_k, key, part)
     out = plsh_attention(
         query,
         key,
         value,
-        partition=part,
+        partition=(pitch, offset),
         causal=bool(getattr(module, "is_causal", True)),
         scale=scaling,
         query_positions=qpos,
@@ -245,18 +329,18 @@ def plsh_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
-def _check_sliding_window(window, part):
+def _check_sliding_window(window, bound: int):
     """PLSH with a sliding window: accepted only where the window cannot change a count.
 
     A nonzero count needs a shared bin, so ``p_query - p_key <= cache_bound(part) - 1``
-    (``proofs_notes/decoding_cache.md``); with ``bound <= window`` every such key is inside
+    (``proofs_notes/decoding_cache.md``; ``bound`` is ``cache_bound`` of the layer's
+    partition); with ``bound <= window`` every such key is inside
     transformers' window (``p_query - p_key < window``) and the window is a no-op. A
     narrower window is refused: PLSH attention has no per-query key window, and ignoring it
     made generate() (whose cache keeps only the window) disagree with the full forward.
     """
     if window is None:
         return
-    bound = cache_bound(part)
     if bound > int(window):
         raise ValueError(
             f"sliding_window: {window} is narrower than this layer's PLSH reach ({bound} "
@@ -309,7 +393,8 @@ def alibi_attention_forward(
     ``p_query - p_key < sliding_window``, as transformers' own masks and its sliding cache.
     """
     _check_dropout(module, dropout)
-    _check_not_evicting(key)
+    if not torch.compiler.is_compiling():
+        _check_not_evicting(key)
     batch, num_heads, n_q, _ = query.shape
     n_k = key.shape[2]
     mask = _padding_mask(attention_mask, batch, n_k, query.device)
@@ -318,7 +403,7 @@ def alibi_attention_forward(
         query,
         key,
         value,
-        alibi_slopes(num_heads),
+        _module_slopes(module, num_heads),
         qpos,
         kpos,
         kmask,
@@ -340,7 +425,7 @@ def _padding_mask_builder(
     **kwargs,
 ):
     """Mask builder for ``"plsh"``/``"alibi"``: the 2-D keep-mask of every token seen."""
-    total = int(kv_offset) + int(kv_length)
+    total = kv_offset + kv_length  # no int(): symbolic under torch.compile(dynamic=True)
     if attention_mask is None:
         return torch.ones((batch_size, total), dtype=torch.bool, device=device)
     mask = attention_mask.to(dtype=torch.bool)
@@ -463,6 +548,8 @@ def set_alibi_attention(
         module.plsh_partition = draw_partition(
             1.0 / alibi_slopes(num_heads), int(num_samples), layer_seed(int(seed), layer)
         )
+        prepare_layer(module, num_heads)
+        _module_slopes(module, num_heads)
         old = getattr(module, "_plsh_rope_hook", None)
         if old is not None:
             old.remove()
@@ -511,23 +598,33 @@ def _bloom_forward(
     if layer_past is not None:
         key, value = layer_past.update(key, value, self.layer_idx, kwargs={"position_ids": new_pos})
     n_k = key.shape[2]
-    part = self.plsh_partition if self.plsh_attn_implementation == "plsh" else None
-    if part is not None and getattr(key, "plsh_partition", part) != part:
-        raise ValueError("partition: the PLSHCache was built for another partition of this layer")
-    cached = getattr(key, "plsh_positions", None)
+    tracing = torch.compiler.is_compiling()
+    if self.plsh_attn_implementation == "plsh":
+        if tracing:
+            pitch, offset, _ = _traced_layer_state(self, query.device)
+        else:
+            pitch, offset, _ = prepare_layer(self, self.num_heads, query.device)
+            held = getattr(key, "plsh_partition", None)
+            if held is not None and held is not self.plsh_partition and held != self.plsh_partition:
+                raise ValueError(
+                    "partition: the PLSHCache was built for another partition of this layer"
+                )
+    # keys from a PLSHCache carry their positions and keep-mask (eager only, see _positions)
+    cached = None if tracing else getattr(key, "plsh_positions", None)
     kpos = cached if cached is not None else (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_k:]
-    cached_keep = getattr(key, "plsh_keep", None)  # the mask covers layer 0's slots only
+    cached_keep = None if tracing else getattr(key, "plsh_keep", None)  # layer 0's slots only
     kmask = cached_keep if cached_keep is not None else keep_all[:, -n_k:]
     qpos = kpos[:, -n_q:]
     if self.training and self.attention_dropout.p > 0:
         raise ValueError("dropout: attention dropout is not supported by the swapped attention")
     if self.plsh_attn_implementation == "alibi":
-        _check_not_evicting(key)
+        if not tracing:
+            _check_not_evicting(key)
         out = _alibi_core(
             query,
             key,
             value,
-            alibi_slopes(self.num_heads),
+            _module_slopes(self, self.num_heads),
             qpos,
             kpos,
             kmask,
@@ -539,7 +636,7 @@ def _bloom_forward(
             query,
             key,
             value,
-            partition=self.plsh_partition,
+            partition=(pitch, offset),
             causal=True,
             scale=self.inv_norm_factor,
             query_positions=qpos,
@@ -613,6 +710,8 @@ def swap_bloom_attention(
             int(num_samples),
             layer_seed(int(seed), int(module.layer_idx)),
         )
+        prepare_layer(module, module.num_heads)
+        _module_slopes(module, module.num_heads)
         module.forward = types.MethodType(_bloom_forward, module)
     return model
 
