@@ -218,9 +218,12 @@ def plsh_attention(
         V.check_slopes(slopes, num_heads)
     if eager and check_finite:
         _check_values(query, key, value, pitch, offset, *P.real_positions(qpos, kpos, mask, batch))
-    if requested == "auto" and below_crossover(n_q, n_k, device):
-        if mask is not None and mask.dtype != torch.bool:
-            if eager and bool(((mask != 0) & (mask != 1)).any()):
+    # Dense below the crossover; under torch.compile not with an integer mask, whose 0/1
+    # values only the operator checks (at run time).
+    integer_mask = mask is not None and mask.dtype != torch.bool
+    if requested == "auto" and below_crossover(n_q, n_k, device) and (eager or not integer_mask):
+        if integer_mask:
+            if bool(((mask != 0) & (mask != 1)).any()):
                 raise ValueError("attention_mask: integer entries must be 0 (pad) or 1 (keep)")
             mask = mask != 0
         return dense_plsh_attention(

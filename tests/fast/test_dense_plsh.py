@@ -21,6 +21,13 @@ from plsh_ref.attention import plsh_attention as ref_plsh  # noqa: E402
 from plsh_ref.partition import count_bias, counts  # noqa: E402
 from plsh_ref.testing.tolerance import assert_close_to_reference  # noqa: E402
 
+SHIPPED = dict(dense.DENSE_CROSSOVER)  # before tests/fast/conftest.py switches it off
+
+
+@pytest.fixture(autouse=True)
+def _shipped_crossover(monkeypatch, _tiled_paths_only):
+    monkeypatch.setattr(dense, "DENSE_CROSSOVER", dict(SHIPPED))
+
 
 def _problem(n_q=37, n_k=37, heads=4, heads_kv=2, s=8, seed=0, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
@@ -102,6 +109,7 @@ def test_auto_dispatches_on_the_crossover_constant(monkeypatch):
     )
     plsh_attention(q, k, v, partition=part)
     assert calls == [1]
+    assert SHIPPED["cpu"] >= 37  # the shipped constant sends this problem to the dense path
     monkeypatch.setitem(dense.DENSE_CROSSOVER, "cpu", 36)  # 37 * 37 > 36 * 36
     tiled = plsh_attention(q, k, v, partition=part)
     assert calls == [1]
@@ -109,3 +117,18 @@ def test_auto_dispatches_on_the_crossover_constant(monkeypatch):
                                causal=True, scale=0.25, query_positions=torch.arange(37),
                                key_positions=torch.arange(37)), rtol=2e-5, atol=2e-6)  # fmt: skip
     assert not dense.below_crossover(5, 5, torch.device("meta"))  # unlisted device: never
+
+
+def test_integer_mask_values_are_checked_on_the_dense_path():
+    (q, k, v), part = _problem(seed=9)
+    bad = torch.ones(2, 37, dtype=torch.int64)
+    bad[0, 3] = 2
+    with pytest.raises(ValueError, match="^attention_mask: integer entries"):
+        plsh_attention(q, k, v, partition=part, attention_mask=bad)
+    good = (bad == 1).to(torch.int64)  # 0/1 integers: the same result as the bool mask
+    torch.testing.assert_close(
+        plsh_attention(q, k, v, partition=part, attention_mask=good),
+        plsh_attention(q, k, v, partition=part, attention_mask=good.bool()),
+        rtol=0,
+        atol=0,
+    )
