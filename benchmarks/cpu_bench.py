@@ -134,8 +134,8 @@ def error_rows(n: int, limit: int):
 def exact_alibi(q, k, v, slopes, chunk: int = 512, rows=None) -> torch.Tensor:
     """Causal exact ALiBi attention in float64, ``chunk`` query rows at a time (on ``rows``)."""
     if rows is None:
-        return peers.alibi_attention(q, k, v, slopes=slopes, chunk_size=chunk)
-    return peers.alibi_attention(
+        return peers.chunked_alibi_attention(q, k, v, slopes=slopes, chunk_size=chunk)
+    return peers.chunked_alibi_attention(
         q[:, :, rows], k, v, slopes=slopes, chunk_size=chunk, query_positions=rows
     )
 
@@ -153,8 +153,8 @@ def errors(out: torch.Tensor, exact: torch.Tensor, rows=None) -> dict:
 
 
 def dense_alibi_bias(n: int, slopes) -> torch.Tensor:
-    """float32 causal ALiBi bias ``(1, H, n, n)`` (:func:`plsh_fast.peers.alibi_bias`)."""
-    return peers.alibi_bias(slopes, n, n, causal=True, dtype=torch.float32)[None]
+    """float32 causal ALiBi bias ``(1, H, n, n)`` (:func:`plsh_fast.peers.sdpa_alibi_bias`)."""
+    return peers.sdpa_alibi_bias(slopes, n, n, causal=True, dtype=torch.float32)[None]
 
 
 # One score_mod / mask_mod for all calls, reading fixed tensors whose contents change, so
@@ -225,7 +225,7 @@ def flex_runner(n: int, slopes, window=None):
 def reduction(q, k, v, partition: PartitionSample) -> torch.Tensor:
     """The paper's reduction: one block-diagonal pass per sample, merged by the LSE
     (:func:`plsh_fast.peers.reduction_attention`, each pass our CPU path)."""
-    return peers.reduction_attention(q, k, v, partition, causal=True, check_finite=False)
+    return peers.reduction_attention(q, k, v, partition=partition, causal=True, check_finite=False)
 
 
 def support_width(partition: PartitionSample, n: int) -> tuple[list[float], list[float]]:

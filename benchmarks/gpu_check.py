@@ -319,7 +319,15 @@ def check_case(
     )
     q64, k64, v64 = (t.double().cpu().numpy() for t in (q, k, v))
     ref_out, ref_lse = plsh_attention(
-        q64, k64, v64, part, causal=causal, scale=scale, query_positions=qpos, key_positions=kpos
+        q64,
+        k64,
+        v64,
+        partition=part,
+        causal=causal,
+        scale=scale,
+        query_positions=qpos,
+        key_positions=kpos,
+        return_lse=True,
     )
     bias = _dense_bias(part, qpos, kpos, causal)
     base_out, base_lse = plain_attention_torch(
@@ -438,7 +446,15 @@ def check_large(device, n=None, window=1024, tail=128):
     qs, ks, vs, gs = (t[1:2, :, sl] for t in (q, k, v, g))
     q64, k64, v64 = (t.double().cpu().numpy() for t in (qs, ks, vs))
     ref_out, ref_lse = plsh_attention(
-        q64, k64, v64, part, causal=True, scale=scale, query_positions=spos, key_positions=spos
+        q64,
+        k64,
+        v64,
+        partition=part,
+        causal=True,
+        scale=scale,
+        query_positions=spos,
+        key_positions=spos,
+        return_lse=True,
     )
     bias = _dense_bias(part, spos, spos, True)
     base_out, base_lse = plain_attention_torch(
@@ -578,7 +594,7 @@ def sdpa_results(q, k, v, slopes, n, scale, err, device, max_gb=16.0):
     try:
         from plsh_fast import peers
 
-        bias = peers.alibi_bias(slopes, n, n, causal=True, dtype=q.dtype, device=device)
+        bias = peers.sdpa_alibi_bias(slopes, n, n, causal=True, dtype=q.dtype, device=device)
 
         def fwd():
             return peers.sdpa_alibi_attention(q, k, v, bias=bias, scale=scale)

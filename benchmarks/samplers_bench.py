@@ -80,7 +80,7 @@ def output_part(samples, reps, seed, max_tokens=None):
     sigma = sigma_from_slopes(slopes)
     n = k.shape[2]
     pos = np.arange(n)
-    ref, _ = alibi_attention(q, k, v, slopes=slopes, causal=True)
+    ref, _ = alibi_attention(q, k, v, slopes=slopes, causal=True, return_lse=True)
     out = {"shape": list(q.shape)}
     for sampler in SAMPLERS:
         rel = np.empty((len(samples), reps))
@@ -89,7 +89,7 @@ def output_part(samples, reps, seed, max_tokens=None):
             for r in range(reps):
                 part = draw_partition(sigma, s, seed + 1000 * r + 1, sampler=sampler)
                 res, _ = biased_attention(
-                    q, k, v, count_bias(counts(part, pos, pos, causal=True), s)
+                    q, k, v, count_bias(counts(part, pos, pos, causal=True), s), return_lse=True
                 )
                 rel[j, r] = np.linalg.norm(res - ref) / np.linalg.norm(ref)
                 mx[j, r] = np.abs(res - ref).max()

@@ -17,8 +17,9 @@ changes, so incremental builds stay incremental:
   page also lists its modules and the functions and classes of each direct submodule
   (``__all__`` if the module has one), so a new module needs no edit here;
 * ``_generated/``: the overview figure (``_scripts/overview_figure.py``), the plots of a
-  reduced ``plsh reproduce`` run (``_scripts/reproduce_plots.py``) and the ``plsh verify``
-  runs of the validation guide (``_scripts/verify_examples.py``).
+  reduced ``plsh reproduce`` run (``_scripts/reproduce_plots.py``), the general-kernels
+  figures (``_scripts/kernels_plots.py``) and the ``plsh verify`` runs of the validation
+  guide (``_scripts/verify_examples.py``).
 """
 
 from __future__ import annotations
@@ -384,6 +385,7 @@ def _api_pages() -> None:
 _FIGURE_SCRIPTS = {
     "overview_figure.py": "overview.png",
     "reproduce_plots.py": "reproduce/log.txt",
+    "kernels_plots.py": "kernels/reproduce/log.txt",
     "verify_examples.py": "verify/numpy_alibi.txt",
 }
 
@@ -431,6 +433,7 @@ THEORY_ORDER = [
     "spectral_bound",
     "output_bound",
     "gradient_expectation",
+    "general_kernels",
 ]
 #: index pages whose marker line is replaced by a toctree of the stubs next to them
 _GENERATED_TOCS = {"theory/index": "the proofs_notes", "benchmarks/index": "benchmarks/results"}

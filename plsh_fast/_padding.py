@@ -54,6 +54,7 @@ __all__ = [
     "check_position_range",
     "group_batch",
     "real_positions",
+    "resolve_positions",
 ]
 
 #: Positions must satisfy ``|p| < 2**53`` so that ``float64(p)`` is exact (SPEC section 2).
@@ -194,6 +195,38 @@ def check_attention_mask(attention_mask, batch: int, n_k: int, device) -> torch.
     if attention_mask.device.type == "meta":
         raise ValueError(f"attention_mask: a meta tensor has no values; pass it on {device}")
     return attention_mask.to(device)
+
+
+def resolve_positions(
+    query_positions, key_positions, attention_mask, batch: int, n_q: int, n_k: int, device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The positions and mask of one call: ``(query_positions, key_positions, mask)``.
+
+    The one resolution of the ``query_positions``, ``key_positions`` and
+    ``attention_mask`` arguments of the torch entry points (:func:`plsh_fast.plsh_attention`,
+    the dense paths of :class:`plsh_fast.nn.PLSHAttention`): each checked
+    (:func:`check_positions`, :func:`check_attention_mask`) and the omitted positions
+    replaced by :func:`default_positions`.
+
+    Returns
+    -------
+    (torch.Tensor, torch.Tensor, torch.Tensor or None)
+        int64 positions ``(n_q,)`` or ``(batch, n_q)``, ``(n_k,)`` or ``(batch, n_k)``, and
+        the mask ``(batch, n_k)`` (or ``None``), all on ``device``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`check_positions` and :func:`check_attention_mask`.
+    """
+    qpos = check_positions("query_positions", query_positions, batch, n_q, device)
+    kpos = check_positions("key_positions", key_positions, batch, n_k, device)
+    mask = check_attention_mask(attention_mask, batch, n_k, device)
+    if qpos is None or kpos is None:
+        default_q, default_k = default_positions(n_q, n_k, device)
+        qpos = default_q if qpos is None else qpos
+        kpos = default_k if kpos is None else kpos
+    return qpos, kpos, mask
 
 
 def check_position_range(name: str, positions: torch.Tensor) -> None:

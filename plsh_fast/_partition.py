@@ -14,33 +14,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from plsh_ref.alibi import sigma_from_slopes
-from plsh_ref.partition import PartitionSample, draw_partition
+from plsh_ref.partition import PartitionSample
 
-__all__ = ["bins", "count_bias", "partition_tensors", "resolve_partition"]
-
-
-def resolve_partition(partition, slopes: np.ndarray, num_samples: int, seed) -> PartitionSample:
-    """The partition sample to use: ``partition`` if given, else a fresh draw.
-
-    Parameters
-    ----------
-    partition : PartitionSample or None
-        Used as is when given (its head count is checked by the caller).
-    slopes : numpy.ndarray
-        float64 ``(num_heads,)`` slopes; the draw uses ``sigma = 1 / slopes``.
-    num_samples : int
-        ``s >= 1``.
-    seed : int or None
-        Seed of :func:`plsh_ref.partition.draw_partition` (``None``: OS entropy).
-
-    Returns
-    -------
-    PartitionSample
-    """
-    if partition is not None:
-        return partition
-    return draw_partition(sigma_from_slopes(slopes), num_samples, seed)
+__all__ = ["bins", "count_bias", "partition_tensors"]
 
 
 def partition_tensors(partition: PartitionSample, device) -> tuple[torch.Tensor, torch.Tensor]:

@@ -12,7 +12,6 @@ import os
 import numpy as np
 import torch
 
-from plsh_ref import validation as ref_validation
 from plsh_ref.validation import as_positions, check_num_samples  # re-exported
 
 __all__ = [
@@ -23,11 +22,9 @@ __all__ = [
     "check_backend_num_samples",
     "check_finite",
     "check_num_samples",
-    "check_partition",
     "check_bins_in_range",
     "check_positions",
     "check_qkv",
-    "check_slopes",
 ]
 
 BACKENDS = ("auto", "cpu", "triton")
@@ -107,49 +104,6 @@ def check_finite(query, key, value) -> None:
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.numel() and not bool(torch.isfinite(t).all()):
             raise ValueError(f"{name}: contains NaN or infinite values")
-
-
-def check_slopes(slopes, num_heads: int) -> np.ndarray:
-    """Slopes as a float64 host array ``(num_heads,)``; default ALiBi slopes when ``None``.
-
-    :func:`plsh_ref.validation.check_slopes`, and the partition's ``sigma = 1 / slope``
-    must be finite.
-
-    Raises
-    ------
-    ValueError
-        Wrong length, non-positive or non-finite slopes, slopes whose inverse overflows.
-    TypeError
-        Non-numeric slopes.
-    """
-    m = ref_validation.check_slopes(slopes, num_heads)
-    with np.errstate(divide="ignore", over="ignore"):
-        if not np.all(np.isfinite(1.0 / m.astype(np.float64))):
-            raise ValueError("slopes: too small, sigma = 1 / slope overflows float64")
-    return m.astype(np.float64)
-
-
-def check_partition(partition, num_heads: int, num_samples, seed) -> None:
-    """Check a given partition sample against the query and the other arguments.
-
-    Raises
-    ------
-    TypeError
-        ``partition`` is not a :class:`plsh_ref.partition.PartitionSample`;
-        ``num_samples`` is not an integer.
-    ValueError
-        Its head count differs from the query's; ``num_samples`` disagrees with it; a
-        ``seed`` is passed as well (the two are exclusive).
-    """
-    ref_validation.check_partition(partition, num_heads)
-    if num_samples is not None:
-        num_samples = check_num_samples(num_samples)
-    if num_samples is not None and num_samples != partition.num_samples:
-        raise ValueError(
-            f"num_samples: {num_samples} differs from the partition's {partition.num_samples}"
-        )
-    if seed is not None:
-        raise ValueError("seed: pass either a partition or a seed, not both")
 
 
 def check_positions(name: str, positions, length: int, device) -> torch.Tensor | None:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from plsh_ref.partition import DEFAULT_NUM_SAMPLES
+from plsh_ref.alibi import check_slopes
+from plsh_ref.partition import resolve_partition
 from plsh_ref.validation import check_bool, check_scale
 
 from . import _padding as P
 from . import _validation as V
 from ._autograd import PLSHAttentionFunction
-from ._partition import partition_tensors, resolve_partition
+from ._partition import partition_tensors
 from .dense import below_crossover, dense_plsh_attention
 
 __all__ = ["plsh_attention"]
@@ -21,12 +22,12 @@ def plsh_attention(
     key,
     value,
     *,
+    partition=None,
     slopes=None,
     num_samples=None,
+    seed=None,
     causal: bool = True,
     scale=None,
-    partition=None,
-    seed=None,
     query_positions=None,
     key_positions=None,
     attention_mask=None,
@@ -193,29 +194,20 @@ def plsh_attention(
     backend = V.check_backend(backend, device, head_dim, head_dim_v)
     c = check_scale(scale, head_dim)
     eager = not torch.compiler.is_compiling()
-    qpos = P.check_positions("query_positions", query_positions, batch, n_q, device)
-    kpos = P.check_positions("key_positions", key_positions, batch, n_k, device)
-    mask = P.check_attention_mask(attention_mask, batch, n_k, device)
-    default_q, default_k = P.default_positions(n_q, n_k, device)
-    qpos = default_q if qpos is None else qpos
-    kpos = default_k if kpos is None else kpos
+    qpos, kpos, mask = P.resolve_positions(
+        query_positions, key_positions, attention_mask, batch, n_q, n_k, device
+    )
     if isinstance(partition, (tuple, list)):
         pitch, offset = _check_partition_tensors(partition, num_heads, num_samples, seed, device)
         sample = None
     else:
-        if partition is not None:
-            V.check_partition(partition, num_heads, num_samples, seed)
-            sample = partition
-        else:
-            m = V.check_slopes(slopes, num_heads)
-            num_samples = V.check_num_samples(
-                DEFAULT_NUM_SAMPLES if num_samples is None else num_samples
-            )
-            sample = resolve_partition(None, m, num_samples, seed)
+        sample = resolve_partition(
+            partition, num_heads=num_heads, slopes=slopes, num_samples=num_samples, seed=seed
+        )
         pitch, offset = partition_tensors(sample, device)
     V.check_backend_num_samples(backend, pitch.shape[1])
     if slopes is not None and partition is not None and eager:
-        V.check_slopes(slopes, num_heads)
+        check_slopes(slopes, num_heads)
     if eager and check_finite:
         _check_values(query, key, value, pitch, offset, *P.real_positions(qpos, kpos, mask, batch))
     # Dense below the crossover; under torch.compile not with an integer mask, whose 0/1

@@ -24,19 +24,72 @@ import numpy as np
 import torch
 
 from plsh_ref.partition import PartitionSample
-from plsh_ref.validation import check_scale
+from plsh_ref.validation import check_scale, warn_deprecated
 
 from . import _padding as padding
 from . import _validation as V
 from ._partition import bins, count_bias, partition_tensors
 from .api import plsh_attention
-from .dense import working_dtype
+from .dense import dense_counts, working_dtype
 
-__all__ = ["PLSHDecodingCache", "binary64_bound", "cache_bound"]
+__all__ = ["PLSHDecodingCache", "binary64_bound", "cache_bound", "reachable_keys"]
 
 #: above this many (new query, cached key) pairs per sequence and head, a call goes
 #: through :func:`plsh_fast.plsh_attention` instead of the dense counts form
 _DENSE_PAIRS = 1 << 16
+
+
+def reachable_keys(key_bins: torch.Tensor, reference_bins: torch.Tensor) -> torch.Tensor:
+    """The eviction rule of both decoding caches: which keys a query at ``p >= r`` can reach.
+
+    Key ``j`` is kept iff ``bin_t(j) >= bin_t(r)`` in some sample ``t`` of some head, with
+    ``r`` the smallest position of any query still to be attended. Every other key has
+    ``bin_t(j) < bin_t(r) <= bin_t(p)`` for all ``t`` and every later query ``p >= r``, so its
+    count is 0 for ever (``proofs_notes/decoding_cache.md``, Claim 1 and section 4). For keys
+    at positions ``j <= r`` the rule is "shares a bin with ``r``" (``==``); for keys after
+    ``r`` (new tokens appended before their queries are attended, as in
+    :class:`plsh_fast.hf.PLSHCacheLayer`) only ``>=`` keeps them: ``==`` would drop a new
+    token whose bins all lie past ``r``'s, though its own query still reaches it.
+
+    Used by :class:`PLSHDecodingCache` (``r`` = the newest query, after attending) and by
+    :class:`plsh_fast.hf.PLSHCacheLayer` (``r`` = the smallest new query, before).
+
+    Parameters
+    ----------
+    key_bins : torch.Tensor
+        int64 ``(num_heads, num_samples, ..., L)``: the bins of the held keys.
+    reference_bins : torch.Tensor
+        int64 ``(num_heads, num_samples, ..., 1)``: the bins of ``r`` (one per sequence in
+        the ``...`` axes).
+
+    Returns
+    -------
+    torch.Tensor
+        bool ``(..., L)``: True for the keys to keep. Bins are monotone in the position, so
+        for increasing key positions the kept keys are a suffix.
+
+    Raises
+    ------
+    TypeError
+        Bins that are not int64 tensors.
+    ValueError
+        Bins of different ranks, or ones with fewer than 3 dimensions.
+
+    References
+    ----------
+    ``proofs_notes/decoding_cache.md`` section 4 (one rule for both caches).
+    """
+    for name, t in (("key_bins", key_bins), ("reference_bins", reference_bins)):
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int64:
+            raise TypeError(
+                f"{name}: must be an int64 torch.Tensor, got {getattr(t, 'dtype', type(t))}"
+            )
+    if key_bins.dim() < 2 or key_bins.dim() != reference_bins.dim():
+        raise ValueError(
+            f"reference_bins: rank {reference_bins.dim()} differs from key_bins' "
+            f"{key_bins.dim()} (both (num_heads, num_samples, ..., L or 1))"
+        )
+    return (key_bins >= reference_bins).any(dim=1).any(dim=0)
 
 
 def cache_bound(partition: PartitionSample) -> int:
@@ -262,9 +315,11 @@ class PLSHDecodingCache:
             if bool(((mask != 0) & (mask != 1)).any()):
                 raise ValueError("attention_mask: integer masks must hold only 0 and 1")
             mask = mask.bool()
-        positions = padding.check_positions("positions", positions, batch, m, torch.device("cpu"))
+        positions = padding.check_positions(
+            "query_positions", positions, batch, m, torch.device("cpu")
+        )
         if positions is not None:
-            padding.check_position_range("positions", positions)
+            padding.check_position_range("query_positions", positions)
             positions = positions.expand(batch, m)
         return batch, m, shape, mask, positions
 
@@ -274,12 +329,14 @@ class PLSHDecodingCache:
         query,
         key,
         value,
-        positions=None,
-        *,
+        *args,
+        query_positions=None,
+        key_positions=None,
         attention_mask=None,
-        partition=None,
         return_lse: bool = False,
         check_finite: bool = True,
+        positions=None,
+        partition=None,
     ):
         """Append ``m`` new tokens, attend their queries causally, evict unreachable keys.
 
@@ -290,8 +347,9 @@ class PLSHDecodingCache:
             tokens' queries (``m >= 1``; a long prompt on the first call is the prefill).
         key, value : torch.Tensor
             ``(batch, num_heads_kv, m, head_dim)`` and ``(batch, num_heads_kv, m, head_dim_v)``.
-        positions : torch.Tensor or array_like of int, optional
-            ``(m,)`` or ``(batch, m)`` absolute positions of the new tokens; strictly
+        query_positions, key_positions : torch.Tensor or array_like of int, optional
+            ``(m,)`` or ``(batch, m)`` absolute positions of the new tokens (their queries
+            and keys are the same tokens: give either, or both equal); strictly
             increasing along each sequence, across calls. Default: continue each sequence
             from its newest position + 1 (``0..m-1`` on the first call; with an
             ``attention_mask``, real tokens are numbered ``0, 1, ...`` as HF's
@@ -300,8 +358,10 @@ class PLSHDecodingCache:
             ``(batch, m)`` bool or 0/1 integers, 1 = real token, 0 = pad (HF convention):
             pad tokens are neither cached nor attended, their output rows are 0 (LSE
             ``-inf``).
-        partition : PartitionSample, optional
-            If given, must equal the cache's (guards against mixing layers).
+        positions, partition
+            Deprecated (one release, DeprecationWarning): ``positions`` (also positional) is
+            ``query_positions``; the partition is the constructor's only (an ``update``
+            ``partition`` must equal it).
         return_lse : bool
             Also return the LSE ``(batch, num_heads, m)`` (float32, float64 for float64).
         check_finite : bool
@@ -327,23 +387,80 @@ class PLSHDecodingCache:
             Wrong ranks or shapes, head counts that do not divide, a batch size, head count,
             head_dim, dtype or device other than the cache's, a ``partition`` other than the
             cache's, positions that do not increase strictly along a sequence (a decode step
-            out of order), ``|p| >= 2**53``, NaN/inf inputs when ``check_finite``. A refused call leaves the cache unchanged.
+            out of order), ``|p| >= 2**53``, NaN/inf inputs when ``check_finite``,
+            ``query_positions`` and ``key_positions`` that differ. A refused call leaves the
+            cache unchanged.
 
         References
         ----------
         ``proofs_notes/decoding_cache.md``; SPEC section 3.
         """
+        positions = self._deprecated_positions(args, positions, query_positions, key_positions)
         for flag, value_ in (("return_lse", return_lse), ("check_finite", check_finite)):
             if not isinstance(value_, bool):
                 raise TypeError(f"{flag}: must be a bool, got {type(value_).__name__}")
+        if partition is not None:
+            warn_deprecated(
+                "PLSHDecodingCache.update(partition=...)",
+                "the constructor's partition only (PLSHDecodingCache(partition))",
+            )
         batch, m, shape, mask, positions = self._check_call(
             query, key, value, positions, attention_mask, partition
         )
         if check_finite:
             V.check_finite(query, key, value)
         scale = check_scale(None, shape[2]) if self.scale is None else self.scale
-        # positions of the new tokens, per sequence, on the host; then order checks (before
-        # the cache changes: a refused call leaves it as it was)
+        new_pos = self._new_positions(batch, m, mask, positions)  # checks order, no change yet
+        if self._shape is None:
+            self._start(shape, batch, key, value)
+        out = query.new_zeros((batch, shape[0], m, shape[3]))
+        lse_dtype = working_dtype(query.dtype)
+        lse = torch.full((batch, shape[0], m), -math.inf, dtype=lse_dtype, device=query.device)
+        for b, (keep, pos) in enumerate(new_pos):
+            if pos.numel() == 0:
+                continue
+            idx = keep.nonzero().flatten().to(query.device)
+            o_b, l_b = self._append_and_attend(b, query, key, value, idx, pos, scale)
+            out[b].index_copy_(1, idx, o_b.to(out.dtype))
+            lse[b].index_copy_(1, idx, l_b.to(lse_dtype))
+            self._evict(b)
+        return (out, lse) if return_lse else out
+
+    # ------------------------------------------------------------- its steps
+    @staticmethod
+    def _deprecated_positions(args, positions, query_positions, key_positions):
+        """The new tokens' positions from ``query_positions``/``key_positions`` (or old spellings)."""
+        if len(args) > 1:
+            raise TypeError(f"update: takes 3 positional arguments after self, got {3 + len(args)}")
+        if args:
+            warn_deprecated(
+                "PLSHDecodingCache.update(query, key, value, positions)",
+                "update(query, key, value, query_positions=...)",
+                stacklevel=4,
+            )
+            positions = args[0]
+        elif positions is not None:
+            warn_deprecated(
+                "PLSHDecodingCache.update(positions=...)",
+                "update(query_positions=...)",
+                stacklevel=4,
+            )
+        given = [p for p in (positions, query_positions, key_positions) if p is not None]
+        if len(given) > 1 and not all(
+            np.array_equal(np.asarray(given[0]), np.asarray(g)) for g in given[1:]
+        ):
+            raise ValueError(
+                "key_positions: must equal query_positions (the new queries and keys are the "
+                "same tokens)"
+            )
+        return given[0] if given else None
+
+    def _new_positions(self, batch: int, m: int, mask, positions) -> list:
+        """``[(keep, positions)]`` of the new real tokens per sequence, on the host.
+
+        Checks that they increase strictly along each sequence and follow the cached ones
+        (before the cache changes: a refused call leaves it as it was).
+        """
         last = self._last if self._shape is not None else [None] * batch
         new_pos = []
         for b in range(batch):
@@ -354,69 +471,71 @@ class PLSHDecodingCache:
                 start = 0 if last[b] is None else last[b] + 1
                 pos = start + torch.arange(int(keep.sum()), dtype=torch.int64)
             if pos.numel() > 1 and bool((pos[1:] <= pos[:-1]).any()):
-                raise ValueError(f"positions: must increase strictly along sequence {b}")
+                raise ValueError(f"query_positions: must increase strictly along sequence {b}")
             if pos.numel() and last[b] is not None and int(pos[0]) <= last[b]:
                 raise ValueError(
-                    f"positions: decode step out of order for sequence {b}: position "
+                    f"query_positions: decode step out of order for sequence {b}: position "
                     f"{int(pos[0])} after {last[b]}"
                 )
             new_pos.append((keep, pos))
-        device = query.device
-        if self._shape is None:
-            self._shape = shape
-            self._pitch, self._offset = partition_tensors(self.partition, device)
-            self._key = [key.new_zeros((shape[1], 0, shape[2])) for _ in range(batch)]
-            self._value = [value.new_zeros((shape[1], 0, shape[3])) for _ in range(batch)]
-            self._positions = [
-                torch.zeros(0, dtype=torch.int64, device=device) for _ in range(batch)
-            ]
-            self._bins = [
-                torch.zeros(
-                    (shape[0], self.partition.num_samples, 0), dtype=torch.int64, device=device
-                )
-                for _ in range(batch)
-            ]
-            self._last = [None] * batch
-        out = query.new_zeros((batch, shape[0], m, shape[3]))
-        lse_dtype = working_dtype(query.dtype)
-        lse = torch.full((batch, shape[0], m), -math.inf, dtype=lse_dtype, device=device)
-        for b, (keep, pos) in enumerate(new_pos):
-            if pos.numel() == 0:
-                continue
-            idx = keep.nonzero().flatten().to(device)
-            q_b = query[b].index_select(1, idx)
-            k_new = key[b].index_select(1, idx)
-            v_new = value[b].index_select(1, idx)
-            pos_d = pos.to(device)
-            k_all = torch.cat([self._key[b], k_new], dim=1)
-            v_all = torch.cat([self._value[b], v_new], dim=1)
-            p_all = torch.cat([self._positions[b], pos_d])
-            new_bins = self._query_bins(pos_d)
-            b_all = torch.cat([self._bins[b], new_bins], dim=-1)
-            o_b, l_b = self._attend(q_b, k_all, v_all, pos_d, p_all, new_bins, b_all, scale)
-            out[b].index_copy_(1, idx, o_b.to(out.dtype))
-            lse[b].index_copy_(1, idx, l_b.to(lse_dtype))
-            # evict: keys sharing no bin with the newest query in any sample of any head
-            live = (b_all == new_bins[..., -1:]).any(dim=1).any(dim=0)
-            first = int(live.numel() - int(live.sum()))
-            if not bool(live[first:].all()):  # bins are monotone: the live keys are a suffix
+        return new_pos
+
+    def _start(self, shape: tuple, batch: int, key, value) -> None:
+        """Empty per-sequence state on the first call (the partition moves to the device)."""
+        device = key.device
+        self._shape = shape
+        self._pitch, self._offset = partition_tensors(self.partition, device)
+        self._key = [key.new_zeros((shape[1], 0, shape[2])) for _ in range(batch)]
+        self._value = [value.new_zeros((shape[1], 0, shape[3])) for _ in range(batch)]
+        self._positions = [torch.zeros(0, dtype=torch.int64, device=device) for _ in range(batch)]
+        self._bins = [
+            torch.zeros((shape[0], self.partition.num_samples, 0), dtype=torch.int64, device=device)
+            for _ in range(batch)
+        ]
+        self._last = [None] * batch
+
+    def _append_and_attend(self, b: int, query, key, value, idx, pos, scale):
+        """Attend sequence ``b``'s new real queries to its held keys plus the new ones.
+
+        The new tokens are appended once the attention has succeeded.
+        """
+        pos_d = pos.to(query.device)
+        new_bins = self._query_bins(pos_d)
+        k_all = torch.cat([self._key[b], key[b].index_select(1, idx)], dim=1)
+        v_all = torch.cat([self._value[b], value[b].index_select(1, idx)], dim=1)
+        p_all = torch.cat([self._positions[b], pos_d])
+        b_all = torch.cat([self._bins[b], new_bins], dim=-1)
+        q_b = query[b].index_select(1, idx)
+        out = self._attend(q_b, k_all, v_all, pos_d, p_all, new_bins, b_all, scale)
+        self._key[b], self._value[b], self._positions[b], self._bins[b] = k_all, v_all, p_all, b_all
+        self._last[b] = int(pos[-1])
+        return out
+
+    def _evict(self, b: int) -> None:
+        """Drop sequence ``b``'s keys no later query can reach; check the bound.
+
+        The reference is the newest query (all later ones come after it):
+        :func:`reachable_keys`.
+        """
+        kb = self._bins[b]
+        live = reachable_keys(kb, kb[..., -1:])
+        first = int(live.numel() - int(live.sum()))
+        if not bool(live[first:].all()):  # bins are monotone: the live keys are a suffix
+            raise RuntimeError(
+                "decoding cache: live keys are not a suffix (positions out of order?)"
+            )
+        self._key[b] = self._key[b][:, first:]
+        self._value[b] = self._value[b][:, first:]
+        self._positions[b] = self._positions[b][first:]
+        self._bins[b] = kb[..., first:]
+        held = self._positions[b].numel()
+        if held > self.bound:
+            allowed = max(self.bound, binary64_bound(self.partition, self._last[b]))
+            if held > allowed:
                 raise RuntimeError(
-                    "decoding cache: live keys are not a suffix (positions out of order?)"
+                    f"decoding cache: {held} keys exceed the bound {allowed} "
+                    "(proofs_notes/decoding_cache.md); please report this"
                 )
-            self._key[b] = k_all[:, first:]
-            self._value[b] = v_all[:, first:]
-            self._positions[b] = p_all[first:]
-            self._bins[b] = b_all[..., first:]
-            self._last[b] = int(pos[-1])
-            held = self._positions[b].numel()
-            if held > self.bound:
-                allowed = max(self.bound, binary64_bound(self.partition, self._last[b]))
-                if held > allowed:
-                    raise RuntimeError(
-                        f"decoding cache: {held} keys exceed the bound {allowed} "
-                        "(proofs_notes/decoding_cache.md); please report this"
-                    )
-        return (out, lse) if return_lse else out
 
     def _attend(self, q, k, v, qpos, kpos, qbins, kbins, scale):
         """One sequence: new queries ``(H, m, d)`` against keys ``(H_kv, L, d)``."""
@@ -440,8 +559,7 @@ class PLSHDecodingCache:
         group = num_heads // num_heads_kv
         work = working_dtype(q.dtype)
         kx, vx = k.to(work), v.to(work)  # no copy when already in the working dtype
-        counts = (qbins[..., :, None] == kbins[..., None, :]).sum(dim=1)  # (H, m, L)
-        counts.mul_(kpos[None, None, :] <= qpos[None, :, None])
+        counts = dense_counts(qbins, kbins, qpos, kpos, causal=True)  # (H, m, L)
         log_w = count_bias(counts, self.partition.num_samples, dtype=work)
         # grouped-query heads share their kv head: (H_kv, group * m, d) against (H_kv, L, d)
         qg = q.to(work).reshape(num_heads_kv, group * m, -1)

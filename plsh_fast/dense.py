@@ -1,9 +1,13 @@
 """Low-level torch twins of the float64 reference, shared by every torch module of plsh_fast.
 
 One definition each: :func:`expand_kv` (grouped-query heads, the torch form of
-:func:`plsh_ref.attention.expand_kv`) and :func:`working_dtype` (the dtype in which scores,
-softmax statistics and the LSE are kept). Nothing here imports another plsh_fast module, so
-every module may import it without an import cycle.
+:func:`plsh_ref.attention.expand_kv`), :func:`working_dtype` (the dtype in which scores,
+softmax statistics and the LSE are kept), :func:`alibi_bias` (the torch form of
+:func:`plsh_ref.alibi.alibi_bias`), :func:`dense_counts` (the count matrix ``C`` of
+:func:`plsh_ref.partition.counts` from bins) and :func:`dense_attention` (softmax attention
+with an additive bias in plain torch operations). Apart from the torch-side argument checks
+(:mod:`plsh_fast._validation`) nothing here imports another plsh_fast module, so every
+module may import it without an import cycle.
 """
 
 from __future__ import annotations
@@ -13,10 +17,17 @@ import math
 import numpy as np
 import torch
 
+from plsh_ref.validation import check_bool, check_scale
+
+from . import _validation as V
+
 __all__ = [
     "DENSE_CROSSOVER",
+    "alibi_bias",
     "below_crossover",
+    "dense_attention",
     "dense_count_bias",
+    "dense_counts",
     "dense_plsh_attention",
     "expand_kv",
     "working_dtype",
@@ -87,6 +98,172 @@ def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
         )
     group = num_heads // x.shape[1]
     return x if group == 1 else x.repeat_interleave(group, dim=1)
+
+
+def _pairwise(query_positions: torch.Tensor, key_positions: torch.Tensor):
+    """``(p_i, p_j)`` broadcast to ``(..., 1, n_q, 1)`` and ``(..., 1, 1, n_k)``.
+
+    1-D positions give ``(1, n_q, 1)``/``(1, 1, n_k)`` (a head axis in front); 2-D
+    ``(batch, n)`` positions give ``(batch, 1, n_q, 1)``/``(batch, 1, 1, n_k)``.
+    """
+    return query_positions[..., None, :, None], key_positions[..., None, None, :]
+
+
+def alibi_bias(
+    slopes, query_positions: torch.Tensor, key_positions: torch.Tensor, *, causal: bool,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:  # fmt: skip
+    """Dense ALiBi bias ``-m_h |p_i - p_j|``, ``-inf`` where ``p_j > p_i`` if ``causal``.
+
+    The torch form of :func:`plsh_ref.alibi.alibi_bias` (same operations: the integer
+    distance, converted once, times the slope): in float64 it equals the reference bit for
+    bit. No argument checks and no host synchronisation (callers inside the fast paths,
+    also under ``torch.compile``, pass checked slopes and positions).
+
+    Parameters
+    ----------
+    slopes : torch.Tensor or array_like
+        ``(num_heads,)`` positive slopes (inverse tokens).
+    query_positions, key_positions : torch.Tensor
+        int64, ``(n_q,)`` and ``(n_k,)`` shared by the batch, or ``(batch, n_q)`` and
+        ``(batch, n_k)`` (``(1, n)`` broadcasts), on one device.
+    causal : bool
+    dtype : torch.dtype
+        Of the result; the product is formed in :func:`working_dtype` ``(dtype)`` (float32
+        for float32/float16/bfloat16, whose distances are exact up to ``2**24``) and rounded
+        once to ``dtype``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(num_heads, n_q, n_k)`` for 1-D positions, ``(batch, num_heads, n_q, n_k)`` for
+        2-D ones, in ``dtype`` on the positions' device.
+
+    References
+    ----------
+    Press et al. (2022), section 3; SPEC section 1.
+    """
+    work = working_dtype(dtype)
+    pi, pj = _pairwise(query_positions, key_positions)
+    m = torch.as_tensor(slopes, dtype=work, device=query_positions.device)
+    bias = -m[:, None, None] * (pi - pj).abs().to(work)
+    if causal:
+        bias = bias.masked_fill(pj > pi, -math.inf)
+    return bias.to(dtype)
+
+
+def dense_counts(
+    query_bins: torch.Tensor, key_bins: torch.Tensor, query_positions: torch.Tensor,
+    key_positions: torch.Tensor, *, causal: bool, dtype: torch.dtype = torch.int64,
+) -> torch.Tensor:  # fmt: skip
+    """The count matrix ``C_ij = #{t : bin_t(p_i) = bin_t(p_j)}`` (times the causal mask).
+
+    The torch form of :func:`plsh_ref.partition.counts` from bins (those of
+    :func:`plsh_fast._partition.bins`, equal bit for bit to the reference's), summed one
+    sample at a time so that memory stays ``O(... n_q n_k)``. ``log(C / s)`` is
+    :func:`plsh_fast._partition.count_bias` of it. No argument checks and no host
+    synchronisation.
+
+    Parameters
+    ----------
+    query_bins, key_bins : torch.Tensor
+        int64 ``(..., num_samples, n_q)`` and ``(..., num_samples, n_k)`` with
+        broadcastable leading dimensions (e.g. ``(num_heads,)`` or
+        ``(batch, num_heads)``).
+    query_positions, key_positions : torch.Tensor
+        int64 positions whose shapes broadcast like the bins without the sample axis
+        (``(n_q,)`` or ``(batch, 1, n_q)``); read only when ``causal``.
+    causal : bool
+        Zero the counts of pairs with ``p_j > p_i``.
+
+    dtype : torch.dtype
+        Integer dtype of the counts (default int64); it must hold ``num_samples``
+        (``uint8`` up to 255 samples: one byte per pair, what the dense path of
+        ``backend="auto"`` uses).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(..., n_q, n_k)`` counts in ``0..num_samples``, in ``dtype``.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
+    """
+    shape = torch.broadcast_shapes(query_bins.shape[:-2], key_bins.shape[:-2])
+    count = torch.zeros(
+        (*shape, query_bins.shape[-1], key_bins.shape[-1]),
+        dtype=dtype,
+        device=query_bins.device,
+    )
+    for t in range(query_bins.shape[-2]):
+        count += query_bins[..., t, :, None] == key_bins[..., t, None, :]
+    if causal:
+        count.masked_fill_(key_positions[..., None, :] > query_positions[..., :, None], 0)
+    return count
+
+
+def dense_attention(query, key, value, bias, *, scale=None, return_lse: bool = False):
+    """``softmax(scale q k^T + bias) v`` in plain torch operations, in the input dtype.
+
+    Every intermediate (logits, softmax, products) is a torch operation in the dtype of
+    ``query``, so autograd through it gives the dense gradients in that dtype: the gradient
+    oracle of the tests (in float64) and the plain-dtype yardstick of the tolerance rule
+    (SPEC section 6). A row whose bias is ``-inf`` everywhere gives output 0, LSE ``-inf``
+    and zero gradients (SPEC section 1), never NaN. Also exported as
+    :func:`plsh_fast.peers.dense_attention`.
+
+    Parameters
+    ----------
+    query, key, value : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
+        ``(batch, num_heads_kv, n_k, head_dim_v)``; one floating dtype and device.
+    bias : torch.Tensor or numpy.ndarray
+        ``(num_heads, n_q, n_k)`` or ``(batch, num_heads, n_q, n_k)``; ``-inf`` masks a pair
+        (e.g. :func:`plsh_ref.partition.count_bias` for PLSH attention); cast to the query's
+        dtype and device.
+    scale : float, optional
+        Default ``1 / sqrt(head_dim)``.
+    return_lse : bool
+        Also return ``logsumexp(scale q k^T + bias)`` over the keys.
+
+    Returns
+    -------
+    out : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim_v)``, the query's dtype.
+    lse : torch.Tensor
+        Only if ``return_lse``: ``(batch, num_heads, n_q)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`plsh_fast.plsh_attention` for the tensors; a bias of another shape.
+    """
+    return_lse = check_bool("return_lse", return_lse)
+    V.check_qkv(query, key, value)
+    num_heads, n_q, n_k = query.shape[1], query.shape[2], key.shape[2]
+    b = torch.as_tensor(bias).to(device=query.device, dtype=query.dtype)
+    if b.dim() == 3:
+        b = b[None]
+    if (
+        b.dim() != 4
+        or tuple(b.shape[1:]) != (num_heads, n_q, n_k)
+        or (b.shape[0] not in (1, query.shape[0]))
+    ):
+        raise ValueError(
+            f"bias: shape {tuple(b.shape)} does not match (num_heads, n_q, n_k) = "
+            f"{(num_heads, n_q, n_k)} (optionally with a leading batch dimension)"
+        )
+    c = check_scale(scale, query.shape[3])
+    logits = (query @ expand_kv(key, num_heads).transpose(-1, -2)) * c + b
+    empty = torch.isneginf(logits).all(dim=-1, keepdim=True)  # also true when n_k = 0
+    safe = torch.where(empty, torch.zeros((), dtype=logits.dtype), logits)
+    weights = torch.softmax(safe, dim=-1).masked_fill(empty, 0.0)
+    out = weights @ expand_kv(value, num_heads)
+    if not return_lse:
+        return out
+    lse = torch.logsumexp(safe, dim=-1, keepdim=True).masked_fill(empty, -math.inf)
+    return out, lse[..., 0]
 
 
 #: Sequence length ``n`` per device type up to which ``backend="auto"`` computes PLSH
@@ -173,11 +350,8 @@ def dense_count_bias(
     qb = bins(pitch, offset, q2.reshape(-1)).view(num_heads, num_samples, *q2.shape)
     kb = bins(pitch, offset, k2.reshape(-1)).view(num_heads, num_samples, *k2.shape)
     qb, kb = qb.permute(2, 0, 1, 3), kb.permute(2, 0, 1, 3)
-    rows = max(qb.shape[0], kb.shape[0])
     count_dtype = torch.uint8 if num_samples <= 255 else torch.int32
-    count = torch.zeros((rows, num_heads, n_q, n_k), dtype=count_dtype, device=pitch.device)
-    for t in range(num_samples):
-        count += qb[:, :, t, :, None] == kb[:, :, t, None, :]
+    count = dense_counts(qb, kb, q2[:, None], k2[:, None], causal=False, dtype=count_dtype)
     table = count_bias(torch.arange(num_samples + 1, device=pitch.device), num_samples)
     bias = table.to(dtype)[count.to(torch.int32)]  # log(C / s); -inf where C = 0
     if causal:

@@ -46,12 +46,11 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from plsh_ref.partition import PartitionSample
+from plsh_ref.partition import PartitionSample, resolve_partition
 from plsh_ref.partition import bins as reference_bins
 from plsh_ref.validation import check_bool, check_int, check_scale
 
 from . import _validation as V
-from ._partition import resolve_partition
 from .api import plsh_attention
 
 __all__ = [
@@ -622,17 +621,14 @@ def _local_meta(
             "and keys of the same chunk (self-attention)"
         )
     backend = V.check_backend(backend, query.device, head_dim, value.shape[3])
-    if partition is not None:
-        V.check_partition(partition, num_heads, num_samples, seed)
-    else:
-        if seed is None:
-            raise ValueError(
-                "seed: required when no partition is given (every rank must draw the same "
-                "partition sample)"
-            )
-        num_samples = V.check_num_samples(16 if num_samples is None else num_samples)
-    m = V.check_slopes(slopes, num_heads)
-    sample = resolve_partition(partition, m, num_samples, seed)
+    if partition is None and seed is None:
+        raise ValueError(
+            "seed: required when no partition is given (every rank must draw the same "
+            "partition sample)"
+        )
+    sample = resolve_partition(
+        partition, num_heads=num_heads, slopes=slopes, num_samples=num_samples, seed=seed
+    )
     c = check_scale(scale, head_dim)
     if chunk_start is not None:
         chunk_start = check_int("chunk_start", chunk_start)
@@ -688,16 +684,16 @@ def context_parallel_plsh_attention(
     value,
     *,
     partition=None,
-    group=None,
-    causal: bool = True,
-    scale=None,
-    chunk_start=None,
     slopes=None,
     num_samples=None,
     seed=None,
+    causal: bool = True,
+    scale=None,
+    chunk_start=None,
     return_lse: bool = False,
     backend: str = "auto",
     check_finite: bool = True,
+    group=None,
 ):
     """PLSH attention of a sequence split in contiguous chunks over a process group.
 

@@ -43,12 +43,13 @@ import torch
 
 from plsh_ref.alibi import alibi_slopes
 from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
-from plsh_ref.validation import check_bool, check_int, check_num_samples, check_scale
+from plsh_ref.validation import check_bool, check_num_samples, check_scale
 
 from ._partition import bins, partition_tensors
 from .api import plsh_attention
-from .decoding import cache_bound
-from .dense import expand_kv
+from .decoding import cache_bound, reachable_keys
+from .dense import alibi_bias, expand_kv
+from .nn import resolve_seed
 
 try:  # transformers is an optional dependency (extra "hf")
     from transformers import AttentionInterface
@@ -74,7 +75,8 @@ __all__ = [
 #: the attention implementations this module registers
 ATTN_IMPLEMENTATIONS = ("plsh", "alibi")
 
-#: defaults used when a model is built with attn_implementation="plsh" and no set-up call
+#: the model-level seed that set_alibi_attention and swap_bloom_attention used by default
+#: before seed=None drew one (pass seed=DEFAULT_SEED for the old partitions)
 DEFAULT_SEED = 0
 
 
@@ -144,8 +146,10 @@ def layer_partition(module, num_heads: int) -> PartitionSample:
     module : torch.nn.Module
         A transformers attention module with a ``layer_idx``. :func:`set_alibi_attention`
         sets ``module.plsh_partition``; otherwise one is drawn with ``num_samples`` /
-        ``seed`` from the model config's ``plsh_num_samples`` / ``plsh_seed`` (defaults
-        16 and 0) for layer ``module.layer_idx``.
+        ``seed`` from the model config's ``plsh_num_samples`` / ``plsh_seed`` for layer
+        ``module.layer_idx`` (defaults: 16, and a model-level seed drawn once by
+        :func:`plsh_fast.nn.resolve_seed` and written to the config as ``plsh_seed``, the
+        package's seed policy).
     num_heads : int
         The query head count (slopes: :func:`plsh_ref.alibi.alibi_slopes` ``(num_heads)``).
 
@@ -170,7 +174,12 @@ def layer_partition(module, num_heads: int) -> PartitionSample:
             )
         config = getattr(module, "config", None)
         s = int(getattr(config, "plsh_num_samples", DEFAULT_NUM_SAMPLES))
-        seed = int(getattr(config, "plsh_seed", DEFAULT_SEED))
+        seed = getattr(config, "plsh_seed", None)
+        if seed is None:
+            seed = resolve_seed(None)
+            if config is not None:
+                config.plsh_seed = seed  # every layer of the model shares it
+        seed = int(seed)
         part = draw_partition(1.0 / alibi_slopes(num_heads), s, layer_seed(seed, int(layer)))
         module.plsh_partition = part
     if part.num_heads != num_heads:
@@ -363,9 +372,7 @@ def _alibi_core(query, key, value, slopes, qpos, kpos, kmask, causal, scaling, w
     ``window``: transformers' sliding window, key kept iff ``p_query - p_key < window``.
     """
     batch, num_heads, n_q, head_dim = query.shape
-    slopes_t = torch.as_tensor(slopes, dtype=torch.float32, device=query.device)
-    dist = (qpos[:, None, :, None] - kpos[:, None, None, :]).to(torch.float32)
-    bias = -slopes_t[None, :, None, None] * dist.abs()
+    bias = alibi_bias(slopes, qpos, kpos, causal=False, dtype=torch.float32)
     keep = kmask[:, None, None, :]
     if causal:
         keep = keep & (kpos[:, None, None, :] <= qpos[:, None, :, None])
@@ -471,7 +478,7 @@ def set_alibi_attention(
     *,
     layers=None,
     num_samples: int = DEFAULT_NUM_SAMPLES,
-    seed: int = DEFAULT_SEED,
+    seed: int | None = None,
     remove_rope: bool = True,
 ):
     """Switch a transformers model to ALiBi/PLSH attention; optionally drop its RoPE.
@@ -488,9 +495,11 @@ def set_alibi_attention(
         and still use the chosen attention (ALiBi on top of RoPE).
     num_samples : int
         ``s`` of every layer's partition (``"plsh"``).
-    seed : int
+    seed : int, optional
         Model-level seed; layer ``l`` draws with ``layer_seed(seed, l)``; written to the
-        config as ``plsh_seed`` / ``plsh_num_samples``.
+        config as ``plsh_seed`` / ``plsh_num_samples``. ``None``: drawn once from torch's
+        default generator (:func:`plsh_fast.nn.resolve_seed`; it was 0 before, pass
+        ``seed=0`` for the old partitions).
     remove_rope : bool
         Remove the rotary embedding in ``layers`` (forward pre-hook that makes the rotation
         the identity: ``cos = 1``, ``sin = 0``).
@@ -520,7 +529,7 @@ def set_alibi_attention(
         )
     remove_rope = check_bool("remove_rope", remove_rope)
     num_samples = check_num_samples(num_samples)
-    seed = check_int("seed", seed, minimum=0)
+    seed = resolve_seed(seed)
     if not getattr(type(model), "_supports_attention_backend", False):
         raise ValueError(
             f"model: {type(model).__name__} does not dispatch attention through "
@@ -654,7 +663,7 @@ def swap_bloom_attention(
     attn_implementation: str = "plsh",
     *,
     num_samples: int = DEFAULT_NUM_SAMPLES,
-    seed: int = DEFAULT_SEED,
+    seed: int | None = None,
 ):
     """Replace the built-in ALiBi attention of a BLOOM model by ``"plsh"`` or exact ``"alibi"``.
 
@@ -695,7 +704,7 @@ def swap_bloom_attention(
             f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
         )
     num_samples = check_num_samples(num_samples)
-    seed = check_int("seed", seed, minimum=0)
+    seed = resolve_seed(seed)
     from transformers.models.bloom.modeling_bloom import BloomAttention
 
     found = [m for m in model.modules() if isinstance(m, BloomAttention)]
@@ -720,10 +729,11 @@ def swap_bloom_attention(
 class PLSHCacheLayer(DynamicLayer):
     """One layer of :class:`PLSHCache`: a dynamic layer that evicts unreachable keys.
 
-    After appending the new keys, every leading cache slot that shares no bin with the
-    smallest new query position, in any sample of any head and for every sequence of the
-    batch, is dropped: no current or later query can give it a nonzero count
-    (``proofs_notes/decoding_cache.md``, Claim 1). The slots kept are the union over the
+    After appending the new keys, every leading cache slot whose bins all lie before those
+    of the smallest new query position, in every sample of every head and for every
+    sequence of the batch, is dropped (:func:`plsh_fast.decoding.reachable_keys`, the one
+    eviction rule of both caches): no current or later query can give it a nonzero count
+    (``proofs_notes/decoding_cache.md``, Claim 1 and section 4). The slots kept are the union over the
     batch of the sequences' reachable keys: at most ``cache_bound(partition)`` plus the
     spread of left padding across the batch.
     """
@@ -804,7 +814,7 @@ class PLSHCacheLayer(DynamicLayer):
             h, s = slot_bins.shape[:2]
             slot_bins = slot_bins.reshape(h, s, batch, -1)
             ref_bins = bins(self._pitch, self._offset, ref).reshape(h, s, batch, 1)
-            reach = (slot_bins >= ref_bins).any(dim=1).any(dim=0)  # (batch, slots)
+            reach = reachable_keys(slot_bins, ref_bins)  # (batch, slots)
             alive = (reach & self.keep).any(dim=0)  # padding is never reachable
             first = int(torch.nonzero(alive).min()) if bool(alive.any()) else alive.numel()
             if first:

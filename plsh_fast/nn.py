@@ -6,7 +6,7 @@
   ``.half()``/``.to(dtype)`` and travel in the ``state_dict``); in training mode it draws
   a fresh partition every forward (``resample="every_forward"``) or keeps its own
   (``resample="fixed"``); in eval mode it always uses its own, seeded one.
-  ``exact=True`` computes exact ALiBi attention instead, for comparison.
+  ``method="exact"`` computes exact ALiBi attention instead, for comparison.
 * :class:`PLSHSelfAttention`: a self-attention layer (query/key/value/output projections
   around a core module) for ``(batch, seq_len, embed_dim)`` inputs, as used by the
   language models of ``plsh train-lm``.
@@ -26,22 +26,28 @@ a resampled partition estimates).
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from plsh_ref.alibi import check_slopes, sigma_from_slopes
 from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
 from plsh_ref.samplers import resolve_group_size
-from plsh_ref.validation import check_bool, check_int, check_positive_float, check_scale
+from plsh_ref.validation import (
+    check_bool,
+    check_int,
+    check_positive_float,
+    check_scale,
+    warn_deprecated,
+)
 
 from . import _padding as P
 from . import _validation as V
 from ._partition import bins as torch_bins
 from ._partition import count_bias
-from .dense import expand_kv
+from .dense import alibi_bias, dense_counts, expand_kv
 
 __all__ = [
     "PLSHAttention",
@@ -49,11 +55,13 @@ __all__ = [
     "biased_sdpa",
     "check_attention_inputs",
     "derived_seed",
+    "resolve_seed",
     "seed_layers",
 ]
 
 _RESAMPLE = ("every_forward", "fixed")
 _BACKENDS = ("auto", "cpu", "triton", "dense")
+_METHODS = ("plsh", "exact")
 
 
 def check_attention_inputs(query, key, value, num_heads: int | None = None) -> None:
@@ -153,6 +161,36 @@ def _in_backward_pass() -> bool:
     return task_id is not None and task_id() != -1
 
 
+def resolve_seed(seed: int | None) -> int:
+    """A module's seed: ``seed`` checked, or one drawn from torch's default generator.
+
+    The seed policy of the package (CONTRIBUTING.md, "Seeds"): a module or converted model
+    built with ``seed=None`` draws its model-level seed once, at construction, with one
+    ``torch.randint`` from torch's default generator, and keeps it (state dict, model
+    config). So the layers of a model get distinct partitions, and ``torch.manual_seed(s)``
+    before building the model reproduces all of them, as it does the weights. Used by
+    :class:`PLSHAttention` and :mod:`plsh_fast.hf`.
+
+    Parameters
+    ----------
+    seed : int or None
+        ``>= 0``, or ``None`` to draw one.
+
+    Returns
+    -------
+    int
+        In ``[0, 2**63 - 1)``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        ``seed`` not an integer ``>= 0``.
+    """
+    if seed is None:
+        return int(torch.randint(0, 2**63 - 1, ()).item())
+    return check_int("seed", seed, minimum=0)
+
+
 def seed_layers(model: nn.Module, seed: int) -> list[int]:
     """Reseed every :class:`PLSHAttention` of ``model`` from one model-level ``seed``.
 
@@ -230,14 +268,17 @@ class PLSHAttention(nn.Module):
         forward during the backward pass, where ``"every_forward"`` would draw another
         partition than the one the loss used: that case raises ``ValueError``; use
         ``"fixed"`` (and :meth:`set_partition` between steps) in checkpointed regions.
-    exact : bool
-        Compute exact ALiBi attention (dense bias through SDPA) instead of PLSH.
+    method : {"plsh", "exact"}
+        Which formula: PLSH attention, or exact ALiBi attention (dense bias through SDPA;
+        for comparison). ``exact=True`` is the old spelling of ``method="exact"``
+        (DeprecationWarning, one release).
     backend : {"auto", "cpu", "triton", "dense"}
-        ``"auto"``/``"cpu"``/``"triton"``: :func:`plsh_fast.plsh_attention` with that
-        backend (fused; Triton on CUDA, vectorised torch on CPU). ``"dense"``: SDPA with a
-        dense ``log(C / s)`` bias (the same function, ``O(n_q n_k)`` memory; for short
-        sequences and comparisons). ``"fast"`` is the old name of ``"auto"`` (accepted
-        with a ``DeprecationWarning`` for one release).
+        Where it runs. ``"auto"``/``"cpu"``/``"triton"``: :func:`plsh_fast.plsh_attention`
+        with that backend (fused; Triton on CUDA, vectorised torch on CPU). ``"dense"``:
+        SDPA with a dense ``log(C / s)`` bias (the same function, ``O(n_q n_k)`` memory; for
+        short sequences and comparisons). ``method="exact"`` runs dense (``"auto"`` or
+        ``"dense"``). ``"fast"`` is the old name of ``"auto"`` (DeprecationWarning, one
+        release).
     check_finite : bool
         Passed to :func:`plsh_fast.plsh_attention`: eager-mode checks that read tensor
         values (NaN/inf inputs, position and bin range). ``False`` removes the device
@@ -291,46 +332,53 @@ class PLSHAttention(nn.Module):
         scale=None,
         seed: int | None = None,
         resample: str = "every_forward",
-        exact: bool = False,
+        method: str = "plsh",
         backend: str = "auto",
         check_finite: bool = True,
         sampler: str = "iid",
         group_size: int | None = None,
+        exact: bool | None = None,
     ):
         super().__init__()
         num_heads = check_int("num_heads", num_heads, minimum=1)
         num_samples = V.check_num_samples(num_samples)
         self.sampler = sampler
         self.group_size = resolve_group_size(sampler, num_samples, group_size)
-        m = V.check_slopes(slopes, num_heads)
+        m = check_slopes(slopes, num_heads)
+        sigma = sigma_from_slopes(m)
         if scale is not None:
             scale = check_positive_float("scale", scale)
         if resample not in _RESAMPLE:
             raise ValueError(f"resample: must be one of {_RESAMPLE}, got {resample!r}")
         if backend == "fast":
-            warnings.warn(
-                "backend: 'fast' is deprecated, use 'auto' (the same)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+            warn_deprecated("PLSHAttention(backend='fast')", "backend='auto' (the same)")
             backend = "auto"
         if backend not in _BACKENDS:
             raise ValueError(f"backend: must be one of {_BACKENDS}, got {backend!r}")
-        if seed is None:
-            seed = int(torch.randint(0, 2**63 - 1, ()).item())
-        self.seed = check_int("seed", seed, minimum=0)
+        if exact is not None:
+            warn_deprecated(f"PLSHAttention(exact={exact!r})", "method='exact' or method='plsh'")
+            method = "exact" if check_bool("exact", exact) else "plsh"
+        if method not in _METHODS:
+            raise ValueError(f"method: must be one of {_METHODS}, got {method!r}")
+        if method == "exact" and backend in ("cpu", "triton"):
+            raise ValueError(
+                f"backend: method='exact' runs on the dense backend only ('auto' or 'dense'), "
+                f"got {backend!r}"
+            )
+        self.seed = resolve_seed(seed)
         self.num_heads = num_heads
         self.causal = check_bool("causal", causal)
         self.scale = scale
         self.resample = resample
-        self.exact = check_bool("exact", exact)
+        self.method = method
+        self.exact = method == "exact"  # read-only view kept for old readers
         self.backend = backend
         self.check_finite = check_bool("check_finite", check_finite)
         # Training-draw counter: an int64 CPU tensor (stays on the CPU whatever the
         # module's device), advanced in place by plsh::training_partition.
         self.register_buffer("draw_counter", torch.zeros((), dtype=torch.int64), persistent=False)
         self.register_buffer("slopes", torch.from_numpy(m.copy()))
-        part = draw_partition(1.0 / m, num_samples, self.seed, **self._sampler_kwargs())
+        part = draw_partition(sigma, num_samples, self.seed, **self._sampler_kwargs())
         self.register_buffer("pitch", torch.from_numpy(part.pitch.copy()))
         self.register_buffer("offset", torch.from_numpy(part.offset.copy()))
 
@@ -466,7 +514,7 @@ class PLSHAttention(nn.Module):
         return self
 
     def extra_repr(self) -> str:
-        kind = "exact ALiBi" if self.exact else f"num_samples={self.num_samples}"
+        kind = "method='exact'" if self.exact else f"num_samples={self.num_samples}"
         return (
             f"num_heads={self.num_heads}, {kind}, causal={self.causal}, "
             f"resample={self.resample!r}, backend={self.backend!r}, seed={self.seed}"
@@ -499,8 +547,9 @@ class PLSHAttention(nn.Module):
         return self.pitch, self.offset
 
     def forward(
-        self, query, key, value, query_positions=None, key_positions=None, attention_mask=None
-    ):
+        self, query, key, value, *args, query_positions=None, key_positions=None,
+        attention_mask=None,
+    ):  # fmt: skip
         """Attention output.
 
         Parameters
@@ -518,6 +567,9 @@ class PLSHAttention(nn.Module):
             Key-padding mask ``(batch, n_k)``, bool or integer 0/1, 1 = keep, 0 = pad
             (HF 2-D convention); pad query slots (end-aligned) give output 0. See
             :mod:`plsh_fast._padding` for the exact semantics and synchronisation.
+        *args
+            Deprecated (one release, DeprecationWarning): positions passed positionally,
+            ``forward(query, key, value, query_positions, key_positions)``.
 
         Returns
         -------
@@ -530,23 +582,26 @@ class PLSHAttention(nn.Module):
             See :func:`check_attention_inputs` and :func:`plsh_fast.plsh_attention`
             (positions, mask).
         """
+        if args:
+            query_positions, key_positions = _deprecated_positional_positions(
+                args, query_positions, key_positions
+            )
         check_attention_inputs(query, key, value, self.num_heads)
         if self.exact or self.backend == "dense":
             batch, _, n_q, _ = query.shape
             n_k, device = key.shape[2], query.device
-            qpos = P.check_positions("query_positions", query_positions, batch, n_q, device)
-            kpos = P.check_positions("key_positions", key_positions, batch, n_k, device)
-            mask = P.check_attention_mask(attention_mask, batch, n_k, device)
-            default_q, default_k = P.default_positions(n_q, n_k, device)
-            qpos = default_q if qpos is None else qpos
-            kpos = default_k if kpos is None else kpos
+            qpos, kpos, mask = P.resolve_positions(
+                query_positions, key_positions, attention_mask, batch, n_q, n_k, device
+            )
             if not torch.compiler.is_compiling():
                 mask = _eager_mask_values(mask)
                 real_q, real_k = P.real_positions(qpos, kpos, mask, batch)
                 P.check_position_range("query_positions", real_q)
                 P.check_position_range("key_positions", real_k)
             if self.exact:
-                bias = _alibi_bias(self.slopes, qpos, kpos, self.causal)
+                q2 = qpos if qpos.dim() == 2 else qpos[None]
+                k2 = kpos if kpos.dim() == 2 else kpos[None]
+                bias = alibi_bias(self.slopes, q2, k2, causal=self.causal)
             else:
                 bias = _log_count_bias(*self._forward_partition(), qpos, kpos, self.causal)
             bias = _mask_bias(bias, mask, n_q, n_k)
@@ -568,6 +623,23 @@ class PLSHAttention(nn.Module):
         )
 
 
+def _deprecated_positional_positions(args, query_positions, key_positions):
+    """``(query_positions, key_positions)`` from the old positional form (warns)."""
+    if len(args) > 2 or query_positions is not None or key_positions is not None:
+        raise TypeError(
+            "query_positions: pass positions once, as the keywords query_positions= and "
+            "key_positions="
+        )
+    if not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
+        warn_deprecated(
+            "PLSHAttention.forward(query, key, value, query_positions, key_positions) with "
+            "positional positions",
+            "forward(query, key, value, query_positions=..., key_positions=...)",
+            stacklevel=4,
+        )
+    return (*args, None)[:2] if len(args) == 1 else tuple(args)
+
+
 def _eager_mask_values(mask):
     """A bool mask; integer entries other than 0/1 raise (reads the mask; eager only)."""
     if mask is None or mask.dtype == torch.bool:
@@ -577,54 +649,20 @@ def _eager_mask_values(mask):
     return mask != 0
 
 
-def _pairwise(qpos: torch.Tensor, kpos: torch.Tensor):
-    """``(p_i, p_j)`` broadcast to ``(B or 1, 1, n_q, n_k)`` from 1-D or 2-D positions."""
-    qpos = qpos if qpos.dim() == 2 else qpos[None]
-    kpos = kpos if kpos.dim() == 2 else kpos[None]
-    return qpos[:, None, :, None], kpos[:, None, None, :]
-
-
-def _alibi_bias(slopes, qpos, kpos, causal: bool) -> torch.Tensor:
-    """Exact ALiBi bias ``-m_h |p_i - p_j|`` (``-inf`` causally), float64 ``(B|1, H, n_q, n_k)``.
-
-    The torch form of :func:`plsh_ref.alibi.alibi_bias` (float64, same operations).
-    """
-    pi, pj = _pairwise(qpos, kpos)
-    distance = (pi - pj).abs().to(torch.float64)
-    bias = -slopes.to(torch.float64)[None, :, None, None] * distance
-    if causal:
-        bias = bias.masked_fill(pj > pi, -math.inf)
-    return bias
-
-
 def _log_count_bias(pitch, offset, qpos, kpos, causal: bool) -> torch.Tensor:
     """``log(C / s)`` (``-inf`` where ``C = 0``), float64 ``(B|1, H, n_q, n_k)``.
 
-    ``C[h, i, j] = #{t : bin_t(p_i) = bin_t(p_j)}`` times the causal mask, with the bins
-    of :func:`plsh_fast._partition.bins` (binary64, equal to the reference's); summed one
-    sample at a time, so memory is ``O(B H n_q n_k)``.
+    :func:`plsh_fast.dense.dense_counts` of the bins of :func:`plsh_fast._partition.bins`
+    (binary64, equal to the reference's), then :func:`plsh_fast._partition.count_bias`.
     """
-    num_samples = pitch.shape[1]
     q2 = qpos if qpos.dim() == 2 else qpos[None]
     k2 = kpos if kpos.dim() == 2 else kpos[None]
     bq = torch_bins(pitch, offset, q2.reshape(-1)).view(*pitch.shape, *q2.shape)
     bk = torch_bins(pitch, offset, k2.reshape(-1)).view(*pitch.shape, *k2.shape)
     # (H, s, B, n) -> (B, H, s, n)
     bq, bk = bq.permute(2, 0, 1, 3), bk.permute(2, 0, 1, 3)
-    count = torch.zeros(
-        max(bq.shape[0], bk.shape[0]),
-        pitch.shape[0],
-        q2.shape[1],
-        k2.shape[1],
-        dtype=torch.float64,
-        device=pitch.device,
-    )
-    for t in range(num_samples):
-        count += bq[:, :, t, :, None] == bk[:, :, t, None, :]
-    if causal:
-        pi, pj = _pairwise(qpos, kpos)
-        count = count.masked_fill(pj > pi, 0.0)
-    return count_bias(count, num_samples)
+    count = dense_counts(bq, bk, q2[:, None], k2[:, None], causal=causal)
+    return count_bias(count, pitch.shape[1])
 
 
 def _mask_bias(bias, mask, n_q: int, n_k: int):
@@ -657,8 +695,8 @@ class PLSHSelfAttention(nn.Module):
         Bias terms in the projections (``bias=`` is the old name, accepted with a
         ``DeprecationWarning`` for one release).
     attention : torch.nn.Module, optional
-        The core, called as ``attention(q, k, v, positions, positions)`` (and
-        ``attention_mask=`` when one is given) on
+        The core, called as ``attention(q, k, v, query_positions=..., key_positions=...)``
+        (and ``attention_mask=`` when one is given) on
         ``(batch, heads, seq, head_dim)`` tensors; default
         ``PLSHAttention(num_heads, **attention_kwargs)``. Baselines (no bias, fixed
         blocks) plug in here.
@@ -683,11 +721,7 @@ class PLSHSelfAttention(nn.Module):
     ):
         super().__init__()
         if "bias" in attention_kwargs:
-            warnings.warn(
-                "bias: deprecated, use projection_bias (the same)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
+            warn_deprecated("PLSHSelfAttention(bias=...)", "projection_bias= (the same)")
             projection_bias = attention_kwargs.pop("bias")
         bias = check_bool("projection_bias", projection_bias)
         embed_dim = check_int("embed_dim", embed_dim, minimum=1)
@@ -720,16 +754,22 @@ class PLSHSelfAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias)
         self.attention = attention
 
-    def forward(self, x, positions=None, attention_mask=None):
+    def forward(
+        self, x, *args, query_positions=None, key_positions=None, attention_mask=None,
+        positions=None,
+    ):  # fmt: skip
         """Self-attention of ``x``.
 
         Parameters
         ----------
         x : torch.Tensor, ``(batch, seq_len, embed_dim)``
-        positions : torch.Tensor or array_like of int, optional
+        query_positions, key_positions : torch.Tensor or array_like of int, optional
             Absolute positions of the tokens, ``(seq_len,)`` shared by the batch or
-            ``(batch, seq_len)`` per sequence (HF ``position_ids``), used for queries and
-            keys; default ``0..seq_len-1``.
+            ``(batch, seq_len)`` per sequence (HF ``position_ids``); the queries and keys
+            are the same tokens, so one given is used for both; default ``0..seq_len-1``.
+        positions
+            Deprecated (one release, DeprecationWarning; also positional): the old name of
+            ``query_positions``.
         attention_mask : torch.Tensor, optional
             Key-padding mask ``(batch, seq_len)``, 1 = keep, 0 = pad (HF convention);
             pad tokens' rows are 0 before ``out_proj`` (see :class:`PLSHAttention`).
@@ -746,6 +786,17 @@ class PLSHSelfAttention(nn.Module):
         ValueError
             If ``x`` is not ``(batch, seq_len, embed_dim)``.
         """
+        if args or positions is not None:
+            if len(args) > 1 or (args and positions is not None):
+                raise TypeError("positions: pass positions once, as query_positions=")
+            if not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
+                warn_deprecated(
+                    "PLSHSelfAttention.forward(x, positions)", "forward(x, query_positions=...)"
+                )
+            positions = args[0] if args else positions
+            query_positions = positions if query_positions is None else query_positions
+        query_positions = key_positions if query_positions is None else query_positions
+        key_positions = query_positions if key_positions is None else key_positions
         if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
             kind = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
             raise TypeError(f"x: must be a floating-point torch.Tensor, got {kind}")
@@ -759,8 +810,8 @@ class PLSHSelfAttention(nn.Module):
         q = heads(self.q_proj(x), self.num_heads)
         k = heads(self.k_proj(x), self.num_heads_kv)
         v = heads(self.v_proj(x), self.num_heads_kv)
-        if attention_mask is None:
-            y = self.attention(q, k, v, positions, positions)
-        else:
-            y = self.attention(q, k, v, positions, positions, attention_mask=attention_mask)
+        kw = {"query_positions": query_positions, "key_positions": key_positions}
+        if attention_mask is not None:
+            kw["attention_mask"] = attention_mask
+        y = self.attention(q, k, v, **kw)
         return self.out_proj(y.transpose(1, 2).reshape(b, n, self.embed_dim))

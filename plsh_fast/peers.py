@@ -8,10 +8,10 @@ their peers from here, and so can anyone benchmarking ALiBi attention. Layout
 Positions are integers (``(n,)``, shared by the batch); the defaults are those of
 :func:`plsh_ref.alibi.default_positions` (keys ``0..n_k-1``, queries aligned to the end).
 
-* :func:`alibi_attention`: exact ALiBi attention ``softmax(scale q k^T - m_h |p_i - p_j|) v``
+* :func:`chunked_alibi_attention`: exact ALiBi attention ``softmax(scale q k^T - m_h |p_i - p_j|) v``
   in float64, a block of query rows at a time (ground truth at lengths where the dense
   reference :func:`plsh_ref.attention.alibi_attention` does not fit in memory).
-* :func:`alibi_bias` and :func:`sdpa_alibi_attention`: the dense bias ``(num_heads, n_q, n_k)``
+* :func:`sdpa_alibi_bias` and :func:`sdpa_alibi_attention`: the dense bias ``(num_heads, n_q, n_k)``
   and ``torch.nn.functional.scaled_dot_product_attention`` with it (``O(n_q n_k)`` memory).
 * :func:`dense_attention`: ``softmax(scale q k^T + bias) v`` written out in plain torch
   operations in the input dtype, differentiable: the dense gradient oracle of the tests
@@ -53,12 +53,13 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
-from plsh_ref.alibi import resolve_positions
-from plsh_ref.partition import PartitionSample
-from plsh_ref.validation import check_bool, check_int, check_partition, check_scale, check_slopes
+from plsh_ref.alibi import check_slopes, resolve_positions
+from plsh_ref.partition import PartitionSample, check_partition
+from plsh_ref.validation import check_bool, check_int, check_scale, warn_deprecated
 
 from . import _validation as V
-from .dense import expand_kv, working_dtype
+from .dense import alibi_bias as dense_alibi_bias
+from .dense import dense_attention, expand_kv, working_dtype
 
 __all__ = [
     "alibi_attention",
@@ -67,6 +68,7 @@ __all__ = [
     "block_mask",
     "causal_block_mask",
     "causal_mask_mod",
+    "chunked_alibi_attention",
     "compiled_flex_attention",
     "dense_attention",
     "expand_kv",
@@ -75,6 +77,7 @@ __all__ = [
     "reduction_block_mask",
     "reduction_mask_mod",
     "sdpa_alibi_attention",
+    "sdpa_alibi_bias",
     "window_mask_mod",
 ]
 
@@ -85,7 +88,7 @@ def _positions(n_q: int, n_k: int, query_positions, key_positions, device):
     return torch.from_numpy(qpos).to(device), torch.from_numpy(kpos).to(device)
 
 
-def alibi_bias(
+def sdpa_alibi_bias(
     slopes,
     n_q: int,
     n_k: int,
@@ -97,6 +100,12 @@ def alibi_bias(
     device="cpu",
 ) -> torch.Tensor:
     """Dense ALiBi bias ``-m_h |p_i - p_j|`` (``-inf`` where ``p_j > p_i`` if ``causal``).
+
+    The bias of :func:`sdpa_alibi_attention`, from lengths and optional positions, with
+    every argument checked; the values are :func:`plsh_fast.dense.alibi_bias` (the torch
+    twin of :func:`plsh_ref.alibi.alibi_bias`, which takes positions). Named
+    ``alibi_bias`` before (deprecated alias, one release: its contract differed from
+    :func:`plsh_ref.alibi.alibi_bias`).
 
     Parameters
     ----------
@@ -137,14 +146,14 @@ def alibi_bias(
         raise TypeError("slopes: required (e.g. plsh_ref.alibi.alibi_slopes(num_heads))")
     m_host = np.atleast_1d(np.asarray(slopes, dtype=np.float64))
     m_host = check_slopes(m_host, m_host.shape[0])
-    work = working_dtype(dtype)
     qpos, kpos = _positions(n_q, n_k, query_positions, key_positions, device)
-    dist = qpos.to(work)[:, None] - kpos.to(work)[None, :]
-    m = torch.tensor(m_host, dtype=work, device=device)[:, None, None]
-    bias = -m * dist.abs()
-    if causal:
-        bias = bias.masked_fill_(dist[None] < 0, -math.inf)
-    return bias.to(dtype)
+    return dense_alibi_bias(m_host, qpos, kpos, causal=causal, dtype=dtype)
+
+
+def alibi_bias(*args, **kwargs) -> torch.Tensor:
+    """Deprecated alias of :func:`sdpa_alibi_bias` (one release; DeprecationWarning)."""
+    warn_deprecated("plsh_fast.peers.alibi_bias", "plsh_fast.peers.sdpa_alibi_bias")
+    return sdpa_alibi_bias(*args, **kwargs)
 
 
 def sdpa_alibi_attention(
@@ -167,11 +176,11 @@ def sdpa_alibi_attention(
         ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
         ``(batch, num_heads_kv, n_k, head_dim_v)``, one floating dtype and device.
     bias : torch.Tensor, optional
-        A bias from :func:`alibi_bias` ``(num_heads, n_q, n_k)`` in the query's dtype, built
+        A bias from :func:`sdpa_alibi_bias` ``(num_heads, n_q, n_k)`` in the query's dtype, built
         once and reused (benchmarks time the attention, not the bias); when given,
         ``slopes``, ``causal`` and the positions are not used.
     slopes, causal, query_positions, key_positions
-        As :func:`alibi_bias` (``slopes`` default :func:`plsh_ref.alibi.alibi_slopes`).
+        As :func:`sdpa_alibi_bias` (``slopes`` default :func:`plsh_ref.alibi.alibi_slopes`).
     scale : float, optional
         Default ``1 / sqrt(head_dim)`` (:func:`plsh_ref.validation.check_scale`).
 
@@ -192,7 +201,7 @@ def sdpa_alibi_attention(
     c = check_scale(scale, query.shape[3])
     if bias is None:
         m = check_slopes(slopes, num_heads)
-        bias = alibi_bias(
+        bias = sdpa_alibi_bias(
             m,
             n_q,
             n_k,
@@ -214,69 +223,7 @@ def sdpa_alibi_attention(
     )
 
 
-def dense_attention(query, key, value, bias, *, scale=None, return_lse: bool = False):
-    """``softmax(scale q k^T + bias) v`` in plain torch operations, in the input dtype.
-
-    Every intermediate (logits, softmax, products) is a torch operation in the dtype of
-    ``query``, so autograd through it gives the dense gradients in that dtype: the gradient
-    oracle of the tests (in float64) and the plain-dtype yardstick of the tolerance rule
-    (SPEC section 6). A row whose bias is ``-inf`` everywhere gives output 0, LSE ``-inf``
-    and zero gradients (SPEC section 1), never NaN.
-
-    Parameters
-    ----------
-    query, key, value : torch.Tensor
-        ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
-        ``(batch, num_heads_kv, n_k, head_dim_v)``; one floating dtype and device.
-    bias : torch.Tensor or numpy.ndarray
-        ``(num_heads, n_q, n_k)`` or ``(batch, num_heads, n_q, n_k)``; ``-inf`` masks a pair
-        (e.g. :func:`plsh_ref.partition.count_bias` for PLSH attention); cast to the query's
-        dtype and device.
-    scale : float, optional
-        Default ``1 / sqrt(head_dim)``.
-    return_lse : bool
-        Also return ``logsumexp(scale q k^T + bias)`` over the keys.
-
-    Returns
-    -------
-    out : torch.Tensor
-        ``(batch, num_heads, n_q, head_dim_v)``, the query's dtype.
-    lse : torch.Tensor
-        Only if ``return_lse``: ``(batch, num_heads, n_q)``.
-
-    Raises
-    ------
-    TypeError, ValueError
-        As :func:`plsh_fast.plsh_attention` for the tensors; a bias of another shape.
-    """
-    return_lse = check_bool("return_lse", return_lse)
-    V.check_qkv(query, key, value)
-    num_heads, n_q, n_k = query.shape[1], query.shape[2], key.shape[2]
-    b = torch.as_tensor(bias).to(device=query.device, dtype=query.dtype)
-    if b.dim() == 3:
-        b = b[None]
-    if (
-        b.dim() != 4
-        or tuple(b.shape[1:]) != (num_heads, n_q, n_k)
-        or (b.shape[0] not in (1, query.shape[0]))
-    ):
-        raise ValueError(
-            f"bias: shape {tuple(b.shape)} does not match (num_heads, n_q, n_k) = "
-            f"{(num_heads, n_q, n_k)} (optionally with a leading batch dimension)"
-        )
-    c = check_scale(scale, query.shape[3])
-    logits = (query @ expand_kv(key, num_heads).transpose(-1, -2)) * c + b
-    empty = torch.isneginf(logits).all(dim=-1, keepdim=True)  # also true when n_k = 0
-    safe = torch.where(empty, torch.zeros((), dtype=logits.dtype), logits)
-    weights = torch.softmax(safe, dim=-1).masked_fill(empty, 0.0)
-    out = weights @ expand_kv(value, num_heads)
-    if not return_lse:
-        return out
-    lse = torch.logsumexp(safe, dim=-1, keepdim=True).masked_fill(empty, -math.inf)
-    return out, lse[..., 0]
-
-
-def alibi_attention(
+def chunked_alibi_attention(
     query,
     key,
     value,
@@ -329,7 +276,7 @@ def alibi_attention(
     V.check_qkv(query, key, value)
     batch, num_heads, n_q, head_dim = query.shape
     n_k = key.shape[2]
-    m = torch.from_numpy(check_slopes(slopes, num_heads)).to(query.device)[:, None, None]
+    m = torch.from_numpy(check_slopes(slopes, num_heads)).to(query.device)
     c = check_scale(scale, head_dim)
     qpos, kpos = _positions(n_q, n_k, query_positions, key_positions, query.device)
     q64 = query.double()
@@ -346,10 +293,7 @@ def alibi_attention(
             hi = int(torch.searchsorted(kpos, qp.max(), right=True))
         if hi == 0:
             continue
-        dist = (qp[:, None] - kpos[None, :hi]).double()
-        bias = -m * dist.abs()
-        if causal:
-            bias = bias.masked_fill(dist[None] < 0, -math.inf)
+        bias = dense_alibi_bias(m, qp, kpos[:hi], causal=causal)
         logits = c * (q64[:, :, r0:r1] @ k64[:, :, :hi].transpose(-1, -2)) + bias
         row_max = logits.amax(dim=-1, keepdim=True)
         empty = torch.isneginf(row_max)
@@ -360,6 +304,16 @@ def alibi_attention(
         out[:, :, r0:r1] = torch.where(empty, 0.0, o)
         lse[:, :, r0:r1] = torch.where(empty, -math.inf, shift + torch.log(z))[..., 0]
     return (out, lse) if return_lse else out
+
+
+def alibi_attention(*args, **kwargs):
+    """Deprecated alias of :func:`chunked_alibi_attention` (one release; DeprecationWarning).
+
+    Renamed because its contract differs from :func:`plsh_ref.attention.alibi_attention`
+    (no ``attention_mask``; a ``chunk_size``).
+    """
+    warn_deprecated("plsh_fast.peers.alibi_attention", "plsh_fast.peers.chunked_alibi_attention")
+    return chunked_alibi_attention(*args, **kwargs)
 
 
 # --------------------------------------------------------------------------- FlexAttention
@@ -703,8 +657,8 @@ def reduction_attention(
     query,
     key,
     value,
-    partition: PartitionSample,
-    *,
+    *args,
+    partition: PartitionSample | None = None,
     causal: bool = True,
     scale=None,
     query_positions=None,
@@ -732,7 +686,8 @@ def reduction_attention(
     query, key, value : torch.Tensor
         As :func:`plsh_fast.plsh_attention`.
     partition : plsh_ref.partition.PartitionSample
-        ``num_heads`` heads, ``s`` samples.
+        Keyword-only and required: ``num_heads`` heads, ``s`` samples (positional still
+        works for one release, with a DeprecationWarning).
     causal, scale, query_positions, key_positions, backend, check_finite
         As :func:`plsh_fast.plsh_attention` (the inputs are checked for NaN/inf once, not
         once per sample).
@@ -756,10 +711,19 @@ def reduction_attention(
     References
     ----------
     Wolfson & Wagner (2026), section 2 (the reduction) and Theorem 2.2; SPEC section 3 (a);
-    :func:`plsh_ref.attention.plsh_attention` with ``backend="reduction"`` is the float64
+    :func:`plsh_ref.attention.plsh_attention` with ``method="reduction"`` is the float64
     reference.
     """
     from .api import plsh_attention  # noqa: PLC0415 (api imports this package's kernels)
+
+    if args:
+        if len(args) > 1 or partition is not None:
+            raise TypeError("partition: pass it once, as the keyword partition=")
+        warn_deprecated(
+            "peers.reduction_attention(query, key, value, partition) with a positional partition",
+            "reduction_attention(query, key, value, partition=...)",
+        )
+        partition = args[0]
 
     return_lse = check_bool("return_lse", return_lse)
     V.check_qkv(query, key, value)

@@ -16,6 +16,7 @@ __all__ = [
     "alibi_bias",
     "alibi_slopes",
     "causal_mask",
+    "check_slopes",
     "default_positions",
     "kernel_matrix",
     "resolve_batch_positions",
@@ -24,22 +25,26 @@ __all__ = [
 ]
 
 
-def _power_of_two_slopes(num_heads: int) -> np.ndarray:
+def _power_of_two_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     h = np.arange(1, num_heads + 1, dtype=np.float64)
-    return np.exp2(-8.0 * h / num_heads)
+    return np.exp2(-max_bias * h / num_heads)
 
 
-def alibi_slopes(num_heads: int) -> np.ndarray:
+def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     """ALiBi slopes ``m_h`` for ``num_heads`` heads, in head order (never sorted).
 
-    For a power of two ``H``: ``m_h = 2^(-8 (h+1) / H)``, ``h = 0..H-1``. Otherwise, with
-    ``c`` the largest power of two below ``H``, the slopes for ``c`` followed by the
-    first ``H - c`` entries of ``slopes(2c)[0::2]`` (Press et al.'s rule).
+    For a power of two ``H``: ``m_h = 2^(-b (h+1) / H)``, ``h = 0..H-1``, with ``b =
+    max_bias`` (8 in Press et al.; MPT's ``alibi_bias_max`` and some model families set
+    another). Otherwise, with ``c`` the largest power of two below ``H``, the slopes for
+    ``c`` followed by the first ``H - c`` entries of ``slopes(2c)[0::2]`` (Press et al.'s
+    rule). The default ``max_bias=8.0`` gives the same bits as the rule with the constant 8.
 
     Parameters
     ----------
     num_heads : int
         Number of attention heads, ``>= 1``.
+    max_bias : float
+        The maximum bias ``b`` of the rule, finite and ``> 0`` (default 8.0).
 
     Returns
     -------
@@ -51,23 +56,68 @@ def alibi_slopes(num_heads: int) -> np.ndarray:
     TypeError
         If ``num_heads`` is not an integer.
     ValueError
-        If ``num_heads < 1``.
+        If ``num_heads < 1``, or ``max_bias`` is not finite and ``> 0``.
 
     Examples
     --------
     >>> alibi_slopes(6).tolist()
     [0.25, 0.0625, 0.015625, 0.00390625, 0.5, 0.125]
+    >>> alibi_slopes(2, max_bias=16).tolist()
+    [0.00390625, 1.52587890625e-05]
 
     References
     ----------
     Press et al. (2022), section 3 and their reference code; SPEC section 1.
     """
     num_heads = check_int("num_heads", num_heads, minimum=1)
+    if isinstance(max_bias, bool) or not isinstance(max_bias, (int, float, np.floating)):
+        raise TypeError(f"max_bias: must be a real number, got {type(max_bias).__name__}")
+    if not (np.isfinite(max_bias) and max_bias > 0):
+        raise ValueError(f"max_bias: must be finite and > 0, got {max_bias!r}")
+    max_bias = float(max_bias)
     if num_heads & (num_heads - 1) == 0:
-        return _power_of_two_slopes(num_heads)
+        return _power_of_two_slopes(num_heads, max_bias)
     c = 1 << (num_heads.bit_length() - 1)
-    extra = _power_of_two_slopes(2 * c)[0::2][: num_heads - c]
-    return np.concatenate([_power_of_two_slopes(c), extra])
+    extra = _power_of_two_slopes(2 * c, max_bias)[0::2][: num_heads - c]
+    return np.concatenate([_power_of_two_slopes(c, max_bias), extra])
+
+
+def check_slopes(slopes, num_heads: int) -> np.ndarray:
+    """ALiBi slopes as a float64 array ``(num_heads,)``; the default slopes for ``None``.
+
+    The one resolution of the ``slopes`` argument of the attention family (reference, fast
+    path, peers, nn modules).
+
+    Parameters
+    ----------
+    slopes : array_like or None
+        Positive finite slopes (inverse tokens), one per head; ``None`` means
+        :func:`alibi_slopes` ``(num_heads)`` (Press et al. 2022).
+    num_heads : int
+        Number of query heads.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64, ``(num_heads,)``.
+
+    Raises
+    ------
+    TypeError
+        Non-numeric slopes.
+    ValueError
+        Wrong shape, a slope that is not finite and > 0.
+
+    References
+    ----------
+    Press et al. (2022); SPEC section 1.
+    """
+    if slopes is None:
+        return alibi_slopes(num_heads)
+    m = check_sigma("slopes", slopes)
+    if m.shape != (num_heads,):
+        raise ValueError(f"slopes: must have shape ({num_heads},), got {m.shape}")
+    return m
 
 
 def sigma_from_slopes(slopes) -> np.ndarray:
@@ -76,9 +126,14 @@ def sigma_from_slopes(slopes) -> np.ndarray:
     Raises
     ------
     ValueError
-        If a slope is not finite and > 0 (argument name ``slopes``).
+        If a slope is not finite and > 0, or so small that ``1 / slope`` overflows float64
+        (argument name ``slopes``).
     """
-    return 1.0 / check_sigma("slopes", slopes)
+    with np.errstate(divide="ignore", over="ignore"):
+        sigma = 1.0 / check_sigma("slopes", slopes)
+    if not np.all(np.isfinite(sigma)):
+        raise ValueError("slopes: too small, sigma = 1 / slope overflows float64")
+    return sigma
 
 
 def default_positions(n_q: int, n_k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,10 @@
 """Float64 reference attention: exact ALiBi, PLSH (two algorithms), and the baselines.
 
 All functions take the ``(batch, num_heads, seq_len, head_dim)`` layout of
-``torch.nn.functional.scaled_dot_product_attention`` and return ``(output, lse)``:
+``torch.nn.functional.scaled_dot_product_attention`` and the attention family's keyword-only
+arguments in one order (SPEC section 5: ``partition``, ``causal``, ``scale``,
+``query_positions``, ``key_positions``, ``attention_mask``, ``return_lse``; ``method`` names
+the formula). They return ``output``, or ``(output, lse)`` with ``return_lse=True``:
 
 * ``output``: float64, ``(batch, num_heads, n_q, head_dim_v)``;
 * ``lse``: float64, ``(batch, num_heads, n_q)``, ``log sum_j A_ij W_ij`` (natural log)
@@ -11,23 +14,28 @@ All functions take the ``(batch, num_heads, seq_len, head_dim)`` layout of
 Softmax with an additive bias ``B`` equals ``D^-1 (A o exp(B)) V`` with
 ``D = diag((A o exp(B)) 1)``: ``proofs_notes/softmax_bias_identity.md``. Exact ALiBi uses
 ``W = L*``; PLSH attention (Wolfson & Wagner 2026, Theorem 2.2) uses ``W = M~ = C / s``.
+
+Deprecated for one release (DeprecationWarning, :func:`plsh_ref.validation.warn_deprecated`):
+calling without ``return_lse`` returns ``(output, lse)`` as before (pass ``return_lse=True``
+to keep the pair, ``False`` for the output alone, the default from the next release); a
+positional ``partition``; ``plsh_attention(backend="counts" | "reduction")`` (now
+``method=``).
 """
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 
-from .alibi import alibi_bias, resolve_batch_positions, resolve_positions
-from .partition import PartitionSample, bins, count_bias, counts
+from .alibi import alibi_bias, check_slopes, resolve_batch_positions, resolve_positions
+from .partition import PartitionSample, bins, check_partition, count_bias, counts
 from .validation import (
     as_float_array,
     check_bool,
     check_int,
-    check_partition,
     check_scale,
-    check_slopes,
+    partition_argument,
+    select_return,
+    warn_deprecated,
 )
 
 __all__ = [
@@ -162,7 +170,7 @@ def _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask
     return out, lse
 
 
-def biased_attention(query, key, value, bias, *, scale=None):
+def biased_attention(query, key, value, bias, *, scale=None, return_lse: bool | None = None):
     """Softmax attention with an additive bias: ``softmax(scale q k^T + bias) v``.
 
     Parameters
@@ -173,11 +181,16 @@ def biased_attention(query, key, value, bias, *, scale=None):
         float64; ``-inf`` marks inadmissible pairs (NaN and ``+inf`` are refused).
     scale : float, optional
         Logit scale, default ``1 / sqrt(head_dim)``.
+    return_lse : bool, optional
+        ``True``: ``(output, lse)``; ``False``: ``output``; not given: the pair with a
+        DeprecationWarning (one release).
 
     Returns
     -------
-    (output, lse) : tuple of numpy.ndarray
-        float64, ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``.
+    output : numpy.ndarray
+        float64 ``(batch, num_heads, n_q, head_dim_v)``.
+    lse : numpy.ndarray
+        Only with ``return_lse``: float64 ``(batch, num_heads, n_q)``.
 
     Raises
     ------
@@ -197,7 +210,8 @@ def biased_attention(query, key, value, bias, *, scale=None):
         raise ValueError(f"bias: shape {b.shape} does not match (num_heads, n_q, n_k) = {want}")
     if b.ndim == 3:
         b = b[None]
-    return _softmax_with_log_weight(q, k, v, b, check_scale(scale, q.shape[3]))
+    result = _softmax_with_log_weight(q, k, v, b, check_scale(scale, q.shape[3]))
+    return select_return(result, return_lse, "biased_attention")
 
 
 def alibi_attention(
@@ -211,6 +225,7 @@ def alibi_attention(
     query_positions=None,
     key_positions=None,
     attention_mask=None,
+    return_lse: bool | None = None,
 ):
     """Exact ALiBi attention in float64: ``softmax(scale q k^T - m_h |p_i - p_j|) v``.
 
@@ -238,11 +253,17 @@ def alibi_attention(
         query and returns output 0, ``lse = -inf``; positions at pad slots are ignored
         (:func:`plsh_ref.alibi.resolve_batch_positions`). A left-padded sequence gives
         exactly its unpadded result on its real tokens.
+    return_lse : bool, optional
+        ``True``: ``(output, lse)``; ``False``: ``output``; not given: the pair with a
+        DeprecationWarning (one release; the default becomes ``False``, as
+        :func:`plsh_fast.plsh_attention`).
 
     Returns
     -------
-    (output, lse) : tuple of numpy.ndarray
-        float64 ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``.
+    output : numpy.ndarray
+        float64 ``(batch, num_heads, n_q, head_dim_v)``; 0 on rows with no admissible key.
+    lse : numpy.ndarray
+        Only with ``return_lse``: float64 ``(batch, num_heads, n_q)``; ``-inf`` there.
 
     Raises
     ------
@@ -264,7 +285,8 @@ def alibi_attention(
         bias = alibi_bias(m, qpos, kpos, causal=causal)
         return _softmax_with_log_weight(q, k, v, bias[None], c)
 
-    return _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
+    result = _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
+    return select_return(result, return_lse, "alibi_attention")
 
 
 def no_bias_attention(
@@ -277,6 +299,7 @@ def no_bias_attention(
     query_positions=None,
     key_positions=None,
     attention_mask=None,
+    return_lse: bool | None = None,
 ):
     """Baseline without positional bias: ``softmax(scale q k^T) v`` (causal mask optional).
 
@@ -294,7 +317,8 @@ def no_bias_attention(
             log_w = np.where(kpos[None, :] <= qpos[:, None], 0.0, -np.inf)[None, None]
         return _softmax_with_log_weight(q, k, v, log_w, c)
 
-    return _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
+    result = _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
+    return select_return(result, return_lse, "no_bias_attention")
 
 
 def fixed_block_attention(
@@ -308,6 +332,7 @@ def fixed_block_attention(
     query_positions=None,
     key_positions=None,
     attention_mask=None,
+    return_lse: bool | None = None,
 ):
     """Baseline with fixed blocks: attend only within ``floor(p / block_size)`` bins.
 
@@ -341,22 +366,24 @@ def fixed_block_attention(
             same &= kpos[None, None, :] <= qpos[None, :, None]
         return _softmax_with_log_weight(q, k, v, np.where(same, 0.0, -np.inf)[None], c)
 
-    return _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
+    result = _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
+    return select_return(result, return_lse, "fixed_block_attention")
 
 
 def plsh_attention(
     query,
     key,
     value,
-    partition: PartitionSample,
-    *,
+    *args,
+    partition: PartitionSample | None = None,
     causal: bool = True,
     scale=None,
     query_positions=None,
     key_positions=None,
     attention_mask=None,
-    backend: str = "counts",
-    method: str | None = None,
+    return_lse: bool | None = None,
+    method: str = "counts",
+    backend: str | None = None,
 ):
     """PLSH attention ``T~_i = sum_j A_ij M~_ij v_j / sum_j A_ij M~_ij`` in float64.
 
@@ -365,57 +392,64 @@ def plsh_attention(
     query, key, value : array_like
         As :func:`alibi_attention`.
     partition : PartitionSample
-        ``num_heads`` must equal the query's; from :func:`plsh_ref.partition.draw_partition`.
+        Keyword-only and required; ``num_heads`` must equal the query's; from
+        :func:`plsh_ref.partition.draw_partition`. Passed positionally (the old form) it
+        still works for one release, with a DeprecationWarning, and returns
+        ``(output, lse)`` as before.
     causal, scale, query_positions, key_positions, attention_mask
         As :func:`alibi_attention`; bins use each sequence's own positions, so a
         left-padded sequence gives its unpadded result (bins bit for bit).
-    backend : {"counts", "reduction"}
-        ``"counts"``: softmax with bias ``log C_ij`` (one fused pass; SPEC section 3b).
-        ``"reduction"``: the paper's algorithm: for every sample, unbiased attention inside
-        each block, then the ``s`` partial results are merged by their numerators and
-        denominators (an LSE merge). Both compute the same function (to rounding).
-    method : str, optional
-        Deprecated spelling of ``backend`` (one release; DeprecationWarning).
+    return_lse : bool, optional
+        ``True``: ``(output, lse)``; ``False``: ``output``; not given: the pair with a
+        DeprecationWarning (one release; the default becomes ``False``, as
+        :func:`plsh_fast.plsh_attention`).
+    method : {"counts", "reduction"}
+        Which formula. ``"counts"``: softmax with bias ``log C_ij`` (one fused pass; SPEC
+        section 3b). ``"reduction"``: the paper's algorithm: for every sample, unbiased
+        attention inside each block, then the ``s`` partial results are merged by their
+        numerators and denominators (an LSE merge). Both compute the same function (to
+        rounding).
+    backend : {"counts", "reduction"}, optional
+        Deprecated spelling of ``method`` (one release; DeprecationWarning): ``backend``
+        names where a function runs, and the reference runs in numpy only.
 
     Returns
     -------
-    (output, lse) : tuple of numpy.ndarray
-        float64 ``(batch, num_heads, n_q, head_dim_v)`` and ``(batch, num_heads, n_q)``;
+    output : numpy.ndarray
+        float64 ``(batch, num_heads, n_q, head_dim_v)``.
+    lse : numpy.ndarray
+        Only with ``return_lse``: float64 ``(batch, num_heads, n_q)``,
         ``lse = log sum_j A_ij M~_ij``.
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`alibi_attention`; a partition with a different number of heads; an
-        unknown ``backend``.
+        As :func:`alibi_attention`; no ``partition``, or one with a different number of
+        heads; an unknown ``method``.
 
     References
     ----------
     Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
     """
-    if method is not None:
-        warnings.warn(
-            "plsh_attention(method=...) is deprecated; use backend=...",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        if method not in ("counts", "reduction"):
-            raise ValueError(f"method: must be 'counts' or 'reduction', got {method!r}")
-        backend = method
-    if backend not in ("counts", "reduction"):
-        raise ValueError(f"backend: must be 'counts' or 'reduction', got {backend!r}")
+    partition, return_lse = partition_argument(args, partition, return_lse, "plsh_attention")
+    if backend is not None:
+        warn_deprecated(f"plsh_attention(backend={backend!r})", f"method={backend!r}")
+        method = backend
+    if method not in ("counts", "reduction"):
+        raise ValueError(f"method: must be 'counts' or 'reduction', got {method!r}")
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
     partition = check_partition(partition, q.shape[1])
     c = check_scale(scale, q.shape[3])
 
     def attend(q, k, v, qpos, kpos):
-        if backend == "counts":
+        if method == "counts":
             w = count_bias(counts(partition, qpos, kpos, causal=causal), partition.num_samples)
             return _softmax_with_log_weight(q, k, v, w[None], c)
         return _reduction(q, k, v, partition, qpos, kpos, causal, c)
 
-    return _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
+    result = _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
+    return select_return(result, return_lse, "plsh_attention")
 
 
 def _reduction(q, k, v, partition, qpos, kpos, causal, c):

@@ -32,29 +32,28 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .alibi import kernel_matrix, resolve_positions
+from .alibi import check_slopes, kernel_matrix, resolve_positions
 from .attention import expand_kv, validate_qkv
 from .expectation import (
     largest_pitch_sf,
     variance_proxy,
     variance_proxy_limit,
 )
-from .partition import counts
+from .partition import check_partition, counts
 from .samplers import largest_pitch_sf_of, resolve_group_size
 from .toeplitz import kms_spectral_norm_limit
 from .validation import (
     check_int,
-    check_partition,
     check_positive_float,
     check_probability,
     check_scale,
-    check_slopes,
 )
 
 __all__ = [
     "SpectralBound",
     "block_size_bound",
     "block_size_tail_bound",
+    "kernel_spectral_error_bound",
     "max_norm_error_bound",
     "max_norm_tail_bound",
     "output_error_bound",
@@ -452,6 +451,86 @@ def spectral_error_bound(n: int, sigma, num_samples: int, delta, *, variance=Non
     best = None
     for k in _candidate_levels(n, sigma, s, delta):
         p_trunc, bias, r0 = _truncation_terms(n, sigma, s, k, lnorm)
+        if p_trunc >= delta:
+            continue
+        r = r0 + bias
+        tau = _bernstein_tau(n, s, v, r, delta - p_trunc)
+        cand = SpectralBound(
+            eps=tau + bias,
+            probability=delta,
+            num_samples=s,
+            variance_proxy=v,
+            truncation=k,
+            truncation_probability=p_trunc,
+            range_bound=r,
+            bias=bias,
+            bernstein=tau,
+        )
+        if best is None or cand.eps < best.eps:
+            best = cand
+    return best
+
+
+def kernel_spectral_error_bound(n: int, kernel, num_samples: int, delta) -> SpectralBound:
+    """:func:`spectral_error_bound` for a general Pólya kernel ``k`` (``E[M] = K``).
+
+    The same truncated matrix Bernstein inequality with the kernel's own ingredients
+    (``proofs_notes/general_kernels.md``, section 7): the exact proxy
+    ``v = ||E[M^2] - K^2||`` (:func:`plsh_ref.kernels.variance_proxy`, ``O(n^3)``),
+    ``||K||`` by ``eigvalsh``, ``P(max_t delta_t > k) = 1 - F(k)^s`` and the bias
+    ``||mu|| <= min(n P(delta > k), E[(delta + 1) 1[delta > k]] + ||K|| P(delta > k))``, whose
+    second term is infinite for a heavy tail without a mean (KERPLE-log, ``r1 <= 1``), where
+    the first remains. Levels ``k``: ``n`` (no truncation) and the ``1 - f delta`` quantiles of
+    the largest pitch, ``f`` in ``{0.5, 0.3, 0.1, 0.03, 0.01, 0.001}``, clipped to ``1..n``.
+    Independent (``"iid"``) samples only.
+
+    Parameters
+    ----------
+    n : int
+        Positions ``0..n-1`` (square, bidirectional), ``1 <= n <= EXACT_VARIANCE_MAX_N``.
+    kernel : plsh_ref.kernels.DistanceKernel
+    num_samples : int
+        ``s >= 1``.
+    delta : float
+        Failure probability in ``(0, 1)``.
+
+    Returns
+    -------
+    SpectralBound
+
+    Raises
+    ------
+    ValueError, TypeError
+        ``n`` outside ``1..EXACT_VARIANCE_MAX_N``, bad kernel, ``num_samples < 1``,
+        ``delta`` outside ``(0, 1)``.
+
+    References
+    ----------
+    Tropp (2015), Theorem 6.1.1; ``proofs_notes/general_kernels.md``.
+    """
+    from .kernels import kernel_matrix, largest_pitch_quantile, largest_pitch_sf
+    from .kernels import variance_proxy as kernel_variance_proxy
+
+    n = check_int("n", n, minimum=1, maximum=EXACT_VARIANCE_MAX_N)
+    s = check_int("num_samples", num_samples, minimum=1)
+    delta = check_probability("delta", delta)
+    v = kernel_variance_proxy(kernel, n) * (1 + 1e-12)
+    pos = np.arange(n)
+    lnorm = float(np.linalg.eigvalsh(kernel_matrix(kernel, pos, pos))[-1]) * (1 + 1e-12)
+    levels = {n}
+    for frac in (0.5, 0.3, 0.1, 0.03, 0.01, 1e-3):
+        q = largest_pitch_quantile(kernel, 1.0 - frac * delta, s)
+        levels.add(int(max(1, min(n, math.ceil(q)))))
+    best = None
+    for k in sorted(levels):
+        if k >= n:
+            p_trunc, bias, r0 = 0.0, 0.0, max(float(n), lnorm)
+        else:
+            p_one = float(kernel.pitch_sf(float(k)))
+            moment = kernel.tail_first_moment(float(k)) + p_one
+            bias = min(n * p_one, moment + lnorm * p_one)
+            p_trunc = float(largest_pitch_sf(kernel, float(k), s))
+            r0 = max(float(k), lnorm)
         if p_trunc >= delta:
             continue
         r = r0 + bias

@@ -15,10 +15,10 @@ from __future__ import annotations
 import mpmath
 import numpy as np
 
-from .alibi import resolve_batch_positions, resolve_positions
+from .alibi import check_slopes, resolve_batch_positions, resolve_positions
 from .attention import validate_qkv
-from .partition import counts
-from .validation import check_bool, check_dps, check_partition, check_scale, check_slopes
+from .partition import PartitionSample, check_partition, counts
+from .validation import check_bool, check_dps, check_scale, partition_argument, select_return
 
 __all__ = ["alibi_attention_mp", "plsh_attention_mp", "weighted_attention_mp"]
 
@@ -141,14 +141,16 @@ def alibi_attention_mp(
     query_positions=None,
     key_positions=None,
     attention_mask=None,
+    return_lse: bool | None = None,
     dps: int = 30,
 ):
     """Exact ALiBi attention at ``dps`` digits (same arguments as
     :func:`plsh_ref.attention.alibi_attention`, padding included, plus ``dps``).
 
     The weights ``exp(-m_h |p_i - p_j|)`` are evaluated at the working precision from the
-    binary64 slopes. Returns object arrays of ``mpmath.mpf``; raises as the float64 version
-    and on ``dps < 15``.
+    binary64 slopes. Returns object arrays of ``mpmath.mpf``: ``output``, or ``(output, lse)``
+    with ``return_lse=True`` (not given: the pair, with a DeprecationWarning, for one
+    release); raises as the float64 version and on ``dps < 15``.
     """
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
@@ -165,26 +167,29 @@ def alibi_attention_mp(
         sub = (q[b : b + 1][:, :, iq], k[b : b + 1][:, :, ik], v[b : b + 1][:, :, ik])
         return weighted_attention_mp(*sub, weight, scale=check_scale(scale, q.shape[3]), dps=dps)
 
-    return _padded_mp(
+    result = _padded_mp(
         attend, q, query_positions, key_positions, attention_mask, k.shape[2], v.shape[3]
     )
+    return select_return(result, return_lse, "alibi_attention_mp")
 
 
 def plsh_attention_mp(
     query,
     key,
     value,
-    partition,
-    *,
+    *args,
+    partition: PartitionSample | None = None,
     causal: bool = True,
     scale=None,
     query_positions=None,
     key_positions=None,
     attention_mask=None,
+    return_lse: bool | None = None,
     dps: int = 30,
 ):
     """PLSH attention with weights ``M~ = C / s`` at ``dps`` digits (arguments as
-    :func:`plsh_ref.attention.plsh_attention`, padding included). Counts are exact integers; ``C / s`` is
+    :func:`plsh_ref.attention.plsh_attention`, padding included: ``partition`` keyword-only,
+    ``(output, lse)`` with ``return_lse=True``). Counts are exact integers; ``C / s`` is
     formed at the working precision.
 
     Raises
@@ -192,6 +197,7 @@ def plsh_attention_mp(
     TypeError, ValueError
         As :func:`plsh_ref.attention.plsh_attention`, and on ``dps < 15``.
     """
+    partition, return_lse = partition_argument(args, partition, return_lse, "plsh_attention_mp")
     q, k, v = validate_qkv(query, key, value)
     partition = check_partition(partition, q.shape[1])
     s = partition.num_samples
@@ -207,6 +213,7 @@ def plsh_attention_mp(
         sub = (q[b : b + 1][:, :, iq], k[b : b + 1][:, :, ik], v[b : b + 1][:, :, ik])
         return weighted_attention_mp(*sub, weight, scale=check_scale(scale, q.shape[3]), dps=dps)
 
-    return _padded_mp(
+    result = _padded_mp(
         attend, q, query_positions, key_positions, attention_mask, k.shape[2], v.shape[3]
     )
+    return select_return(result, return_lse, "plsh_attention_mp")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .alibi import check_slopes, sigma_from_slopes
 from .validation import (
     as_float_array,
     as_positions,
@@ -37,6 +38,7 @@ __all__ = [
     "bins",
     "block_sizes",
     "blocks",
+    "check_partition",
     "count_bias",
     "counts",
     "derived_seed",
@@ -44,6 +46,7 @@ __all__ = [
     "empirical_mean",
     "head_rng",
     "masks",
+    "resolve_partition",
 ]
 
 
@@ -201,8 +204,15 @@ def draw_partition(
 
     Parameters
     ----------
-    sigma : array_like, shape ``(num_heads,)``
-        Length scale of each head in tokens (``1 / slope``), each finite and > 0.
+    sigma : array_like, shape ``(num_heads,)``, or sequence of DistanceKernel
+        Length scale of each head in tokens (``1 / slope``), each finite and > 0; or one
+        :class:`plsh_ref.kernels.DistanceKernel` per head (a general Pólya kernel,
+        ``proofs_notes/general_kernels.md``): head ``h`` then draws its pitches with
+        ``kernels[h].sample_pitch(rng, s)`` (``"iid"``, ``"shared"``) or
+        ``kernels[h].stratified_pitch(U)`` (``"stratified"``) in place of the Gamma draws,
+        with the same stream and the same offsets, each pitch raised to
+        :data:`plsh_ref.kernels.PITCH_FLOOR` (which changes no mask on integer positions).
+        ``Exponential(sigma_h)`` kernels give the ``sigma`` draws bit for bit.
     num_samples : int
         ``s >= 1`` hash functions per head.
     seed : int, optional
@@ -236,22 +246,33 @@ def draw_partition(
     Raises
     ------
     ValueError
-        If ``sigma <= 0`` or non-finite, ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``
+        If ``sigma <= 0`` or non-finite (or an empty kernel list), ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``
         (500 000, :data:`plsh_ref.validation.MAX_NUM_SAMPLES`), ``seed < 0``,
         ``head_start < 0``, an unknown ``sampler``, or ``group_size`` not a divisor of ``num_samples`` (not 1 for
         ``"iid"``).
     TypeError
-        If ``num_samples``, ``seed``, ``head_start`` or ``group_size`` are not integers, or
-        ``sampler`` is not a str.
+        If ``num_samples``, ``seed``, ``head_start`` or ``group_size`` are not integers,
+        ``sampler`` is not a str, or ``sigma`` mixes kernels with numbers or is a single
+        kernel (message starts with ``sigma``).
 
     References
     ----------
     Rahimi & Recht (2007), random binning features; Wolfson & Wagner (2026), section 2;
     ``proofs_notes/samplers.md`` (the correlated samplers).
     """
-    sig = check_sigma("sigma", sigma)
-    if sig.ndim != 1:
-        raise ValueError(f"sigma: must be one-dimensional (num_heads,), got shape {sig.shape}")
+    from .kernels import PITCH_FLOOR, DistanceKernel, check_kernels
+
+    kernels = None
+    if isinstance(sigma, DistanceKernel) or (
+        isinstance(sigma, (list, tuple)) and any(isinstance(x, DistanceKernel) for x in sigma)
+    ):
+        kernels = check_kernels(sigma, name="sigma")
+        num_heads = len(kernels)
+    else:
+        sig = check_sigma("sigma", sigma)
+        if sig.ndim != 1:
+            raise ValueError(f"sigma: must be one-dimensional (num_heads,), got shape {sig.shape}")
+        num_heads = sig.shape[0]
     s = check_num_samples(num_samples)
     head_start = check_int("head_start", head_start, minimum=0)
     if seed is None:
@@ -262,41 +283,132 @@ def draw_partition(
 
     group = resolve_group_size(sampler, s, group_size)
     m = s // group
-    pitch = np.empty((sig.shape[0], s))
-    offset = np.empty((sig.shape[0], s))
+    pitch = np.empty((num_heads, s))
+    offset = np.empty((num_heads, s))
     if sampler == "iid":
-        for h, sigma_h in enumerate(sig):
+        for h in range(num_heads):
             rng = head_rng(seed, head_start + h)
-            pitch[h] = rng.gamma(2.0, scale=sigma_h, size=s)
+            if kernels is None:
+                pitch[h] = rng.gamma(2.0, scale=sig[h], size=s)
+            else:
+                pitch[h] = np.maximum(kernels[h].sample_pitch(rng, s), PITCH_FLOOR)
             offset[h] = pitch[h] * rng.random(s)
         return PartitionSample(pitch, offset, sampler)
     stratified = sampler == "stratified"
-    group_pitch = np.empty((sig.shape[0], m))
-    uniform = np.empty((sig.shape[0], m))
-    phase = np.empty((sig.shape[0], m))
-    order = np.empty((sig.shape[0], m), dtype=np.int64)
-    for h, sigma_h in enumerate(sig):
+    group_pitch = np.empty((num_heads, m))
+    uniform = np.empty((num_heads, m))
+    phase = np.empty((num_heads, m))
+    order = np.empty((num_heads, m), dtype=np.int64)
+    for h in range(num_heads):
         rng = head_rng(seed, head_start + h)
         if stratified:
             uniform[h] = rng.random(m)
+        elif kernels is None:
+            group_pitch[h] = rng.gamma(2.0, scale=sig[h], size=m)
         else:
-            group_pitch[h] = rng.gamma(2.0, scale=sigma_h, size=m)
+            group_pitch[h] = np.maximum(kernels[h].sample_pitch(rng, m), PITCH_FLOOR)
         phase[h] = rng.random(m)
         order[h] = rng.permutation(m) if stratified else np.arange(m)
-    if stratified:  # F^-1 of Gamma(2, sigma) is sigma times that of Gamma(2, 1)
+    if stratified and kernels is None:  # F^-1 of Gamma(2, sigma) is sigma times that of Gamma(2, 1)
         group_pitch = sig[:, None] * stratified_pitch(uniform, 1.0)
+    elif stratified:  # stratified uniforms pushed through each head's pitch quantile
+        for kernel in set(kernels):  # heads with equal kernels in one vectorised call
+            rows = [h for h, c in enumerate(kernels) if c == kernel]
+            group_pitch[rows] = kernel.stratified_pitch(uniform[rows])
+        group_pitch = np.maximum(group_pitch, PITCH_FLOOR)
     grid = (phase[:, :, None] + np.arange(group)[None, None, :] / group) % 1.0
     group_offset = group_pitch[:, :, None] * grid
-    rows = np.arange(sig.shape[0])[:, None]
+    rows = np.arange(num_heads)[:, None]
     pitch[:] = np.repeat(group_pitch[rows, order], group, axis=1)
-    offset[:] = group_offset[rows, order].reshape(sig.shape[0], s)
+    offset[:] = group_offset[rows, order].reshape(num_heads, s)
     return PartitionSample(pitch, offset, sampler)
 
 
-def _check_partition(partition) -> PartitionSample:
+def check_partition(
+    partition, num_heads: int | None = None, *, num_samples=None, seed=None
+) -> PartitionSample:
+    """Return ``partition`` if it is a :class:`PartitionSample` that fits the call, else raise.
+
+    Parameters
+    ----------
+    partition : PartitionSample
+    num_heads : int, optional
+        The query's head count, when the partition must match it.
+    num_samples : int, optional
+        When given, must equal the partition's sample count.
+    seed : None
+        A partition and a seed are exclusive; any ``seed`` other than ``None`` raises.
+
+    Returns
+    -------
+    PartitionSample
+        ``partition`` itself.
+
+    Raises
+    ------
+    TypeError
+        ``partition`` is not a ``PartitionSample``; a non-integer ``num_samples``.
+    ValueError
+        Its head count differs from ``num_heads``; ``num_samples`` disagrees with it; a
+        ``seed`` is passed as well.
+    """
     if not isinstance(partition, PartitionSample):
         raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
+    if num_heads is not None and partition.num_heads != num_heads:
+        raise ValueError(f"partition: has {partition.num_heads} heads, query has {num_heads}")
+    if num_samples is not None and check_num_samples(num_samples) != partition.num_samples:
+        raise ValueError(
+            f"num_samples: {num_samples} differs from the partition's {partition.num_samples}"
+        )
+    if seed is not None:
+        raise ValueError("seed: pass either a partition or a seed, not both")
     return partition
+
+
+def resolve_partition(
+    partition=None, *, num_heads: int, slopes=None, num_samples=None, seed=None
+) -> PartitionSample:
+    """The partition of a call of the attention family: ``partition``, or a fresh draw.
+
+    The one resolution of the ``partition``, ``slopes``, ``num_samples`` and ``seed``
+    arguments (the fast path and distributed): a given
+    partition is checked against the others (:func:`check_partition`); otherwise one is
+    drawn by :func:`draw_partition` with ``sigma = 1 / slopes`` (:func:`plsh_ref.alibi.check_slopes`:
+    default ALiBi slopes for ``None``), ``num_samples`` samples (default
+    :data:`DEFAULT_NUM_SAMPLES`) and ``seed`` (``None``: fresh OS entropy, not
+    reproducible; the seed policy of CONTRIBUTING.md).
+
+    Parameters
+    ----------
+    partition : PartitionSample, optional
+    num_heads : int
+        The query's head count.
+    slopes : array_like, ``(num_heads,)``, optional
+        Positive slopes (inverse tokens); checked also when a partition is given.
+    num_samples : int, optional
+    seed : int, optional
+
+    Returns
+    -------
+    PartitionSample
+
+    Raises
+    ------
+    TypeError, ValueError
+        As :func:`check_partition`, :func:`plsh_ref.alibi.check_slopes` and
+        :func:`draw_partition`; slopes so small that ``1 / slope`` overflows (``slopes``).
+
+    References
+    ----------
+    SPEC section 2 (the draw), section 5 (the family's arguments).
+    """
+    if partition is not None:
+        if slopes is not None:
+            check_slopes(slopes, num_heads)
+        return check_partition(partition, num_heads, num_samples=num_samples, seed=seed)
+    sigma = sigma_from_slopes(check_slopes(slopes, num_heads))
+    s = DEFAULT_NUM_SAMPLES if num_samples is None else check_num_samples(num_samples)
+    return draw_partition(sigma, s, seed)
 
 
 def bins(partition: PartitionSample, positions) -> np.ndarray:
@@ -326,7 +438,7 @@ def bins(partition: PartitionSample, positions) -> np.ndarray:
         (a pitch far below the distances involved, e.g. ``sigma = 1e-12`` at ``p = 1e8``;
         argument name ``partition``).
     """
-    partition = _check_partition(partition)
+    partition = check_partition(partition)
     p = as_positions("positions", positions).astype(np.float64)
     with np.errstate(over="ignore"):
         quotient = np.floor(
@@ -360,7 +472,7 @@ def blocks(partition: PartitionSample, positions, head: int, sample: int) -> lis
         If ``head`` or ``sample`` is out of range, or positions are invalid (see
         :func:`bins`).
     """
-    partition = _check_partition(partition)
+    partition = check_partition(partition)
     head = check_int("head", head, minimum=0)
     sample = check_int("sample", sample, minimum=0)
     if head >= partition.num_heads:
@@ -384,7 +496,7 @@ def block_sizes(partition: PartitionSample, positions) -> list[list[np.ndarray]]
     TypeError, ValueError
         As :func:`bins`.
     """
-    partition = _check_partition(partition)
+    partition = check_partition(partition)
     b = bins(partition, positions)
     return [
         [np.unique(b[h, t], return_counts=True)[1] for t in range(b.shape[1])]

@@ -6,14 +6,22 @@ Users writing their own kernels against :mod:`plsh_ref.testing` may call them to
 bad input the same way. Each check is defined here only (``plsh_fast._validation`` adds
 the torch-side checks and reuses these for scalars and host arrays).
 
+A leaf: it imports no other plsh_ref module, so every module may import it
+(``tests/project/test_import_cycles.py``). The checks that need the mathematics live with
+it: :func:`plsh_ref.alibi.check_slopes` (default slopes) and
+:func:`plsh_ref.partition.check_partition`. :func:`warn_deprecated` is the one helper
+through which every deprecated spelling of plsh_ref and plsh_fast warns.
+
 Source: CONTRIBUTING.md (conventions: argument names in messages); SPEC section 2 for the
 position range.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 import numbers
+import warnings
 
 import numpy as np
 
@@ -26,12 +34,13 @@ __all__ = [
     "check_dps",
     "check_num_samples",
     "check_int",
-    "check_partition",
     "check_positive_float",
     "check_probability",
     "check_scale",
     "check_sigma",
-    "check_slopes",
+    "partition_argument",
+    "select_return",
+    "warn_deprecated",
 ]
 
 
@@ -253,49 +262,118 @@ def check_scale(scale, head_dim: int) -> float:
     return check_positive_float("scale", scale)
 
 
-def check_slopes(slopes, num_heads: int) -> np.ndarray:
-    """ALiBi slopes as a float64 array ``(num_heads,)``; the default slopes for ``None``.
+def warn_deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
+    """Warn that ``old`` is deprecated in favour of ``new`` (kept for one release).
+
+    The one deprecation helper of plsh_ref and plsh_fast (every shim calls it, so every
+    old spelling warns alike; ``tests/project/test_deprecations.py`` covers each shim).
 
     Parameters
     ----------
-    slopes : array_like or None
-        Positive finite slopes (inverse tokens), one per head; ``None`` means
-        :func:`plsh_ref.alibi.alibi_slopes` ``(num_heads)`` (Press et al. 2022).
-    num_heads : int
-        Number of query heads.
+    old, new : str
+        The old spelling and the one to use instead, as a user would write them.
+    stacklevel : int
+        Passed to :func:`warnings.warn`; the default 3 names the caller of the function
+        that calls this helper.
+    """
+    warnings.warn(
+        f"{old} is deprecated and will be removed in the next release; use {new}",
+        DeprecationWarning,
+        stacklevel=stacklevel,
+    )
+
+
+def select_return(result: tuple, return_lse: bool | None, function: str):
+    """``output`` or ``(output, lse)`` by ``return_lse`` (the family's return convention).
+
+    SPEC section 5: ``out``, or ``(out, lse)`` with ``return_lse=True``. The float64
+    references returned the pair always; not given, ``return_lse`` keeps that for one
+    release, with a DeprecationWarning naming ``function``.
+
+    Parameters
+    ----------
+    result : tuple
+        ``(output, lse)`` as computed.
+    return_lse : bool or None
+        ``True``: the pair; ``False``: the output; ``None``: the pair, with a warning.
+    function : str
+        The public function's name, for the warning.
 
     Raises
     ------
     TypeError
-        Non-numeric slopes.
-    ValueError
-        Wrong shape, a slope that is not finite and > 0.
+        ``return_lse`` not a bool or ``None``.
     """
-    if slopes is None:
-        from .alibi import alibi_slopes  # noqa: PLC0415 (plsh_ref.alibi imports this module)
+    if return_lse is None:
+        warn_deprecated(
+            f"{function}() without return_lse (it returns (output, lse) for one more release)",
+            "return_lse=True for the pair, or return_lse=False for the output alone (the "
+            "default from the next release)",
+            stacklevel=4,
+        )
+        return result
+    return result if check_bool("return_lse", return_lse) else result[0]
 
-        return alibi_slopes(num_heads)
-    m = check_sigma("slopes", slopes)
-    if m.shape != (num_heads,):
-        raise ValueError(f"slopes: must have shape ({num_heads},), got {m.shape}")
-    return m
 
+def partition_argument(args: tuple, partition, return_lse: bool | None, function: str):
+    """The ``partition`` of a reference call, keyword-only with the old positional form shimmed.
 
-def check_partition(partition, num_heads: int | None = None):
-    """Return ``partition`` if it is a :class:`~plsh_ref.partition.PartitionSample` (with
-    ``num_heads`` heads when given), else raise.
+    ``function(query, key, value, partition)`` (positional, the old form) still works for
+    one release with a DeprecationWarning and keeps its old return, the pair.
+
+    Parameters
+    ----------
+    args : tuple
+        The positional arguments after ``query, key, value`` (at most the partition).
+    partition : PartitionSample or None
+        The keyword argument.
+    return_lse : bool or None
+        As given by the caller.
+    function : str
+        The public function's name, for the warning.
+
+    Returns
+    -------
+    (partition, return_lse)
+        ``return_lse`` is ``True`` for the old call form when it was not given.
 
     Raises
     ------
     TypeError
-        If ``partition`` is not a ``PartitionSample``.
-    ValueError
-        If its head count differs from ``num_heads`` (the query's).
+        The partition given twice, more than one extra positional argument, or none at all.
     """
-    from .partition import PartitionSample  # noqa: PLC0415 (plsh_ref.partition imports this)
+    if args:
+        if len(args) > 1 or partition is not None:
+            raise TypeError("partition: pass it once, as the keyword partition=")
+        warn_deprecated(
+            f"{function}(query, key, value, partition) with a positional partition",
+            f"{function}(query, key, value, partition=..., return_lse=True)",
+            stacklevel=4,
+        )
+        partition = args[0]
+        if return_lse is None:
+            return_lse = True  # the old call form keeps its old return, without a second warning
+    if partition is None:
+        raise TypeError("partition: required (a PartitionSample, keyword partition=)")
+    return partition, return_lse
 
-    if not isinstance(partition, PartitionSample):
-        raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
-    if num_heads is not None and partition.num_heads != num_heads:
-        raise ValueError(f"partition: has {partition.num_heads} heads, query has {num_heads}")
-    return partition
+
+#: deprecated names of this module (one release): ``name -> (module, new spelling)``
+_MOVED = {
+    "check_slopes": ("plsh_ref.alibi", "plsh_ref.alibi.check_slopes"),
+    "check_partition": ("plsh_ref.partition", "plsh_ref.partition.check_partition"),
+}
+
+
+def __getattr__(name: str):
+    """Deprecated names moved out of this module (PEP 562; one release).
+
+    They are looked up at attribute access, after the package has loaded (``plsh_ref``
+    imports :mod:`plsh_ref.alibi` and :mod:`plsh_ref.partition`), so this leaf keeps no
+    import of either.
+    """
+    if name in _MOVED:
+        module, new = _MOVED[name]
+        warn_deprecated(f"plsh_ref.validation.{name}", new)
+        return getattr(importlib.import_module(module), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

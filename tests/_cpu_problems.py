@@ -76,11 +76,12 @@ class Problem:
             q,
             k,
             v,
-            self.partition,
+            partition=self.partition,
             causal=self.causal,
             scale=self.scale,
             query_positions=self.query_positions,
             key_positions=self.key_positions,
+            return_lse=True,
         )
 
     def log_weight(self) -> np.ndarray:

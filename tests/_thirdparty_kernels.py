@@ -2,7 +2,9 @@
 kernels, through the adapters of :mod:`plsh_ref.testing.adapters`. Test helper.
 
 No weights are downloaded: only functions (bias builders, attention functions) and
-modules without parameters are used. Correct ones: BLOOM's and MPT's bias builders, HF's
+modules without parameters are used. Correct ones: BLOOM's and MPT's bias builders (in
+float32: their bias ``m_h p_j`` is held in the model dtype, which the long half-precision
+battery cases catch), HF's
 SDPA and eager attention functions with an ALiBi mask, x-transformers'
 ``AlibiPositionalBias``, an attention-gym-style score_mod taking the given slopes.
 Known-wrong ones (caught by the battery): Falcon's ``build_alibi_tensor`` (slopes and

@@ -3,7 +3,7 @@
 No positional embeddings: positions enter only through the attention core, as in ALiBi
 models. Variants (the paper's downstream comparison, Wolfson & Wagner 2026):
 
-* ``alibi``: exact ALiBi (:class:`plsh_fast.nn.PLSHAttention` with ``exact=True``);
+* ``alibi``: exact ALiBi (:class:`plsh_fast.nn.PLSHAttention` with ``method="exact"``);
 * ``plsh-S``: positional LSH with ``S`` hashes per head, a fresh partition every training
   forward and a fixed, seeded one in eval mode;
 * ``none``: causal attention without positional bias;
@@ -138,7 +138,7 @@ def make_attention(
     """The attention core of one layer for ``variant`` (see :func:`parse_variant`)."""
     kind, s = parse_variant(variant)
     if kind == "alibi":
-        return PLSHAttention(num_heads, 1, exact=True, seed=seed)
+        return PLSHAttention(num_heads, 1, method="exact", seed=seed)
     if kind == "plsh":
         return PLSHAttention(
             num_heads, s, seed=seed, backend=backend, resample=resample, sampler=sampler
@@ -161,7 +161,7 @@ class _Block(nn.Module):
         )
 
     def forward(self, x, positions=None):
-        x = x + self.attn(self.ln1(x), positions)
+        x = x + self.attn(self.ln1(x), query_positions=positions)
         return x + self.mlp(self.ln2(x))
 
 

@@ -61,7 +61,9 @@ __all__ = [
     "HELP",
     "SUMMARY",
     "add_arguments",
+    "KERNEL_KINDS",
     "fit_loglog_slope",
+    "kernel_heads",
     "matrix_error_experiment",
     "memory_estimate",
     "output_error_experiment",
@@ -77,6 +79,62 @@ HELP = (
 )
 
 NORMS = ("spectral", "max", "frobenius")
+
+#: ``--kernel`` choices: the relative bias whose kernel ``k(r) = E[M]`` is approximated
+KERNEL_KINDS = ("alibi", "kerple-log", "kerple-power")
+
+
+def kernel_heads(kind: str, sigmas, *, r1: float = 0.7, p: float = 0.5) -> list | None:
+    """One :mod:`plsh_ref.kernels` kernel per length scale ``sigma`` (``None`` for ALiBi).
+
+    ``"alibi"``: ``None`` (the ``sigma`` path of :func:`plsh_ref.partition.draw_partition`,
+    bit-identical to the paper's draws). ``"kerple-log"``: ``KerpleLog(r1, 1 / sigma)``,
+    ``k = (1 + r / sigma)^(-r1)``. ``"kerple-power"``: ``KerplePower(sigma^(-p), p)``,
+    ``k = exp(-(r / sigma)^p)`` (``p = 1`` is ALiBi). ``sigma = 1 / slope`` for the output
+    part, so each head keeps ALiBi's length scale.
+
+    Parameters
+    ----------
+    kind : {"alibi", "kerple-log", "kerple-power"}
+    sigmas : sequence of float
+        Length scales in tokens, each > 0.
+    r1 : float
+        KERPLE-log's power (``r1 <= 1``: infinite mean pitch).
+    p : float
+        KERPLE-power's exponent in ``(0, 1]``.
+
+    Returns
+    -------
+    list of plsh_ref.kernels.DistanceKernel or None
+
+    Raises
+    ------
+    ValueError
+        Unknown ``kind`` (message starts with ``--kernel``); bad ``r1`` or ``p`` (from the
+        kernel classes, message starts with ``r1``/``p``).
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``; Chi et al. (2022), KERPLE.
+    """
+    from ..kernels import KerpleLog, KerplePower
+
+    if kind == "alibi":
+        return None
+    if kind == "kerple-log":
+        return [KerpleLog(r1, 1.0 / float(sig)) for sig in sigmas]
+    if kind == "kerple-power":
+        return [KerplePower(float(sig) ** -p, p) for sig in sigmas]
+    raise ValueError(f"--kernel: must be one of {KERNEL_KINDS}, got {kind!r}")
+
+
+def _kernel_label(kind: str, args) -> str:
+    if kind == "kerple-log":
+        return f"KERPLE-log (r1={args.r1:g})"
+    if kind == "kerple-power":
+        return f"KERPLE-power (p={args.p:g})"
+    return "ALiBi"
+
 
 #: library parameters named in error messages -> the option that sets them (the arrays
 #: come from the --qkv file; a partition whose bins leave int64, from a tiny --sigma)
@@ -185,10 +243,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="group size s' of the correlated samplers for the s it divides (default: "
         "the rule of plsh_ref.samplers.default_group_size)",
     )
+    _add_kernel_arguments(parser)
     add_out_option(parser, "reproduce")
     add_max_memory_option(parser)
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     add_quiet_option(parser)
+
+
+def _add_kernel_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--kernel``, ``--r1``, ``--p``: the relative bias of the run (:func:`kernel_heads`)."""
+    parser.add_argument(
+        "--kernel",
+        choices=KERNEL_KINDS,
+        default="alibi",
+        help="relative bias to approximate: alibi (default, the paper), kerple-log "
+        "(k = (1 + r/sigma)^-r1) or kerple-power (k = exp(-(r/sigma)^p)); the heads keep "
+        "the length scales of --sigma and of the standard ALiBi slopes",
+    )
+    parser.add_argument(
+        "--r1",
+        type=float,
+        default=0.7,
+        help="KERPLE-log power r1 > 0 (default 0.7: heavy-tailed pitch, infinite mean)",
+    )
+    parser.add_argument(
+        "--p",
+        type=float,
+        default=0.5,
+        help="KERPLE-power exponent p in (0, 1] (default 0.5)",
+    )
 
 
 def memory_estimate(
@@ -307,6 +390,7 @@ def matrix_error_experiment(
     *,
     sampler: str = "iid",
     group_size=None,
+    kernels=None,
 ):
     """Errors ``||M~ - L*||`` (bidirectional, positions ``0..n-1``) vs ``s``.
 
@@ -330,6 +414,9 @@ def matrix_error_experiment(
     group_size : int, optional
         ``s'`` for the ``s`` it divides; other ``s`` use
         :func:`plsh_ref.samplers.default_group_size`.
+    kernels : sequence of plsh_ref.kernels.DistanceKernel, optional
+        One kernel per sigma (:func:`kernel_heads`): the partitions are drawn from their
+        pitch laws and ``L*`` is their kernel matrix ``K = E[M]``; default ALiBi.
 
     Returns
     -------
@@ -355,13 +442,14 @@ def matrix_error_experiment(
     reps = check_int("reps", reps, minimum=1)
     sig = np.asarray(sigmas, dtype=np.float64)
     pos = np.arange(n, dtype=np.int64)
-    kernel = kernel_matrix(sig, pos, pos)
+    law = sig if kernels is None else list(kernels)
+    kernel = kernel_matrix(sig, pos, pos) if kernels is None else _expected_mask(law, pos, pos)
     kernel_fro = np.linalg.norm(kernel, axis=(1, 2))
     shape = (sig.size, len(samples), reps)
     errors = {name: np.empty(shape) for name in NORMS}
     errors["window"] = np.empty(shape)
     for r in range(reps):
-        draws = _sampler_counts(sig, samples, seed + 1000 * r, pos, pos, False, sampler, group_size)
+        draws = _sampler_counts(law, samples, seed + 1000 * r, pos, pos, False, sampler, group_size)
         for k, (s, cnt) in enumerate(draws):
             errors["window"][:, k, r] = (cnt > 0).sum(axis=2).mean(axis=1)
             diff = cnt / s - kernel
@@ -376,15 +464,27 @@ def matrix_error_experiment(
     errors["group_sizes"] = sizes
     errors["frobenius_square_exact"] = np.array(
         [
-            [
-                frobenius_error_square(sg, n, s, sampler=sampler, group_size=g)
-                for s, g in zip(samples, sizes)
-            ]
-            for sg in sig
+            [_exact_frobenius_square(head, n, s, sampler, g) for s, g in zip(samples, sizes)]
+            for head in (sig if kernels is None else law)
         ]
     )
     errors["n"] = n
     return errors
+
+
+def _expected_mask(kernels, qpos, kpos, causal=False):
+    from ..kernels import expected_mask
+
+    return expected_mask(kernels, qpos, kpos, causal=causal)
+
+
+def _exact_frobenius_square(head, n, s, sampler, group_size):
+    """``E||M~ - L*||_F^2`` of one head: a sigma (ALiBi) or a kernel."""
+    if isinstance(head, (float, np.floating)):
+        return frobenius_error_square(head, n, s, sampler=sampler, group_size=group_size)
+    from ..kernels import frobenius_error_square as kernel_frobenius_error_square
+
+    return kernel_frobenius_error_square(head, n, s, sampler=sampler, group_size=group_size)
 
 
 def _output_errors(out, ref):
@@ -393,10 +493,17 @@ def _output_errors(out, ref):
     return max_abs, rel_fro
 
 
-def _reference_output(query, key, value):
-    """Exact causal ALiBi output with the standard slopes (the errors' reference)."""
-    slopes = alibi_slopes(query.shape[1])
-    return alibi_attention(query, key, value, slopes=slopes, causal=True)[0]
+def _reference_output(query, key, value, kernels=None):
+    """Exact causal attention with the standard ALiBi slopes, or with the bias ``log k_h``
+    of one kernel per head (the errors' reference)."""
+    if kernels is None:
+        slopes = alibi_slopes(query.shape[1])
+        return alibi_attention(query, key, value, slopes=slopes, causal=True, return_lse=False)
+    n_q, n_k = query.shape[2], key.shape[2]
+    mask = _expected_mask(kernels, np.arange(n_k - n_q, n_k), np.arange(n_k), causal=True)
+    with np.errstate(divide="ignore"):
+        bias = np.log(mask)
+    return biased_attention(query, key, value, bias, return_lse=False)
 
 
 def output_error_experiment(
@@ -412,6 +519,7 @@ def output_error_experiment(
     sampler: str = "iid",
     group_size=None,
     reference=None,
+    kernels=None,
 ):
     """Attention output error of PLSH against exact ALiBi (causal, standard slopes) vs ``s``.
 
@@ -436,6 +544,10 @@ def output_error_experiment(
         ``(batch, num_heads, n, head_dim_v)``, when the caller has it already (``plsh
         reproduce`` computes it once for its input check and every sampler); default:
         computed here.
+    kernels : sequence of plsh_ref.kernels.DistanceKernel, optional
+        One kernel per query head (:func:`kernel_heads` of ``1 / slopes``): partitions from
+        their pitch laws, the reference is exact attention with the bias ``log k_h(r)``,
+        and the fixed-block size defaults to the mean block size (``n_k`` positions).
 
     Returns
     -------
@@ -459,8 +571,9 @@ def output_error_experiment(
     sigma = sigma_from_slopes(slopes)
     n_q, n_k = query.shape[2], key.shape[2]
     qpos, kpos = np.arange(n_k - n_q, n_k), np.arange(n_k)
+    law = sigma if kernels is None else list(kernels)
     if reference is None:
-        ref = _reference_output(query, key, value)
+        ref = _reference_output(query, key, value, kernels)
     else:
         ref = np.asarray(reference, dtype=np.float64)
         want = (*np.shape(query)[:3], np.shape(value)[3])
@@ -473,19 +586,25 @@ def output_error_experiment(
     }
     for r in range(reps):
         draws = _sampler_counts(
-            sigma, samples, seed + 1000 * r + 1, qpos, kpos, True, sampler, group_size
+            law, samples, seed + 1000 * r + 1, qpos, kpos, True, sampler, group_size
         )
         for k, (s, cnt) in enumerate(draws):
             bias = count_bias(cnt, s)
-            out, _ = biased_attention(query, key, value, bias)
+            out, _ = biased_attention(query, key, value, bias, return_lse=True)
             result["plsh_max_abs"][k, r], result["plsh_rel_fro"][k, r] = _output_errors(out, ref)
             if progress is not None:
                 progress()
-    out, _ = no_bias_attention(query, key, value, causal=True)
+    out, _ = no_bias_attention(query, key, value, causal=True, return_lse=True)
     result["no_bias"] = dict(zip(("max_abs", "rel_fro"), _output_errors(out, ref)))
-    if fixed_block_size is None:
+    if fixed_block_size is None and kernels is None:
         fixed_block_size = [max(1, int(round(2 * s_h))) for s_h in sigma]
-    out, _ = fixed_block_attention(query, key, value, fixed_block_size, causal=True)
+    elif fixed_block_size is None:
+        from ..kernels import block_size_mean
+
+        fixed_block_size = [max(1, int(round(block_size_mean(c, n_k)))) for c in law]
+    out, _ = fixed_block_attention(
+        query, key, value, fixed_block_size, causal=True, return_lse=True
+    )
     result["fixed_blocks"] = dict(zip(("max_abs", "rel_fro"), _output_errors(out, ref)))
     result["fixed_block_size"] = np.atleast_1d(fixed_block_size).astype(int).tolist()
     return result
@@ -513,7 +632,7 @@ def _sampler_record(matrix, output) -> dict:
     }
 
 
-def _sampler_comparison(runs, samples, sigmas, n, reps, qkv_shape) -> str:
+def _sampler_comparison(runs, samples, sigmas, n, reps, qkv_shape, label="ALiBi") -> str:
     """Tables comparing each sampler with iid (empty if there is nothing to compare)."""
     if "iid" not in runs or len(runs) < 2:
         return ""
@@ -564,7 +683,7 @@ def _sampler_comparison(runs, samples, sigmas, n, reps, qkv_shape) -> str:
         ]  # fmt: skip
         parts.append(
             _table(
-                f"Attention output error vs exact ALiBi, iid and {name} (causal, "
+                f"Attention output error vs exact {label}, iid and {name} (causal, "
                 f"{qkv_shape[1]} heads, n={qkv_shape[2]})",
                 ["s", "rel. Fro. iid", f"rel. Fro. {name}", "max-abs iid", f"max-abs {name}"],
                 rows,
@@ -757,62 +876,87 @@ def _load_activations(path, max_tokens):
     return q, k, v, source
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the experiment with parsed ``args``; returns the exit status (0, or 2 on bad input)."""
+def _check_args(args: argparse.Namespace) -> dict:
+    """Step 1: validate the options, size the memory, load the inputs and the reference.
+
+    Returns the run's configuration (``n``, ``samplers``, ``samples``, ``fit_samples``, the
+    activations, their ``source``, the ``reference`` output, the ``kernels`` of the
+    kernel-matrix part and ``output_kernels``, one per query head; ``None`` for ALiBi).
+    Raises ``ValueError``/``TypeError``/``OSError`` with the option's name.
+    """
+    n = check_int("--n", args.n, minimum=2)
+    check_int("--reps", args.reps, minimum=1)
+    check_int("--output-reps", args.output_reps, minimum=1)
+    check_int("--seed", args.seed, minimum=0)
+    if args.max_tokens is not None:
+        check_int("--max-tokens", args.max_tokens, minimum=2)
+    if args.fixed_block_size is not None:
+        check_int("--fixed-block-size", args.fixed_block_size, minimum=1)
+    if args.group_size is not None:
+        check_int("--group-size", args.group_size, minimum=1)
+    check_int("--fit-min-samples", args.fit_min_samples, minimum=1)
+    kind = getattr(args, "kernel", "alibi")
+    try:  # the kernel classes name their parameter ("p: ..."): the option is "--p"
+        kernels = kernel_heads(kind, args.sigmas, r1=args.r1, p=args.p)
+    except (ValueError, TypeError) as exc:
+        raise type(exc)(f"--{exc}") from None
+    samplers = list(dict.fromkeys(args.sampler))
+    samples = list(args.samples)
+    if len(samples) < 2:
+        raise ValueError(
+            f"--num-samples: need at least two values of s to fit a slope, got {samples}"
+        )
+    fit_samples = [s for s in samples if s >= args.fit_min_samples]
+    if len(fit_samples) < 2:
+        raise ValueError(
+            f"--fit-min-samples: only {fit_samples} of --num-samples {samples} "
+            f"are >= {args.fit_min_samples}; a slope needs two"
+        )
+    # sizes before allocating: the kernel part first (it needs nothing loaded)
+    need = memory_estimate(n, len(args.sigmas), max(samples))
+    check_memory("--n", n, need["matrix_square"], args.max_memory)
+    check_memory("--num-samples", max(samples), sum(need.values()), args.max_memory)
+    q, k, v, source = _load_activations(args.qkv, args.max_tokens)
+    need = memory_estimate(0, 0, max(samples), q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    check_memory(
+        "--max-tokens",
+        args.max_tokens or f"(all {k.shape[2]} tokens)",
+        need["output"],
+        args.max_memory,
+    )
+    output_kernels = (
+        None
+        if kernels is None
+        else kernel_heads(kind, sigma_from_slopes(alibi_slopes(q.shape[1])), r1=args.r1, p=args.p)
+    )
+    reference = _reference_output(q, k, v, output_kernels)  # once, for every sampler
+    if not np.any(reference):
+        # the relative errors ||out - ref|| / ||ref|| would all be nan
+        raise ValueError(
+            f"--qkv: the exact ALiBi output of {source} is all zero (e.g. an all-zero "
+            "value array), so relative errors are undefined"
+        )
+    return {
+        "n": n,
+        "kind": kind,
+        "label": _kernel_label(kind, args),
+        "kernels": kernels,
+        "output_kernels": output_kernels,
+        "samplers": samplers,
+        "samples": samples,
+        "fit_samples": fit_samples,
+        "qkv": (q, k, v),
+        "source": source,
+        "reference": reference,
+    }
+
+
+def _run_parts(args: argparse.Namespace, cfg: dict):
+    """Step 2: both parts for every sampler; returns ``(runs, seconds)``."""
     from tqdm import tqdm
 
-    try:
-        n = check_int("--n", args.n, minimum=2)
-        check_int("--reps", args.reps, minimum=1)
-        check_int("--output-reps", args.output_reps, minimum=1)
-        check_int("--seed", args.seed, minimum=0)
-        if args.max_tokens is not None:
-            check_int("--max-tokens", args.max_tokens, minimum=2)
-        if args.fixed_block_size is not None:
-            check_int("--fixed-block-size", args.fixed_block_size, minimum=1)
-        if args.group_size is not None:
-            check_int("--group-size", args.group_size, minimum=1)
-        check_int("--fit-min-samples", args.fit_min_samples, minimum=1)
-        samplers = list(dict.fromkeys(args.sampler))
-        samples = list(args.samples)
-        if len(samples) < 2:
-            raise ValueError(
-                f"--num-samples: need at least two values of s to fit a slope, got {samples}"
-            )
-        fit_samples = [s for s in samples if s >= args.fit_min_samples]
-        if len(fit_samples) < 2:
-            raise ValueError(
-                f"--fit-min-samples: only {fit_samples} of --num-samples {samples} "
-                f"are >= {args.fit_min_samples}; a slope needs two"
-            )
-        # sizes before allocating: the kernel part first (it needs nothing loaded)
-        need = memory_estimate(n, len(args.sigmas), max(samples))
-        check_memory("--n", n, need["matrix_square"], args.max_memory)
-        check_memory("--num-samples", max(samples), sum(need.values()), args.max_memory)
-        q, k, v, source = _load_activations(args.qkv, args.max_tokens)
-        need = memory_estimate(0, 0, max(samples), q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-        check_memory(
-            "--max-tokens",
-            args.max_tokens or f"(all {k.shape[2]} tokens)",
-            need["output"],
-            args.max_memory,
-        )
-        reference = _reference_output(q, k, v)  # once, for the check and every sampler
-        if not np.any(reference):
-            # the relative errors ||out - ref|| / ||ref|| would all be nan
-            raise ValueError(
-                f"--qkv: the exact ALiBi output of {source} is all zero (e.g. an all-zero "
-                "value array), so relative errors are undefined"
-            )
-    except (ValueError, TypeError, OSError) as exc:
-        print(
-            f"plsh reproduce: error: {option_message(exc, (), PARAMETER_OPTIONS)}", file=sys.stderr
-        )
-        return 2
-    stamp = _dt.datetime.now(_dt.timezone.utc)
-    out_dir = args.out or default_out_dir("reproduce", stamp)
-    out_dir.mkdir(parents=True, exist_ok=True)
-
+    samplers, samples = cfg["samplers"], cfg["samples"]
+    q, k, v = cfg["qkv"]
     steps = len(samplers) * (args.reps * len(samples) + args.output_reps * len(samples))
     t0 = time.perf_counter()
     runs = {}
@@ -822,7 +966,14 @@ def run(args: argparse.Namespace) -> int:
         for name in samplers:
             kw = {"sampler": name, "group_size": args.group_size}
             matrix = matrix_error_experiment(
-                n, args.sigmas, samples, args.reps, args.seed, lambda: bar.update(1), **kw
+                cfg["n"],
+                args.sigmas,
+                samples,
+                args.reps,
+                args.seed,
+                lambda: bar.update(1),
+                kernels=cfg["kernels"],
+                **kw,
             )
             output = output_error_experiment(
                 q,
@@ -833,37 +984,72 @@ def run(args: argparse.Namespace) -> int:
                 args.seed,
                 args.fixed_block_size,
                 lambda: bar.update(1),
-                reference=reference,
+                reference=cfg["reference"],
+                kernels=cfg["output_kernels"],
                 **kw,
             )
             runs[name] = (matrix, output)
-    elapsed = time.perf_counter() - t0
-    matrix, output = runs[samplers[0]]
+    return runs, time.perf_counter() - t0
 
+
+def _slope_or_none(fit_samples, errors):
+    # An error of exactly 0 (e.g. a tiny problem the partition reproduces exactly) has
+    # no logarithm: report no slope rather than fail.
+    return fit_loglog_slope(fit_samples, errors) if np.all(errors > 0) else None
+
+
+def _fit_slopes(args, cfg, matrix, output, runs):
+    """Step 3: fitted log-log slopes of the measured errors, and the exact stratified rate.
+
+    ``"stratified_exact"``: per sigma, the slope of the exact Frobenius RMS error
+    ``sqrt(E||M~ - L*||_F^2)`` of the ``"stratified"`` sampler over the fitted ``s``
+    (``proofs_notes/general_kernels.md``, section 8), when that sampler ran.
+    """
+    samples, fit_samples = cfg["samples"], cfg["fit_samples"]
     idx = [samples.index(s) for s in fit_samples]
-
-    def slope(errors):
-        # An error of exactly 0 (e.g. a tiny problem the partition reproduces exactly) has
-        # no logarithm: report no slope rather than fail.
-        return fit_loglog_slope(fit_samples, errors) if np.all(errors > 0) else None
-
-    slopes_fit = {
-        norm: {f"{sig:g}": slope(matrix[norm][h, idx].mean(1)) for h, sig in enumerate(args.sigmas)}
+    matrix_slopes = {
+        norm: {
+            f"{sig:g}": _slope_or_none(fit_samples, matrix[norm][h, idx].mean(1))
+            for h, sig in enumerate(args.sigmas)
+        }
         for norm in NORMS
     }
-    out_slopes = {key: slope(output[f"plsh_{key}"][idx].mean(1)) for key in ("max_abs", "rel_fro")}
-    fmt = lambda x: "n/a" if x is None else f"{x:+.3f}"  # noqa: E731
+    out_slopes = {
+        key: _slope_or_none(fit_samples, output[f"plsh_{key}"][idx].mean(1))
+        for key in ("max_abs", "rel_fro")
+    }
+    rate = None
+    if "stratified" in runs:
+        exact = runs["stratified"][0]["frobenius_square_exact"]
+        rate = {
+            f"{sig:g}": _slope_or_none(fit_samples, np.sqrt(exact[h, idx]))
+            for h, sig in enumerate(args.sigmas)
+        }
+    return matrix_slopes, out_slopes, rate
 
+
+def _fmt_slope(x) -> str:
+    return "n/a" if x is None else f"{x:+.3f}"
+
+
+def _print_report(args, cfg, matrix, output, slopes, runs) -> None:
+    """Step 4: the printed tables."""
+    matrix_slopes, out_slopes, rate = slopes
+    samples, label = cfg["samples"], cfg["label"]
+    q = cfg["qkv"][0]
+    sampler = cfg["samplers"][0]
     print()
     for norm in NORMS:
         rows = [
             [s] + [_spread(matrix[norm][h, j]) for h in range(len(args.sigmas))]
             for j, s in enumerate(samples)
         ]
-        rows.append(["slope"] + [fmt(slopes_fit[norm][f"{sig:g}"]) for sig in args.sigmas])
+        rows.append(
+            ["slope"] + [_fmt_slope(matrix_slopes[norm][f"{sig:g}"]) for sig in args.sigmas]
+        )
         print(
             _table(
-                f"||M~ - L*|| ({norm} norm), n={n}, sampler={samplers[0]}, "
+                f"||M~ - L*|| ({norm} norm), n={cfg['n']}, kernel={label}, sampler={sampler}, "
                 f"mean ± sd over {args.reps} reps",
                 ["s"] + [f"sigma={sig:g}" for sig in args.sigmas],
                 rows,
@@ -874,31 +1060,40 @@ def run(args: argparse.Namespace) -> int:
         [s, _spread(output["plsh_max_abs"][j]), _spread(output["plsh_rel_fro"][j])]
         for j, s in enumerate(samples)
     ]
-    rows.append(["slope", fmt(out_slopes["max_abs"]), fmt(out_slopes["rel_fro"])])
-    rows.append(
-        ["no bias", f"{output['no_bias']['max_abs']:.4g}", f"{output['no_bias']['rel_fro']:.4g}"]
-    )
-    rows.append(
-        [
-            "fixed blocks",
-            f"{output['fixed_blocks']['max_abs']:.4g}",
-            f"{output['fixed_blocks']['rel_fro']:.4g}",
-        ]
-    )
+    rows.append(["slope", _fmt_slope(out_slopes["max_abs"]), _fmt_slope(out_slopes["rel_fro"])])
+    for name, key in (("no bias", "no_bias"), ("fixed blocks", "fixed_blocks")):
+        rows.append([name, f"{output[key]['max_abs']:.4g}", f"{output[key]['rel_fro']:.4g}"])
     print(
         _table(
-            f"Attention output error vs exact ALiBi (causal, {q.shape[1]} heads, standard "
-            f"slopes, n={q.shape[2]}, batch={q.shape[0]}, sampler={samplers[0]}; {source})",
+            f"Attention output error vs exact {label} attention (causal, {q.shape[1]} heads, "
+            f"standard slopes, n={q.shape[2]}, batch={q.shape[0]}, sampler={sampler}; "
+            f"{cfg['source']})",
             ["s", "max-abs", "rel. Frobenius"],
             rows,
         )
     )
-    print(f"\nfitted on s in {fit_samples}; expected slope about -0.5 (Theorem 2.1)")
-    comparison = _sampler_comparison(runs, samples, args.sigmas, n, args.reps, q.shape)
+    print(f"\nfitted on s in {cfg['fit_samples']}; expected slope about -0.5 (Theorem 2.1)")
+    if rate is not None:
+        print(
+            f"stratified sampler, exact Frobenius RMS error sqrt(E||M~ - L*||_F^2), n={cfg['n']}: "
+            "slope "
+            + ", ".join(f"{_fmt_slope(x)} (sigma={sig})" for sig, x in rate.items())
+            + "; iid -0.500 (for ALiBi at n = 1024, s = 4..256 the slope lies between -3/4, "
+            "offsets dominating, and -2/3, the design's large-s limit: "
+            "proofs_notes/general_kernels.md, section 8)"
+        )
+    comparison = _sampler_comparison(
+        runs, samples, args.sigmas, cfg["n"], args.reps, q.shape, label=label
+    )
     if comparison:
         print("\n" + comparison)
 
-    record = {
+
+def _results_record(args, cfg, stamp, elapsed, matrix, output, slopes, runs) -> dict:
+    """Step 5: the ``results.json`` record."""
+    matrix_slopes, out_slopes, rate = slopes
+    q, k, v = cfg["qkv"]
+    return {
         "command": "plsh reproduce " + " ".join(sys.argv[2:])
         if sys.argv[1:2] == ["reproduce"]
         else " ".join(sys.argv),
@@ -912,31 +1107,57 @@ def run(args: argparse.Namespace) -> int:
         },
         "seconds": round(elapsed, 2),
         "config": {
-            "n": n,
+            "n": cfg["n"],
             "sigmas": list(args.sigmas),
-            "samples": samples,
+            "samples": cfg["samples"],
             "reps": args.reps,
             "output_reps": args.output_reps,
             "seed": args.seed,
-            "fit_samples": fit_samples,
-            "qkv": source,
+            "fit_samples": cfg["fit_samples"],
+            "qkv": cfg["source"],
             "qkv_shape": {"query": list(q.shape), "key": list(k.shape), "value": list(v.shape)},
+            "sampler": cfg["samplers"],
+            "group_size": args.group_size,
+            "kernel": cfg["kind"],
+            "kernels": None if cfg["kernels"] is None else [repr(c) for c in cfg["kernels"]],
         },
         "matrix_error": {norm: matrix[norm].tolist() for norm in (*NORMS, "relative_frobenius")},
-        "matrix_error_slopes": slopes_fit,
+        "matrix_error_slopes": matrix_slopes,
         "output_error": {
             key: (val.tolist() if isinstance(val, np.ndarray) else val)
             for key, val in output.items()
         },
         "output_error_slopes": out_slopes,
-        "samplers": {name: _sampler_record(*runs[name]) for name in samplers},
+        "stratified_exact_rms_slopes": rate,
+        "samplers": {name: _sampler_record(*runs[name]) for name in cfg["samplers"]},
     }
-    record["config"]["sampler"] = samplers
-    record["config"]["group_size"] = args.group_size
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the experiment with parsed ``args``; returns the exit status (0, or 2 on bad input).
+
+    Steps: :func:`_check_args`, :func:`_run_parts`, :func:`_fit_slopes`,
+    :func:`_print_report`, :func:`_results_record`, then the plots.
+    """
+    try:
+        cfg = _check_args(args)
+    except (ValueError, TypeError, OSError) as exc:
+        print(
+            f"plsh reproduce: error: {option_message(exc, (), PARAMETER_OPTIONS)}", file=sys.stderr
+        )
+        return 2
+    stamp = _dt.datetime.now(_dt.timezone.utc)
+    out_dir = args.out or default_out_dir("reproduce", stamp)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    runs, elapsed = _run_parts(args, cfg)
+    matrix, output = runs[cfg["samplers"][0]]
+    slopes = _fit_slopes(args, cfg, matrix, output, runs)
+    _print_report(args, cfg, matrix, output, slopes, runs)
+    record = _results_record(args, cfg, stamp, elapsed, matrix, output, slopes, runs)
     (out_dir / "results.json").write_text(json.dumps(record, indent=1))
     written = [out_dir / "results.json"]
     if not args.no_plots:
-        others = {name: runs[name] for name in samplers[1:]}
-        written += _plot(out_dir, samples, args.sigmas, matrix, output, others=others)
+        others = {name: runs[name] for name in cfg["samplers"][1:]}
+        written += _plot(out_dir, cfg["samples"], args.sigmas, matrix, output, others=others)
     print(f"\n{elapsed:.2f} s. Wrote {', '.join(p.name for p in written)} to {out_dir}/")
     return 0

@@ -211,7 +211,7 @@ def from_bias_builder(build, *, slopes: str = "standard", supports=None, name=No
         ``standard``: the builder computes its own slopes (the kernel takes no
         ``slopes``); ``given``: the builder asks for ``slopes``.
     supports : dict, optional
-        Capabilities of the builder (:data:`plsh_ref.testing.suite.CAPABILITIES`), e.g.
+        Capabilities of the builder (:data:`plsh_ref.testing.capabilities.CAPABILITIES`), e.g.
         ``{"bidirectional": False, "positions": False}`` for BLOOM, whose bias assumes
         causal attention and positions ``0..n-1`` of each sequence.
     name : str, optional

@@ -233,7 +233,7 @@ def sign_flipped_alibi(
         query, key, np.asarray(slopes), causal, query_positions, key_positions, attention_mask
     )
     bias = np.where(np.isfinite(bias), -bias, bias)
-    out, _ = biased_attention(query, key, value, bias, scale=scale)
+    out, _ = biased_attention(query, key, value, bias, scale=scale, return_lse=True)
     return out.astype(query.dtype)
 
 
@@ -283,7 +283,7 @@ def averaged_plsh(query, key, value, *, partition, causal, scale, query_position
     for t in range(partition.num_samples):
         one = partition.samples(t, t + 1)
         log_w = count_bias(counts(one, qpos, kpos, causal=causal), 1)
-        outs.append(biased_attention(query, key, value, log_w, scale=scale)[0])
+        outs.append(biased_attention(query, key, value, log_w, scale=scale, return_lse=False))
     return np.mean(outs, axis=0).astype(query.dtype)
 
 
@@ -296,11 +296,12 @@ def mask_only_plsh(query, key, value, *, partition, causal, scale, query_positio
     qpos, kpos = _positions(query, key, query_positions, key_positions)
     c = counts(partition, qpos, kpos, causal=causal)
     bias = np.where(c > 0, 0.0, -np.inf)
-    out, lse = biased_attention(query, key, value, bias, scale=scale)
+    out, lse = biased_attention(query, key, value, bias, scale=scale, return_lse=True)
     return out.astype(query.dtype), lse
 
 
 # These two take shared (n,) positions only: a declared capability, so that per-sequence
-# cases are skipped and listed instead of failing for the wrong reason.
+# cases are not drawn (the battery's are listed as not covered) instead of failing for the
+# wrong reason.
 averaged_plsh.supports = {"batch_positions": False}
 mask_only_plsh.supports = {"batch_positions": False}

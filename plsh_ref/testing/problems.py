@@ -25,7 +25,9 @@ from .reference import KINDS, reference_for
 
 __all__ = [
     "DTYPES",
+    "PADDED_MODES",
     "POSITION_MODES",
+    "RANDOM_POSITION_MODES",
     "SLOPE_MODES",
     "AttentionProblem",
     "ProblemSpec",
@@ -44,8 +46,24 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 #: shape ``(batch, n)``) or ``padded`` (an HF left-padded batch: each sequence has up to
 #: ``pad`` pad tokens (spread evenly from 0), an ``attention_mask`` ``(batch, n_k)`` and
 #: ``position_ids``
-#: ``(batch, n)`` counting its real tokens, 1 at pad slots as HF writes them)
-POSITION_MODES = ("default", "explicit", "left_padding", "per_sequence", "padded")
+#: ``(batch, n)`` counting its real tokens, 1 at pad slots as HF writes them),
+#: ``right_padded`` (the same with the pad tokens at the end of each sequence) or ``packed``
+#: (a packed variable-length batch: ``batch = 1``, ``n_q = n_k``, ``pad`` sequences
+#: concatenated, described by ``cu_seqlens``; positions restart at 0 in each sequence and
+#: no token attends across sequences, as FlashAttention's ``varlen`` functions)
+POSITION_MODES = (
+    "default",
+    "explicit",
+    "left_padding",
+    "per_sequence",
+    "padded",
+    "right_padded",
+    "packed",
+)
+#: the position modes random cases draw from by default (the others are battery cases)
+RANDOM_POSITION_MODES = POSITION_MODES[:5]
+#: modes with an ``attention_mask``
+PADDED_MODES = ("padded", "right_padded")
 #: slope choices, ``standard`` (Press et al.'s slopes) or ``random`` (log-uniform)
 SLOPE_MODES = ("standard", "random")
 
@@ -109,12 +127,19 @@ class ProblemSpec:
         One of :data:`POSITION_MODES`.
     pad : int
         Left-padding length (``left_padding``), largest pad length of a sequence
-        (``padded``) or gap scale (``explicit``, ``per_sequence``).
+        (``padded``, ``right_padded``), gap scale (``explicit``, ``per_sequence``) or number
+        of packed sequences (``packed``, ``>= 1``).
     offset : int
         Added to every real position (``0 <= offset <= 2**40``): positions far from 0. With
         ``default`` positions and ``offset > 0`` the shifted positions are passed explicitly.
     slopes : str
         One of ``"standard"`` or ``"random"``.
+    max_bias : float
+        Maximum bias of the standard slope rule (:func:`plsh_ref.alibi.alibi_slopes`).
+    head_start, num_heads_total : int
+        Tensor-parallel head slice: the kernel sees heads ``head_start .. head_start +
+        num_heads - 1`` of ``num_heads_total`` (0: ``num_heads``, no slice); standard
+        slopes are then the global ones of those heads.
     num_samples : int
         Samples ``s`` of the partition (``plsh`` problems; ignored for ``alibi``).
     scale : float or None
@@ -144,6 +169,9 @@ class ProblemSpec:
     pad: int = 0
     offset: int = 0
     slopes: str = "standard"
+    max_bias: float = 8.0
+    head_start: int = 0
+    num_heads_total: int = 0
     num_samples: int = 4
     scale: float | None = None
     amplitude: float = 1.0
@@ -154,13 +182,29 @@ class ProblemSpec:
             raise ValueError(f"kind: must be one of {KINDS}, got {self.kind!r}")
         for name in ("batch", "num_heads", "num_heads_kv", "head_dim", "head_dim_v", "num_samples"):
             check_int(name, getattr(self, name), minimum=1)
-        for name in ("n_q", "n_k", "pad", "offset", "data_seed"):
+        for name in ("n_q", "n_k", "pad", "offset", "data_seed", "head_start", "num_heads_total"):
             check_int(name, getattr(self, name), minimum=0)
+        if self.num_heads_total and self.head_start + self.num_heads > self.num_heads_total:
+            raise ValueError(
+                f"num_heads_total: must be >= head_start + num_heads = "
+                f"{self.head_start + self.num_heads}, got {self.num_heads_total}"
+            )
+        if self.head_start and not self.num_heads_total:
+            raise ValueError("head_start: needs num_heads_total (the global head count)")
+        if not (np.isfinite(self.max_bias) and self.max_bias > 0):
+            raise ValueError(f"max_bias: must be finite and > 0, got {self.max_bias!r}")
+        if self.positions == "packed" and (
+            self.batch != 1 or self.n_q != self.n_k or not 1 <= self.pad <= max(self.n_k, 1)
+        ):
+            raise ValueError(
+                f"positions: 'packed' needs batch=1, n_q=n_k and 1 <= pad (sequences) <= n_k, "
+                f"got batch={self.batch}, n_q={self.n_q}, n_k={self.n_k}, pad={self.pad}"
+            )
         if self.offset > MAX_OFFSET:
             raise ValueError(f"offset: must be <= 2**40, got {self.offset}")
-        if self.positions == "padded" and self.n_q > self.n_k:
+        if self.positions in PADDED_MODES and self.n_q > self.n_k:
             raise ValueError(
-                f"positions: 'padded' needs n_q <= n_k (queries are the last tokens), "
+                f"positions: {self.positions!r} needs n_q <= n_k (queries are the last tokens), "
                 f"got n_q={self.n_q} > n_k={self.n_k}"
             )
         if self.num_heads % self.num_heads_kv:
@@ -198,6 +242,11 @@ class ProblemSpec:
             text += f" s={self.num_samples}"
         if self.scale is not None:
             text += f" scale={self.scale:.6g}"
+        if self.num_heads_total:
+            stop = self.head_start + self.num_heads
+            text += f" heads={self.head_start}..{stop - 1}/{self.num_heads_total}"
+        if self.max_bias != 8.0:
+            text += f" max_bias={self.max_bias:g}"
         return (
             text + f" slopes={self.slopes} amplitude={self.amplitude:g} data_seed={self.data_seed}"
         )
@@ -217,7 +266,7 @@ class ProblemSpec:
         key = round_to_dtype(self.amplitude * rng.standard_normal(k_shape), self.dtype)
         value = round_to_dtype(rng.standard_normal(v_shape), self.dtype)
         if self.slopes == "standard":
-            slopes = alibi_slopes(self.num_heads)
+            slopes = self.standard_slopes()
         else:
             slopes = np.exp2(rng.uniform(-10.0, 1.0, size=self.num_heads))
         qpos, kpos, mask = self._positions(rng)
@@ -234,7 +283,36 @@ class ProblemSpec:
             query_positions=qpos,
             key_positions=kpos,
             attention_mask=mask,
+            cu_seqlens=self.cu_seqlens(),
         )
+
+    def standard_slopes(self) -> np.ndarray:
+        """Press et al.'s slopes of this spec's heads (of the global heads of a slice).
+
+        Returns
+        -------
+        numpy.ndarray
+            float64 ``(num_heads,)``: ``alibi_slopes(num_heads_total, max_bias)[head_start :
+            head_start + num_heads]``.
+        """
+        total = self.num_heads_total or self.num_heads
+        slopes = alibi_slopes(total, max_bias=self.max_bias)
+        return slopes[self.head_start : self.head_start + self.num_heads].copy()
+
+    def cu_seqlens(self) -> np.ndarray | None:
+        """Start offsets of the packed sequences, int64 ``(pad + 1,)`` (``None`` unless packed).
+
+        The lengths differ (the first sequences are the shortest) and add up to ``n_k``.
+        """
+        if self.positions != "packed":
+            return None
+        k = self.pad
+        # deterministic, unequal lengths: 1, 2, 3, ... parts, scaled to n_k
+        weights = np.arange(1, k + 1, dtype=np.float64)
+        bounds = np.floor(np.cumsum(weights) / weights.sum() * self.n_k).astype(np.int64)
+        bounds = np.maximum(bounds, np.arange(1, k + 1))
+        bounds[-1] = self.n_k
+        return np.concatenate([[0], bounds]).astype(np.int64)
 
     def _positions(self, rng):
         """``(query_positions, key_positions, attention_mask)`` of this spec."""
@@ -248,6 +326,16 @@ class ProblemSpec:
             kpos = np.arange(self.n_k, dtype=np.int64) - self.pad + self.offset
             qpos = np.arange(self.n_q, dtype=np.int64) + (self.n_k - self.n_q - self.pad)
             return qpos + self.offset, kpos, None
+        if self.positions == "packed":
+            return None, None, None
+        if self.positions == "right_padded":
+            most = min(self.pad, self.n_k)
+            pads = (np.arange(self.batch) * most) // max(self.batch - 1, 1)
+            if self.batch == 1:
+                pads = np.array([most])
+            mask = np.arange(self.n_k)[None, :] < (self.n_k - pads)[:, None]
+            kpos = np.where(mask, np.cumsum(mask, axis=1) - 1 + self.offset, 1).astype(np.int64)
+            return kpos[:, self.n_k - self.n_q :].copy(), kpos, mask.astype(np.int64)
         if self.positions == "padded":
             # pad lengths spread evenly from 0 to min(pad, n_k) (one sequence only: the most)
             most = min(self.pad, self.n_k)
@@ -295,7 +383,10 @@ class AttentionProblem:
         int64 ``(n_q,)``, ``(n_k,)``, or ``(batch, n_q)``, ``(batch, n_k)`` per sequence;
         ``None`` for the default positions.
     attention_mask : numpy.ndarray or None
-        int64 0/1 ``(batch, n_k)`` (1 = keep) for ``padded`` problems, else ``None``.
+        int64 0/1 ``(batch, n_k)`` (1 = keep) for ``padded`` and ``right_padded`` problems,
+        else ``None``.
+    cu_seqlens : numpy.ndarray or None
+        int64 ``(num_sequences + 1,)`` start offsets of a ``packed`` problem, else ``None``.
     """
 
     spec: ProblemSpec
@@ -307,6 +398,7 @@ class AttentionProblem:
     query_positions: np.ndarray | None
     key_positions: np.ndarray | None
     attention_mask: np.ndarray | None = None
+    cu_seqlens: np.ndarray | None = None
 
     @property
     def kind(self) -> str:
@@ -318,7 +410,14 @@ class AttentionProblem:
         """Name of the dtype of the inputs and of the expected output."""
         return self.spec.dtype
 
-    def kernel_kwargs(self, *, slopes: str = "given", attention_mask: bool = True) -> dict:
+    def kernel_kwargs(
+        self,
+        *,
+        slopes: str = "given",
+        attention_mask: bool = True,
+        cu_seqlens: bool = False,
+        head_slice: bool = False,
+    ) -> dict:
         """Keyword arguments of the kernel contract for this problem's kind.
 
         ``alibi``: ``slopes, causal, scale, query_positions, key_positions``;
@@ -331,7 +430,12 @@ class AttentionProblem:
             ``"standard"``: no ``slopes`` argument (the kernel computes Press et al.'s
             slopes itself; the problem's slopes are then the standard ones).
         attention_mask : bool
-            Include ``attention_mask`` (``None`` unless the problem is ``padded``).
+            Include ``attention_mask`` (``None`` unless the problem is padded).
+        cu_seqlens : bool
+            Include ``cu_seqlens`` (``None`` unless the problem is ``packed``).
+        head_slice : bool
+            Include ``head_start`` and ``num_heads_total`` (the tensor-parallel slice; ``0``
+            and ``num_heads`` without one).
 
         Raises
         ------
@@ -348,6 +452,11 @@ class AttentionProblem:
         }
         if attention_mask:
             kwargs["attention_mask"] = self.attention_mask
+        if cu_seqlens:
+            kwargs["cu_seqlens"] = self.cu_seqlens
+        if head_slice:
+            kwargs["head_start"] = self.spec.head_start
+            kwargs["num_heads_total"] = self.spec.num_heads_total or self.spec.num_heads
         if self.kind == "plsh":
             return {"partition": self.partition, **kwargs}
         return kwargs if slopes == "standard" else {"slopes": self.slopes, **kwargs}
@@ -363,7 +472,20 @@ class AttentionProblem:
         kwargs = self.kernel_kwargs()
         if self.kind == "alibi":
             kwargs["slopes"] = self.slopes
-        return reference_for(self.kind)(self.query, self.key, self.value, **kwargs)
+        fn = reference_for(self.kind)
+        if self.cu_seqlens is None:
+            return fn(self.query, self.key, self.value, **kwargs)
+        # packed: each sequence alone, positions from 0 (+ offset), then concatenated
+        parts = []
+        for start, stop in zip(self.cu_seqlens[:-1], self.cu_seqlens[1:]):
+            pos = np.arange(stop - start, dtype=np.int64) + self.spec.offset
+            kw = {**kwargs, "query_positions": pos, "key_positions": pos}
+            kw.pop("attention_mask", None)
+            sl = slice(int(start), int(stop))
+            parts.append(fn(self.query[:, :, sl], self.key[:, :, sl], self.value[:, :, sl], **kw))
+        out = np.concatenate([p[0] for p in parts], axis=2)
+        lse = np.concatenate([p[1] for p in parts], axis=2)
+        return out, lse
 
     def positions_and_keep(self):
         """Per-sequence positions and keep masks (:func:`plsh_ref.alibi.resolve_batch_positions`).
@@ -376,6 +498,11 @@ class AttentionProblem:
         from ..alibi import resolve_batch_positions
 
         spec = self.spec
+        if self.cu_seqlens is not None:
+            lengths = np.diff(self.cu_seqlens)
+            pos = np.concatenate([np.arange(n, dtype=np.int64) for n in lengths]) + spec.offset
+            keep = np.ones((1, spec.n_k), dtype=bool)
+            return pos[None].copy(), pos[None].copy(), keep, keep.copy()
         return resolve_batch_positions(
             spec.batch,
             spec.n_q,
@@ -409,4 +536,7 @@ class AttentionProblem:
         shape = (0, self.spec.num_heads, self.spec.n_q, self.spec.n_k)
         log_w = np.stack(per) if per else np.zeros(shape)
         keep = q_keep[:, None, :, None] & k_keep[:, None, None, :]
+        if self.cu_seqlens is not None:  # no token attends across packed sequences
+            seq = np.repeat(np.arange(len(self.cu_seqlens) - 1), np.diff(self.cu_seqlens))
+            keep = keep & (seq[:, None] == seq[None, :])[None, None]
         return np.where(keep, log_w, -np.inf)

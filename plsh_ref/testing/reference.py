@@ -81,6 +81,7 @@ def alibi_reference(
         query_positions=query_positions,
         key_positions=key_positions,
         attention_mask=attention_mask,
+        return_lse=True,
     )
 
 
@@ -125,12 +126,13 @@ def plsh_reference(
         query,
         key,
         value,
-        partition,
+        partition=partition,
         causal=causal,
         scale=scale,
         query_positions=query_positions,
         key_positions=key_positions,
         attention_mask=attention_mask,
+        return_lse=True,
     )
 
 

@@ -21,7 +21,13 @@ from hypothesis import strategies as st
 from ..alibi import alibi_slopes
 from ..partition import PartitionSample, draw_partition
 from ..validation import check_bool, check_int
-from .problems import DTYPES, POSITION_MODES, SLOPE_MODES, AttentionProblem, ProblemSpec
+from .problems import (
+    DTYPES,
+    RANDOM_POSITION_MODES,
+    SLOPE_MODES,
+    AttentionProblem,
+    ProblemSpec,
+)
 from .reference import KINDS
 
 __all__ = [
@@ -29,6 +35,7 @@ __all__ = [
     "attention_problems",
     "draw_positions",
     "dtypes",
+    "long_specs",
     "partition_samples",
     "positions",
     "problem_specs",
@@ -365,7 +372,7 @@ def problem_specs(
     dtypes=DEFAULT_DTYPES,
     causal: bool | None = None,
     gqa: bool = True,
-    positions=POSITION_MODES,
+    positions=RANDOM_POSITION_MODES,
     max_samples: int = 8,
     max_amplitude: float = 3.0,
     slopes=SLOPE_MODES,
@@ -438,7 +445,7 @@ def _bound_args(
     dtypes=DEFAULT_DTYPES,
     causal=None,
     gqa=True,
-    positions=POSITION_MODES,
+    positions=RANDOM_POSITION_MODES,
     max_samples=8,
     max_amplitude=3.0,
     slopes=SLOPE_MODES,
@@ -452,7 +459,7 @@ def _bound_args(
     max_head_dim = check_int("max_head_dim", max_head_dim, minimum=1)
     max_samples = check_int("max_samples", max_samples, minimum=1)
     dtype_names = _check_choices("dtypes", dtypes, DTYPES)
-    position_modes = _check_choices("positions", positions, POSITION_MODES)
+    position_modes = _check_choices("positions", positions, RANDOM_POSITION_MODES)
     slope_modes = _check_choices("slopes", slopes, SLOPE_MODES)
     if not (np.isfinite(max_amplitude) and max_amplitude >= 0.25):
         raise ValueError(f"max_amplitude: must be finite and >= 0.25, got {max_amplitude!r}")
@@ -515,17 +522,27 @@ def _problem_key(spec: ProblemSpec):
 
 
 def sample_specs(
-    kind: str = "alibi", *, seed: int = 0, num_cases: int = 50, **bounds
+    kind: str = "alibi",
+    *,
+    seed: int = 0,
+    num_cases: int = 50,
+    capabilities: dict | None = None,
+    max_bias: float = 8.0,
+    **bounds,
 ) -> list[ProblemSpec]:
     """A fixed list of ``num_cases`` specs drawn from ``seed``, with the distribution of
-    :func:`problem_specs`.
+    :func:`problem_specs`, within a kernel's capabilities.
 
     The choices come from ``numpy.random.default_rng(seed)``, not from Hypothesis: the
-    list depends on ``seed``, ``kind`` and ``bounds`` only (Hypothesis mixes constants of
-    the modules loaded from the current folder into its draws, so its examples depend on
-    where and with what it runs). Nothing is written to disk. Specs that describe the
-    same problem are kept once, and at most two empty ones (``n_q = 0`` or ``n_k = 0``;
-    the battery has its own).
+    list depends on ``seed``, ``kind``, ``bounds`` and ``capabilities`` only (Hypothesis
+    mixes constants of the modules loaded from the current folder into its draws, so its
+    examples depend on where and with what it runs). Nothing is written to disk. Specs
+    that describe the same problem are kept once, and at most two empty ones (``n_q = 0``
+    or ``n_k = 0``; the battery has its own). Each draw is restricted to the
+    ``capabilities`` (:func:`plsh_ref.testing.capabilities.restrict`) before it is kept,
+    so a kernel that supports less still gets ``num_cases`` cases it can run (fewer only
+    if the restricted space is smaller); with every capability (the default) the list
+    is the same as without.
 
     Parameters
     ----------
@@ -533,7 +550,11 @@ def sample_specs(
     seed : int
         ``>= 0``.
     num_cases : int
-        ``>= 1``. Fewer specs are returned only if Hypothesis exhausts the space.
+        ``>= 1``. Fewer specs are returned only if the space is exhausted.
+    capabilities : dict, optional
+        ``{name: bool}`` of :data:`plsh_ref.testing.capabilities.CAPABILITIES`.
+    max_bias : float
+        Maximum bias of the standard slope rule of every spec.
     **bounds
         Keyword arguments of :func:`problem_specs`.
 
@@ -557,13 +578,26 @@ def sample_specs(
     num_cases = check_int("num_cases", num_cases, minimum=1)
     args = _bound_args(kind, **bounds)
     choose = _GeneratorChoices(np.random.default_rng(np.random.SeedSequence([seed, 11])))
+    return _distinct(lambda: _spec_from(choose, *args), num_cases, capabilities, max_bias)
+
+
+def _distinct(draw, num_cases, capabilities, max_bias) -> list[ProblemSpec]:
+    """Up to ``num_cases`` distinct restricted specs from ``draw()`` (at most 2 empty)."""
+    from .capabilities import CAPABILITIES, restrict
+
+    caps = dict.fromkeys(CAPABILITIES, True)
+    caps.update(capabilities or {})
     found: list[ProblemSpec] = []
     seen: set = set()
     empty = 0
     for _ in range(50 * num_cases):  # the space may be smaller than num_cases
         if len(found) == num_cases:
             break
-        spec = _spec_from(choose, *args)
+        spec, _ = restrict(draw(), caps)
+        if spec is None:
+            continue
+        if max_bias != 8.0:
+            spec = spec.replace(max_bias=max_bias)
         key = _problem_key(spec)
         if key in seen:
             continue
@@ -574,3 +608,80 @@ def sample_specs(
         seen.add(key)
         found.append(spec)
     return found
+
+
+#: lengths and head counts of :func:`long_specs`
+LONG_LENGTHS = (257, 320)
+LONG_HEADS = (8, 12, 16)
+
+
+def long_specs(
+    kind: str = "alibi",
+    *,
+    seed: int = 0,
+    num_cases: int = 2,
+    dtypes=("float16", "bfloat16"),
+    causal: bool | None = None,
+    capabilities: dict | None = None,
+    max_bias: float = 8.0,
+    slopes=SLOPE_MODES,
+) -> list[ProblemSpec]:
+    """Random long cases in half precision: ``n_k`` in 257..320, 8, 12 or 16 heads,
+    default positions.
+
+    Where positions or the bias ``m * j`` are held in bfloat16 or float16 (integers are
+    exact in bfloat16 only up to 256), the error shows from a few hundred tokens on; the
+    short random cases of :func:`sample_specs` never reach it. Drawn from their own
+    stream of ``seed``, so they do not change the other cases.
+
+    Parameters
+    ----------
+    kind : {"alibi", "plsh"}
+    seed : int
+    num_cases : int
+        ``>= 0``.
+    dtypes : sequence of str
+        Only the half-precision ones are used, in turn; none: no case.
+    causal : bool, optional
+    capabilities : dict, optional
+    max_bias : float
+    slopes : sequence of str
+
+    Returns
+    -------
+    list of ProblemSpec
+
+    Raises
+    ------
+    TypeError, ValueError
+        On an invalid ``seed`` or ``num_cases``.
+    """
+    seed = check_int("seed", seed, minimum=0)
+    num_cases = check_int("num_cases", num_cases, minimum=0)
+    halves = [d for d in dtypes if d in ("float16", "bfloat16")]
+    if not halves or not num_cases:
+        return []
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 23]))
+    counter = iter(range(10**9))
+
+    def draw():
+        i = next(counter)
+        heads = LONG_HEADS[int(rng.integers(len(LONG_HEADS)))]
+        n_k = int(rng.integers(LONG_LENGTHS[0], LONG_LENGTHS[1] + 1))
+        return ProblemSpec(
+            kind=kind,
+            num_heads=heads,
+            num_heads_kv=heads if rng.integers(2) else heads // 4,
+            n_q=n_k if rng.integers(2) else int(rng.integers(1, n_k)),
+            n_k=n_k,
+            head_dim=int(rng.integers(4, 17)),
+            head_dim_v=int(rng.integers(4, 17)),
+            dtype=halves[i % len(halves)],
+            causal=bool(rng.integers(2)) if causal is None else causal,
+            slopes=str(slopes[int(rng.integers(len(slopes)))]),
+            num_samples=int(rng.integers(1, 5)) if kind == "plsh" else 1,
+            amplitude=float(rng.uniform(0.5, 2.0)),
+            data_seed=int(rng.integers(0, 2**32 - 1)),
+        )
+
+    return _distinct(draw, num_cases, capabilities, max_bias)

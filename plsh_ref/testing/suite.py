@@ -22,6 +22,7 @@ path) and :func:`check_signature` checks the keyword-only contract before anythi
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import os
 import sys
@@ -32,13 +33,20 @@ from dataclasses import dataclass
 import numpy as np
 
 from .baseline import plain_attention_numpy, plain_attention_torch
-from .problems import DTYPES, AttentionProblem, ProblemSpec
+from .capabilities import (
+    CAPABILITIES,  # noqa: F401 - still importable from here
+    kernel_capabilities,
+    optional_inputs,
+    required_capabilities,
+)
+from .problems import PADDED_MODES, AttentionProblem, ProblemSpec
 from .reference import KINDS
 from .tolerance import allowed_error, max_error
 
 __all__ = [
-    "CAPABILITIES",
     "FRAMEWORKS",
+    "JAX_X64_MESSAGE",
+    "PRECISION_FINDING",
     "SLOPES",
     "CaseResult",
     "KernelContractError",
@@ -46,39 +54,26 @@ __all__ = [
     "check_signature",
     "contract_kwargs",
     "detect_framework",
-    "kernel_capabilities",
+    "jax_x64_enabled",
     "load_kernel",
-    "required_capabilities",
+    "row_constant_bias",
     "slope_mode",
 ]
 
 #: array libraries a kernel may take and return
-FRAMEWORKS = ("numpy", "torch")
+FRAMEWORKS = ("numpy", "torch", "jax")
 
 #: the slope modes, ``given`` (the kernel receives ``slopes``, standard or random) and
 #: ``standard`` (no ``slopes`` argument; the kernel must compute Press et al.'s slopes)
 SLOPES = ("given", "standard")
 
-#: what a kernel may declare it does not support (``kernel.supports = {name: False}``);
-#: each maps to the problems that need it (:func:`required_capabilities`)
-CAPABILITIES = {
-    "causal": "causal problems",
-    "bidirectional": "bidirectional (non-causal) problems",
-    "gqa": "grouped-query heads, num_heads_kv < num_heads",
-    "empty": "n_q = 0 or n_k = 0",
-    "unequal_lengths": "n_q != n_k (decode and n_q > n_k included)",
-    "head_dim_v": "value head_dim != query/key head_dim",
-    "positions": "explicit positions (query_positions / key_positions not None)",
-    "batch_positions": "per-sequence positions of shape (batch, n)",
-    "attention_mask": "a key-padding attention_mask (batch, n_k)",
-    "lse": "returning the LSE (declare False to skip the LSE comparison only)",
-    **{dtype: f"{dtype} inputs" for dtype in DTYPES},
-}
-
 _KWARGS = {
     "alibi": ("slopes", "causal", "scale", "query_positions", "key_positions"),
     "plsh": ("partition", "causal", "scale", "query_positions", "key_positions"),
 }
+
+#: the finding of an exact-in-real-arithmetic kernel whose rounding grows with n * slope
+PRECISION_FINDING = "precision: row-constant bias (m * p_j) rounding"
 
 
 class KernelContractError(ValueError):
@@ -113,6 +108,11 @@ class CaseResult:
     empty_rows : int
         Number of ``(batch, head, query)`` rows without an admissible key (pad query rows
         not counted).
+    finding : str
+        A named precision finding (:data:`PRECISION_FINDING`) on a case whose error is
+        explained by rounding that grows with ``n * slope``; such a case passes in float32
+        and float64 (it is reported) unless ``strict_precision``, and fails in half
+        precision. Empty otherwise.
     """
 
     passed: bool
@@ -125,6 +125,7 @@ class CaseResult:
     skipped: bool = False
     traceback: str = ""
     empty_rows: int = 0
+    finding: str = ""
 
     @property
     def status(self) -> str:
@@ -156,64 +157,9 @@ class CaseResult:
         return max(ratios)
 
 
-def kernel_capabilities(kernel, supports=None) -> dict:
-    """What ``kernel`` supports: its ``supports`` attribute updated by ``supports``.
-
-    Parameters
-    ----------
-    kernel : callable
-        May carry ``kernel.supports = {"bidirectional": False, ...}``.
-    supports : dict, optional
-        More declarations (e.g. from ``plsh verify --supports``), overriding the attribute.
-
-    Returns
-    -------
-    dict
-        ``{name: bool}`` for every name of :data:`CAPABILITIES` (default True).
-
-    Raises
-    ------
-    KernelContractError
-        On an unknown capability name or a value that is not a bool.
-    """
-    declared = dict(getattr(kernel, "supports", None) or {})
-    declared.update(supports or {})
-    out = dict.fromkeys(CAPABILITIES, True)
-    for name, value in declared.items():
-        if name not in CAPABILITIES:
-            raise KernelContractError(
-                f"supports: unknown capability {name!r}; known: {', '.join(CAPABILITIES)}"
-            )
-        if not isinstance(value, (bool, np.bool_)):
-            raise KernelContractError(
-                f"supports: {name!r} must be True or False, got {type(value).__name__} {value!r}"
-            )
-        out[name] = bool(value)
-    return out
-
-
-def required_capabilities(spec: ProblemSpec) -> list[str]:
-    """The capabilities a problem needs (names of :data:`CAPABILITIES`; ``lse`` excluded)."""
-    need = [spec.dtype, "causal" if spec.causal else "bidirectional"]
-    if spec.num_heads_kv < spec.num_heads:
-        need.append("gqa")
-    if spec.n_q == 0 or spec.n_k == 0:
-        need.append("empty")
-    if spec.n_q != spec.n_k:
-        need.append("unequal_lengths")
-    if spec.head_dim_v != spec.head_dim:
-        need.append("head_dim_v")
-    if spec.positions == "padded":
-        need.append("attention_mask")
-    elif spec.positions != "default" or spec.offset:
-        need.append("positions")
-    if spec.positions in ("per_sequence", "padded"):
-        need.append("batch_positions")
-    return need
-
-
 def load_kernel(target: str):
-    """Import ``"MODULE:FUNCTION"`` (``FUNCTION`` may be dotted, e.g. ``Class.method``).
+    """Import ``"MODULE:FUNCTION"`` or ``"path/to/file.py:FUNCTION"`` (``FUNCTION`` may be
+    dotted, e.g. ``Class.method``).
 
     Parameters
     ----------
@@ -224,13 +170,15 @@ def load_kernel(target: str):
     callable
 
     The current folder is put on the import path first (as ``python -m`` does), so a
-    kernel in ``./my_kernel.py`` loads as ``my_kernel:attention`` without ``PYTHONPATH``.
+    kernel in ``./my_kernel.py`` loads as ``my_kernel:attention`` or
+    ``./my_kernel.py:attention`` without ``PYTHONPATH``.
 
     Raises
     ------
     KernelContractError
-        If the string is malformed, the module cannot be imported (its exception is named
-        in the message), the attribute is missing, or it is not callable.
+        If the string is malformed, the module cannot be imported (its exception, or the
+        ``sys.exit`` status it called at import time, is named in the message), the
+        attribute is missing, or it is not callable.
     """
     if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
         raise KernelContractError(f"kernel: expected MODULE:FUNCTION, got {target!r}")
@@ -238,13 +186,7 @@ def load_kernel(target: str):
     cwd = os.getcwd()
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
-    try:
-        obj = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - any import-time failure is the user's to fix
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise KernelContractError(
-            f"kernel: cannot import module {module_name!r}: {type(exc).__name__}: {first}"
-        ) from None
+    obj = _import_module(module_name)
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise KernelContractError(f"kernel: module {module_name!r} has no attribute {attr!r}")
@@ -254,6 +196,36 @@ def load_kernel(target: str):
         article = "an" if kind[:1].lower() in "aeiou" else "a"
         raise KernelContractError(f"kernel: {target} is {article} {kind}, not a function")
     return obj
+
+
+def _import_module(module_name: str):
+    """The module of that name, or of that file path (``./kernel.py``); one-line errors."""
+    try:
+        if module_name.endswith(".py") or os.sep in module_name:
+            path = os.path.abspath(module_name)
+            if not os.path.isfile(path):
+                raise KernelContractError(f"kernel: no file {module_name!r}")
+            name = os.path.splitext(os.path.basename(path))[0]
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.path.insert(0, os.path.dirname(path))
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            return module
+        return importlib.import_module(module_name)
+    except KernelContractError:
+        raise
+    except SystemExit as exc:
+        raise KernelContractError(
+            f"kernel: module {module_name!r} called sys.exit({exc.code!r}) at import time"
+        ) from None
+    except BaseException as exc:  # noqa: BLE001 - any import-time failure is the user's to fix
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise KernelContractError(
+            f"kernel: cannot import module {module_name!r}: {type(exc).__name__}: {first}"
+        ) from None
 
 
 def _names(kind: str, slopes: str) -> tuple:
@@ -299,7 +271,9 @@ def check_signature(kernel, kind: str, slopes: str = "given") -> bool:
         sig = inspect.signature(kernel)
     except (TypeError, ValueError):
         return True
-    names = _names(kind, slopes)
+    names = _names(kind, slopes) + tuple(
+        n for n in ("cu_seqlens", "head_start", "num_heads_total") if n in sig.parameters
+    )
     try:
         sig.bind(None, None, None, **dict.fromkeys(names))
     except TypeError as exc:
@@ -329,7 +303,9 @@ def slope_mode(kernel) -> str:
     return "standard"
 
 
-def contract_kwargs(problem: AttentionProblem, *, slopes: str = "given", attention_mask=True):
+def contract_kwargs(
+    problem: AttentionProblem, *, slopes: str = "given", attention_mask=True, inputs=None
+):
     """The keyword arguments a kernel receives for ``problem`` (numpy values).
 
     Parameters
@@ -338,21 +314,66 @@ def contract_kwargs(problem: AttentionProblem, *, slopes: str = "given", attenti
     slopes : {"given", "standard"}
     attention_mask : bool
         Whether the kernel takes ``attention_mask`` (see :func:`check_signature`).
+    inputs : dict, optional
+        :func:`~plsh_ref.testing.capabilities.optional_inputs` of the kernel: with
+        ``varlen``, ``cu_seqlens`` is passed; with ``head_slice``, ``head_start`` and
+        ``num_heads_total``.
 
     Returns
     -------
     dict
     """
-    return problem.kernel_kwargs(slopes=slopes, attention_mask=attention_mask)
+    inputs = inputs or {}
+    return problem.kernel_kwargs(
+        slopes=slopes,
+        attention_mask=attention_mask,
+        cu_seqlens=bool(inputs.get("varlen")),
+        head_slice=bool(inputs.get("head_slice")),
+    )
+
+
+def jax_x64_enabled() -> bool:
+    """Whether JAX runs in x64 mode (float64 arrays); False without JAX."""
+    try:
+        import jax
+    except ImportError:
+        return False
+    return bool(jax.config.read("jax_enable_x64"))
+
+
+#: the message for float64 JAX cases without x64 mode
+JAX_X64_MESSAGE = (
+    "--dtypes: float64 with --framework jax needs x64 mode: set JAX_ENABLE_X64=1 or call "
+    "jax.config.update('jax_enable_x64', True) before the run, or leave float64 out"
+)
+
+
+def _to_jax(kwargs: dict, problem: AttentionProblem):
+    import jax.numpy as jnp
+
+    x64 = jax_x64_enabled()
+    if problem.dtype == "float64" and not x64:
+        raise KernelContractError(JAX_X64_MESSAGE)
+    dtype = getattr(jnp, problem.dtype)
+    kwargs = dict(kwargs)
+    for name in ("query_positions", "key_positions", "attention_mask", "cu_seqlens"):
+        if kwargs.get(name) is not None:
+            kwargs[name] = jnp.asarray(kwargs[name], dtype=jnp.int64 if x64 else jnp.int32)
+    if "slopes" in kwargs:
+        kwargs["slopes"] = jnp.asarray(kwargs["slopes"], dtype=jnp.float64 if x64 else jnp.float32)
+    q, k, v = (jnp.asarray(x, dtype=dtype) for x in (problem.query, problem.key, problem.value))
+    return q, k, v, kwargs
 
 
 def _to_framework(kwargs: dict, problem: AttentionProblem, framework: str, device: str):
     if framework == "numpy":
         if problem.dtype == "bfloat16":
             raise KernelContractError(
-                "dtypes: bfloat16 needs --framework torch (numpy has no bfloat16)"
+                "dtypes: bfloat16 needs --framework torch or jax (numpy has no bfloat16)"
             )
         return problem.query, problem.key, problem.value, kwargs
+    if framework == "jax":
+        return _to_jax(kwargs, problem)
     import torch
 
     tdtype = getattr(torch, problem.dtype)
@@ -361,7 +382,7 @@ def _to_framework(kwargs: dict, problem: AttentionProblem, framework: str, devic
         return torch.from_numpy(np.ascontiguousarray(x)).to(device=device, dtype=tdtype)
 
     kwargs = dict(kwargs)
-    for name in ("query_positions", "key_positions", "attention_mask"):
+    for name in ("query_positions", "key_positions", "attention_mask", "cu_seqlens"):
         if kwargs.get(name) is not None:
             kwargs[name] = torch.from_numpy(np.ascontiguousarray(kwargs[name])).to(device)
     if "slopes" in kwargs:
@@ -378,7 +399,22 @@ def _as_float64(x, framework: str) -> np.ndarray:
         import torch
 
         return x.detach().to("cpu", torch.float64).numpy()
+    if framework == "jax":
+        return np.asarray(x.astype("float32") if _dtype_name(x) == "bfloat16" else x).astype(
+            np.float64
+        )
     return np.asarray(x, dtype=np.float64)
+
+
+_ARRAY_TYPES = {"numpy": "numpy.ndarray", "torch": "torch.Tensor", "jax": "jax.Array"}
+
+
+def _is_array(x, framework: str) -> bool:
+    if framework == "torch":
+        return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+    if framework == "jax":
+        return type(x).__module__.split(".")[0] in ("jax", "jaxlib") and hasattr(x, "dtype")
+    return isinstance(x, np.ndarray)
 
 
 def _split_result(result, framework: str):
@@ -391,18 +427,11 @@ def _split_result(result, framework: str):
         out, lse = result
     else:
         out, lse = result, None
-    array_type = "torch.Tensor" if framework == "torch" else "numpy.ndarray"
     for name, x in (("output", out), ("lse", lse)):
-        if x is None:
-            continue
-        ok = (
-            (type(x).__module__.startswith("torch") and hasattr(x, "detach"))
-            if framework == "torch"
-            else isinstance(x, np.ndarray)
-        )
-        if not ok:
+        if x is not None and not _is_array(x, framework):
             raise KernelContractError(
-                f"kernel: returned {name} of type {type(x).__name__}; expected {array_type}"
+                f"kernel: returned {name} of type {type(x).__name__}; expected "
+                f"{_ARRAY_TYPES[framework]}"
             )
     return out, lse
 
@@ -452,6 +481,7 @@ def check_case(
     attention_mask: bool | None = None,
     supports: dict | None = None,
     timeout: float | None = None,
+    strict_precision: bool = False,
 ) -> CaseResult:
     """Run ``kernel`` on ``problem`` and compare with the float64 reference.
 
@@ -460,13 +490,14 @@ def check_case(
     kernel : callable
         Follows the ``problem.kind`` contract (see :mod:`plsh_ref.testing.reference`).
     problem : AttentionProblem
-    framework : {"numpy", "torch"}
+    framework : {"numpy", "torch", "jax"}
         What the kernel takes and returns. ``torch``: inputs are tensors of the problem's
-        dtype on ``device``; slopes float64, positions and ``attention_mask`` int64
-        tensors on ``device``; the partition stays a
-        :class:`~plsh_ref.partition.PartitionSample`.
+        dtype on ``device``; slopes float64, positions, ``attention_mask`` and
+        ``cu_seqlens`` int64 tensors on ``device``; the partition stays a
+        :class:`~plsh_ref.partition.PartitionSample`. ``jax``: jax arrays (float64 and
+        int64 only in x64 mode, else float32 slopes and int32 integers).
     device : str
-        torch device (``"cpu"``, ``"cuda"``); must be ``"cpu"`` for numpy.
+        torch device (``"cpu"``, ``"cuda"``); must be ``"cpu"`` for numpy and jax.
     slopes : {"given", "standard"}, optional
         ``standard``: the kernel receives no ``slopes`` and must use Press et al.'s; the
         problem must then have standard slopes. Default: :func:`slope_mode` of the kernel.
@@ -478,6 +509,9 @@ def check_case(
     timeout : float, optional
         Seconds the kernel may take; a kernel still running then fails the case (its
         thread is left behind, as a daemon).
+    strict_precision : bool
+        Fail a float32/float64 case whose error is explained by rounding that grows with
+        ``n * slope`` (:data:`PRECISION_FINDING`); by default it passes with the finding.
 
     Returns
     -------
@@ -492,40 +526,73 @@ def check_case(
         If the result has the wrong type, shape, dtype or device, or ``supports`` names
         an unknown capability.
     ValueError
-        On an unknown ``framework``/``slopes``, a numpy kernel asked for another device,
-        or standard-slopes mode on a problem with random slopes.
+        On an unknown ``framework``/``slopes``, a numpy or jax kernel asked for another
+        device, or standard-slopes mode on a problem with random slopes.
     """
-    if framework not in FRAMEWORKS:
-        raise ValueError(f"framework: must be one of {FRAMEWORKS}, got {framework!r}")
-    if framework == "numpy" and device != "cpu":
-        raise ValueError(f"device: numpy kernels run on 'cpu', got {device!r}")
-    if slopes is None:
-        slopes = slope_mode(kernel)
-    if slopes not in SLOPES:
-        raise ValueError(f"slopes: must be one of {SLOPES}, got {slopes!r}")
-    if attention_mask is None:
-        attention_mask = check_signature(kernel, problem.kind, slopes)
-    spec = problem.spec
-    if slopes == "standard" and problem.kind == "alibi" and spec.slopes != "standard":
-        raise ValueError("slopes: standard-slopes mode needs problems with standard slopes")
-    caps = kernel_capabilities(kernel, supports)
-    missing = [c for c in required_capabilities(spec) if not caps[c]]
-    if spec.positions == "padded" and not attention_mask:
-        missing.append("attention_mask (the kernel takes no attention_mask argument)")
+    slopes, caps, inputs = _case_setup(
+        kernel, problem, framework, device, slopes, attention_mask, supports
+    )
+    missing = _missing_capabilities(problem.spec, caps, inputs, slopes)
     if missing:
         return CaseResult(
             False, float("nan"), 0.0, message=f"unsupported: {', '.join(missing)}", skipped=True
         )
-    kwargs = contract_kwargs(problem, slopes=slopes, attention_mask=attention_mask)
+    kwargs = contract_kwargs(
+        problem, slopes=slopes, attention_mask=inputs["attention_mask"], inputs=inputs
+    )
     q, k, v, kwargs = _to_framework(kwargs, problem, framework, device)
     result, exc, tb = _call(kernel, q, k, v, kwargs, timeout)
     if exc is not None:
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        label = "timed out" if isinstance(exc, TimeoutError) and not tb else "raised"
-        message = f"{label} {type(exc).__name__}: {first}"
-        if label == "timed out":
-            message = f"timed out: {first}"
-        return CaseResult(False, float("nan"), 0.0, message=message, traceback=tb)
+        return _raised(exc, tb)
+    out, lse = _checked_result(result, problem.spec, q, framework)
+    out64 = _as_float64(out, framework)
+    lse64 = _as_float64(lse, framework) if lse is not None and caps["lse"] else None
+    return _judge(problem, out64, lse64, caps, framework, device, strict_precision)
+
+
+def _case_setup(kernel, problem, framework, device, slopes, attention_mask, supports):
+    """Validated ``(slopes mode, capabilities, optional inputs)`` of one case."""
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"framework: must be one of {FRAMEWORKS}, got {framework!r}")
+    if framework in ("numpy", "jax") and device != "cpu":
+        raise ValueError(f"device: {framework} kernels run on 'cpu', got {device!r}")
+    if slopes is None:
+        slopes = slope_mode(kernel)
+    if slopes not in SLOPES:
+        raise ValueError(f"slopes: must be one of {SLOPES}, got {slopes!r}")
+    inputs = optional_inputs(kernel)
+    if attention_mask is None:
+        attention_mask = check_signature(kernel, problem.kind, slopes)
+    inputs["attention_mask"] = bool(attention_mask)
+    if slopes == "standard" and problem.kind == "alibi" and problem.spec.slopes != "standard":
+        raise ValueError("slopes: standard-slopes mode needs problems with standard slopes")
+    caps = kernel_capabilities(kernel, supports)
+    return slopes, caps, inputs
+
+
+def _missing_capabilities(spec: ProblemSpec, caps: dict, inputs: dict, slopes: str) -> list[str]:
+    """Capabilities (or signature inputs) a problem needs and the kernel lacks."""
+    missing = [c for c in required_capabilities(spec) if not caps[c]]
+    if spec.positions in PADDED_MODES and not inputs["attention_mask"]:
+        missing.append("attention_mask (the kernel takes no attention_mask argument)")
+    if spec.positions == "packed" and not inputs["varlen"]:
+        missing.append("varlen (the kernel takes no cu_seqlens argument)")
+    if spec.num_heads_total and slopes == "standard" and not inputs["head_slice"]:
+        missing.append("head_slice (the kernel takes no head_start, num_heads_total arguments)")
+    return missing
+
+
+def _raised(exc: BaseException, tb: str) -> CaseResult:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    if isinstance(exc, TimeoutError) and not tb:
+        message = f"timed out: {first}"
+    else:
+        message = f"raised {type(exc).__name__}: {first}"
+    return CaseResult(False, float("nan"), 0.0, message=message, traceback=tb)
+
+
+def _checked_result(result, spec: ProblemSpec, q, framework: str):
+    """``(out, lse)`` of the kernel's result, checked against the contract."""
     out, lse = _split_result(result, framework)
     want_out = (spec.batch, spec.num_heads, spec.n_q, spec.head_dim_v)
     want_lse = want_out[:3]
@@ -553,56 +620,83 @@ def check_case(
             raise KernelContractError(
                 f"kernel: lse has dtype {_dtype_name(lse)}, expected floating"
             )
-        if not caps["lse"]:
-            lse = None
+    return out, lse
 
-    ref_out, ref_lse = problem.reference()
-    bias = problem.log_weight()
+
+def _plain(problem: AttentionProblem, bias, framework: str, device: str):
+    """The yardstick: plain attention with ``bias`` in the problem's dtype."""
+    spec = problem.spec
+    q, k, v = problem.query, problem.key, problem.value
     if framework == "torch":
-        plain_out, plain_lse = plain_attention_torch(
-            problem.query,
-            problem.key,
-            problem.value,
-            bias,
-            scale=spec.scale,
-            dtype=spec.dtype,
-            device=device,
+        return plain_attention_torch(
+            q, k, v, bias, scale=spec.scale, dtype=spec.dtype, device=device
         )
-    else:
-        plain_out, plain_lse = plain_attention_numpy(
-            problem.query, problem.key, problem.value, bias, scale=spec.scale, dtype=spec.dtype
-        )
-    # Pad query slots of a padded batch are "don't care": compare the real rows only.
+    return plain_attention_numpy(q, k, v, bias, scale=spec.scale, dtype=spec.dtype)
+
+
+def row_constant_bias(problem: AttentionProblem) -> np.ndarray:
+    """The ALiBi bias of a causal problem written as ``m_h (p_j - p_0)`` (``p_0``: the first
+    real key of each sequence), float64 ``(batch, num_heads, n_q, n_k)``, ``-inf`` where
+    masked.
+
+    Equal to ``-m_h |p_i - p_j|`` up to a constant per query row, so softmax gives the same
+    output in real arithmetic; rounded to a dtype, its error grows with ``m_h (p_j - p_0)``,
+    i.e. with ``n * slope``. The yardstick of :data:`PRECISION_FINDING`.
+
+    Raises
+    ------
+    ValueError
+        If the problem is not a causal ALiBi problem.
+    """
+    spec = problem.spec
+    if problem.kind != "alibi" or not spec.causal:
+        raise ValueError("problem: the row-constant form holds for causal ALiBi problems only")
+    _, kpos, _, k_keep = problem.positions_and_keep()
+    big = np.iinfo(np.int64).max
+    first = np.where(k_keep, kpos, big).min(axis=1, initial=big)
+    first = np.where(first == big, 0, first)
+    rel = (kpos - first[:, None]).astype(np.float64)
+    bias = problem.slopes[None, :, None, None] * rel[:, None, None, :]
+    bias = np.broadcast_to(bias, (spec.batch, spec.num_heads, spec.n_q, spec.n_k))
+    return np.where(np.isneginf(problem.log_weight()), -np.inf, bias)
+
+
+def _judge(problem, out64, lse64, caps, framework, device, strict_precision) -> CaseResult:
+    """Compare the kernel's float64 output (and LSE) with the reference under SPEC 6."""
+    spec = problem.spec
+    ref_out, ref_lse = problem.reference()
+    plain_out, plain_lse = _plain(problem, problem.log_weight(), framework, device)
+    # Pad query slots of a padded batch are "don't care": compare the real rows only;
+    # rows without an admissible key too, for a kernel declaring empty_rows False.
     q_keep = problem.positions_and_keep()[2][:, None, :]
     empty = np.isneginf(ref_lse) & q_keep
-    out64 = np.where(q_keep[..., None], _as_float64(out, framework), 0.0)
-    ref_out = np.where(q_keep[..., None], ref_out, 0.0)
-    plain_out = np.where(q_keep[..., None], plain_out, 0.0)
+    keep = q_keep & ~empty if not caps["empty_rows"] else np.broadcast_to(q_keep, empty.shape)
+    out64 = np.where(keep[..., None], out64, 0.0)
+    ref_out = np.where(keep[..., None], ref_out, 0.0)
+    plain_out = np.where(keep[..., None], plain_out, 0.0)
     error, worst = max_error(out64, ref_out)
     allowed = allowed_error(ref_out, plain_out, spec.dtype)
-    messages = []
+    messages, finding = [], ""
     if np.any(np.isnan(out64)):
         messages.append(_nan_report(out64, empty))
     elif error > allowed:
+        finding = _precision_finding(problem, ref_out, keep, error, framework, device)
         where = f"at {worst}"
         if worst is not None and empty[worst[:3]]:
             where += " (a row without admissible keys: expected output 0)"
-        messages.append(f"output error {error:.3g} > allowed {allowed:.3g} {where}")
+        text = f"output error {error:.3g} > allowed {allowed:.3g} {where}"
+        if finding and spec.dtype in ("float32", "float64") and not strict_precision:
+            finding += f" ({text}; passes: float32 rounding, see the growth with n)"
+        elif finding:
+            messages.append(f"{finding}: {text}")
+        else:
+            messages.append(text)
     lse_error = lse_allowed = None
-    if lse is not None:
-        lse64 = np.where(q_keep, _as_float64(lse, framework), ref_lse)
-        if np.any(np.isneginf(lse64) != np.isneginf(ref_lse)):
-            bad = tuple(int(i) for i in np.argwhere(np.isneginf(lse64) != np.isneginf(ref_lse))[0])
-            messages.append(
-                f"lse must be -inf exactly on rows without admissible keys "
-                f"(first mismatch at {bad}: got {lse64[bad]}, expected {ref_lse[bad]})"
-            )
-        neg = np.isneginf(ref_lse)
-        ref_finite = np.where(neg, 0.0, ref_lse)
-        lse_error, _ = max_error(np.where(neg, 0.0, lse64), ref_finite)
-        lse_allowed = allowed_error(ref_finite, np.where(neg, 0.0, plain_lse), spec.dtype)
-        if lse_error > lse_allowed:
-            messages.append(f"lse error {lse_error:.3g} > allowed {lse_allowed:.3g}")
+    if lse64 is not None:
+        lse_error, lse_allowed, lse_messages = _judge_lse(
+            lse64, ref_lse, plain_lse, keep, spec.dtype
+        )
+        messages += lse_messages
     return CaseResult(
         not messages,
         error,
@@ -612,14 +706,85 @@ def check_case(
         lse_allowed,
         "; ".join(messages),
         empty_rows=int(empty.sum()),
+        finding=finding,
     )
 
 
-def detect_framework(kernel, kind: str, slopes: str, attention_mask: bool, timeout=None) -> str:
-    """``"numpy"`` or ``"torch"``: what the kernel returns on one small float32 problem.
+def _precision_finding(problem, ref_out, keep, error, framework, device) -> str:
+    """:data:`PRECISION_FINDING` if the error is within the row-constant yardstick's."""
+    if problem.kind != "alibi" or not problem.spec.causal or problem.cu_seqlens is not None:
+        return ""
+    dtype = problem.spec.dtype
+    half = dtype in ("float16", "bfloat16")
+    for bias in (row_constant_bias(problem), _rounded_positions_bias(problem) if half else None):
+        if bias is None:
+            continue
+        with np.errstate(invalid="ignore", over="ignore"):
+            yard_out, _ = _plain(problem, bias, framework, device)
+        yard_out = np.where(keep[..., None], yard_out, 0.0)
+        yard_allowed = allowed_error(ref_out, yard_out, dtype)
+        # a yardstick that overflowed (positions beyond float16's range) explains nothing
+        if np.isfinite(yard_allowed) and error <= yard_allowed:
+            if half:
+                return (
+                    f"half-precision position arithmetic ({PRECISION_FINDING.split(': ')[1]} "
+                    f"or positions held in {dtype})"
+                )
+            return PRECISION_FINDING
+    return ""
 
-    numpy inputs are tried first, then torch (if installed); the first framework whose
-    tensors come back is the kernel's.
+
+def _rounded_positions_bias(problem: AttentionProblem) -> np.ndarray:
+    """The ALiBi bias (and causal mask) from positions rounded to the problem's dtype."""
+    from .problems import round_to_dtype
+
+    spec = problem.spec
+    qpos, kpos, q_keep, k_keep = problem.positions_and_keep()
+
+    def r(p):
+        with np.errstate(over="ignore"):
+            return round_to_dtype(p.astype(np.float64), spec.dtype).astype(np.float64)
+
+    per = []
+    for b in range(spec.batch):
+        qp, kp = r(qpos[b]), r(kpos[b])
+        with np.errstate(invalid="ignore"):
+            bias = -problem.slopes[:, None, None] * np.abs(qp[:, None] - kp[None, :])[None]
+        if spec.causal:
+            bias = np.where(kp[None, None, :] <= qp[None, :, None], bias, -np.inf)
+        per.append(bias)
+    keep = q_keep[:, None, :, None] & k_keep[:, None, None, :]
+    shape = (spec.batch, spec.num_heads, spec.n_q, spec.n_k)
+    bias = np.stack(per) if per else np.zeros(shape)
+    return np.where(keep, bias, -np.inf)
+
+
+def _judge_lse(lse64, ref_lse, plain_lse, keep, dtype):
+    """``(error, allowed, messages)`` of the LSE on the compared rows."""
+    messages = []
+    lse64 = np.where(keep, lse64, ref_lse)
+    if np.any(np.isneginf(lse64) != np.isneginf(ref_lse)):
+        bad = tuple(int(i) for i in np.argwhere(np.isneginf(lse64) != np.isneginf(ref_lse))[0])
+        messages.append(
+            f"lse must be -inf exactly on rows without admissible keys "
+            f"(first mismatch at {bad}: got {lse64[bad]}, expected {ref_lse[bad]})"
+        )
+    neg = np.isneginf(ref_lse)
+    ref_finite = np.where(neg, 0.0, ref_lse)
+    lse_error, _ = max_error(np.where(neg, 0.0, lse64), ref_finite)
+    lse_allowed = allowed_error(ref_finite, np.where(neg, 0.0, plain_lse), dtype)
+    if lse_error > lse_allowed:
+        messages.append(f"lse error {lse_error:.3g} > allowed {lse_allowed:.3g}")
+    return lse_error, lse_allowed, messages
+
+
+def detect_framework(kernel, kind: str, slopes: str, attention_mask: bool, timeout=None) -> str:
+    """``"numpy"``, ``"torch"`` or ``"jax"``: what the kernel returns on one small float32
+    problem.
+
+    numpy inputs are tried first (a JAX kernel given numpy arrays returns jax arrays: it
+    is a JAX kernel), then torch (if installed); the first framework whose arrays come
+    back is the kernel's.
 
     Parameters
     ----------
@@ -641,7 +806,9 @@ def detect_framework(kernel, kind: str, slopes: str, attention_mask: bool, timeo
         If neither works (the message says what each attempt did).
     """
     problem = ProblemSpec(kind=kind, n_q=4, n_k=4, num_heads=2, num_heads_kv=2).build()
-    kwargs = contract_kwargs(problem, slopes=slopes, attention_mask=attention_mask)
+    kwargs = contract_kwargs(
+        problem, slopes=slopes, attention_mask=attention_mask, inputs=optional_inputs(kernel)
+    )
     tried = []
     candidates = ["numpy"]
     try:
@@ -661,9 +828,11 @@ def detect_framework(kernel, kind: str, slopes: str, attention_mask: bool, timeo
         module = type(out).__module__.split(".")[0]
         if module == framework:
             return framework
+        if framework == "numpy" and module in ("jax", "jaxlib"):
+            return "jax"
         tried.append(f"with {framework} inputs it returned a {type(out).__name__}")
     raise KernelContractError(
         "framework: cannot tell what the kernel takes ("
         + "; ".join(tried)
-        + "); pass --framework numpy or --framework torch"
+        + "); pass --framework numpy, torch or jax"
     )

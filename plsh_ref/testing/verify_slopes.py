@@ -4,7 +4,8 @@ Nearly every real ALiBi implementation computes its own slopes (BLOOM's
 ``_get_alibi_slopes``, MPT's ``alibi_bias_max`` rule, x-transformers, attention-gym's
 ``exp2(-(h+1) * 8 / H)``, Falcon). This command calls ``FUNCTION(num_heads)`` for
 ``num_heads = 1..--max-heads`` (default 64) and compares the result with
-:func:`plsh_ref.alibi.alibi_slopes` (Press et al.'s rule, SPEC section 1), entry by
+:func:`plsh_ref.alibi.alibi_slopes` (Press et al.'s rule, SPEC section 1; ``--max-bias B``
+for the rule with maximum bias ``B`` instead of 8, as MPT's ``alibi_bias_max``), entry by
 entry. Each ``num_heads`` is classed by its largest relative error ``r``: ``exact``
 (``r = 0``), ``float64`` (``r <= 2 H eps64``: the same rule spelled differently, e.g.
 ``start * ratio**i``), ``float32`` (``r <= 2 H eps32``: computed in float32),
@@ -17,7 +18,9 @@ bf16 representation) and fail, as does a wrong rule. The report gives the first 
 
 The function may return a list, a numpy array or a torch tensor (any dtype). Exit
 status: 0 pass, 1 fail, 2 bad input (not importable, not callable, raises, returns the
-wrong length or a non-numeric value), always with one line for bad input.
+wrong length or a non-numeric value), always with one line for bad input. The report
+leads with the verdict (``PASS: ...`` or ``FAIL: ...``) and says how many head counts are
+bit-equal and how many within rounding.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ def _as_float64(value, num_heads: int) -> np.ndarray:
     return arr
 
 
-def check_slopes_function(function, max_heads: int = 64) -> SlopeReport:
+def check_slopes_function(function, max_heads: int = 64, max_bias: float = 8.0) -> SlopeReport:
     """Compare ``function(num_heads)`` with Press et al.'s slopes for ``1..max_heads``.
 
     Parameters
@@ -118,6 +121,8 @@ def check_slopes_function(function, max_heads: int = 64) -> SlopeReport:
     max_heads : int
         Largest ``num_heads`` checked (``1 <= max_heads``; the CLI caps it at
         :data:`MAX_HEADS`).
+    max_bias : float
+        Maximum bias of the rule (:func:`plsh_ref.alibi.alibi_slopes`), default 8.
 
     Returns
     -------
@@ -128,13 +133,14 @@ def check_slopes_function(function, max_heads: int = 64) -> SlopeReport:
     KernelContractError
         If the function raises or returns a value of the wrong length or type.
     TypeError, ValueError
-        If ``max_heads`` is not an integer ``>= 1``.
+        If ``max_heads`` is not an integer ``>= 1`` or ``max_bias`` is not finite and > 0.
 
     References
     ----------
     Press et al. (2022); SPEC section 1.
     """
     max_heads = check_int("max_heads", max_heads, minimum=1)
+    alibi_slopes(1, max_bias=max_bias)  # validates max_bias before the function runs
     report = SlopeReport()
     for h in range(1, max_heads + 1):
         try:
@@ -145,7 +151,7 @@ def check_slopes_function(function, max_heads: int = 64) -> SlopeReport:
                 f"slopes: the function raised {type(exc).__name__} for num_heads={h}: {first}"
             ) from None
         got = _as_float64(got, h)
-        want = alibi_slopes(h)
+        want = alibi_slopes(h, max_bias=max_bias)
         if np.array_equal(got, want):
             continue
         report.wrong.append(h)
@@ -190,6 +196,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"check num_heads = 1..N, N <= {MAX_HEADS} (default: 64)",
     )
     parser.add_argument(
+        "--max-bias",
+        type=float,
+        default=8.0,
+        help="maximum bias of Press et al.'s rule, 2^(-B (h+1)/H) (default: 8)",
+    )
+    parser.add_argument(
         "--exact",
         action="store_true",
         help="accept bit-equal slopes only (default: float64 and float32 rounding pass)",
@@ -197,46 +209,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``plsh verify-slopes``; 0 exact, 1 wrong, 2 bad input."""
+    """Run ``plsh verify-slopes``; 0 pass, 1 fail, 2 bad input."""
     try:
         if not 1 <= args.max_heads <= MAX_HEADS:
             raise KernelContractError(
                 f"--max-heads: must be in 1..{MAX_HEADS}, got {args.max_heads}"
             )
+        if not (np.isfinite(args.max_bias) and args.max_bias > 0):
+            raise KernelContractError(f"--max-bias: must be finite and > 0, got {args.max_bias}")
         function = load_kernel(args.function)
-        report = check_slopes_function(function, args.max_heads)
+        report = check_slopes_function(function, args.max_heads, args.max_bias)
     except KernelContractError as exc:
         print(f"plsh verify-slopes: error: {exc}", file=sys.stderr)
         return 2
     n = args.max_heads
-    if not report.wrong:
-        print(f"plsh verify-slopes {args.function}: num_heads 1..{n} bit-exact. PASS")
-        return 0
-    print(
-        f"plsh verify-slopes {args.function}: {len(report.wrong)} of {n} head counts are not "
-        f"bit-equal to Press et al.'s slopes (first: num_heads={report.wrong[0]}; largest "
-        f"relative error {report.max_relative_error:.3g})"
+    rule = "Press et al.'s slopes" + (
+        f" (max_bias={args.max_bias:g})" if args.max_bias != 8.0 else ""
     )
-    print(f"  {report.first_detail}")
     by_class: dict[str, list[int]] = {}
     for h in report.wrong:
         by_class.setdefault(report.rounded_to[h], []).append(h)
+    passed = report.passed(exact=args.exact)
+    equal = n - len(report.wrong)
+    rounding = sum(len(by_class.get(c, [])) for c in ("float64", "float32"))
+    if passed:
+        detail = f"{equal} of {n} head counts bit-equal"
+        if rounding:
+            detail += f", {rounding} within float64/float32 rounding"
+        print(f"PASS: plsh verify-slopes {args.function}: {rule}; {detail}")
+    else:
+        print(
+            f"FAIL: plsh verify-slopes {args.function}: {len(report.wrong)} of {n} head "
+            f"counts differ from {rule} (first: num_heads={report.wrong[0]}; largest "
+            f"relative error {report.max_relative_error:.3g})"
+        )
+    if not report.wrong:
+        return 0
     notes = {
-        "float64": "float64 rounding (the rule spelled differently): fine",
-        "float32": "the right rule held in float32: fine for kernels (SPEC section 1)",
+        "float64": "within float64 rounding (the rule spelled differently): fine",
+        "float32": "within float32 rounding (the right rule held in float32): fine for "
+        "kernels (SPEC section 1)" + ("; --exact fails it" if args.exact else ""),
         "bfloat16": "LOW PRECISION: the right rule rounded to bfloat16; keep slopes in "
         "float32 or float64",
         "float16": "LOW PRECISION: the right rule rounded to float16; keep slopes in "
         "float32 or float64",
-        "wrong rule": "WRONG RULE: not Press et al.'s slopes",
+        "wrong rule": "WRONG RULE: not " + rule,
     }
+    if args.exact and "float64" in by_class:
+        notes["float64"] += "; --exact fails it"
     for name, heads in by_class.items():
         print(f"  num_heads {_ranges(heads)}: {notes[name]}")
-    if report.passed(exact=args.exact):
-        print("PASS")
-        return 0
-    print("FAIL")
-    return 1
+    print(f"  {'first difference' if passed else 'first wrong'}: {report.first_detail}")
+    return 0 if passed else 1
 
 
 def _ranges(values) -> str:

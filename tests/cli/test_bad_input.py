@@ -140,7 +140,7 @@ def test_bins_refuse_int64_overflow():
     _expect(
         ValueError,
         "partition",
-        plsh_attention,
+        _ref_plsh,
         Q[:, :1],
         K[:, :1],
         V[:, :1],
@@ -179,15 +179,21 @@ def test_alibi_helpers_refuse():
 
 def _entry_points():
     return {
-        "alibi": lambda q, k, v, **kw: alibi_attention(q, k, v, **kw),
-        "plsh_counts": lambda q, k, v, **kw: plsh_attention(q, k, v, PART, **kw),
-        "plsh_reduction": lambda q, k, v, **kw: plsh_attention(
-            q, k, v, PART, backend="reduction", **kw
+        "alibi": lambda q, k, v, **kw: alibi_attention(q, k, v, **kw, return_lse=True),
+        "plsh_counts": lambda q, k, v, **kw: plsh_attention(
+            q, k, v, partition=PART, return_lse=True, **kw
         ),
-        "no_bias": lambda q, k, v, **kw: no_bias_attention(q, k, v, **kw),
-        "fixed_block": lambda q, k, v, **kw: fixed_block_attention(q, k, v, 2, **kw),
-        "alibi_mp": lambda q, k, v, **kw: alibi_attention_mp(q, k, v, **kw),
-        "plsh_mp": lambda q, k, v, **kw: plsh_attention_mp(q, k, v, PART, **kw),
+        "plsh_reduction": lambda q, k, v, **kw: plsh_attention(
+            q, k, v, partition=PART, method="reduction", return_lse=True, **kw
+        ),
+        "no_bias": lambda q, k, v, **kw: no_bias_attention(q, k, v, **kw, return_lse=True),
+        "fixed_block": lambda q, k, v, **kw: fixed_block_attention(
+            q, k, v, 2, **kw, return_lse=True
+        ),
+        "alibi_mp": lambda q, k, v, **kw: alibi_attention_mp(q, k, v, return_lse=True, **kw),
+        "plsh_mp": lambda q, k, v, **kw: plsh_attention_mp(
+            q, k, v, partition=PART, return_lse=True, **kw
+        ),
     }
 
 
@@ -247,18 +253,27 @@ def test_alibi_attention_refuses_bad_slopes(fn):
     _expect(ValueError, "slopes", fn, Q, K, V, slopes=[0.5, np.inf])
 
 
-@pytest.mark.parametrize("fn", [plsh_attention, plsh_attention_mp])
+def _ref_plsh(q, k, v, partition, **kw):
+    return plsh_attention(q, k, v, partition=partition, return_lse=True, **kw)
+
+
+def _ref_plsh_mp(q, k, v, partition, **kw):
+    return plsh_attention_mp(q, k, v, partition=partition, return_lse=True, **kw)
+
+
+@pytest.mark.parametrize("fn", [_ref_plsh, _ref_plsh_mp])
 def test_plsh_attention_refuses_bad_partition(fn):
     _expect(ValueError, "partition", fn, Q, K, V, PART.heads(0, 1))  # 1 head, query 2
     _expect(ValueError, "partition", fn, Q, K, V, draw_partition([1.0, 2.0, 3.0], 2, seed=0))
     _expect(TypeError, "partition", fn, Q, K, V, (PART.pitch, PART.offset))
 
 
-def test_plsh_attention_refuses_bad_backend():
-    _expect(ValueError, "backend", plsh_attention, Q, K, V, PART, backend="fast")
-    _expect(ValueError, "backend", plsh_attention, Q, K, V, PART, backend=None)
-    with pytest.warns(DeprecationWarning, match="method"):
-        _expect(ValueError, "method", plsh_attention, Q, K, V, PART, method="fast")
+def test_plsh_attention_refuses_bad_method():
+    _expect(ValueError, "method", _ref_plsh, Q, K, V, PART, method="fast")
+    _expect(ValueError, "method", _ref_plsh, Q, K, V, PART, method=None)
+    with pytest.warns(DeprecationWarning, match="method="):
+        _expect(ValueError, "method", _ref_plsh, Q, K, V, PART, backend="fast")
+    _expect(TypeError, "partition", plsh_attention, Q, K, V)
 
 
 def test_fixed_block_refuses_bad_block_size():
@@ -276,7 +291,7 @@ def test_biased_attention_refuses_bad_bias():
     _expect(ValueError, "bias", biased_attention, Q, K, V, np.zeros((3, 2, 3, 3)))
     _expect(ValueError, "bias", biased_attention, Q, K, V, np.zeros(3))
     # -inf is how a pair is masked: accepted
-    biased_attention(Q, K, V, _with(good, (0, 0, 0), -np.inf))
+    biased_attention(Q, K, V, _with(good, (0, 0, 0), -np.inf), return_lse=True)
 
 
 @pytest.mark.parametrize(
@@ -297,9 +312,13 @@ def test_overflowing_logits_are_refused_not_returned_as_empty_rows(entry):
 
 @pytest.mark.parametrize("fn", [alibi_attention_mp, plsh_attention_mp])
 def test_mp_attention_refuses_bad_dps(fn):
-    args = (Q, K, V) if fn is alibi_attention_mp else (Q, K, V, PART)
-    _expect(ValueError, "dps", fn, *args, dps=10)
-    _expect(TypeError, "dps", fn, *args, dps=30.0)
+    kw = (
+        {"return_lse": True}
+        if fn is alibi_attention_mp
+        else {"partition": PART, "return_lse": True}
+    )
+    _expect(ValueError, "dps", fn, Q, K, V, dps=10, **kw)
+    _expect(TypeError, "dps", fn, Q, K, V, dps=30.0, **kw)
 
 
 def test_weighted_attention_mp_refuses_bad_weight():
@@ -327,15 +346,15 @@ def test_causal_must_be_bool(flag):
     part = plsh_ref.draw_partition([2.0, 4.0], 2, seed=0)
     pos = np.arange(3)
     calls = [
-        lambda: plsh_ref.alibi_attention(q, q, q, causal=flag),
-        lambda: plsh_ref.plsh_attention(q, q, q, part, causal=flag),
-        lambda: plsh_ref.no_bias_attention(q, q, q, causal=flag),
-        lambda: plsh_ref.fixed_block_attention(q, q, q, 2, causal=flag),
+        lambda: plsh_ref.alibi_attention(q, q, q, causal=flag, return_lse=True),
+        lambda: plsh_ref.plsh_attention(q, q, q, partition=part, causal=flag, return_lse=True),
+        lambda: plsh_ref.no_bias_attention(q, q, q, causal=flag, return_lse=True),
+        lambda: plsh_ref.fixed_block_attention(q, q, q, 2, causal=flag, return_lse=True),
         lambda: plsh_ref.kernel_matrix(2.0, pos, pos, causal=flag),
         lambda: plsh_ref.alibi_bias([0.5, 0.25], pos, pos, causal=flag),
         lambda: plsh_ref.counts(part, pos, pos, causal=flag),
         lambda: plsh_ref.masks(part, pos, pos, causal=flag),
-        lambda: alibi_attention_mp(q, q, q, causal=flag),
+        lambda: alibi_attention_mp(q, q, q, causal=flag, return_lse=True),
     ]
     for call in calls:
         with pytest.raises(TypeError, match="^causal"):
@@ -359,4 +378,4 @@ def test_fast_path_refuses_bins_outside_int64_like_the_reference(slope, base):
 def test_negative_slope_message_shows_a_plain_number():
     # numpy 2 printed "got min np.float64(-1.0)"
     with pytest.raises(ValueError, match=r"^slopes: every entry must be > 0, got min -1\.0$"):
-        alibi_attention(Q, K, V, slopes=[0.5, -1.0])
+        alibi_attention(Q, K, V, slopes=[0.5, -1.0], return_lse=True)

@@ -56,7 +56,7 @@ def _stack():
         PLSHSelfAttention(32, 4, num_samples=4),
         PLSHSelfAttention(32, 4, num_samples=3, backend="cpu", resample="fixed"),
         PLSHSelfAttention(32, 4, num_samples=4, backend="dense"),
-        PLSHSelfAttention(32, 4, exact=True),
+        PLSHSelfAttention(32, 4, method="exact"),
     )
 
 
@@ -116,8 +116,10 @@ def test_padded_batch_compiles_and_matches_eager():
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
     compiled = torch.compile(layer, fullgraph=True, backend=Counting())
     x = torch.randn(3, 12, 16)
-    y, gx = _grads(lambda t: compiled(t, positions, attention_mask=mask), x)
-    y_eager, gx_eager = _grads(lambda t: layer(t, positions, attention_mask=mask), x)
+    y, gx = _grads(lambda t: compiled(t, query_positions=positions, attention_mask=mask), x)
+    y_eager, gx_eager = _grads(
+        lambda t: layer(t, query_positions=positions, attention_mask=mask), x
+    )
     torch.testing.assert_close(y, y_eager, rtol=0, atol=0)
     torch.testing.assert_close(gx, gx_eager, rtol=0, atol=0)
 

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from plsh_fast.decoding import PLSHDecodingCache, cache_bound  # noqa: E402
-from plsh_ref import alibi_slopes, draw_partition  # noqa: E402
+from plsh_fast.decoding import PLSHDecodingCache, cache_bound, reachable_keys  # noqa: E402
+from plsh_ref import PartitionSample, alibi_slopes, draw_partition  # noqa: E402
 from plsh_ref.attention import plsh_attention as ref_plsh_attention  # noqa: E402
 from plsh_ref.expectation import largest_pitch_cdf  # noqa: E402
 from plsh_ref.partition import bins as ref_bins  # noqa: E402
@@ -34,7 +34,9 @@ def _decode(cache, q, k, v, prefill, positions=None, mask=None):
         pos = None if positions is None else positions[..., a:b]
         am = None if mask is None else mask[:, a:b]
         pieces.append(
-            cache.update(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], pos, attention_mask=am)
+            cache.update(
+                q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], query_positions=pos, attention_mask=am
+            )
         )
         sizes.append(int(cache.cached_tokens().max()))
     return torch.cat(pieces, dim=2), sizes
@@ -44,7 +46,14 @@ def _reference_rows(q, k, v, part, pos):
     """float64 reference output and the same-dtype baseline for one sequence's real tokens."""
     qn, kn, vn = (t.double().numpy() for t in (q, k, v))
     ref, _ = ref_plsh_attention(
-        qn, kn, vn, part, causal=True, query_positions=pos, key_positions=pos
+        qn,
+        kn,
+        vn,
+        partition=part,
+        causal=True,
+        query_positions=pos,
+        key_positions=pos,
+        return_lse=True,
     )
     with np.errstate(divide="ignore"):
         bias = np.log(ref_counts(part, pos, pos, causal=True) / part.num_samples)
@@ -175,12 +184,12 @@ def test_bad_input():
     cache = PLSHDecodingCache(part)
     q, k, v = _inputs(1, 2, 2, 4, 4, torch.float32)
     cache.update(q, k, v)
-    with pytest.raises(ValueError, match="^partition"):
+    with pytest.raises(ValueError, match="^partition"), pytest.warns(DeprecationWarning):
         cache.update(q[:, :, :1], k[:, :, :1], v[:, :, :1], partition=other)
-    with pytest.raises(ValueError, match="^positions: decode step out of order"):
-        cache.update(q[:, :, :1], k[:, :, :1], v[:, :, :1], positions=[2])
-    with pytest.raises(ValueError, match="^positions: must increase"):
-        cache.update(q[:, :, :2], k[:, :, :2], v[:, :, :2], positions=[9, 9])
+    with pytest.raises(ValueError, match="^query_positions: decode step out of order"):
+        cache.update(q[:, :, :1], k[:, :, :1], v[:, :, :1], query_positions=[2])
+    with pytest.raises(ValueError, match="^query_positions: must increase"):
+        cache.update(q[:, :, :2], k[:, :, :2], v[:, :, :2], query_positions=[9, 9])
     with pytest.raises(ValueError, match="^query: batch"):
         cache.update(*(torch.cat([t, t]) for t in (q, k, v)))
     with pytest.raises(ValueError, match="^query"):
@@ -206,8 +215,8 @@ def test_refused_first_call_leaves_the_cache_unset():
     part = draw_partition([4.0, 8.0], num_samples=4, seed=0)
     cache = PLSHDecodingCache(part)
     q, k, v = _inputs(2, 2, 2, 3, 4, torch.float64)
-    with pytest.raises(ValueError, match="^positions: must increase"):
-        cache.update(q, k, v, positions=[2, 1, 0])
+    with pytest.raises(ValueError, match="^query_positions: must increase"):
+        cache.update(q, k, v, query_positions=[2, 1, 0])
     assert cache.batch_size == 0
     q, k, v = _inputs(1, 2, 1, 3, 4, torch.float32)
     out = cache.update(q, k, v)  # another batch, kv heads and dtype: a fresh cache
@@ -221,8 +230,8 @@ def test_bad_scale_and_positions_name_the_argument():
     with pytest.raises(TypeError, match="^scale"):
         PLSHDecodingCache(part, scale=True)
     q, k, v = _inputs(1, 2, 2, 3, 4, torch.float32)
-    with pytest.raises(TypeError, match="^positions"):
-        PLSHDecodingCache(part).update(q, k, v, positions="abc")
+    with pytest.raises(TypeError, match="^query_positions"):
+        PLSHDecodingCache(part).update(q, k, v, query_positions="abc")
 
 
 def test_non_finite_inputs_are_refused_unless_allowed():
@@ -268,3 +277,50 @@ def test_decoding_near_2_53_with_wide_pitches_stays_exact():
     full = plsh_attention(q, k, v, partition=part, query_positions=pos, key_positions=pos)
     torch.testing.assert_close(out, full, rtol=1e-12, atol=1e-12)
     assert max(sizes) <= binary64_bound(part, 2**53 - 1)
+
+
+def _bins_of(partition, positions):
+    return torch.from_numpy(ref_bins(partition, np.asarray(positions)))
+
+
+def test_reachable_keys_keeps_keys_after_the_reference():
+    """The one eviction rule (proofs_notes/decoding_cache.md, Claim 3) where ``==`` and ``>=``
+    differ: keys after the reference in a later bin must stay."""
+    part = PartitionSample(np.array([[4.0]]), np.array([[0.0]]))  # bins 0,0,0,0,1,1,1,1
+    keys = np.arange(8)
+    kb, rb = _bins_of(part, keys), _bins_of(part, [3])
+    keep = reachable_keys(kb, rb)
+    assert keep.tolist() == [True] * 8  # ">=": the tokens 4..7 after r = 3 are kept
+    assert (kb == rb).any(dim=1).any(dim=0).tolist() == [True] * 4 + [False] * 4  # "==" drops them
+    assert reachable_keys(kb, _bins_of(part, [5])).tolist() == [False] * 4 + [True] * 4
+    # drawn partitions: (a) dropped keys have count 0 for every later query, (b) for keys
+    # at or before r the rule is "shares a bin with r"
+    for seed in range(5):
+        part = draw_partition(np.array([2.0, 5.0]), 3, seed=seed)
+        keys = np.arange(60)
+        kb = _bins_of(part, keys)
+        for r in (10, 31, 59):
+            keep = reachable_keys(kb, _bins_of(part, [r]))
+            later = np.arange(r, 80)
+            c = ref_counts(part, later, keys, causal=True).sum(axis=(0, 1))  # over heads, queries
+            assert np.all(c[~keep.numpy()] == 0)
+            before = kb[..., : r + 1]
+            same = (before == _bins_of(part, [r])).any(dim=1).any(dim=0)
+            assert torch.equal(keep[: r + 1], same)
+    with pytest.raises(TypeError, match="^key_bins"):
+        reachable_keys(kb.float(), rb)
+    with pytest.raises(ValueError, match="^reference_bins"):
+        reachable_keys(kb, rb[0])
+
+
+def test_cache_right_after_a_prefill_holds_only_keys_the_newest_query_reaches():
+    """The decoding cache evicts after attending, from the newest query: after a prefill
+    longer than the bound it holds exactly the keys sharing a bin with the newest token
+    (from the smallest new query it would keep the whole prompt)."""
+    part = draw_partition(np.array([3.0, 6.0]), 4, seed=2)
+    cache = PLSHDecodingCache(part)
+    q = torch.randn(1, 2, 300, 8, dtype=torch.float64)
+    cache.update(q, q, q)
+    kb = _bins_of(part, np.arange(300))
+    expected = int((kb == kb[..., -1:]).any(dim=1).any(dim=0).sum())
+    assert int(cache.cached_tokens()[0]) == expected < cache.bound < 300

@@ -67,7 +67,7 @@ def test_auto_below_crossover_meets_the_tolerance_rule_with_padding_and_gqa(dtyp
     q64, k64, v64 = (t.double().numpy() for t in (q, k, v))
     ref_out, ref_lse = ref_plsh(q64, k64, v64, partition=part, causal=causal,
                                 query_positions=pos.numpy(), key_positions=pos.numpy(),
-                                attention_mask=mask.numpy())  # fmt: skip
+                                attention_mask=mask.numpy(), return_lse=True)  # fmt: skip
     # the baseline of the rule: plain torch attention with the same dense bias, in dtype
     bias = torch.from_numpy(np.stack([
         count_bias(counts(part, pos[b].numpy(), pos[b].numpy(), causal=causal), 8)

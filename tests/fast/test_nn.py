@@ -63,36 +63,43 @@ def test_eval_equals_reference_plsh_with_module_partition(heads_kv):
     core = PLSHAttention(4, 12, seed=7, backend="dense").eval()
     q, k, v = _qkv(n=40, heads_kv=heads_kv)
     out = core(q, k, v)
-    ref, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.partition, causal=True)
+    ref, _ = plsh_ref.plsh_attention(
+        *_np(q, k, v), partition=core.partition, causal=True, return_lse=True
+    )
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
     # and a different partition gives a different function (the check can fail)
-    other, _ = plsh_ref.plsh_attention(*_np(q, k, v), draw_partition(core.sigma, 12, 8))
+    other, _ = plsh_ref.plsh_attention(
+        *_np(q, k, v), partition=draw_partition(core.sigma, 12, 8), return_lse=True
+    )
     assert np.max(np.abs(other - ref)) > 1e-3
 
 
 @pytest.mark.parametrize("causal", [True, False])
 @pytest.mark.parametrize("heads_kv", [4, 2, 1])
 def test_exact_equals_dense_alibi_reference(causal, heads_kv):
-    core = PLSHAttention(4, 5, exact=True, causal=causal)
+    core = PLSHAttention(4, 5, method="exact", causal=causal)
     q, k, v = _qkv(n=20, heads_kv=heads_kv, n_k=29)
     kpos = np.arange(29) + 100
     qpos = np.arange(20) + 109
-    out = core(q, k, v, qpos, kpos)
+    out = core(q, k, v, query_positions=qpos, key_positions=kpos)
     ref, _ = plsh_ref.alibi_attention(
-        *_np(q, k, v), causal=causal, query_positions=qpos, key_positions=kpos
+        *_np(q, k, v), causal=causal, query_positions=qpos, key_positions=kpos, return_lse=True
     )
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
     # negative control: PLSH with few samples is measurably different from exact ALiBi
     core.exact = False
     core.backend = "dense"
-    assert np.max(np.abs(core.eval()(q, k, v, qpos, kpos).numpy() - ref)) > 1e-3
+    assert (
+        np.max(np.abs(core.eval()(q, k, v, query_positions=qpos, key_positions=kpos).numpy() - ref))
+        > 1e-3
+    )
 
 
 def test_exact_in_float32_within_sdpa_rounding():
-    core = PLSHAttention(4, exact=True)
+    core = PLSHAttention(4, method="exact")
     q, k, v = _qkv(n=33, dtype=torch.float32)
     out = core(q, k, v).double().numpy()
-    ref, _ = plsh_ref.alibi_attention(*_np(q.double(), k.double(), v.double()))
+    ref, _ = plsh_ref.alibi_attention(*_np(q.double(), k.double(), v.double()), return_lse=True)
     # measured 0.6 eps relative to max|ref|; PLSH (s=16) instead of exact is ~1e6 eps off
     assert np.max(np.abs(out - ref)) <= 4 * np.finfo(np.float32).eps * np.max(np.abs(ref))
 
@@ -102,19 +109,20 @@ def test_longer_sequences_than_ever_seen_just_work():
     core = PLSHAttention(4, 8, seed=1, backend="dense").eval()
     q, k, v = _qkv(n=300, batch=1, d=4)
     out = core(q, k, v)
-    ref, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.partition)
+    ref, _ = plsh_ref.plsh_attention(*_np(q, k, v), partition=core.partition, return_lse=True)
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
     # causal prefix consistency: the first 100 rows do not depend on the later tokens
     short = core(q[:, :, :100], k[:, :, :100], v[:, :, :100])
     np.testing.assert_allclose(short.numpy(), out[:, :, :100].numpy(), rtol=0, atol=1e-12)
     # far positions (a chunk at 10**6) also match the reference
     pos = np.arange(50) + 10**6
-    far = core(q[:, :, :50], k[:, :, :50], v[:, :, :50], pos, pos)
+    far = core(q[:, :, :50], k[:, :, :50], v[:, :, :50], query_positions=pos, key_positions=pos)
     ref_far, _ = plsh_ref.plsh_attention(
         *_np(q[:, :, :50], k[:, :, :50], v[:, :, :50]),
-        core.partition,
+        partition=core.partition,
         query_positions=pos,
         key_positions=pos,
+        return_lse=True,
     )
     np.testing.assert_allclose(far.numpy(), ref_far, rtol=0, atol=1e-12)
 
@@ -131,7 +139,9 @@ def test_training_resamples_every_forward_and_eval_is_fixed():
     np.testing.assert_array_equal(
         core.training_partition(1).pitch, PLSHAttention(4, 10, seed=5).training_partition(1).pitch
     )
-    ref_b, _ = plsh_ref.plsh_attention(*_np(q, k, v), core.training_partition(1))
+    ref_b, _ = plsh_ref.plsh_attention(
+        *_np(q, k, v), partition=core.training_partition(1), return_lse=True
+    )
     np.testing.assert_allclose(b.detach().numpy(), ref_b, rtol=0, atol=1e-12)
     core.eval()
     c, d = core(q, k, v), core(q, k, v)
@@ -177,10 +187,10 @@ def test_gradients_flow_and_match_float64_gradcheck():
 
 def test_empty_rows_give_zero_output_and_zero_gradient():
     q, k, v = (t.requires_grad_() for t in _qkv(n=4, heads=2, d=3, batch=1, n_k=5))
-    core = PLSHAttention(2, 4, exact=True)
+    core = PLSHAttention(2, 4, method="exact")
     qpos = np.array([0, 1, 2, 10])
     kpos = np.array([3, 4, 5, 6, 7])  # rows 0..2 have no admissible key (causal)
-    out = core(q, k, v, qpos, kpos)
+    out = core(q, k, v, query_positions=qpos, key_positions=kpos)
     assert torch.all(torch.isfinite(out))
     assert torch.equal(out[:, :, :3], torch.zeros_like(out[:, :, :3]))
     out.sum().backward()
@@ -191,7 +201,7 @@ def test_empty_rows_give_zero_output_and_zero_gradient():
 def test_biased_sdpa_equals_reference_biased_attention():
     q, k, v = _qkv(n=9, heads=4, heads_kv=2, n_k=11)
     bias = np.random.default_rng(0).normal(size=(4, 9, 11))
-    ref, _ = plsh_ref.biased_attention(*_np(q, k, v), bias)
+    ref, _ = plsh_ref.biased_attention(*_np(q, k, v), bias, return_lse=True)
     np.testing.assert_allclose(
         biased_sdpa(q, k, v, torch.from_numpy(bias)).numpy(), ref, rtol=0, atol=1e-12
     )
@@ -244,7 +254,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match=r"^key: num_heads_kv=3"):
         core(q, k[:, :3], v[:, :3])
     with pytest.raises(ValueError, match=r"^query_positions: must have length 8"):
-        core(q, k, v, np.arange(5), np.arange(8))
+        core(q, k, v, query_positions=np.arange(5), key_positions=np.arange(8))
     with pytest.raises(TypeError, match=r"^value: dtype must be float16"):
         core(q, k, v.long())
     with pytest.raises(ValueError, match=r"^partition: has 3 heads"):
@@ -267,7 +277,7 @@ def test_bad_inputs_raise_clear_errors():
         PLSHSelfAttention(32, 4, attention=PLSHAttention(2))
 
 
-@pytest.mark.parametrize("name", ["causal", "exact"])
+@pytest.mark.parametrize("name", ["causal", "check_finite"])
 def test_module_flags_must_be_bool(name):
     """PLSHAttention(causal="no") was coerced by bool() to True; now a TypeError."""
     from plsh_fast.nn import PLSHAttention
@@ -320,10 +330,10 @@ def test_activation_checkpointing_with_a_fixed_partition_gives_the_same_gradient
 
 def test_deprecated_names_still_work_with_a_warning():
     """backend="fast" is "auto" and bias= is projection_bias, for one release."""
-    with pytest.warns(DeprecationWarning, match="^backend:"):
+    with pytest.warns(DeprecationWarning, match="backend='fast'"):
         core = PLSHAttention(4, 4, seed=0, backend="fast")
     assert core.backend == "auto"
-    with pytest.warns(DeprecationWarning, match="^bias:"):
+    with pytest.warns(DeprecationWarning, match="projection_bias="):
         layer = PLSHSelfAttention(16, 4, bias=True, attention=PLSHAttention(4, 4, seed=0))
     assert layer.q_proj.bias is not None
     assert PLSHSelfAttention(16, 4, projection_bias=False).q_proj.bias is None

@@ -80,11 +80,12 @@ def test_left_padded_sequences_give_their_unpadded_results(causal):
         q.numpy(),
         k.numpy(),
         v.numpy(),
-        part,
+        partition=part,
         causal=causal,
         query_positions=pos.numpy(),
         key_positions=pos.numpy(),
         attention_mask=mask.numpy(),
+        return_lse=True,
     )
     np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-10)
     np.testing.assert_allclose(lse.numpy(), ref_lse, rtol=0, atol=1e-10)
@@ -198,9 +199,11 @@ def test_modules_fast_dense_exact_with_padding():
     outs = {}
     for backend in ("auto", "dense"):
         core = PLSHAttention(HEADS, 6, seed=4, backend=backend).eval()
-        outs[backend] = core(q, k, v, pos, pos, attention_mask=mask)
+        outs[backend] = core(q, k, v, query_positions=pos, key_positions=pos, attention_mask=mask)
     torch.testing.assert_close(outs["auto"], outs["dense"], rtol=1e-10, atol=1e-12)
-    exact = PLSHAttention(HEADS, exact=True)(q, k, v, pos, pos, attention_mask=mask)
+    exact = PLSHAttention(HEADS, method="exact")(
+        q, k, v, query_positions=pos, key_positions=pos, attention_mask=mask
+    )
     ref, _ = plsh_ref.alibi_attention(
         q.numpy(),
         k.numpy(),
@@ -208,11 +211,12 @@ def test_modules_fast_dense_exact_with_padding():
         query_positions=pos.numpy(),
         key_positions=pos.numpy(),
         attention_mask=mask.numpy(),
+        return_lse=True,
     )
     np.testing.assert_allclose(exact.numpy(), ref, rtol=0, atol=1e-12)
     layer = PLSHSelfAttention(16, 4, attention=PLSHAttention(4, 6, seed=1)).double().eval()
     x = torch.randn(len(LENGTHS), N, 16, dtype=torch.float64)
-    y = layer(x, pos, attention_mask=mask)
+    y = layer(x, query_positions=pos, attention_mask=mask)
     y1 = layer(x[2:3, N - LENGTHS[2] :])
     torch.testing.assert_close(y[2:3, N - LENGTHS[2] :], y1, rtol=1e-10, atol=1e-12)
 
@@ -274,8 +278,8 @@ def test_bad_positions_and_masks_name_the_argument(name, error, kwargs):
             q,
             k,
             v,
-            kwargs.get("query_positions"),
-            kwargs.get("key_positions"),
+            query_positions=kwargs.get("query_positions"),
+            key_positions=kwargs.get("key_positions"),
             attention_mask=kwargs.get("attention_mask"),
         )
 

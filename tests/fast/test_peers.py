@@ -64,12 +64,12 @@ POSITIONS = {
 def test_alibi_bias_equals_reference_bias(case, causal):
     n_q, n_k, qp, kp = POSITIONS[case]
     m = alibi_slopes(4)
-    got = peers.alibi_bias(
+    got = peers.sdpa_alibi_bias(
         m, n_q, n_k, query_positions=qp, key_positions=kp, causal=causal, dtype=torch.float64
     )
     ref = alibi_bias(m, *resolve_positions(n_q, n_k, qp, kp), causal=causal)
     np.testing.assert_array_equal(got.numpy(), ref)
-    got32 = peers.alibi_bias(m, n_q, n_k, query_positions=qp, key_positions=kp, causal=causal)
+    got32 = peers.sdpa_alibi_bias(m, n_q, n_k, query_positions=qp, key_positions=kp, causal=causal)
     assert got32.dtype == torch.float32
     finite = np.isfinite(ref)
     np.testing.assert_array_equal(np.isfinite(got32.numpy()), finite)
@@ -84,7 +84,7 @@ def test_alibi_bias_equals_reference_bias(case, causal):
 def test_exact_alibi_peer_matches_reference(case, causal, chunk_size):
     n_q, n_k, qp, kp = POSITIONS[case]
     q, k, v = _qkv((2, 4, n_q, 8), (2, 2, n_k, 8), torch.float64, dv=5)
-    out, lse = peers.alibi_attention(
+    out, lse = peers.chunked_alibi_attention(
         q,
         k,
         v,
@@ -96,7 +96,7 @@ def test_exact_alibi_peer_matches_reference(case, causal, chunk_size):
     )
     assert out.dtype == torch.float64 and out.shape == (2, 4, n_q, 5)
     ref, ref_lse = alibi_attention(
-        *_np(q, k, v), causal=causal, query_positions=qp, key_positions=kp
+        *_np(q, k, v), causal=causal, query_positions=qp, key_positions=kp, return_lse=True
     )
     bias = alibi_bias(alibi_slopes(4), *resolve_positions(n_q, n_k, qp, kp), causal=causal)
     _check(out, q, k, v, bias, ref, "float64", lse=lse, ref_lse=ref_lse)
@@ -110,11 +110,13 @@ def test_sdpa_peer_matches_reference(case, dtype):
     q, k, v = _qkv((1, 4, n_q, 16), (1, 4, n_k, 16), dtype, seed=1)
     out = peers.sdpa_alibi_attention(q, k, v, causal=causal, query_positions=qp, key_positions=kp)
     assert out.dtype == dtype
-    ref, _ = alibi_attention(*_np(q, k, v), causal=causal, query_positions=qp, key_positions=kp)
+    ref, _ = alibi_attention(
+        *_np(q, k, v), causal=causal, query_positions=qp, key_positions=kp, return_lse=True
+    )
     bias = alibi_bias(alibi_slopes(4), *resolve_positions(n_q, n_k, qp, kp), causal=causal)
     name = str(dtype).removeprefix("torch.")
     _check(out, q, k, v, bias, ref, name)
-    prebuilt = peers.alibi_bias(
+    prebuilt = peers.sdpa_alibi_bias(
         alibi_slopes(4),
         n_q,
         n_k,
@@ -134,11 +136,16 @@ def test_reduction_peer_matches_reference(case, dtype):
     q, k, v = _qkv((2, 4, n_q, 8), (2, 2, n_k, 8), dtype, seed=2)
     partition = draw_partition(np.array([2.0, 5.0, 11.0, 40.0]), 6, seed=3)
     out, lse = peers.reduction_attention(
-        q, k, v, partition, query_positions=qp, key_positions=kp, return_lse=True
+        q, k, v, partition=partition, query_positions=qp, key_positions=kp, return_lse=True
     )
     assert out.dtype == dtype and out.shape == q.shape
     ref, ref_lse = plsh_attention(
-        *_np(q, k, v), partition, query_positions=qp, key_positions=kp, backend="reduction"
+        *_np(q, k, v),
+        partition=partition,
+        query_positions=qp,
+        key_positions=kp,
+        method="reduction",
+        return_lse=True,
     )
     qpos, kpos = resolve_positions(n_q, n_k, qp, kp)
     bias = count_bias(counts(partition, qpos, kpos, causal=True), 6)
@@ -167,7 +174,7 @@ def test_flex_alibi_peer_matches_reference(mask):
     else:
         bm = peers.causal_block_mask(80, block=16)  # 5 blocks, partial diagonal blocks
     out = _flex_eager(q, k, v, score_mod=peers.alibi_score_mod(_alibi_slopes32()), block_mask=bm)
-    ref, _ = alibi_attention(*_np(q, k, v))
+    ref, _ = alibi_attention(*_np(q, k, v), return_lse=True)
     _check(
         out,
         q,
@@ -216,10 +223,10 @@ def test_flex_window_peer_matches_reference(causal):
     bias = np.where(inside, alibi_bias(alibi_slopes(4), qpos, kpos, causal=False), -np.inf)
     from plsh_ref.attention import biased_attention
 
-    ref, _ = biased_attention(*_np(q, k, v), bias)
+    ref, _ = biased_attention(*_np(q, k, v), bias, return_lse=True)
     _check(out, q, k, v, bias, ref, "float32")
     # negative control: a window of every key is exact ALiBi, a narrower one is not
-    exact, _ = alibi_attention(*_np(q, k, v), causal=causal)
+    exact, _ = alibi_attention(*_np(q, k, v), causal=causal, return_lse=True)
     assert np.max(np.abs(out.double().numpy()[0, 3] - exact[0, 3])) < 1e-5
     assert np.max(np.abs(out.double().numpy()[0, 0] - exact[0, 0])) > 1e-3
 
@@ -238,7 +245,7 @@ def test_compiled_flex_peer_matches_reference():
         score_mod=peers.alibi_score_mod(_alibi_slopes32()),
         block_mask=peers.causal_block_mask(128),
     )
-    ref, _ = alibi_attention(*_np(q, k, v))
+    ref, _ = alibi_attention(*_np(q, k, v), return_lse=True)
     pos = np.arange(128)
     _check(out, q, k, v, alibi_bias(alibi_slopes(4), pos, pos, causal=True), ref, "float32")
 
@@ -247,12 +254,12 @@ def test_peers_refuse_bad_input():
     q, k, v = _qkv((1, 2, 4, 8), (1, 2, 4, 8), torch.float32)
     part = draw_partition(np.array([2.0, 3.0, 4.0]), 2, seed=0)
     cases = [
-        (TypeError, "slopes", lambda: peers.alibi_bias(None, 4, 4)),
-        (ValueError, "slopes", lambda: peers.alibi_bias([0.5, -1.0], 4, 4)),
-        (ValueError, "n_q", lambda: peers.alibi_bias([0.5], -1, 4)),
-        (ValueError, "chunk_size", lambda: peers.alibi_attention(q, k, v, chunk_size=0)),
-        (ValueError, "partition", lambda: peers.reduction_attention(q, k, v, part)),
-        (TypeError, "partition", lambda: peers.reduction_attention(q, k, v, (1, 2))),
+        (TypeError, "slopes", lambda: peers.sdpa_alibi_bias(None, 4, 4)),
+        (ValueError, "slopes", lambda: peers.sdpa_alibi_bias([0.5, -1.0], 4, 4)),
+        (ValueError, "n_q", lambda: peers.sdpa_alibi_bias([0.5], -1, 4)),
+        (ValueError, "chunk_size", lambda: peers.chunked_alibi_attention(q, k, v, chunk_size=0)),
+        (ValueError, "partition", lambda: peers.reduction_attention(q, k, v, partition=part)),
+        (TypeError, "partition", lambda: peers.reduction_attention(q, k, v, partition=(1, 2))),
         (ValueError, "bias", lambda: peers.sdpa_alibi_attention(q, k, v, bias=torch.zeros(2, 4))),
         (TypeError, "window", lambda: peers.window_mask_mod([1, 2])),
         (TypeError, "slopes", lambda: peers.alibi_score_mod([0.5])),
@@ -266,11 +273,11 @@ def test_peers_refuse_bad_input():
                 torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 4, 8), None, 2
             ),
         ),
-        (TypeError, "causal", lambda: peers.alibi_attention(q, k, v, causal="yes")),
+        (TypeError, "causal", lambda: peers.chunked_alibi_attention(q, k, v, causal="yes")),
         (
             ValueError,
             "query",
-            lambda: peers.reduction_attention(q * math.nan, k, v, part.heads(0, 2)),
+            lambda: peers.reduction_attention(q * math.nan, k, v, partition=part.heads(0, 2)),
         ),
     ]
     for exc, name, call in cases:
@@ -289,7 +296,7 @@ def test_dense_attention_oracle_matches_reference(case, dtype):
     bias = alibi_bias(alibi_slopes(4), *resolve_positions(n_q, n_k, qp, kp), causal=True)
     out, lse = peers.dense_attention(q, k, v, bias, scale=0.7, return_lse=True)
     assert out.dtype == dtype and lse.shape == (2, 4, n_q)
-    ref, ref_lse = biased_attention(*_np(q, k, v), bias, scale=0.7)
+    ref, ref_lse = biased_attention(*_np(q, k, v), bias, scale=0.7, return_lse=True)
     base, base_lse = plain_attention_numpy(*_np(q, k, v), bias, scale=0.7, dtype=str(dtype)[6:])
     assert_close_to_reference(out, ref, base, str(dtype)[6:])
     assert_close_to_reference(lse, ref_lse, base_lse, str(dtype)[6:], name="lse")
@@ -332,7 +339,9 @@ def test_flex_reduction_peer_matches_reference(mask):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         out, lse = peers.flex_reduction_attention(q, k, v, bm, s, flex=flex_attention)
-    ref, ref_lse = plsh_attention(*_np(q, k, v), partition, backend="reduction")
+    ref, ref_lse = plsh_attention(
+        *_np(q, k, v), partition=partition, method="reduction", return_lse=True
+    )
     pos = np.arange(n)
     bias = count_bias(counts(partition, pos, pos, causal=True), s)
     _check(out, q, k, v, bias, ref, "float32", lse=lse, ref_lse=ref_lse)

@@ -19,7 +19,7 @@ from transformers import (  # noqa: E402
 
 import plsh_fast.hf as hf  # noqa: E402
 from plsh_fast.decoding import cache_bound  # noqa: E402
-from plsh_ref import alibi_slopes, draw_partition  # noqa: E402
+from plsh_ref import PartitionSample, alibi_slopes, draw_partition  # noqa: E402
 from plsh_ref.attention import alibi_attention as ref_alibi  # noqa: E402
 from plsh_ref.attention import plsh_attention as ref_plsh  # noqa: E402
 
@@ -209,11 +209,12 @@ def test_attention_functions_match_the_reference_with_padding():
         q.numpy(),
         k.numpy(),
         v.numpy(),
-        module.plsh_partition,
+        partition=module.plsh_partition,
         scale=0.3,
         query_positions=pos,
         key_positions=pos,
         attention_mask=mask.numpy(),
+        return_lse=True,
     )
     np.testing.assert_allclose(out.transpose(1, 2).numpy(), ref, rtol=1e-10, atol=1e-12)
     out, _ = hf.alibi_attention_forward(module, q, k, v, mask, scaling=0.3)
@@ -225,6 +226,7 @@ def test_attention_functions_match_the_reference_with_padding():
         query_positions=pos,
         key_positions=pos,
         attention_mask=mask.numpy(),
+        return_lse=True,
     )
     np.testing.assert_allclose(out.transpose(1, 2).numpy(), ref, rtol=1e-10, atol=1e-12)
 
@@ -344,3 +346,21 @@ def test_sliding_window_honoured_by_alibi_and_guarded_for_plsh():
     a = model.generate(ids, cache=DynamicCache(config=model.config), **kw).sequences
     b = model.generate(ids, cache=hf.PLSHCache(model), **kw).sequences
     assert torch.equal(a, b)
+
+
+def test_cache_layer_keeps_new_tokens_past_the_smallest_query():
+    """The transformers cache evicts before attending: new tokens in later bins than the
+    smallest new query must stay (with "shares a bin" they would be dropped;
+    proofs_notes/decoding_cache.md, Claim 3)."""
+    layer = hf.PLSHCacheLayer(PartitionSample(np.array([[4.0]]), np.array([[0.0]])))
+    kv = torch.arange(5.0).reshape(1, 1, 5, 1)
+    keys, _ = layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[3, 4, 5, 6, 7]])})
+    assert keys.shape[2] == 5 and layer.positions.tolist() == [[3, 4, 5, 6, 7]]
+    # a pad at the smallest position: the real tokens after it, in a later bin, stay
+    layer = hf.PLSHCacheLayer(PartitionSample(np.array([[4.0]]), np.array([[0.0]])))
+    keep = torch.tensor([[False, True, True, True, True]])
+    layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[3, 4, 5, 6, 7]]), "keep": keep})
+    assert layer.positions.tolist() == [[4, 5, 6, 7]]
+    # the next step (r = 8, bin 2) drops every key of bins 0 and 1
+    keys, _ = layer.update(kv[:, :, :1], kv[:, :, :1], kwargs={"position_ids": torch.tensor([[8]])})
+    assert layer.positions.tolist() == [[8]]

@@ -14,9 +14,16 @@ import math
 import numpy as np
 import pytest
 
-from plsh_ref.alibi import alibi_slopes
-from plsh_ref.partition import PartitionSample, count_bias, counts, draw_partition
-from plsh_ref.validation import check_dps, check_partition, check_scale, check_slopes
+from plsh_ref.alibi import alibi_slopes, check_slopes
+from plsh_ref.partition import (
+    PartitionSample,
+    check_partition,
+    count_bias,
+    counts,
+    draw_partition,
+    resolve_partition,
+)
+from plsh_ref.validation import check_dps, check_scale
 
 # ----------------------------------------------------------------------------- count_bias
 
@@ -59,8 +66,8 @@ def test_reference_plsh_attention_uses_count_bias():
     partition = draw_partition(np.array([2.0, 9.0]), 5, seed=1)
     pos = np.arange(24)
     bias = count_bias(counts(partition, pos, pos, causal=True), 5)
-    out, lse = biased_attention(q, k, v, bias)
-    ref, ref_lse = plsh_attention(q, k, v, partition)
+    out, lse = biased_attention(q, k, v, bias, return_lse=True)
+    ref, ref_lse = plsh_attention(q, k, v, partition=partition, return_lse=True)
     np.testing.assert_array_equal(out, ref)
     np.testing.assert_array_equal(lse, ref_lse)
 
@@ -114,6 +121,32 @@ def test_check_partition_and_dps():
     assert check_dps(15) == 15
     with pytest.raises(ValueError, match="^dps:"):
         check_dps(14)
+
+
+def test_resolve_partition_draws_with_the_default_num_samples_or_checks_the_given_one():
+    from plsh_ref.partition import DEFAULT_NUM_SAMPLES
+
+    drawn = resolve_partition(num_heads=3, seed=5)
+    assert drawn.num_samples == DEFAULT_NUM_SAMPLES and drawn.num_heads == 3
+    assert drawn == draw_partition(1.0 / alibi_slopes(3), DEFAULT_NUM_SAMPLES, 5)
+    assert resolve_partition(drawn, num_heads=3, num_samples=DEFAULT_NUM_SAMPLES) is drawn
+    with pytest.raises(ValueError, match="^num_samples: 4 differs"):
+        resolve_partition(drawn, num_heads=3, num_samples=4)
+    with pytest.raises(ValueError, match="^seed: pass either"):
+        resolve_partition(drawn, num_heads=3, seed=1)
+    with pytest.raises(ValueError, match="^slopes: too small"):
+        resolve_partition(num_heads=1, slopes=[1e-320], seed=0)
+
+
+def test_distributed_draws_the_default_num_samples():
+    """The distributed entry point resolves its partition like every other (no own default)."""
+    pytest.importorskip("torch")
+    import inspect
+
+    import plsh_fast.distributed as D
+
+    source = inspect.getsource(D)
+    assert "resolve_partition(" in source and "16 if num_samples" not in source
 
 
 # --------------------------------------------------------------------------- child seeds

@@ -62,7 +62,9 @@ def _close(got, want):
 @given(problems())
 def test_alibi_attention_equals_dense_formula(prob):
     qpos, kpos = prob.positions
-    got = alibi_attention(prob.query, prob.key, prob.value, slopes=prob.slopes, **prob.kwargs)
+    got = alibi_attention(
+        prob.query, prob.key, prob.value, slopes=prob.slopes, **prob.kwargs, return_lse=True
+    )
     want = dense_weighted_attention(
         prob.query,
         prob.key,
@@ -78,7 +80,13 @@ def test_plsh_attention_equals_dense_formula(prob, method):
     qpos, kpos = prob.positions
     m_tilde = counts(prob.partition, qpos, kpos, causal=prob.causal) / prob.partition.num_samples
     got = plsh_attention(
-        prob.query, prob.key, prob.value, prob.partition, method=method, **prob.kwargs
+        prob.query,
+        prob.key,
+        prob.value,
+        partition=prob.partition,
+        method=method,
+        **prob.kwargs,
+        return_lse=True,
     )
     _close(got, dense_weighted_attention(prob.query, prob.key, prob.value, m_tilde, _scale(prob)))
 
@@ -87,10 +95,22 @@ def test_plsh_attention_equals_dense_formula(prob, method):
 def test_reduction_equals_counts(prob):
     """The paper's reduction (per-sample block attention, LSE merge) = count-weighted form."""
     a = plsh_attention(
-        prob.query, prob.key, prob.value, prob.partition, backend="counts", **prob.kwargs
+        prob.query,
+        prob.key,
+        prob.value,
+        partition=prob.partition,
+        method="counts",
+        **prob.kwargs,
+        return_lse=True,
     )
     b = plsh_attention(
-        prob.query, prob.key, prob.value, prob.partition, backend="reduction", **prob.kwargs
+        prob.query,
+        prob.key,
+        prob.value,
+        partition=prob.partition,
+        method="reduction",
+        **prob.kwargs,
+        return_lse=True,
     )
     _close(a, b)
 
@@ -101,7 +121,7 @@ def test_no_bias_baseline_equals_dense_formula(prob):
     w = np.ones((prob.num_heads, len(qpos), len(kpos)))
     if prob.causal:
         w = w * _causal(qpos, kpos)
-    got = no_bias_attention(prob.query, prob.key, prob.value, **prob.kwargs)
+    got = no_bias_attention(prob.query, prob.key, prob.value, **prob.kwargs, return_lse=True)
     _close(got, dense_weighted_attention(prob.query, prob.key, prob.value, w, _scale(prob)))
 
 
@@ -116,7 +136,12 @@ def test_fixed_block_baseline_equals_dense_formula(prob, block, per_head):
                 # block of p: floor(p / b) (Python's // floors negative positions too)
                 w[h, i, j] = (int(pi) // b == int(pj) // b) and not (prob.causal and pj > pi)
     got = fixed_block_attention(
-        prob.query, prob.key, prob.value, sizes if per_head else block, **prob.kwargs
+        prob.query,
+        prob.key,
+        prob.value,
+        sizes if per_head else block,
+        **prob.kwargs,
+        return_lse=True,
     )
     _close(got, dense_weighted_attention(prob.query, prob.key, prob.value, w, _scale(prob)))
 
@@ -132,7 +157,9 @@ def test_biased_attention_equals_dense_formula(prob, seed, per_batch):
     )
     bias = rng.normal(size=shape) * 3
     bias[rng.random(shape) < 0.3] = -np.inf  # masked pairs; whole rows may be masked
-    got = biased_attention(prob.query, prob.key, prob.value, bias, scale=prob.scale)
+    got = biased_attention(
+        prob.query, prob.key, prob.value, bias, scale=prob.scale, return_lse=True
+    )
     _close(
         got, dense_weighted_attention(prob.query, prob.key, prob.value, np.exp(bias), _scale(prob))
     )
@@ -144,13 +171,17 @@ def test_biased_attention_equals_dense_formula(prob, seed, per_batch):
 
 def _all_methods(part):
     return {
-        "alibi": lambda q, k, v, **kw: alibi_attention(q, k, v, **kw),
-        "plsh_counts": lambda q, k, v, **kw: plsh_attention(q, k, v, part, **kw),
-        "plsh_reduction": lambda q, k, v, **kw: plsh_attention(
-            q, k, v, part, backend="reduction", **kw
+        "alibi": lambda q, k, v, **kw: alibi_attention(q, k, v, **kw, return_lse=True),
+        "plsh_counts": lambda q, k, v, **kw: plsh_attention(
+            q, k, v, partition=part, **kw, return_lse=True
         ),
-        "no_bias": lambda q, k, v, **kw: no_bias_attention(q, k, v, **kw),
-        "fixed_block": lambda q, k, v, **kw: fixed_block_attention(q, k, v, 3, **kw),
+        "plsh_reduction": lambda q, k, v, **kw: plsh_attention(
+            q, k, v, partition=part, method="reduction", **kw, return_lse=True
+        ),
+        "no_bias": lambda q, k, v, **kw: no_bias_attention(q, k, v, **kw, return_lse=True),
+        "fixed_block": lambda q, k, v, **kw: fixed_block_attention(
+            q, k, v, 3, **kw, return_lse=True
+        ),
     }
 
 
@@ -194,17 +225,33 @@ def test_exact_alibi_is_shift_invariant(shift, causal):
     q, k, v = random_qkv(6, 1, 3, 3, 7, 9, 4, 2)
     qpos = np.array([2, 3, 5, 6, 7, 8, 8])
     kpos = np.arange(9)
-    base = alibi_attention(q, k, v, causal=causal, query_positions=qpos, key_positions=kpos)
+    base = alibi_attention(
+        q, k, v, causal=causal, query_positions=qpos, key_positions=kpos, return_lse=True
+    )
     moved = alibi_attention(
-        q, k, v, causal=causal, query_positions=qpos + shift, key_positions=kpos + shift
+        q,
+        k,
+        v,
+        causal=causal,
+        query_positions=qpos + shift,
+        key_positions=kpos + shift,
+        return_lse=True,
     )
     for a, b in zip(base, moved):
         np.testing.assert_array_equal(a, b)
     # no_bias and causal masks likewise depend only on order
     for a, b in zip(
-        no_bias_attention(q, k, v, causal=causal, query_positions=qpos, key_positions=kpos),
         no_bias_attention(
-            q, k, v, causal=causal, query_positions=qpos + shift, key_positions=kpos + shift
+            q, k, v, causal=causal, query_positions=qpos, key_positions=kpos, return_lse=True
+        ),
+        no_bias_attention(
+            q,
+            k,
+            v,
+            causal=causal,
+            query_positions=qpos + shift,
+            key_positions=kpos + shift,
+            return_lse=True,
         ),
     ):
         np.testing.assert_array_equal(a, b)
@@ -214,9 +261,15 @@ def _one_hash_outputs(q, k, v, part, pos):
     """Output entry (0, 0, last row, 0) of PLSH attention with each single hash of part."""
     return np.array(
         [
-            plsh_attention(q, k, v, part.samples(t, t + 1), query_positions=pos, key_positions=pos)[
-                0
-            ][0, 0, -1, 0]
+            plsh_attention(
+                q,
+                k,
+                v,
+                partition=part.samples(t, t + 1),
+                query_positions=pos,
+                key_positions=pos,
+                return_lse=False,
+            )[0, 0, -1, 0]
             for t in range(part.num_samples)
         ]
     )
@@ -260,9 +313,11 @@ def test_left_padding_with_explicit_positions(pad):
     real = np.arange(m)
     pos_padded = np.concatenate([m + 100 + np.arange(pad), real])  # (a)
     for fn in (
-        lambda *a, **kw: alibi_attention(*a, **kw),
-        lambda *a, **kw: plsh_attention(*a, part, **kw),
-        lambda *a, **kw: plsh_attention(*a, part, backend="reduction", **kw),
+        lambda *a, **kw: alibi_attention(*a, **kw, return_lse=True),
+        lambda *a, **kw: plsh_attention(*a, partition=part, **kw, return_lse=True),
+        lambda *a, **kw: plsh_attention(
+            *a, partition=part, method="reduction", **kw, return_lse=True
+        ),
     ):
         out, lse = fn(q, k, v, causal=True, query_positions=real, key_positions=real)
         out_p, lse_p = fn(
@@ -296,7 +351,7 @@ def test_left_padding_with_explicit_positions(pad):
             with np.errstate(divide="ignore"):
                 bias[b] = np.log(weight_of(pos)) + np.where(_causal(pos, pos), 0.0, -np.inf)
         bias[0, :, :, :pad] = -np.inf  # padding keys of sequence 0
-        out_b, lse_b = biased_attention(qb, kb, vb, bias)
+        out_b, lse_b = biased_attention(qb, kb, vb, bias, return_lse=True)
         w_a = weight_of(real) * _causal(real, real)
         w_b = weight_of(pos_b) * _causal(pos_b, pos_b)
         ref_a = dense_weighted_attention(q, k, v, w_a, 0.5)
@@ -356,11 +411,12 @@ def test_plsh_row_empty_when_no_key_shares_a_bin():
             q,
             k,
             v,
-            part,
+            partition=part,
             causal=False,
             method=method,
             query_positions=[0],
             key_positions=[10**6, 10**6 + 1],
+            return_lse=True,
         )
         assert np.all(out == 0) and np.isneginf(lse).all()
 
@@ -376,7 +432,7 @@ def test_one_hot_values_causal_alibi_weights_grow_toward_diagonal():
         slopes = alibi_slopes(num_heads)
         q = np.zeros((1, num_heads, n, 3))
         v = np.broadcast_to(np.eye(n), (1, num_heads, n, n))
-        w, lse = alibi_attention(q, q, v, causal=True)
+        w, lse = alibi_attention(q, q, v, causal=True, return_lse=True)
         for h in range(num_heads):
             rho = np.exp(-slopes[h])
             for i in range(n):
@@ -394,7 +450,7 @@ def test_one_hot_values_bidirectional_rows_symmetric():
     n, num_heads = 13, 3
     q = np.zeros((1, num_heads, n, 2))
     v = np.broadcast_to(np.eye(n), (1, num_heads, n, n))
-    w, _ = alibi_attention(q, q, v, causal=False)
+    w, _ = alibi_attention(q, q, v, causal=False, return_lse=True)
     for h in range(num_heads):
         for i in range(n):
             reach = min(i, n - 1 - i)  # interior part of the row, symmetric about i
@@ -416,7 +472,7 @@ def test_one_hot_values_plsh_weights_are_normalised_counts(method):
     part = draw_partition([2.5], 5, seed=3)
     q, k, _ = random_qkv(13, 1, 1, 1, n, n, 4, 1)
     v = np.eye(n)[None, None]
-    w, _ = plsh_attention(q, k, v, part, causal=True, backend=method)
+    w, _ = plsh_attention(q, k, v, partition=part, causal=True, method=method, return_lse=True)
     a = (
         np.exp((q[0, 0] @ k[0, 0].T) / 2.0)
         * counts(part, np.arange(n), np.arange(n), causal=True)[0]
@@ -438,13 +494,19 @@ def test_plsh_attention_converges_to_exact_alibi():
     n = 96
     slopes = np.array([1 / 4, 1 / 16])
     q, k, v = random_qkv(14, 1, 2, 2, n, n, 8, 4)
-    ref, _ = alibi_attention(q, k, v, slopes=slopes)
+    ref, _ = alibi_attention(q, k, v, slopes=slopes, return_lse=True)
     sizes = np.array([4, 16, 64, 256])
     errs = []
     for s in sizes:
         e = []
         for seed in range(4):
-            out, _ = plsh_attention(q, k, v, draw_partition(1 / slopes, int(s), seed=100 + seed))
+            out, _ = plsh_attention(
+                q,
+                k,
+                v,
+                partition=draw_partition(1 / slopes, int(s), seed=100 + seed),
+                return_lse=True,
+            )
             e.append(np.linalg.norm(out - ref) / np.linalg.norm(ref))
         errs.append(np.mean(e))
     assert errs[-1] < errs[0] / 3, errs
@@ -452,7 +514,7 @@ def test_plsh_attention_converges_to_exact_alibi():
     slope = np.polyfit(np.log(sizes), np.log(errs), 1)[0]
     assert -0.75 <= slope <= -0.3, (slope, errs)
     # Negative control: the no-bias baseline is far from ALiBi.
-    base = no_bias_attention(q, k, v)[0]
+    base = no_bias_attention(q, k, v, return_lse=False)
     assert np.linalg.norm(base - ref) / np.linalg.norm(ref) > 5 * errs[-1]
 
 
@@ -478,8 +540,13 @@ def test_lse_merge_of_single_sample_results_equals_plsh(causal):
     unbiased attention inside the blocks of one hash): proofs_notes/softmax_bias_identity.md."""
     q, k, v = random_qkv(15, 2, 2, 1, 12, 12, 4, 3)
     part = draw_partition([3.0, 10.0], 7, seed=21)
-    per_sample = [plsh_attention(q, k, v, part.samples(t, t + 1), causal=causal) for t in range(7)]
-    _close(_merge(per_sample), plsh_attention(q, k, v, part, causal=causal))
+    per_sample = [
+        plsh_attention(q, k, v, partition=part.samples(t, t + 1), causal=causal, return_lse=True)
+        for t in range(7)
+    ]
+    _close(
+        _merge(per_sample), plsh_attention(q, k, v, partition=part, causal=causal, return_lse=True)
+    )
 
 
 def test_averaging_per_sample_outputs_is_a_different_estimator():
@@ -498,8 +565,8 @@ def test_averaging_per_sample_outputs_is_a_different_estimator():
     v = np.array([1.0, 0.0]).reshape(1, 1, 2, 1)
     s = 4000
     part = draw_partition([sigma], s, seed=5)
-    merged, _ = plsh_attention(q, k, v, part, causal=True)
-    exact, _ = alibi_attention(q, k, v, slopes=[1 / sigma], causal=True)
+    merged, _ = plsh_attention(q, k, v, partition=part, causal=True, return_lse=True)
+    exact, _ = alibi_attention(q, k, v, slopes=[1 / sigma], causal=True, return_lse=True)
     assert abs(exact[0, 0, 0, 0] - 1 / 3) < 1e-15
     # A single hash outputs O_t = M_t / (1 + M_t) = M_t / 2 (M_t in {0, 1} joins the keys),
     # so the average of the s outputs is C / (2 s) with C the count of joining hashes.
@@ -510,7 +577,9 @@ def test_averaging_per_sample_outputs_is_a_different_estimator():
     assert abs(average - 1 / 4) < 0.025
     # the average is what averaging single-sample attentions gives (checked on 50 of them)
     outs = [
-        plsh_attention(q, k, v, part.samples(t, t + 1), causal=True)[0][0, 0, 0, 0]
+        plsh_attention(q, k, v, partition=part.samples(t, t + 1), causal=True, return_lse=False)[
+            0, 0, 0, 0
+        ]
         for t in range(50)
     ]
     m50 = counts(part.samples(0, 50), [1], [0, 1], causal=True)[0, 0, 0]

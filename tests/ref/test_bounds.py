@@ -162,8 +162,12 @@ def test_certificate_bounds_the_actual_error(seed, n, s, causal, logit_scale):
     q, k, v = _qkv(rng, 1, 2, n, 4, 3)
     slopes = np.array([0.5, 0.125])
     part = draw_partition(1 / slopes, s, seed)
-    out_t, _ = plsh_attention(q, k, v, part, causal=causal, scale=logit_scale)
-    out_s, _ = alibi_attention(q, k, v, slopes=slopes, causal=causal, scale=logit_scale)
+    out_t, _ = plsh_attention(
+        q, k, v, partition=part, causal=causal, scale=logit_scale, return_lse=True
+    )
+    out_s, _ = alibi_attention(
+        q, k, v, slopes=slopes, causal=causal, scale=logit_scale, return_lse=True
+    )
     cert = bd.output_error_certificate(
         q, k, v, part, slopes=slopes, causal=causal, scale=logit_scale
     )
@@ -180,9 +184,16 @@ def test_certificate_with_empty_plsh_row():
     v = rng.normal(size=(1, 1, 3, 2)) + 5.0
     kw = dict(slopes=[0.5], causal=True, query_positions=[5], key_positions=[0, 1, 2])
     out_t, _ = plsh_attention(
-        q, k, v, part, causal=True, query_positions=[5], key_positions=[0, 1, 2]
+        q,
+        k,
+        v,
+        partition=part,
+        causal=True,
+        query_positions=[5],
+        key_positions=[0, 1, 2],
+        return_lse=True,
     )
-    out_s, _ = alibi_attention(q, k, v, **kw)
+    out_s, _ = alibi_attention(q, k, v, **kw, return_lse=True)
     assert np.all(out_t == 0)
     cert = bd.output_error_certificate(q, k, v, part, **kw)
     assert np.all(np.abs(out_t - out_s) <= cert)
@@ -212,8 +223,8 @@ def test_signed_sum_version_is_false():
     k = np.log(a_weights)[None, None, :, None]
     v = np.array([0.0, 1.0, 0.0])[None, None, :, None]
     slopes = [1 / sigma]
-    out_t, _ = plsh_attention(q, k, v, part, causal=True, scale=1.0)
-    out_s, _ = alibi_attention(q, k, v, slopes=slopes, causal=True, scale=1.0)
+    out_t, _ = plsh_attention(q, k, v, partition=part, causal=True, scale=1.0, return_lse=True)
+    out_s, _ = alibi_attention(q, k, v, slopes=slopes, causal=True, scale=1.0, return_lse=True)
     actual = np.abs(out_t - out_s)[0, 0, 2, 0]
     false_bound = _signed_sum_bound(q, k, v, part, slopes, 1.0)[0, 0, 2, 0]
     true_bound = bd.output_error_certificate(q, k, v, part, slopes=slopes, causal=True, scale=1.0)[
@@ -231,8 +242,8 @@ def test_signed_sum_version_fails_on_random_inputs_too():
     q, k, v = _qkv(rng, 1, 1, 48, 8)
     slopes = [0.25]
     part = draw_partition([4.0], 4, 11)
-    out_t, _ = plsh_attention(q, k, v, part, causal=True)
-    out_s, _ = alibi_attention(q, k, v, slopes=slopes, causal=True)
+    out_t, _ = plsh_attention(q, k, v, partition=part, causal=True, return_lse=True)
+    out_s, _ = alibi_attention(q, k, v, slopes=slopes, causal=True, return_lse=True)
     false_bound = _signed_sum_bound(q, k, v, part, slopes, 1 / math.sqrt(8))
     assert np.any(np.abs(out_t - out_s) > false_bound * (1 + 1e-9) + 1e-12)
 

@@ -100,8 +100,8 @@ def test_every_mpmath_entry_point_leaves_the_global_context_alone():
     q, k, v = (rng.standard_normal((1, 1, 3, 2)) for _ in range(3))
     part = draw_partition([2.0], 2, seed=0)
     calls = [
-        lambda: alibi_attention_mp(q, k, v, slopes=[0.5], dps=25)[0],
-        lambda: plsh_attention_mp(q, k, v, part, dps=25)[0],
+        lambda: alibi_attention_mp(q, k, v, slopes=[0.5], return_lse=True, dps=25)[0],
+        lambda: plsh_attention_mp(q, k, v, partition=part, return_lse=True, dps=25)[0],
         lambda: weighted_attention_mp(q, k, v, np.ones((1, 3, 3)), dps=25)[0],
         lambda: [ex.collision_probability_mp(3, 2.0, dps=25)],
         lambda: tp.kms_angles_mp(4, 2.0, dps=25),

@@ -74,9 +74,11 @@ def _bias_max(prob):
 
 @given(problems(**SMALL))
 def test_alibi_float64_equals_mpmath_30_digits(prob):
-    got = alibi_attention(prob.query, prob.key, prob.value, slopes=prob.slopes, **prob.kwargs)
+    got = alibi_attention(
+        prob.query, prob.key, prob.value, slopes=prob.slopes, **prob.kwargs, return_lse=True
+    )
     exact = alibi_attention_mp(
-        prob.query, prob.key, prob.value, slopes=prob.slopes, dps=30, **prob.kwargs
+        prob.query, prob.key, prob.value, slopes=prob.slopes, return_lse=True, dps=30, **prob.kwargs
     )
     _compare(
         got,
@@ -90,10 +92,22 @@ def test_alibi_float64_equals_mpmath_30_digits(prob):
 @given(problems(**SMALL), st.sampled_from(["counts", "reduction"]))
 def test_plsh_float64_equals_mpmath_30_digits(prob, method):
     got = plsh_attention(
-        prob.query, prob.key, prob.value, prob.partition, method=method, **prob.kwargs
+        prob.query,
+        prob.key,
+        prob.value,
+        partition=prob.partition,
+        method=method,
+        **prob.kwargs,
+        return_lse=True,
     )
     exact = plsh_attention_mp(
-        prob.query, prob.key, prob.value, prob.partition, dps=30, **prob.kwargs
+        prob.query,
+        prob.key,
+        prob.value,
+        partition=prob.partition,
+        return_lse=True,
+        dps=30,
+        **prob.kwargs,
     )
     # log(C / s) lies in [-log s, 0]
     bias_max = float(np.log(prob.partition.num_samples))
@@ -111,9 +125,9 @@ def test_large_logits_are_stable():
     matches 30-digit mpmath within the a-priori bound."""
     q, k, v = random_qkv(21, 1, 2, 2, 6, 6, 4, 3, magnitude=25.0)
     for causal in (True, False):
-        got = alibi_attention(q, k, v, causal=causal)
+        got = alibi_attention(q, k, v, causal=causal, return_lse=True)
         assert np.max(np.abs(got[1])) > 700  # exp of these LSEs is beyond float64
-        exact = alibi_attention_mp(q, k, v, causal=causal, dps=30)
+        exact = alibi_attention_mp(q, k, v, causal=causal, return_lse=True, dps=30)
         _compare(got, exact, _float64_error_bound(q, k, v, 5.0, 0.5, 6))
 
 
@@ -125,8 +139,8 @@ def test_mpmath_global_precision_untouched():
         for global_dps in (15, 7, 60):
             mpmath.mp.dps = global_dps
             before = (mpmath.mp.dps, mpmath.mp.prec)
-            a = alibi_attention_mp(q, k, v, dps=30)
-            p = plsh_attention_mp(q, k, v, part, dps=30)
+            a = alibi_attention_mp(q, k, v, return_lse=True, dps=30)
+            p = plsh_attention_mp(q, k, v, partition=part, return_lse=True, dps=30)
             assert (mpmath.mp.dps, mpmath.mp.prec) == before
             if global_dps == 15:
                 ref_a, ref_p = a, p
@@ -141,7 +155,7 @@ def test_mpmath_global_precision_untouched():
         # an error raised by validation leaves the precision alone too
         mpmath.mp.dps = 15
         with pytest.raises(ValueError):
-            alibi_attention_mp(q, k, v, dps=30, slopes=[-1.0, 1.0])
+            alibi_attention_mp(q, k, v, return_lse=True, dps=30, slopes=[-1.0, 1.0])
         assert mpmath.mp.dps == 15
     finally:
         mpmath.mp.dps, mpmath.mp.prec = saved[0], saved[1]
@@ -150,8 +164,8 @@ def test_mpmath_global_precision_untouched():
 def test_mpmath_precision_is_the_requested_one():
     """30-digit and 60-digit results agree to ~30 digits but not to 60: dps is honoured."""
     q, k, v = random_qkv(23, 1, 1, 1, 4, 4, 3, 2)
-    a30 = alibi_attention_mp(q, k, v, dps=30)[0].ravel()
-    a60 = alibi_attention_mp(q, k, v, dps=60)[0].ravel()
+    a30 = alibi_attention_mp(q, k, v, return_lse=True, dps=30)[0].ravel()
+    a60 = alibi_attention_mp(q, k, v, return_lse=True, dps=60)[0].ravel()
     with mpmath.workdps(80):
         diffs = [abs(x - y) / max(abs(y), 1) for x, y in zip(a30, a60)]
         assert max(diffs) <= mpmath.mpf(10) ** -27
@@ -164,7 +178,9 @@ def test_weighted_attention_array_equals_callable_and_empty_rows():
     qpos, kpos = np.array([-9, 1, 3]), np.arange(4)  # the query at -9 has no causal key
     c = counts(part, qpos, kpos, causal=True)
     via_array = weighted_attention_mp(q, k, v, c / 4, dps=30)
-    via_plsh = plsh_attention_mp(q, k, v, part, query_positions=qpos, key_positions=kpos, dps=30)
+    via_plsh = plsh_attention_mp(
+        q, k, v, partition=part, return_lse=True, query_positions=qpos, key_positions=kpos, dps=30
+    )
     for x, y in zip(
         np.concatenate([via_array[0].ravel(), via_array[1].ravel()]),
         np.concatenate([via_plsh[0].ravel(), via_plsh[1].ravel()]),

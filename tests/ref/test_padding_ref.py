@@ -28,11 +28,15 @@ def _qkv(rng, batch, n_q, n_k, heads=H, heads_kv=2, d=3, dv=5):
 
 
 ENTRY_POINTS = {
-    "alibi": lambda *a, **kw: alibi_attention(*a, **kw),
-    "plsh_counts": lambda *a, **kw: plsh_attention(*a, PART, backend="counts", **kw),
-    "plsh_reduction": lambda *a, **kw: plsh_attention(*a, PART, backend="reduction", **kw),
-    "no_bias": lambda *a, **kw: no_bias_attention(*a, **kw),
-    "fixed_block": lambda *a, **kw: fixed_block_attention(*a, 3, **kw),
+    "alibi": lambda *a, **kw: alibi_attention(*a, **kw, return_lse=True),
+    "plsh_counts": lambda *a, **kw: plsh_attention(
+        *a, partition=PART, method="counts", **kw, return_lse=True
+    ),
+    "plsh_reduction": lambda *a, **kw: plsh_attention(
+        *a, partition=PART, method="reduction", **kw, return_lse=True
+    ),
+    "no_bias": lambda *a, **kw: no_bias_attention(*a, **kw, return_lse=True),
+    "fixed_block": lambda *a, **kw: fixed_block_attention(*a, 3, **kw, return_lse=True),
 }
 
 
@@ -151,8 +155,8 @@ def test_counts_and_reduction_agree_on_padded_batches():
     q, k, v = _qkv(rng, 3, 7, 7)
     mask, pos = _left_padded_batch(rng, [7, 3, 5], 7, start=100)
     kw = dict(causal=True, query_positions=pos, key_positions=pos, attention_mask=mask)
-    a = plsh_attention(q, k, v, PART, backend="counts", **kw)
-    b = plsh_attention(q, k, v, PART, backend="reduction", **kw)
+    a = plsh_attention(q, k, v, partition=PART, method="counts", **kw, return_lse=True)
+    b = plsh_attention(q, k, v, partition=PART, method="reduction", **kw, return_lse=True)
     np.testing.assert_allclose(a[0], b[0], rtol=0, atol=1e-12)
     np.testing.assert_array_equal(np.isneginf(a[1]), np.isneginf(b[1]))
 
@@ -176,15 +180,6 @@ def test_bad_padding_arguments_name_the_argument(kwargs, exc, name):
             fn(q, k, v, causal=True, **kwargs)
 
 
-def test_method_is_a_deprecated_spelling_of_backend():
-    rng = np.random.default_rng(7)
-    q, k, v = _qkv(rng, 1, 3, 3)
-    with pytest.warns(DeprecationWarning, match="backend"):
-        old = plsh_attention(q, k, v, PART, method="reduction")
-    new = plsh_attention(q, k, v, PART, backend="reduction")
-    np.testing.assert_array_equal(old[0], new[0])
-
-
 @pytest.mark.parametrize("kind", ["alibi", "plsh"])
 def test_mp_attention_pads_like_the_float64_reference(kind):
     from plsh_ref.mp_attention import alibi_attention_mp, plsh_attention_mp
@@ -195,11 +190,11 @@ def test_mp_attention_pads_like_the_float64_reference(kind):
     mask, pos = _left_padded_batch(rng, [4, 2], 4, start=3)
     kw = dict(causal=True, query_positions=pos, key_positions=pos, attention_mask=mask)
     if kind == "alibi":
-        mp = alibi_attention_mp(q, k, v, slopes=[0.5, 0.25], dps=20, **kw)
-        ref = alibi_attention(q, k, v, slopes=[0.5, 0.25], **kw)
+        mp = alibi_attention_mp(q, k, v, slopes=[0.5, 0.25], return_lse=True, dps=20, **kw)
+        ref = alibi_attention(q, k, v, slopes=[0.5, 0.25], **kw, return_lse=True)
     else:
-        mp = plsh_attention_mp(q, k, v, part, dps=20, **kw)
-        ref = plsh_attention(q, k, v, part, **kw)
+        mp = plsh_attention_mp(q, k, v, partition=part, return_lse=True, dps=20, **kw)
+        ref = plsh_attention(q, k, v, partition=part, **kw, return_lse=True)
     np.testing.assert_allclose(mp[0].astype(float), ref[0], rtol=0, atol=1e-14)
     np.testing.assert_array_equal(np.isneginf(mp[1].astype(float)), np.isneginf(ref[1]))
     assert np.isneginf(ref[1][1, :, :2]).all()  # the pad query rows of sequence 1

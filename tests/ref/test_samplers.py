@@ -597,7 +597,12 @@ def test_plsh_attention_module_draws_with_its_sampler():
     assert core.num_draws == 1 and torch.isfinite(out).all()
     from plsh_ref.attention import plsh_attention as reference
 
-    ref, _ = reference(*(x.numpy() for x in (q, q, q)), core.training_partition(0), causal=True)
+    ref, _ = reference(
+        *(x.numpy() for x in (q, q, q)),
+        partition=core.training_partition(0),
+        causal=True,
+        return_lse=True,
+    )
     np.testing.assert_allclose(out.detach().numpy(), ref, rtol=1e-10, atol=1e-12)
     iid = PLSHAttention(4, 8, seed=3)
     assert iid.partition == draw_partition(iid.sigma, 8, 3)  # default unchanged

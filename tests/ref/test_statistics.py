@@ -299,8 +299,8 @@ def _output_failures(sampler, trials=30):
     for t in range(trials):
         q, k, v = (rng.normal(size=(1, 1, n, 8)) for _ in range(3))
         part = sampler(sigma, s, 7000 + t)
-        out_t, _ = plsh_attention(q, k, v, part, causal=True)
-        out_s, _ = alibi_attention(q, k, v, slopes=[1 / sigma], causal=True)
+        out_t, _ = plsh_attention(q, k, v, partition=part, causal=True, return_lse=True)
+        out_s, _ = alibi_attention(q, k, v, slopes=[1 / sigma], causal=True, return_lse=True)
         bound = bd.output_error_bound(q, k, v, s, delta, slopes=[1 / sigma])
         fails += bool(np.any(np.abs(out_t - out_s) > bound))
     return fails, _binom_upper(trials, delta)

@@ -54,7 +54,12 @@ def test_bias_builder_bloom_layout_and_given_slopes():
     kernel = from_bias_builder(
         bloom_like, slopes="given", supports={"bidirectional": False, "positions": False}
     )
-    assert _battery_failures(kernel) == []
+    # m_h * p_j cast to the input dtype (HF eager): exact in float32, but in half precision
+    # its rounding grows with n * slope and the long half-precision cases catch it
+    assert _battery_failures(kernel) == [
+        "sequence_longer_than_256_bfloat16",
+        "sequence_longer_than_256_float16",
+    ]
     # negative control: claimed bidirectional support fails
     kernel.supports = {"positions": False}
     assert "bidirectional" in _battery_failures(kernel)

@@ -355,7 +355,13 @@ def test_masked_keys_get_zero_weight_even_with_huge_logits(monkeypatch, fused, c
     q, k = (torch.randn(1, 2, 40, 4, generator=gen) * 1e16 for _ in range(2))
     v = torch.randn(1, 2, 40, 4, generator=gen)
     out = plsh_attention(q, k, v, partition=partition)
-    ref, _ = reference(q.double().numpy(), k.double().numpy(), v.double().numpy(), partition)
+    ref, _ = reference(
+        q.double().numpy(),
+        k.double().numpy(),
+        v.double().numpy(),
+        partition=partition,
+        return_lse=True,
+    )
     torch.testing.assert_close(out.double(), torch.from_numpy(ref), rtol=1e-6, atol=1e-6)
 
 
@@ -369,7 +375,7 @@ def test_huge_sigma_gives_plain_causal_attention(sigma):
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 1, 64, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     out, lse = plsh_attention(q, k, v, partition=partition, return_lse=True)
-    ref, ref_lse = reference(q.numpy(), k.numpy(), v.numpy(), partition)
+    ref, ref_lse = reference(q.numpy(), k.numpy(), v.numpy(), partition=partition, return_lse=True)
     torch.testing.assert_close(out, torch.from_numpy(ref), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(lse, torch.from_numpy(ref_lse), rtol=1e-12, atol=1e-12)
 
@@ -384,7 +390,7 @@ def test_large_offsets_of_a_hand_made_partition(offset):
     gen = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 1, 64, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     out = plsh_attention(q, k, v, partition=partition)
-    ref, _ = reference(q.numpy(), k.numpy(), v.numpy(), partition)
+    ref, _ = reference(q.numpy(), k.numpy(), v.numpy(), partition=partition, return_lse=True)
     torch.testing.assert_close(out, torch.from_numpy(ref), rtol=1e-12, atol=1e-12)
 
 

@@ -154,9 +154,9 @@ def _problem(head_dim, num_samples, magnitude=1.0, seed=0):
     scale = 1.0 / math.sqrt(head_dim)
     q64, k64, v64 = (t.double().numpy() for t in (q, k, v))
     ref = plsh_attention(
-        q64, k64, v64, partition, causal=True, scale=scale, query_positions=pos,
+        q64, k64, v64, partition=partition, causal=True, scale=scale, query_positions=pos,
         key_positions=pos,
-    )  # fmt: skip
+     return_lse=True,)  # fmt: skip
     base = plain_attention_torch(q64, k64, v64, bias, scale=scale, dtype="float32")
     grad_ref = _dense_grads(q.double(), k.double(), v.double(), g.double(), bias, scale,
                             torch.float64)  # fmt: skip

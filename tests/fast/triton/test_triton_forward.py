@@ -74,11 +74,12 @@ def _reference(q, k, v, partition, qpos, kpos, causal, scale, dtype_name):
         q64,
         k64,
         v64,
-        partition,
+        partition=partition,
         causal=causal,
         scale=scale,
         query_positions=qpos,
         key_positions=kpos,
+        return_lse=True,
     )
     c = counts(partition, qpos, kpos, causal=causal)
     bias = count_bias(c, partition.num_samples)
