@@ -67,9 +67,11 @@ __all__ = [
     "alibi_attention_forward",
     "layer_partition",
     "plsh_attention_forward",
+    "prepare_layer",
     "register",
     "set_alibi_attention",
     "swap_bloom_attention",
+    "swap_falcon_attention",
 ]
 
 #: the attention implementations this module registers
@@ -722,6 +724,134 @@ def swap_bloom_attention(
         prepare_layer(module, module.num_heads)
         _module_slopes(module, module.num_heads)
         module.forward = types.MethodType(_bloom_forward, module)
+    return model
+
+
+# --------------------------------------------------------------------------- Falcon
+def _falcon_forward(
+    self,
+    hidden_states,
+    alibi,
+    attention_mask,
+    position_ids=None,
+    layer_past=None,
+    use_cache=False,
+    output_attentions=False,
+    position_embeddings=None,
+    **kwargs,
+):
+    """FalconAttention.forward (``alibi=True`` layout) with the attention replaced by ALiBi/PLSH."""
+    fused = self.query_key_value(hidden_states)
+    num_kv_heads = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+    query, key, value = self._split_heads(fused)
+    batch, n_q = query.shape[:2]
+    query = query.transpose(1, 2).reshape(batch, self.num_heads, n_q, self.head_dim)
+    key = key.transpose(1, 2).reshape(batch, num_kv_heads, n_q, self.head_dim)
+    value = value.transpose(1, 2).reshape(batch, num_kv_heads, n_q, self.head_dim)
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx)
+    n_k = key.shape[2]
+    if attention_mask is None:
+        keep_all = torch.ones((batch, n_k), dtype=torch.bool, device=hidden_states.device)
+    else:  # Falcon's 4-D float mask (ALiBi folded in): masked entries hold the dtype's minimum
+        last = attention_mask[:, 0, -1, :]
+        keep_all = last if last.dtype == torch.bool else last > torch.finfo(last.dtype).min
+    kpos = (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_k:]
+    kmask, qpos = keep_all[:, -n_k:], kpos[:, -n_q:]
+    if self.training and self.attention_dropout.p > 0:
+        raise ValueError("dropout: attention dropout is not supported by the swapped attention")
+    if self.plsh_attn_implementation == "alibi":
+        out = _alibi_core(
+            query, key, value, self.plsh_slopes, qpos, kpos, kmask, True, self.inv_norm_factor
+        )
+    else:
+        if torch.compiler.is_compiling():
+            pitch, offset, _ = _traced_layer_state(self, query.device)
+        else:
+            pitch, offset, _ = prepare_layer(self, self.num_heads, query.device)
+        out = plsh_attention(
+            query,
+            key,
+            value,
+            partition=(pitch, offset),
+            causal=True,
+            scale=self.inv_norm_factor,
+            query_positions=qpos,
+            key_positions=kpos,
+            attention_mask=kmask,
+        )
+    context = out.transpose(1, 2).reshape(batch, n_q, self.num_heads * self.head_dim)
+    return self.dense(context), None
+
+
+def swap_falcon_attention(
+    model,
+    attn_implementation: str = "plsh",
+    *,
+    num_samples: int = DEFAULT_NUM_SAMPLES,
+    seed: int | None = None,
+):
+    """Replace the built-in ALiBi of a Falcon model (``config.alibi=True``) by ``"plsh"``/``"alibi"``.
+
+    Falcon's ``alibi=True`` layout adds ``slope_h * p_key`` to the logits *before* the
+    ``1 / sqrt(head_dim)`` scaling (in its eager path; its SDPA path folds the same, divided by
+    ``sqrt(head_dim)``, into the mask), so its effective ALiBi slopes are
+    ``m_h / sqrt(head_dim)`` with ``m_h`` of :func:`plsh_ref.alibi.alibi_slopes`: ``"alibi"``
+    uses them (exact ALiBi; it reproduces the model's logits wherever Falcon's bfloat16
+    product ``slope * position`` is exact, e.g. power-of-two head counts and positions below
+    256, tested), ``"plsh"`` draws each layer's partition with ``sigma_h = sqrt(head_dim) /
+    m_h``. Projections, the fused QKV layout (multi-query, new decoder architecture) and the
+    cache are Falcon's; positions come from the padding mask (``cumsum - 1``, as Falcon's
+    ``build_alibi_tensor``).
+
+    Parameters
+    ----------
+    model : transformers.FalconForCausalLM or transformers.FalconModel
+        With ``config.alibi=True``.
+    attn_implementation : {"plsh", "alibi"}
+    num_samples, seed : int
+        As :func:`set_alibi_attention`.
+
+    Returns
+    -------
+    model
+        Modified in place.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``attn_implementation``; no ``FalconAttention``; a model without ALiBi
+        (``config.alibi=False``: a RoPE Falcon, use :func:`set_alibi_attention` semantics
+        instead); ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``, a negative ``seed``.
+    TypeError
+        Non-integer ``num_samples``/``seed``.
+
+    References
+    ----------
+    Almazrouei et al. (2023), Falcon; Press et al. (2022); Wolfson & Wagner (2026).
+    """
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
+        )
+    num_samples = check_num_samples(num_samples)
+    seed = resolve_seed(seed)
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    found = [m for m in model.modules() if isinstance(m, FalconAttention)]
+    if not found:
+        raise ValueError(f"model: no FalconAttention modules in {type(model).__name__}")
+    if not getattr(model.config, "alibi", False):
+        raise ValueError("model: config.alibi is False (a RoPE Falcon has no ALiBi to swap)")
+    for module in found:
+        slopes = alibi_slopes(module.num_heads) * module.inv_norm_factor
+        module.plsh_attn_implementation = attn_implementation
+        module.plsh_slopes = torch.tensor(slopes, dtype=torch.float64)
+        module.plsh_partition = draw_partition(
+            1.0 / slopes, int(num_samples), layer_seed(int(seed), int(module.layer_idx))
+        )
+        prepare_layer(module, module.num_heads)
+        module.forward = types.MethodType(_falcon_forward, module)
     return model
 
 
