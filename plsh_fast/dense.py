@@ -271,7 +271,7 @@ def dense_attention(query, key, value, bias, *, scale=None, return_lse: bool = F
 #: ``n_q * n_k <= n**2``. Measured by ``benchmarks/crossover_bench.py`` (CPU; results in
 #: ``benchmarks/results/crossover_<date>.md``); the CUDA value is an estimate until measured
 #: there (``docs/huggingface.md``). Device types not listed never take the dense path.
-DENSE_CROSSOVER = {"cpu": 1024, "cuda": 2048}
+DENSE_CROSSOVER = {"cpu": 128, "cuda": 2048}
 
 
 def below_crossover(n_q, n_k, device: torch.device) -> bool:
