@@ -216,13 +216,18 @@ def main(argv=None) -> dict:
         "shipped": DENSE_CROSSOVER["cpu"],
         "provenance": run_metadata(),
     }
+    out = args.out or Path("benchmarks/results") / f"crossover_{date}"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write():
+        out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str))
+        out.with_suffix(".md").write_text(_markdown(result))
+
+    write()  # part 1 is kept even if the (long) model part is stopped
     if args.model:
         result["model"] = model_goal(args.model, args.model_repeats)
         result["model_repeats"] = args.model_repeats
-    out = args.out or Path("benchmarks/results") / f"crossover_{date}"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str))
-    out.with_suffix(".md").write_text(_markdown(result))
+        write()
     print(_markdown(result))
     return result
 
