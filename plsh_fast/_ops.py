@@ -14,9 +14,16 @@ Everything the kernels need is a tensor or a constant: the partition's ``pitch``
 ``(batch, n)``), the optional key-padding mask; ``scale``, ``causal`` and ``backend`` are
 constants of the graph (changing them compiles again).
 
-The forward also returns the CPU path's plan (block ranges and tile groups) as an int64
-tensor of data-dependent length, saved for the backward, which reuses it as the eager
-backward does (:func:`plsh_fast._autograd.plans_to_tensor`).
+The forward also returns a one-element int64 handle (value 0) to its batch groups and their
+CPU plans (block ranges and tile groups), kept host-side in :data:`KEPT_GROUPS` under the
+handle's identity; the handle is saved
+for the backward, which reuses the plans as the eager backward does. Every output has a
+shape known from the inputs' shapes, so Dynamo traces the operator with or without
+``fullgraph=True`` (an output of data-dependent length is a graph break unless
+``fullgraph=True``: it split every HF model at each attention call). An entry lives as long
+as its handle tensor (a finaliser removes it), so a forward whose graph is dropped keeps
+nothing; a backward that finds no entry for its handle object (a compiler copied it, say)
+plans again: the same result, recomputed.
 
 Differences from eager mode: the checks that read tensor values in
 :func:`plsh_fast.plsh_attention` (finiteness, position and bin range, partition values)
@@ -31,16 +38,39 @@ PyTorch custom operators (``torch.library.custom_op``, ``register_fake``,
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 
 from ._autograd import attention_backward as _backward_impl
 from ._autograd import attention_forward as _forward_impl
-from ._autograd import plans_to_tensor
 from .dense import working_dtype
 
-__all__ = ["attention", "attention_backward", "training_partition"]
+__all__ = ["KEPT_GROUPS", "attention", "attention_backward", "training_partition"]
+
+#: id(handle) -> (weak reference to the handle, the forward's batch groups with their plans)
+KEPT_GROUPS: dict[int, tuple] = {}
+
+
+def _keep_groups(groups) -> torch.Tensor:
+    """A fresh ``(1,)`` int64 handle (value 0) to ``groups`` in :data:`KEPT_GROUPS`.
+
+    Keyed by the handle's identity, not its value, so that two calls on the same inputs give
+    equal outputs (``torch.library.opcheck``); the entry goes when the handle is freed.
+    """
+    handle = torch.zeros(1, dtype=torch.int64)
+    key = id(handle)
+    KEPT_GROUPS[key] = (weakref.ref(handle), groups)
+    weakref.finalize(handle, KEPT_GROUPS.pop, key, None)
+    return handle
+
+
+def _kept_groups(handle: torch.Tensor):
+    """The groups of ``handle``; ``None`` (the backward plans again) when it is not the
+    forward's own handle object (copied by a compiler, or freed and its id reused)."""
+    entry = KEPT_GROUPS.get(id(handle))
+    return entry[1] if entry is not None and entry[0]() is handle else None
 
 
 @torch.library.custom_op("plsh::attention", mutates_args=())
@@ -57,16 +87,16 @@ def attention(
     causal: bool,
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(out, lse, stats, plans)``: :func:`plsh_fast._autograd.attention_forward` as an operator.
+    """``(out, lse, stats, handle)``: :func:`plsh_fast._autograd.attention_forward` as an operator.
 
     Arguments validated by :func:`plsh_fast.plsh_attention` (shapes there). Returns
     ``out`` ``(batch, num_heads, n_q, head_dim_v)`` in the query dtype, ``lse``
     ``(batch, num_heads, n_q)`` float32 (float64 for float64 inputs), the softmax
     statistics for the backward (Triton: float32 ``(batch, num_heads, n_q, 2)``, row maximum
     and ``log2`` of the row sum, :func:`plsh_fast.triton_forward.plsh_forward_triton`; CPU:
-    float32 ``(0,)``, unused) and the CPU plans as an int64 CPU tensor of data-dependent
-    length (:func:`plsh_fast._autograd.plans_to_tensor`). ``stats`` and ``plans`` are for
-    the backward, not differentiable.
+    float32 ``(0,)``, unused) and the ``(1,)`` int64 CPU handle of the forward's groups and
+    plans in :data:`KEPT_GROUPS`. ``stats`` and ``handle`` are for the backward, not
+    differentiable.
     """
     out, lse, stats, groups = _forward_impl(
         query,
@@ -81,7 +111,7 @@ def attention(
         causal,
         backend,
     )
-    plans = plans_to_tensor(groups) if backend == "cpu" else torch.zeros(0, dtype=torch.int64)
+    plans = _keep_groups(groups)
     if stats is None:
         stats = torch.zeros(0, dtype=torch.float32, device=query.device)
     return (
@@ -102,8 +132,8 @@ def _attention_fake(
     lse = query.new_empty(batch, num_heads, n_q, dtype=working_dtype(query.dtype))
     shape = (batch, num_heads, n_q, 2) if backend == "triton" else (0,)
     stats = query.new_empty(shape, dtype=torch.float32)
-    plans = torch.empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.int64)
-    return out, lse, stats, plans
+    handle = torch.empty(1, dtype=torch.int64)
+    return out, lse, stats, handle
 
 
 @torch.library.custom_op("plsh::attention_backward", mutates_args=())
@@ -127,7 +157,8 @@ def attention_backward(
     backend: str,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(grad_query, grad_key, grad_value)``: :func:`plsh_fast._autograd.attention_backward`
-    with the forward's ``stats`` (an empty one: none) and ``plans``."""
+    with the forward's ``stats`` (an empty one: none) and the groups of its handle ``plans``
+    (recomputed, with fresh plans, when the handle has no entry)."""
     grads = _backward_impl(
         query,
         key,
@@ -144,7 +175,7 @@ def attention_backward(
         scale,
         causal,
         backend,
-        plans=plans,
+        groups=_kept_groups(plans),
         stats=stats if stats.numel() else None,
     )
     # Contiguous, as the fake implementation promises, and never aliasing an input.

@@ -13,6 +13,7 @@ from . import _padding as P
 from . import _validation as V
 from ._autograd import PLSHAttentionFunction
 from ._partition import partition_tensors
+from .dense import below_crossover, dense_plsh_attention
 
 __all__ = ["plsh_attention"]
 
@@ -94,7 +95,12 @@ def plsh_attention(
     return_lse : bool
         Also return the LSE.
     backend : {"auto", "cpu", "triton"}
-        ``"auto"``: the CPU path for CPU tensors, the Triton kernels for CUDA tensors.
+        Where it runs. ``"auto"``: densely (:func:`plsh_fast.dense.dense_plsh_attention`,
+        SDPA with the bias ``log(C / s)``: the same function, bins bit for bit) when
+        ``n_q * n_k <= n**2`` with ``n = plsh_fast.dense.DENSE_CROSSOVER[device type]``,
+        the crossover below which dense attention costs less than the tiled paths
+        (measured, ``benchmarks/crossover_bench.py``); above it the CPU path for CPU
+        tensors and the Triton kernels for CUDA tensors.
         ``"triton"`` with CPU tensors runs the Triton interpreter (``TRITON_INTERPRET=1``
         must be set before Triton is imported; for tests).
     check_finite : bool
@@ -185,6 +191,7 @@ def plsh_attention(
     batch, num_heads, n_q, head_dim = query.shape
     n_k, head_dim_v = key.shape[2], value.shape[3]
     device = query.device
+    requested = backend
     backend = V.check_backend(backend, device, head_dim, head_dim_v)
     c = check_scale(scale, head_dim)
     eager = not torch.compiler.is_compiling()
@@ -204,6 +211,26 @@ def plsh_attention(
         check_slopes(slopes, num_heads)
     if eager and check_finite:
         _check_values(query, key, value, pitch, offset, *P.real_positions(qpos, kpos, mask, batch))
+    # Dense below the crossover; under torch.compile not with an integer mask, whose 0/1
+    # values only the operator checks (at run time).
+    integer_mask = mask is not None and mask.dtype != torch.bool
+    if requested == "auto" and below_crossover(n_q, n_k, device) and (eager or not integer_mask):
+        if integer_mask:
+            if bool(((mask != 0) & (mask != 1)).any()):
+                raise ValueError("attention_mask: integer entries must be 0 (pad) or 1 (keep)")
+            mask = mask != 0
+        return dense_plsh_attention(
+            query,
+            key,
+            value,
+            partition=(pitch, offset),
+            causal=causal,
+            scale=c,
+            query_positions=qpos,
+            key_positions=kpos,
+            attention_mask=mask,
+            return_lse=return_lse,
+        )
     args = (query, key, value, pitch, offset, qpos, kpos, mask, c, causal, backend)
     if eager:
         out, lse = PLSHAttentionFunction.apply(*args)

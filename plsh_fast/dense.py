@@ -22,7 +22,17 @@ from plsh_ref.validation import check_bool, check_scale
 
 from . import _validation as V
 
-__all__ = ["alibi_bias", "dense_attention", "dense_counts", "expand_kv", "working_dtype"]
+__all__ = [
+    "DENSE_CROSSOVER",
+    "alibi_bias",
+    "below_crossover",
+    "dense_attention",
+    "dense_count_bias",
+    "dense_counts",
+    "dense_plsh_attention",
+    "expand_kv",
+    "working_dtype",
+]
 
 
 def working_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -145,7 +155,7 @@ def alibi_bias(
 
 def dense_counts(
     query_bins: torch.Tensor, key_bins: torch.Tensor, query_positions: torch.Tensor,
-    key_positions: torch.Tensor, *, causal: bool,
+    key_positions: torch.Tensor, *, causal: bool, dtype: torch.dtype = torch.int64,
 ) -> torch.Tensor:  # fmt: skip
     """The count matrix ``C_ij = #{t : bin_t(p_i) = bin_t(p_j)}`` (times the causal mask).
 
@@ -167,10 +177,15 @@ def dense_counts(
     causal : bool
         Zero the counts of pairs with ``p_j > p_i``.
 
+    dtype : torch.dtype
+        Integer dtype of the counts (default int64); it must hold ``num_samples``
+        (``uint8`` up to 255 samples: one byte per pair, what the dense path of
+        ``backend="auto"`` uses).
+
     Returns
     -------
     torch.Tensor
-        int64 ``(..., n_q, n_k)`` counts in ``0..num_samples``.
+        ``(..., n_q, n_k)`` counts in ``0..num_samples``, in ``dtype``.
 
     References
     ----------
@@ -179,7 +194,7 @@ def dense_counts(
     shape = torch.broadcast_shapes(query_bins.shape[:-2], key_bins.shape[:-2])
     count = torch.zeros(
         (*shape, query_bins.shape[-1], key_bins.shape[-1]),
-        dtype=torch.int64,
+        dtype=dtype,
         device=query_bins.device,
     )
     for t in range(query_bins.shape[-2]):
@@ -257,4 +272,182 @@ def dense_attention(
     if not return_lse:
         return out
     lse = torch.logsumexp(safe, dim=-1, keepdim=True).masked_fill(empty, -math.inf)
+    return out, lse[..., 0]
+
+
+#: Sequence length ``n`` per device type up to which ``backend="auto"`` computes PLSH
+#: attention densely (:func:`dense_plsh_attention`): a call takes the dense path when
+#: ``n_q * n_k <= n**2``. Measured by ``benchmarks/crossover_bench.py`` (CPU; results in
+#: ``benchmarks/results/crossover_<date>.md``); the CUDA value is an estimate until measured
+#: there (``docs/huggingface.md``). Device types not listed never take the dense path.
+DENSE_CROSSOVER = {"cpu": 128, "cuda": 2048}
+
+
+def below_crossover(n_q, n_k, device: torch.device) -> bool:
+    """Whether ``backend="auto"`` computes an ``n_q x n_k`` problem on ``device`` densely.
+
+    ``n_q * n_k <= DENSE_CROSSOVER[device.type] ** 2`` (symbolic sizes under
+    ``torch.compile`` give a guard, so a compiled model holds at most one graph per side of
+    the crossover).
+
+    Parameters
+    ----------
+    n_q, n_k : int or torch.SymInt
+        Query and key counts.
+    device : torch.device
+
+    Returns
+    -------
+    bool
+    """
+    limit = DENSE_CROSSOVER.get(torch.device(device).type)
+    return limit is not None and n_q * n_k <= limit * limit
+
+
+def dense_count_bias(
+    partition: tuple[torch.Tensor, torch.Tensor],
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    *,
+    causal: bool,
+    attention_mask: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """The dense PLSH bias ``log(C_ij / s)``: ``-inf`` where ``C = 0``, causally and at pads.
+
+    ``C_ij = #{t : bin_t(p_i) = bin_t(p_j)}`` with the bins of
+    :func:`plsh_fast._partition.bins` (binary64, equal bit for bit to
+    :func:`plsh_ref.partition.bins`), summed one sample at a time in ``uint8`` (``int32``
+    above 255 samples); ``log(C / s)`` is :func:`plsh_fast._partition.count_bias` of
+    ``0..s`` (the reference's operations) looked up per pair and rounded once to ``dtype``,
+    so in float64 it equals :func:`plsh_ref.partition.count_bias` of
+    :func:`plsh_ref.partition.counts` bit for bit (tested). No argument checks and no host
+    synchronisation (traces under ``torch.compile``).
+
+    Parameters
+    ----------
+    partition : (torch.Tensor, torch.Tensor)
+        ``(pitch, offset)`` float64 ``(num_heads, num_samples)``.
+    query_positions, key_positions : torch.Tensor
+        int64 ``(n_q,)``/``(n_k,)`` or ``(batch, n_q)``/``(batch, n_k)``, on the partition's
+        device.
+    causal : bool
+        ``-inf`` where ``p_j > p_i``.
+    attention_mask : torch.Tensor, optional
+        bool ``(batch, n_k)``, True = keep: ``-inf`` at pad keys and on the rows of pad
+        queries (end-aligned key slot ``n_k - n_q + i`` padded, when ``n_q <= n_k``).
+    dtype : torch.dtype
+        Of the result.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(batch or 1, num_heads, n_q, n_k)`` in ``dtype``.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2; SPEC sections 2-3.
+    """
+    from ._partition import bins, count_bias  # noqa: PLC0415 (_partition imports nothing here)
+
+    pitch, offset = partition
+    num_heads, num_samples = pitch.shape
+    q2 = query_positions if query_positions.dim() == 2 else query_positions[None]
+    k2 = key_positions if key_positions.dim() == 2 else key_positions[None]
+    n_q, n_k = q2.shape[1], k2.shape[1]
+    # (H, s, B|1, n) -> (B|1, H, s, n)
+    qb = bins(pitch, offset, q2.reshape(-1)).view(num_heads, num_samples, *q2.shape)
+    kb = bins(pitch, offset, k2.reshape(-1)).view(num_heads, num_samples, *k2.shape)
+    qb, kb = qb.permute(2, 0, 1, 3), kb.permute(2, 0, 1, 3)
+    count_dtype = torch.uint8 if num_samples <= 255 else torch.int32
+    count = dense_counts(qb, kb, q2[:, None], k2[:, None], causal=False, dtype=count_dtype)
+    table = count_bias(torch.arange(num_samples + 1, device=pitch.device), num_samples)
+    bias = table.to(dtype)[count.to(torch.int32)]  # log(C / s); -inf where C = 0
+    if causal:
+        bias = bias.masked_fill(k2[:, None, None, :] > q2[:, None, :, None], -math.inf)
+    if attention_mask is not None:
+        bias = bias.masked_fill(~attention_mask[:, None, None, :], -math.inf)
+        if n_q <= n_k:
+            bias = bias.masked_fill(~attention_mask[:, None, n_k - n_q :, None], -math.inf)
+    return bias
+
+
+def dense_plsh_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    partition: tuple[torch.Tensor, torch.Tensor],
+    causal: bool,
+    scale: float,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    return_lse: bool = False,
+):
+    """PLSH attention computed densely: ``softmax(scale q k^T + log(C / s)) v`` through SDPA.
+
+    The same function as :func:`plsh_fast.plsh_attention` on the same partition (the tiled
+    paths skip only pairs with ``C = 0``): the bins are :func:`plsh_fast._partition.bins`
+    (binary64, equal bit for bit to :func:`plsh_ref.partition.bins`), the counts are summed
+    one sample at a time in a small integer dtype, and ``log(C / s)`` is
+    :func:`plsh_fast._partition.count_bias` of ``0..s`` looked up per pair (the reference's
+    operations, rounded once to the query dtype). Differentiable through torch autograd.
+    Cost ``O(batch H n_q n_k (s + d))`` time and ``O(batch H n_q n_k)`` memory: the path
+    ``backend="auto"`` takes below :data:`DENSE_CROSSOVER`. Arguments are not checked here
+    (:func:`plsh_fast.plsh_attention` checks them first); no host synchronisation, so it
+    traces under ``torch.compile``.
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim)``, float16/bfloat16/float32/float64.
+    key, value : torch.Tensor
+        ``(batch, num_heads_kv, n_k, head_dim)`` and ``(..., head_dim_v)``, the query's dtype.
+    partition : (torch.Tensor, torch.Tensor)
+        ``(pitch, offset)`` float64 ``(num_heads, num_samples)`` on the query's device.
+    causal : bool
+        Key ``j`` admissible for query ``i`` iff ``p_j <= p_i``.
+    scale : float
+        Logit scale.
+    query_positions, key_positions : torch.Tensor
+        int64 ``(n_q,)``/``(n_k,)`` or ``(batch, n_q)``/``(batch, n_k)``.
+    attention_mask : torch.Tensor, optional
+        bool ``(batch, n_k)``, True = keep; a query whose end-aligned key slot
+        ``n_k - n_q + i`` is padded (``n_q <= n_k``) is a pad query (as the tiled paths).
+    return_lse : bool
+        Also return the LSE ``log sum_j exp(scale q_i . k_j) C_ij / s``.
+
+    Returns
+    -------
+    out : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim_v)``, the query's dtype; 0 on rows without an
+        admissible key (pad queries included).
+    lse : torch.Tensor
+        Only if ``return_lse``: ``(batch, num_heads, n_q)`` in :func:`working_dtype`,
+        ``-inf`` on rows without an admissible key.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2 (``softmax(QK^T + log M~)``); SPEC sections 2, 3, 5.
+    """
+    batch, num_heads, n_q, _ = query.shape
+    bias = dense_count_bias(
+        partition,
+        query_positions,
+        key_positions,
+        causal=causal,
+        attention_mask=attention_mask,
+        dtype=query.dtype,
+    )
+    empty = torch.isneginf(bias).all(dim=-1, keepdim=True)
+    bias = bias.masked_fill(empty, 0.0)
+    k, v = expand_kv(key, num_heads), expand_kv(value, num_heads)
+    out = torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=bias, scale=scale)
+    out = out.masked_fill(empty, 0.0)
+    if not return_lse:
+        return out
+    work = working_dtype(query.dtype)
+    logits = (query.to(work) @ k.to(work).transpose(-1, -2)) * scale + bias.to(work)
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True).masked_fill(empty, -math.inf)
     return out, lse[..., 0]

@@ -72,9 +72,11 @@ __all__ = [
     "alibi_attention_forward",
     "layer_partition",
     "plsh_attention_forward",
+    "prepare_layer",
     "register",
     "set_alibi_attention",
     "swap_bloom_attention",
+    "swap_falcon_attention",
 ]
 
 #: the attention implementations this module registers
@@ -120,8 +122,13 @@ def _positions(mask: torch.Tensor, n_q: int, n_k: int, key=None, partition=None)
     pos = mask.to(torch.int64).cumsum(-1) - 1
     kpos, kmask = pos[:, -n_k:], mask[:, -n_k:]
     qpos = kpos[:, -n_q:] if n_q else kpos[:, :0]
+    if torch.compiler.is_compiling():
+        # a traced forward reads keys from transformers' own caches (PLSHCache evicts by
+        # data-dependent slot counts and runs eagerly); the checks below read host objects
+        return qpos, kpos, kmask
     cached = getattr(key, "plsh_positions", None)
-    if partition is not None and getattr(key, "plsh_partition", partition) != partition:
+    held = getattr(key, "plsh_partition", None)
+    if partition is not None and held is not None and held is not partition and held != partition:
         raise ValueError(
             "partition: the PLSHCache layer holding these keys was built for another partition "
             "than the attention module's (rebuild the cache after changing partitions)"
@@ -189,6 +196,80 @@ def layer_partition(module: torch.nn.Module, num_heads: int) -> PartitionSample:
     return part
 
 
+def _module_device(module) -> torch.device:
+    """The device of a module's first parameter (CPU for a module without any)."""
+    for param in module.parameters():
+        return param.device
+    return torch.device("cpu")
+
+
+def prepare_layer(module, num_heads: int, device=None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Everything a traced ``"plsh"`` forward reads from a layer, computed outside the trace.
+
+    The partition sample (:func:`layer_partition`, drawn if missing), its ``pitch`` and
+    ``offset`` as float64 tensors on ``device`` and its reach
+    (:func:`plsh_fast.decoding.cache_bound`) are stored on the module as
+    ``module.plsh_prepared``; the attention function reads them there under
+    ``torch.compile`` (no host arrays, no comparison of partitions and no NumPy inside the
+    graph). :func:`set_alibi_attention`, :func:`swap_bloom_attention` and every eager
+    forward call it; an eager call after ``module.plsh_partition`` was replaced prepares
+    the new one.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+        An attention module (as :func:`layer_partition`).
+    num_heads : int
+        Query head count.
+    device : torch.device, optional
+        Of the tensors; default the module's (its first parameter's) device.
+
+    Returns
+    -------
+    (pitch, offset, bound) : tuple
+        float64 ``(num_heads, num_samples)`` tensors and an int.
+
+    Raises
+    ------
+    ValueError
+        As :func:`layer_partition`.
+    """
+    part = layer_partition(module, num_heads)
+    device = _module_device(module) if device is None else torch.device(device)
+    prepared = getattr(module, "plsh_prepared", None)
+    if prepared is None or prepared[0] is not part or prepared[1].device != device:
+        pitch, offset = partition_tensors(part, device)
+        prepared = (part, pitch, offset, cache_bound(part))
+        module.plsh_prepared = prepared
+    return prepared[1:]
+
+
+def _module_slopes(module, num_heads: int) -> torch.Tensor:
+    """float64 CPU tensor of the slopes of ``num_heads`` heads, kept on the module.
+
+    Made on the first eager call (or at set-up) from :func:`plsh_ref.alibi.alibi_slopes`,
+    so that a traced forward reads a tensor, not a (read-only) NumPy array.
+    """
+    slopes = getattr(module, "plsh_slopes", None)
+    if slopes is None or slopes.shape[0] != num_heads:
+        slopes = torch.tensor(alibi_slopes(num_heads), dtype=torch.float64)
+        if not torch.compiler.is_compiling():
+            module.plsh_slopes = slopes
+    return slopes
+
+
+def _traced_layer_state(module, device):
+    """``(pitch, offset, bound)`` prepared by :func:`prepare_layer` (under ``torch.compile``)."""
+    prepared = getattr(module, "plsh_prepared", None)
+    if prepared is None:
+        raise ValueError(
+            "module: this layer's partition is not prepared; call set_alibi_attention(model, "
+            "'plsh') (or swap_bloom_attention / one eager forward) before torch.compile"
+        )
+    _, pitch, offset, bound = prepared
+    return pitch.to(device), offset.to(device), bound
+
+
 # --------------------------------------------------------------------------- attention
 def _check_dropout(module, dropout):
     if dropout and float(dropout) > 0.0 and getattr(module, "training", False):
@@ -249,14 +330,19 @@ def plsh_attention_forward(
     batch, num_heads, n_q, _ = query.shape
     n_k = key.shape[2]
     mask = _padding_mask(attention_mask, batch, n_k, query.device)
-    part = layer_partition(module, num_heads)
-    _check_sliding_window(kwargs.get("sliding_window"), part)
+    if torch.compiler.is_compiling():
+        pitch, offset, bound = _traced_layer_state(module, query.device)
+        part = None
+    else:
+        pitch, offset, bound = prepare_layer(module, num_heads, query.device)
+        part = module.plsh_partition
+    _check_sliding_window(kwargs.get("sliding_window"), bound)
     qpos, kpos, kmask = _positions(mask, n_q, n_k, key, part)
     out = plsh_attention(
         query,
         key,
         value,
-        partition=part,
+        partition=(pitch, offset),
         causal=bool(getattr(module, "is_causal", True)),
         scale=scaling,
         query_positions=qpos,
@@ -266,18 +352,18 @@ def plsh_attention_forward(
     return cast(torch.Tensor, out).transpose(1, 2).contiguous(), None  # return_lse=False
 
 
-def _check_sliding_window(window, part):
+def _check_sliding_window(window, bound: int):
     """PLSH with a sliding window: accepted only where the window cannot change a count.
 
     A nonzero count needs a shared bin, so ``p_query - p_key <= cache_bound(part) - 1``
-    (``proofs_notes/decoding_cache.md``); with ``bound <= window`` every such key is inside
+    (``proofs_notes/decoding_cache.md``; ``bound`` is ``cache_bound`` of the layer's
+    partition); with ``bound <= window`` every such key is inside
     transformers' window (``p_query - p_key < window``) and the window is a no-op. A
     narrower window is refused: PLSH attention has no per-query key window, and ignoring it
     made generate() (whose cache keeps only the window) disagree with the full forward.
     """
     if window is None:
         return
-    bound = cache_bound(part)
     if bound > int(window):
         raise ValueError(
             f"sliding_window: {window} is narrower than this layer's PLSH reach ({bound} "
@@ -335,7 +421,8 @@ def alibi_attention_forward(
     ``p_query - p_key < sliding_window``, as transformers' own masks and its sliding cache.
     """
     _check_dropout(module, dropout)
-    _check_not_evicting(key)
+    if not torch.compiler.is_compiling():
+        _check_not_evicting(key)
     batch, num_heads, n_q, _ = query.shape
     n_k = key.shape[2]
     mask = _padding_mask(attention_mask, batch, n_k, query.device)
@@ -344,7 +431,7 @@ def alibi_attention_forward(
         query,
         key,
         value,
-        alibi_slopes(num_heads),
+        _module_slopes(module, num_heads),
         qpos,
         kpos,
         kmask,
@@ -366,7 +453,7 @@ def _padding_mask_builder(
     **kwargs,
 ):
     """Mask builder for ``"plsh"``/``"alibi"``: the 2-D keep-mask of every token seen."""
-    total = int(kv_offset) + int(kv_length)
+    total = kv_offset + kv_length  # no int(): symbolic under torch.compile(dynamic=True)
     if attention_mask is None:
         return torch.ones((batch_size, total), dtype=torch.bool, device=device)
     mask = attention_mask.to(dtype=torch.bool)
@@ -506,6 +593,8 @@ def set_alibi_attention(
         module.plsh_partition = draw_partition(
             1.0 / alibi_slopes(num_heads), int(num_samples), layer_seed(int(seed), layer)
         )
+        prepare_layer(module, num_heads)
+        _module_slopes(module, num_heads)
         old = getattr(module, "_plsh_rope_hook", None)
         if old is not None:
             old.remove()
@@ -554,23 +643,33 @@ def _bloom_forward(
     if layer_past is not None:
         key, value = layer_past.update(key, value, self.layer_idx, kwargs={"position_ids": new_pos})
     n_k = key.shape[2]
-    part = self.plsh_partition if self.plsh_attn_implementation == "plsh" else None
-    if part is not None and getattr(key, "plsh_partition", part) != part:
-        raise ValueError("partition: the PLSHCache was built for another partition of this layer")
-    cached = getattr(key, "plsh_positions", None)
+    tracing = torch.compiler.is_compiling()
+    if self.plsh_attn_implementation == "plsh":
+        if tracing:
+            pitch, offset, _ = _traced_layer_state(self, query.device)
+        else:
+            pitch, offset, _ = prepare_layer(self, self.num_heads, query.device)
+            held = getattr(key, "plsh_partition", None)
+            if held is not None and held is not self.plsh_partition and held != self.plsh_partition:
+                raise ValueError(
+                    "partition: the PLSHCache was built for another partition of this layer"
+                )
+    # keys from a PLSHCache carry their positions and keep-mask (eager only, see _positions)
+    cached = None if tracing else getattr(key, "plsh_positions", None)
     kpos = cached if cached is not None else (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_k:]
-    cached_keep = getattr(key, "plsh_keep", None)  # the mask covers layer 0's slots only
+    cached_keep = None if tracing else getattr(key, "plsh_keep", None)  # layer 0's slots only
     kmask = cached_keep if cached_keep is not None else keep_all[:, -n_k:]
     qpos = kpos[:, -n_q:]
     if self.training and self.attention_dropout.p > 0:
         raise ValueError("dropout: attention dropout is not supported by the swapped attention")
     if self.plsh_attn_implementation == "alibi":
-        _check_not_evicting(key)
+        if not tracing:
+            _check_not_evicting(key)
         out = _alibi_core(
             query,
             key,
             value,
-            alibi_slopes(self.num_heads),
+            _module_slopes(self, self.num_heads),
             qpos,
             kpos,
             kmask,
@@ -582,7 +681,7 @@ def _bloom_forward(
             query,
             key,
             value,
-            partition=self.plsh_partition,
+            partition=(pitch, offset),
             causal=True,
             scale=self.inv_norm_factor,
             query_positions=qpos,
@@ -656,7 +755,137 @@ def swap_bloom_attention(
             int(num_samples),
             layer_seed(int(seed), int(module.layer_idx)),
         )
+        prepare_layer(module, module.num_heads)
+        _module_slopes(module, module.num_heads)
         module.forward = types.MethodType(_bloom_forward, module)
+    return model
+
+
+# --------------------------------------------------------------------------- Falcon
+def _falcon_forward(
+    self,
+    hidden_states,
+    alibi,
+    attention_mask,
+    position_ids=None,
+    layer_past=None,
+    use_cache=False,
+    output_attentions=False,
+    position_embeddings=None,
+    **kwargs,
+):
+    """FalconAttention.forward (``alibi=True`` layout) with the attention replaced by ALiBi/PLSH."""
+    fused = self.query_key_value(hidden_states)
+    num_kv_heads = self.num_heads if self.new_decoder_architecture else self.num_kv_heads
+    query, key, value = self._split_heads(fused)
+    batch, n_q = query.shape[:2]
+    query = query.transpose(1, 2).reshape(batch, self.num_heads, n_q, self.head_dim)
+    key = key.transpose(1, 2).reshape(batch, num_kv_heads, n_q, self.head_dim)
+    value = value.transpose(1, 2).reshape(batch, num_kv_heads, n_q, self.head_dim)
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx)
+    n_k = key.shape[2]
+    if attention_mask is None:
+        keep_all = torch.ones((batch, n_k), dtype=torch.bool, device=hidden_states.device)
+    else:  # Falcon's 4-D float mask (ALiBi folded in): masked entries hold the dtype's minimum
+        last = attention_mask[:, 0, -1, :]
+        keep_all = last if last.dtype == torch.bool else last > torch.finfo(last.dtype).min
+    kpos = (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_k:]
+    kmask, qpos = keep_all[:, -n_k:], kpos[:, -n_q:]
+    if self.training and self.attention_dropout.p > 0:
+        raise ValueError("dropout: attention dropout is not supported by the swapped attention")
+    if self.plsh_attn_implementation == "alibi":
+        out = _alibi_core(
+            query, key, value, self.plsh_slopes, qpos, kpos, kmask, True, self.inv_norm_factor
+        )
+    else:
+        if torch.compiler.is_compiling():
+            pitch, offset, _ = _traced_layer_state(self, query.device)
+        else:
+            pitch, offset, _ = prepare_layer(self, self.num_heads, query.device)
+        out = plsh_attention(
+            query,
+            key,
+            value,
+            partition=(pitch, offset),
+            causal=True,
+            scale=self.inv_norm_factor,
+            query_positions=qpos,
+            key_positions=kpos,
+            attention_mask=kmask,
+        )
+    context = out.transpose(1, 2).reshape(batch, n_q, self.num_heads * self.head_dim)
+    return self.dense(context), None
+
+
+def swap_falcon_attention(
+    model,
+    attn_implementation: str = "plsh",
+    *,
+    num_samples: int = DEFAULT_NUM_SAMPLES,
+    seed: int | None = None,
+):
+    """Replace the built-in ALiBi of a Falcon model (``config.alibi=True``) by ``"plsh"``/``"alibi"``.
+
+    Falcon's ``alibi=True`` layout adds ``slope_h * p_key`` to the logits *before* the
+    ``1 / sqrt(head_dim)`` scaling (in its eager path; its SDPA path folds the same, divided by
+    ``sqrt(head_dim)``, into the mask), so its effective ALiBi slopes are
+    ``m_h / sqrt(head_dim)`` with ``m_h`` of :func:`plsh_ref.alibi.alibi_slopes`: ``"alibi"``
+    uses them (exact ALiBi; it reproduces the model's logits wherever Falcon's bfloat16
+    product ``slope * position`` is exact, e.g. power-of-two head counts and positions below
+    256, tested), ``"plsh"`` draws each layer's partition with ``sigma_h = sqrt(head_dim) /
+    m_h``. Projections, the fused QKV layout (multi-query, new decoder architecture) and the
+    cache are Falcon's; positions come from the padding mask (``cumsum - 1``, as Falcon's
+    ``build_alibi_tensor``).
+
+    Parameters
+    ----------
+    model : transformers.FalconForCausalLM or transformers.FalconModel
+        With ``config.alibi=True``.
+    attn_implementation : {"plsh", "alibi"}
+    num_samples, seed : int
+        As :func:`set_alibi_attention`.
+
+    Returns
+    -------
+    model
+        Modified in place.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``attn_implementation``; no ``FalconAttention``; a model without ALiBi
+        (``config.alibi=False``: a RoPE Falcon, use :func:`set_alibi_attention` semantics
+        instead); ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``, a negative ``seed``.
+    TypeError
+        Non-integer ``num_samples``/``seed``.
+
+    References
+    ----------
+    Almazrouei et al. (2023), Falcon; Press et al. (2022); Wolfson & Wagner (2026).
+    """
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
+        )
+    num_samples = check_num_samples(num_samples)
+    seed = resolve_seed(seed)
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+
+    found = [m for m in model.modules() if isinstance(m, FalconAttention)]
+    if not found:
+        raise ValueError(f"model: no FalconAttention modules in {type(model).__name__}")
+    if not getattr(model.config, "alibi", False):
+        raise ValueError("model: config.alibi is False (a RoPE Falcon has no ALiBi to swap)")
+    for module in found:
+        slopes = alibi_slopes(module.num_heads) * module.inv_norm_factor
+        module.plsh_attn_implementation = attn_implementation
+        module.plsh_slopes = torch.tensor(slopes, dtype=torch.float64)
+        module.plsh_partition = draw_partition(
+            1.0 / slopes, int(num_samples), layer_seed(int(seed), int(module.layer_idx))
+        )
+        prepare_layer(module, module.num_heads)
+        module.forward = types.MethodType(_falcon_forward, module)
     return model
 
 

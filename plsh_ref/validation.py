@@ -87,9 +87,9 @@ def check_positive_float(name: str, value: Any, *, allow_zero: bool = False) -> 
         raise TypeError(f"{name}: must be a real number, got {type(value).__name__} {value!r}")
     value = float(value)
     if allow_zero:
-        if not np.isfinite(value) or value < 0:
+        if not 0 <= value < math.inf:  # comparisons only: NaN fails, traceable symbolically
             raise ValueError(f"{name}: must be finite and >= 0, got {value}")
-    elif not np.isfinite(value) or value <= 0:
+    elif not 0 < value < math.inf:
         raise ValueError(f"{name}: must be finite and > 0, got {value}")
     return value
 

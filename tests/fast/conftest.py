@@ -1,0 +1,19 @@
+"""tests/fast exercise the tiled paths: ``backend="auto"`` does not take the dense one here.
+
+Below ``plsh_fast.dense.DENSE_CROSSOVER`` the default backend computes PLSH densely, and
+nearly every problem in these tests is that short: without this fixture they would test
+the dense path instead of the CPU/Triton kernels they were written for. Tests of the dense
+path and of the dispatch (``test_dense_plsh.py``) put the shipped crossover back.
+"""
+
+import sys
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _tiled_paths_only(monkeypatch):
+    dense = sys.modules.get("plsh_fast.dense")
+    if dense is not None:
+        monkeypatch.setattr(dense, "DENSE_CROSSOVER", {})
+    yield
