@@ -15,7 +15,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 
-.PHONY: demo test venv install-test lint tests docs clean
+.PHONY: demo test venv install-test lint tests docs clean mutants
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,14 @@ test: install-test
 	$(MAKE) lint
 	$(MAKE) tests
 	@if [ -f docs/conf.py ]; then $(MAKE) docs; fi
+
+# mutation testing of one module (not part of `make test`: minutes per module), e.g.
+#   make mutants MODULE=plsh_ref/alibi.py
+# writes mutation/reports/<module>.md; see CONTRIBUTING.md "Mutation testing"
+mutants:
+	@if [ -z "$(MODULE)" ]; then echo "usage: make mutants MODULE=plsh_ref/<module>.py"; exit 2; fi
+	$(BIN)/python -c "import mutmut" 2>/dev/null || $(BIN)/pip install --quiet -e ".[mutation]"
+	$(BIN)/python mutation/run.py $(MODULE)
 
 clean:
 	rm -rf docs/_build build dist *.egg-info .pytest_cache .hypothesis

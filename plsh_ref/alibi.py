@@ -202,6 +202,8 @@ def _batch_positions(name: str, value, batch: int, length: int, keep) -> np.ndar
             f"{name}: must have shape ({length},) or (batch, {length}) = {(batch, length)}, "
             f"got {arr.shape}"
         )
+    if arr.shape[1] != length:  # before the pad slots are zeroed (a shape mismatch there)
+        raise ValueError(f"{name}: must have length {length}, got {arr.shape[1]}")
     if keep is not None and np.issubdtype(arr.dtype, np.integer):
         arr = np.where(keep, arr, 0)  # positions at pad slots are ignored (any int64 value)
     rows = [as_positions(name, row, length=length) for row in arr]

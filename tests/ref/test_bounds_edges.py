@@ -1,0 +1,380 @@
+"""plsh_ref.bounds pinned to exact values at the edges where they matter.
+
+An inequality such as ``P(error > eps) <= bound`` is also met by a looser bound, so each
+closed form is compared with the same formula evaluated independently in mpmath at 40
+digits (relative 1e-14), each "smallest s / smallest b" is checked to be the smallest
+(the answer meets the target, one less does not), and the Bernstein step is checked to
+solve its equation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+
+from plsh_ref import bounds as B
+from plsh_ref.expectation import largest_pitch_sf
+from plsh_ref.partition import PartitionSample
+from plsh_ref.samplers import largest_pitch_sf_of
+from plsh_ref.toeplitz import kms_spectral_norm_limit
+
+
+@pytest.fixture(autouse=True)
+def _digits():
+    """Work at 40 digits without changing mpmath's global precision for other tests."""
+    with mp.workdps(40):
+        yield
+
+
+def close(a, b, rtol=1e-14):
+    return abs(a - float(b)) <= rtol * abs(float(b))
+
+
+@pytest.mark.parametrize("n, s, eps", [(2, 1, 0.5), (5, 3, 0.25), (1000, 200, 0.1), (7, 64, 0.05)])
+def test_max_norm_tail_bound_iid_exact(n, s, eps):
+    want = min(1, 2 * (n - 1) * mp.e ** (-2 * s * mp.mpf(eps) ** 2))
+    assert close(B.max_norm_tail_bound(n, s, eps), want)
+
+
+@pytest.mark.parametrize("sampler, group, m", [("stratified", 4, 16), ("shared", 2, 32)])
+def test_max_norm_tail_bound_grouped_exact(sampler, group, m):
+    n, s, eps = 10, 64, 0.4
+    want = n * (n - 1) * mp.e ** (-2 * m * mp.mpf(eps) ** 2)
+    assert want < 1
+    got = B.max_norm_tail_bound(n, s, eps, sampler=sampler, group_size=group)
+    assert close(got, want)
+    # default group size of s = 64 is 4 (m = 16)
+    got = B.max_norm_tail_bound(n, s, eps, sampler="stratified")
+    assert close(got, n * (n - 1) * mp.e ** (-2 * 16 * mp.mpf(eps) ** 2))
+
+
+def test_max_norm_tail_bound_edges():
+    assert B.max_norm_tail_bound(1, 1, 0.5) == 0.0
+    assert B.max_norm_tail_bound(1, 4, 0.5, sampler="stratified", group_size=2) == 0.0
+    assert B.max_norm_tail_bound(100, 1, 0.01) == 1.0  # capped at 1
+    assert B.max_norm_tail_bound(100, 4, 0.01, sampler="shared", group_size=2) == 1.0
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        B.max_norm_tail_bound(0, 1, 0.5)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.max_norm_tail_bound(2, 0, 0.5)
+    with pytest.raises(ValueError, match=r"^eps: must lie in the open interval"):
+        B.max_norm_tail_bound(2, 1, 1.0)
+    with pytest.raises(ValueError, match=r"^sampler: must be one of"):
+        B.max_norm_tail_bound(2, 1, 0.5, sampler="x")
+
+
+@pytest.mark.parametrize(
+    "n, s, delta", [(2, 1, 0.5), (5, 3, 0.01), (1000, 200, 1e-6), (8, 16, 0.9)]
+)
+def test_max_norm_error_bound_iid_exact(n, s, delta):
+    want = mp.sqrt(max(0, mp.log(2 * (n - 1) / mp.mpf(delta))) / (2 * s))
+    assert close(B.max_norm_error_bound(n, s, delta), want)
+
+
+def test_max_norm_error_bound_grouped_and_edges():
+    n, s, delta = 30, 12, 0.05
+    want = mp.sqrt(mp.log(n * (n - 1) / mp.mpf(delta)) / (2 * 4))
+    got = B.max_norm_error_bound(n, s, delta, sampler="stratified", group_size=3)
+    assert close(got, want)
+    assert B.max_norm_error_bound(1, 3, 0.5) == 0.0
+    assert B.max_norm_error_bound(1, 4, 0.5, sampler="shared", group_size=2) == 0.0
+    # 2 (n - 1) < delta: the log is negative, clipped to 0
+    assert B.max_norm_error_bound(2, 5, 0.9999999) == math.sqrt(
+        max(0.0, math.log(2.0 / 0.9999999)) / 10.0
+    )
+    # n (n - 1) = 2 < 1 / delta... with n = 2 and a correlated sampler, log(2 / delta) > 0
+    got = B.max_norm_error_bound(2, 4, 0.5, sampler="shared", group_size=2)
+    assert close(got, mp.sqrt(mp.log(4) / 4))
+    with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
+        B.max_norm_error_bound(2, 1, 0.0)
+
+
+def test_tail_and_error_bounds_are_inverse():
+    for n, s, delta in [(10, 7, 0.05), (300, 50, 1e-3)]:
+        eps = B.max_norm_error_bound(n, s, delta)
+        assert math.isclose(B.max_norm_tail_bound(n, s, eps), delta, rel_tol=1e-12)
+        eps = B.max_norm_error_bound(n, s * 2, delta, sampler="shared", group_size=2)
+        assert math.isclose(
+            B.max_norm_tail_bound(n, s * 2, eps, sampler="shared", group_size=2),
+            delta,
+            rel_tol=1e-12,
+        )
+
+
+@pytest.mark.parametrize(
+    "n, eps, delta",
+    [(2, 0.5, 0.5), (10, 0.1, 0.05), (1000, 0.01, 1e-6), (3, 0.9, 0.9), (50, 0.2, 0.3)],
+)
+def test_required_samples_is_the_smallest(n, eps, delta):
+    s = B.required_samples(n, eps, delta)
+
+    def tail(k):
+        return 2 * (n - 1) * mp.e ** (-2 * k * mp.mpf(eps) ** 2)
+
+    assert tail(s) <= delta
+    assert s == 1 or tail(s - 1) > delta
+    assert type(s) is int
+
+
+def test_required_samples_edges():
+    assert B.required_samples(1, 0.5, 0.5) == 1
+    # 2 (n - 1) exp(-2 eps^2) <= delta already at s = 1
+    assert B.required_samples(2, 0.99, 0.9) == 1
+    # exactly at the ceiling: log(2 / delta) / (2 eps^2) = 8 for delta = 2 e^-4, eps = 1/2
+    delta = 2.0 * math.exp(-4.0)
+    s = B.required_samples(2, 0.5, delta)
+    assert s in (8, 9) and 2.0 * math.exp(-2.0 * s * 0.25) <= delta
+    assert 2.0 * math.exp(-2.0 * (s - 1) * 0.25) > delta
+    with pytest.raises(
+        ValueError, match=r"^eps: 1e-09 needs about 1e1[0-9] samples, beyond 2\*\*53"
+    ):
+        B.required_samples(10, 1e-9, 0.1)
+    s = B.required_samples(2, 1e-7, 0.5)
+    assert 2.0 * math.exp(-2.0 * s * 1e-14) <= 0.5 < 2.0 * math.exp(-2.0 * (s - 1) * 1e-14)
+    with pytest.raises(ValueError, match=r"^n: must be >= 1"):
+        B.required_samples(0, 0.5, 0.5)
+    with pytest.raises(ValueError, match=r"^eps: must lie in the open interval"):
+        B.required_samples(2, 0.0, 0.5)
+    with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
+        B.required_samples(2, 0.5, 1.0)
+
+
+def test_required_samples_limit_at_two_to_the_53():
+    # log_s = log(log_term) - log 2 - 2 log eps against log(2**53)
+    n, delta = 2, 2.0 * math.exp(-1.0)  # log_term = 1
+    eps_edge = math.sqrt(1.0 / (2.0 * 2.0**53))
+    above = eps_edge * (1 - 1e-9)
+    with pytest.raises(ValueError, match=r"^eps: "):
+        B.required_samples(n, above, delta)
+    below = eps_edge * (1 + 1e-6)
+    s = B.required_samples(n, below, delta)
+    assert 2.0**52 < s <= 2.0**53
+
+
+@pytest.mark.parametrize(
+    "sigma, s, delta, kw",
+    [
+        (4.0, 8, 0.05, {}),
+        (0.3, 2, 0.5, {}),  # sigma < 1: the search starts at b = 1
+        (100.0, 32, 1e-20, {}),  # delta below 2^-53
+        (10.0, 16, 0.01, {"sampler": "stratified", "group_size": 4}),
+        (10.0, 16, 0.01, {"sampler": "shared", "group_size": 2}),
+    ],
+)
+def test_block_size_bound_is_the_smallest(sigma, s, delta, kw):
+    b = B.block_size_bound(sigma, s, delta, **kw)
+    assert largest_pitch_sf_of(float(b), sigma, s, **kw) <= delta
+    assert b == 0 or largest_pitch_sf_of(float(b - 1), sigma, s, **kw) > delta
+    assert B.block_size_tail_bound(b, sigma, s, **kw) <= delta
+    assert B.block_size_tail_bound(b - 1, sigma, s, **kw) > delta
+
+
+def test_block_size_tail_bound_is_the_largest_pitch_law():
+    assert B.block_size_tail_bound(7, 3.0, 5) == float(largest_pitch_sf(7.0, 3.0, 5))
+    assert B.block_size_tail_bound(0, 3.0, 5) == 1.0
+    got = B.block_size_tail_bound(7, 3.0, 6, sampler="stratified", group_size=3)
+    assert got == float(largest_pitch_sf_of(7.0, 3.0, 6, sampler="stratified", group_size=3))
+    with pytest.raises(ValueError, match=r"^b: must be >= 0, got -1$"):
+        B.block_size_tail_bound(-1, 3.0, 5)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        B.block_size_bound(0.0, 5, 0.1)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        B.block_size_bound(1.0, 0, 0.1)
+    with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
+        B.block_size_bound(1.0, 1, 1.0)
+
+
+@pytest.mark.parametrize(
+    "n, sigma, s, delta", [(16, 4.0, 8, 0.1), (64, 2.0, 32, 1e-3), (5, 50.0, 4, 0.5)]
+)
+def test_spectral_bound_solves_its_bernstein_equation(n, sigma, s, delta):
+    out = B.spectral_error_bound(n, sigma, s, delta)
+    assert out.eps == out.bernstein + out.bias
+    assert out.probability == delta and out.num_samples == s
+    rest = delta - out.truncation_probability
+    assert rest > 0
+    tau, v, r = mp.mpf(out.bernstein), mp.mpf(out.variance_proxy), mp.mpf(out.range_bound)
+    lhs = 2 * n * mp.e ** (-s * tau**2 / (2 * (v + r * tau / 3)))
+    assert abs(lhs / rest - 1) < 1e-10
+    if out.truncation >= n:
+        assert out.truncation_probability == 0.0 and out.bias == 0.0
+    else:
+        assert out.truncation_probability == float(
+            largest_pitch_sf(float(out.truncation), sigma, s)
+        )
+
+
+@pytest.mark.parametrize(
+    "n, sigma, s, delta", [(50, 4.0, 8, 0.2), (64, 2.0, 32, 1e-3), (200, 3.0, 16, 0.05)]
+)
+def test_spectral_truncation_terms(n, sigma, s, delta):
+    out = B.spectral_error_bound(n, sigma, s, delta)
+    k = out.truncation
+    assert k < n  # these cases truncate
+    lnorm = min(float(n), kms_spectral_norm_limit(sigma))
+    K, S = mp.mpf(k), mp.mpf(sigma)
+    tail = mp.e ** (-K / S)
+    p_one = (1 + K / S) * tail  # P(delta > k) for Gamma(2, sigma)
+    moment = tail * (K * K / S + 2 * K + 2 * S) + p_one
+    assert close(out.bias, min(n * p_one, moment + lnorm * p_one), rtol=1e-12)
+    assert out.range_bound == max(float(k), lnorm) + out.bias
+
+
+def test_spectral_variance_default_and_given():
+    exact = B.spectral_error_bound(12, 3.0, 4, 0.1)
+    given = B.spectral_error_bound(12, 3.0, 4, 0.1, variance=exact.variance_proxy)
+    assert given == exact
+    zero = B.spectral_error_bound(12, 3.0, 4, 0.1, variance=0.0)
+    assert zero.variance_proxy == 0.0 and zero.eps < exact.eps
+    with pytest.raises(ValueError, match=r"^variance: must be finite and >= 0"):
+        B.spectral_error_bound(12, 3.0, 4, 0.1, variance=-1.0)
+    assert B.EXACT_VARIANCE_MAX_N == 1024
+
+
+def test_spectral_required_samples_is_the_smallest():
+    n, sigma, delta, eps = 16, 4.0, 0.1, 3.0
+    s = B.spectral_required_samples(n, sigma, eps, delta)
+    assert B.spectral_error_bound(n, sigma, s, delta).eps <= eps
+    assert s == 1 or B.spectral_error_bound(n, sigma, s - 1, delta).eps > eps
+    big = B.spectral_error_bound(n, sigma, 1, delta).eps
+    assert B.spectral_required_samples(n, sigma, big, delta) == 1
+    with pytest.raises(ValueError, match=r"^eps: not reached with num_samples <= 8$"):
+        B.spectral_required_samples(n, sigma, 1e-3, delta, max_samples=8)
+    with pytest.raises(ValueError, match=r"^eps: must be finite and > 0"):
+        B.spectral_required_samples(n, sigma, 0.0, delta)
+
+
+def test_spectral_tail_bound_edges():
+    assert B.spectral_tail_bound(8, 2.0, 4, 1e-9) == 1.0  # nothing below the bias
+    small = B.spectral_tail_bound(8, 2.0, 10_000, 2.0)
+    assert 0.0 <= small < 1e-6
+    with pytest.raises(ValueError, match=r"^eps: must be finite and > 0"):
+        B.spectral_tail_bound(8, 2.0, 4, 0.0)
+
+
+def _problem():
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(1, 2, 4, 3))
+    k = rng.normal(size=(1, 2, 5, 3))
+    v = rng.normal(size=(1, 2, 5, 2))
+    return q, k, v
+
+
+def _weights(q, k, slopes, causal, qpos, kpos, scale):
+    logits = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    adm = (kpos[None, :] <= qpos[:, None]) if causal else np.ones((qpos.size, kpos.size), bool)
+    logits = np.where(adm, logits, -np.inf)
+    a = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    lstar = np.exp(-np.abs(qpos[:, None] - kpos[None, :])[None] * np.asarray(slopes)[:, None, None])
+    return a, lstar, adm
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_output_certificate_is_its_formula(causal):
+    q, k, v = _problem()
+    part = PartitionSample(np.array([[2.0, 3.0, 1.5], [4.0, 1.0, 2.5]]), np.zeros((2, 3)) + 0.25)
+    slopes = [0.5, 0.25]
+    qpos, kpos = np.arange(1, 5), np.arange(5)
+    got = B.output_error_certificate(q, k, v, part, slopes=slopes, causal=causal, scale=0.7)
+    a, lstar, adm = _weights(q, k, slopes, causal, qpos, kpos, 0.7)
+    from plsh_ref.partition import counts
+
+    mt = counts(part, qpos, kpos, causal=causal) / 3
+    lstar = lstar * adm
+    ratio = np.sum(a * np.abs(mt - lstar), -1) / np.sum(a * lstar, -1)
+    vv = np.broadcast_to(v[:, :, None], (1, 2, 4, 5, 2))
+    adm5 = adm[None, None, :, :, None]
+    vrange = np.max(np.where(adm5, vv, -np.inf), 3) - np.min(np.where(adm5, vv, np.inf), 3)
+    np.testing.assert_allclose(got, vrange * ratio[..., None], rtol=1e-12, atol=0)
+
+
+def test_output_certificate_rows_without_weight():
+    # one key far away: L* > 0 but PLSH puts query and key in different bins
+    q = np.ones((1, 1, 1, 2))
+    k = np.ones((1, 1, 1, 2))
+    v = np.array([[[[3.0, -5.0]]]])
+    part = PartitionSample(np.array([[1.0]]), np.array([[0.5]]))
+    got = B.output_error_certificate(
+        q, k, v, part, slopes=[0.1], query_positions=[1], key_positions=[0]
+    )
+    np.testing.assert_array_equal(got, [[[[3.0, 5.0]]]])  # max |v|: the output is 0
+    # no admissible key: bound 0
+    got = B.output_error_certificate(
+        q, k, v, part, slopes=[0.1], query_positions=[0], key_positions=[1]
+    )
+    np.testing.assert_array_equal(got, np.zeros((1, 1, 1, 2)))
+    with pytest.raises(ValueError, match=r"^partition: has 1 heads, query has 2$"):
+        B.output_error_certificate(np.ones((1, 2, 1, 2)), k, v, part)
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_output_bound_is_its_formula(causal):
+    q, k, v = _problem()
+    slopes = [0.5, 0.25]
+    qpos, kpos = np.array([3, 4, 6, 9]), np.arange(5) * 2
+    got = B.output_error_bound(
+        q,
+        k,
+        v,
+        8,
+        0.1,
+        slopes=slopes,
+        causal=causal,
+        scale=0.7,
+        query_positions=qpos,
+        key_positions=kpos,
+    )
+    n = np.unique(np.concatenate([qpos, kpos])).size
+    assert n == 7
+    eps = B.max_norm_error_bound(n, 8, 0.1 / 2)
+    a, lstar, adm = _weights(q, k, slopes, causal, qpos, kpos, 0.7)
+    lstar = lstar * adm
+    ratio = eps * np.sum(a, -1) / np.sum(a * lstar, -1)
+    vv = np.broadcast_to(v[:, :, None], (1, 2, 4, 5, 2))
+    adm5 = adm[None, None, :, :, None]
+    vrange = np.max(np.where(adm5, vv, -np.inf), 3) - np.min(np.where(adm5, vv, np.inf), 3)
+    want = vrange * ratio[..., None]
+    lmax = np.max(np.where(adm[None], lstar, -np.inf), -1)
+    vabs = np.max(np.where(adm5, np.abs(vv), 0.0), 3)
+    vanish = (eps >= lmax)[None, :, :, None]
+    want = np.where(vanish, np.maximum(want, vabs), want)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    grouped = B.output_error_bound(
+        q,
+        k,
+        v,
+        8,
+        0.1,
+        slopes=slopes,
+        causal=causal,
+        scale=0.7,
+        query_positions=qpos,
+        key_positions=kpos,
+        sampler="shared",
+        group_size=2,
+    )
+    eps_g = B.max_norm_error_bound(n, 8, 0.05, sampler="shared", group_size=2)
+    assert eps_g > eps
+    assert np.all(grouped >= got) and np.any(grouped > got)
+
+
+def test_output_bound_vanishing_rows_get_max_abs_value():
+    # a key so far that L* <= eps: the row may vanish, so the bound covers max |v|
+    q = np.ones((1, 1, 1, 2))
+    k = np.ones((1, 1, 1, 2))
+    v = np.array([[[[3.0, -5.0]]]])
+    got = B.output_error_bound(
+        q, k, v, 4, 0.1, slopes=[1.0], query_positions=[30], key_positions=[0]
+    )
+    np.testing.assert_array_equal(got, [[[[3.0, 5.0]]]])
+    none = B.output_error_bound(
+        q, k, v, 4, 0.1, slopes=[1.0], query_positions=[0], key_positions=[1]
+    )
+    np.testing.assert_array_equal(none, np.zeros((1, 1, 1, 2)))
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        B.output_error_bound(q, k, v, 0, 0.1)
+    with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
+        B.output_error_bound(q, k, v, 4, 1.0)

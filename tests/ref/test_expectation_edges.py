@@ -1,0 +1,256 @@
+"""plsh_ref.expectation pinned to exact values: every closed form against its definition
+evaluated independently (mpmath sums and integrals at 40 digits, brute-force sums over
+triples of positions), at the edges of its domain, with its refusals.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+
+from plsh_ref import expectation as E
+
+
+@pytest.fixture(autouse=True)
+def _digits():
+    """Work at 40 digits without changing mpmath's global precision for other tests."""
+    with mp.workdps(40):
+        yield
+
+
+def close(a, b, rtol=1e-13):
+    return abs(float(a) - float(b)) <= rtol * abs(float(b))
+
+
+def test_collision_probability():
+    assert E.collision_probability(3.0, 2.0) == math.exp(-1.5)
+    assert E.collision_probability(-3.0, 2.0) == math.exp(-1.5)
+    assert type(E.collision_probability(1, 1.0)) is float
+    out = E.collision_probability([0.0, 2.0], 4.0)
+    assert out.tolist() == [1.0, math.exp(-0.5)]
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        E.collision_probability(1.0, 0.0)
+    with pytest.raises(ValueError, match=r"^distance: contains NaN"):
+        E.collision_probability(np.nan, 1.0)
+
+
+@pytest.mark.parametrize("r, sigma", [(0, 1.0), (3, 2.0), (-5, 0.5), (200, 3.0)])
+def test_collision_probability_mp_is_the_exponential(r, sigma):
+    got = E.collision_probability_mp(r, sigma, dps=30)
+    want = mp.e ** (-abs(mp.mpf(r)) / mp.mpf(sigma))
+    assert abs(got / want - 1) < mp.mpf(10) ** -28
+
+
+def test_collision_probability_mp_inputs():
+    big = 2**60 + 1  # an int is taken exactly (float(2**60 + 1) == 2**60)
+    got = E.collision_probability_mp(big, mp.mpf(2) ** 60, dps=30)
+    assert abs(got / mp.e ** (-(mp.mpf(big) / mp.mpf(2) ** 60)) - 1) < mp.mpf(10) ** -28
+    assert E.collision_probability_mp(np.int64(1), np.float64(1.0), dps=15) > 0
+    for bad in (True, "1", None, np.bool_(True)):
+        with pytest.raises(TypeError, match=r"^distance: must be a real number, got "):
+            E.collision_probability_mp(bad, 1.0)
+    with pytest.raises(TypeError, match=r"^sigma: must be a real number"):
+        E.collision_probability_mp(1.0, "2")
+    with pytest.raises(ValueError, match=r"^distance: must be finite, got inf$"):
+        E.collision_probability_mp(math.inf, 1.0)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite, got nan$"):
+        E.collision_probability_mp(1.0, math.nan)
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0, got "):
+            E.collision_probability_mp(1.0, bad)
+    with pytest.raises(ValueError, match=r"^dps: must be >= 15"):
+        E.collision_probability_mp(1.0, 1.0, dps=14)
+    before = mp.mp.dps
+    E.collision_probability_mp(1.0, 1.0, dps=20)
+    assert mp.mp.dps == before
+
+
+def test_mask_variance_and_relative_error():
+    q, k = [0, 3], [1, 2, 5]
+    lstar = E.expected_mask(2.0, q, k)
+    np.testing.assert_array_equal(E.mask_variance(2.0, q, k, 4), lstar * (1 - lstar) / 4)
+    lc = E.expected_mask(2.0, q, k, causal=True)
+    np.testing.assert_array_equal(E.mask_variance(2.0, q, k, 1, causal=True), lc * (1 - lc))
+    assert lc[0].tolist() == [0.0, 0.0, 0.0] and lc[1, 0] > 0
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        E.mask_variance(2.0, q, k, 0)
+    pos = np.arange(5)
+    for causal in (False, True):
+        lst = E.expected_mask(3.0, pos, pos, causal=causal)
+        want = np.sum(lst * (1 - lst)) / (7 * np.sum(lst**2))
+        assert E.relative_frobenius_error_square(3.0, 5, 7, causal=causal) == float(want)
+    assert E.relative_frobenius_error_square(3.0, 1, 2) == 0.0
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        E.relative_frobenius_error_square(3.0, 0, 2)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        E.relative_frobenius_error_square(3.0, 2, 0)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        E.relative_frobenius_error_square(-3.0, 2, 2)
+
+
+@pytest.mark.parametrize("positions", [[0, 1, 2, 3], [5, -2, 9, 6, 6, 0], [7]])
+def test_expected_mask_square_is_the_triple_sum(positions):
+    sigma = 2.5
+    p = np.array(positions)
+    got = E.expected_mask_square(sigma, p)
+    n = p.size
+    want = np.zeros((n, n))
+    for i, j in itertools.product(range(n), repeat=2):
+        # E[M_ik M_kj] = P(p_i, p_k, p_j in one bin) = exp(-span / sigma)
+        want[i, j] = sum(
+            math.exp(-(max(p[i], p[k], p[j]) - min(p[i], p[k], p[j])) / sigma) for k in range(n)
+        )
+    np.testing.assert_allclose(got, want, rtol=1e-13, atol=0)
+    lstar = E.expected_mask(sigma, p, p)
+    np.testing.assert_allclose(
+        E.expected_error_square(sigma, p), want - lstar @ lstar, rtol=1e-12, atol=1e-13
+    )
+    e2 = want - lstar @ lstar
+    assert close(E.variance_proxy(sigma, p), np.max(np.abs(np.linalg.eigvalsh(e2))), rtol=1e-10)
+
+
+def test_expected_mask_square_refusals():
+    with pytest.raises(ValueError, match=r"^positions: needs at least one position \(n >= 1\)$"):
+        E.expected_mask_square(1.0, [])
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        E.expected_mask_square(0.0, [1])
+
+
+@pytest.mark.parametrize("sigma", [0.01, 0.5, 3.0, 1e4])
+def test_variance_proxy_limit_is_the_sinh_formula(sigma):
+    x = 1 / (2 * mp.mpf(sigma))
+    assert close(E.variance_proxy_limit(sigma), 1 / (2 * mp.sinh(x) ** 2))
+
+
+def test_variance_proxy_limit_underflows_to_zero():
+    assert E.variance_proxy_limit(1e-3) == 0.0
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        E.variance_proxy_limit(0.0)
+
+
+@pytest.mark.parametrize("sigma", [0.7, 4.0])
+def test_block_laws_against_their_sums(sigma):
+    S = mp.mpf(sigma)
+    rho = mp.e ** (-1 / S)
+
+    def pmf(k):
+        return k * (1 - rho) ** 2 * rho ** (k - 1)
+
+    for k in (1, 2, 5, 17):
+        assert close(E.block_size_pmf(k, sigma), pmf(k))
+        assert close(E.block_size_sf(k, sigma), mp.nsum(pmf, [k, mp.inf]))
+    assert close(E.block_size_mean(sigma), mp.nsum(lambda k: k * pmf(k), [1, mp.inf]))
+    assert close(E.block_size_mean(sigma), 1 / mp.tanh(1 / (2 * S)))
+    assert E.block_size_sf(1, sigma) == pytest.approx(1.0, rel=1e-15)
+    np.testing.assert_array_equal(
+        E.block_extent_sf([0, 3], sigma), np.exp(-np.array([0, 3]) / sigma)
+    )
+    assert type(E.block_extent_sf(2, sigma)) is float
+    got = E.block_size_pmf(np.array([1, 2]), sigma)
+    assert got.shape == (2,) and close(got[1], pmf(2))
+    assert E.expected_reduction_width(sigma, 3) == 3 * E.block_size_mean(sigma)
+
+
+def test_block_law_refusals():
+    with pytest.raises(ValueError, match=r"^k: every entry must be >= 1$"):
+        E.block_size_pmf(0, 1.0)
+    with pytest.raises(ValueError, match=r"^k: every entry must be >= 1$"):
+        E.block_size_sf([1, 0], 1.0)
+    with pytest.raises(ValueError, match=r"^b: every entry must be >= 0$"):
+        E.block_extent_sf(-1, 1.0)
+    assert E.block_extent_sf(0, 1.0) == 1.0
+    with pytest.raises(TypeError, match=r"^k: must hold integers, got dtype float64$"):
+        E.block_size_pmf(1.0, 1.0)
+    with pytest.raises(TypeError, match=r"^b: must hold integers, got dtype bool$"):
+        E.block_extent_sf(True, 1.0)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        E.block_size_mean(0.0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        E.expected_reduction_width(1.0, 0)
+
+
+@pytest.mark.parametrize(
+    "b, sigma, s", [(0.0, 1.0, 1), (3.0, 2.0, 5), (0.5, 4.0, 3), (40.0, 2.0, 64)]
+)
+def test_largest_pitch_laws_exact(b, sigma, s):
+    x = mp.mpf(b) / mp.mpf(sigma)
+    tail = (1 + x) * mp.e ** (-x)
+    assert close(E.pitch_sf(b, sigma), tail)
+    assert close(E.largest_pitch_sf(b, sigma, s), 1 - (1 - tail) ** s) or tail == 1
+    cdf = (1 - tail) ** s
+    if cdf > 0:
+        assert close(E.largest_pitch_cdf(b, sigma, s), cdf, rtol=1e-12)
+    else:
+        assert E.largest_pitch_cdf(b, sigma, s) == 0.0
+
+
+def test_largest_pitch_cdf_small_pitch_keeps_relative_accuracy():
+    # tail > 0.5: the incomplete-gamma branch; 1 - (1 + x) e^-x ~ x^2 / 2
+    got = E.largest_pitch_cdf(1e-6, 1.0, 2)
+    x = mp.mpf("1e-6")
+    assert close(got, (1 - (1 + x) * mp.e ** (-x)) ** 2, rtol=1e-12)
+    arr = E.largest_pitch_cdf(np.array([1e-6, 10.0]), 1.0, 2)
+    assert arr.shape == (2,)
+    assert close(arr[1], (1 - 11 * mp.e ** (-10)) ** 2, rtol=1e-12)
+
+
+def test_largest_pitch_refusals():
+    with pytest.raises(ValueError, match=r"^b: every entry must be >= 0$"):
+        E.pitch_sf(-1e-300, 1.0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        E.largest_pitch_sf(1.0, 1.0, 0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        E.largest_pitch_cdf(1.0, 1.0, 0)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        E.largest_pitch_cdf(1.0, 0.0, 1)
+    assert E.largest_pitch_sf(0.0, 1.0, 3) == 1.0
+
+
+@pytest.mark.parametrize(
+    "q, sigma, s", [(0.5, 1.0, 1), (0.99, 3.0, 16), (1e-3, 2.0, 4), (0.999999, 10.0, 2)]
+)
+def test_largest_pitch_quantile_inverts_the_cdf(q, sigma, s):
+    b = E.largest_pitch_quantile(q, sigma, s)
+    x = mp.mpf(b) / sigma
+    assert close((1 - (1 + x) * mp.e ** (-x)) ** s, q, rtol=1e-9)
+
+
+def test_largest_pitch_quantile_refusals():
+    with pytest.raises(ValueError, match=r"^q: must lie in the open interval"):
+        E.largest_pitch_quantile(1.0, 1.0, 1)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        E.largest_pitch_quantile(0.5, 0.0, 1)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        E.largest_pitch_quantile(0.5, 1.0, 0)
+
+
+def _extent_terms(sigma, s, r):
+    return 1 - (1 - mp.e ** (-mp.mpf(r) / sigma)) ** s
+
+
+@pytest.mark.parametrize("sigma, s", [(2.0, 3), (0.5, 1), (10.0, 8)])
+def test_expected_window_width_sums(sigma, s):
+    total = mp.nsum(lambda r: _extent_terms(sigma, s, r), [1, mp.inf])
+    assert close(E.expected_window_width(sigma, s), 1 + 2 * total, rtol=1e-12)
+    assert close(E.expected_window_width(sigma, s, causal=True), 1 + total, rtol=1e-12)
+    n = 6
+    c = [mp.fsum(_extent_terms(sigma, s, r) for r in range(1, i + 1)) for i in range(n)]
+    got = E.expected_window_width(sigma, s, n)
+    want = [1 + c[i] + c[n - 1 - i] for i in range(n)]
+    np.testing.assert_allclose(got, [float(w) for w in want], rtol=1e-13)
+    got = E.expected_window_width(sigma, s, n, causal=True)
+    np.testing.assert_allclose(got, [float(1 + c[i]) for i in range(n)], rtol=1e-13)
+    assert E.expected_window_width(sigma, s, 1).tolist() == [1.0]
+
+
+def test_expected_window_width_refusals():
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        E.expected_window_width(1.0, 1, 0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        E.expected_window_width(1.0, 0)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        E.expected_window_width(0.0, 1)

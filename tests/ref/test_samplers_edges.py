@@ -1,0 +1,341 @@
+"""plsh_ref.samplers against the sampling model itself, integrated independently.
+
+One pitch group: pitch ``delta ~ Gamma(2, sigma)`` (restricted to its stratum for
+``"stratified"``), ``g`` offsets ``delta ((phase + j / g) mod 1)``. For two positions at
+distance ``r < delta`` the number ``N`` of the ``g`` hashes with a bin boundary between
+them is ``floor(y)`` or ``floor(y) + 1`` with ``y = r g / delta`` (the latter with
+probability ``frac(y)``); for ``r >= delta`` all ``g`` hashes separate them. The group's
+collision fraction is ``X = 1 - N / g``. Every variance, split, tail and window width of
+the module is this model integrated over ``delta`` in mpmath (``mp.quad`` with the break
+points ``r g / k``), compared at relative 1e-10; the refusals are tested at their edges.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mpmath as mp
+import numpy as np
+import pytest
+
+from plsh_ref import samplers as S
+from plsh_ref.expectation import expected_window_width, largest_pitch_quantile, largest_pitch_sf
+
+
+@pytest.fixture(autouse=True)
+def _digits():
+    """Work at 25 digits without changing mpmath's global precision for other tests."""
+    with mp.workdps(25):
+        yield
+
+
+def density(d, sigma):
+    return d * mp.e ** (-d / sigma) / sigma**2
+
+
+def strata(sigma, m):
+    """Stratum edges of Gamma(2, sigma): P(delta <= e_k) = k / m, by mpmath root finding."""
+    edges = [mp.mpf(0)]
+    for k in range(1, m):
+        target = mp.mpf(k) / m
+        edges.append(
+            mp.findroot(
+                lambda x, t=target: mp.gammainc(2, 0, x / sigma, regularized=True) - t, sigma * 1.5
+            )
+        )
+    return edges + [mp.inf]
+
+
+def conditional_moments(d, r, g):
+    """(E[X | delta], E[X^2 | delta]) of one group's collision fraction."""
+    if d <= r:
+        return mp.mpf(0), mp.mpf(0)
+    y = r * g / d
+    fl = mp.floor(y)
+    p = y - fl
+    x_lo, x_hi = 1 - fl / g, 1 - (fl + 1) / g
+    return 1 - r / d, (1 - p) * x_lo**2 + p * x_hi**2
+
+
+def group_law(r, sigma, g, lo, hi, weight):
+    """E[X], E[X^2], E[E[X | delta]^2] over delta in [lo, hi) with density weight * f."""
+    points = sorted(
+        {mp.mpf(lo), mp.mpf(hi)}
+        | {r * g / mp.mpf(k) for k in range(1, g + 1) if lo < r * g / k < hi}
+        | ({mp.mpf(r)} if lo < r < hi else set())
+    )
+    pieces = [
+        lambda d, i=i: conditional_moments(d, r, g)[i] * density(d, sigma) * weight
+        for i in range(2)
+    ]
+    ex = mp.quad(pieces[0], points)
+    ex2 = mp.quad(pieces[1], points)
+    emean2 = mp.quad(
+        lambda d: conditional_moments(d, r, g)[0] ** 2 * density(d, sigma) * weight, points
+    )
+    return ex, ex2, emean2
+
+
+def model_variance(r, sigma, s, sampler, g):
+    """(within, between) variance of M~ at distance r from the model."""
+    m = s // g
+    if sampler == "stratified":
+        edges = strata(sigma, m)
+        within = between = mp.mpf(0)
+        for k in range(m):
+            ex, ex2, em2 = group_law(r, sigma, g, edges[k], edges[k + 1], m)
+            within += (ex2 - em2) / m**2
+            between += (em2 - ex**2) / m**2
+        return within, between
+    ex, ex2, em2 = group_law(r, sigma, g, 0, mp.inf, 1)
+    return (ex2 - em2) / m, (em2 - ex**2) / m
+
+
+def close(a, b, rtol=1e-10, atol=1e-300):
+    return abs(float(a) - float(b)) <= rtol * abs(float(b)) + atol
+
+
+@pytest.mark.parametrize(
+    "r, sigma, s, sampler, g",
+    [
+        (3.0, 4.0, 1, "iid", 1),
+        (2.0, 5.0, 6, "shared", 3),
+        (7.0, 3.0, 4, "shared", 2),
+        (2.0, 5.0, 6, "stratified", 3),
+        (1.0, 2.0, 4, "stratified", 1),
+        (5.0, 8.0, 8, "stratified", 2),
+    ],
+)
+def test_variance_split_is_the_model(r, sigma, s, sampler, g):
+    within, between = S.variance_split(r, sigma, s, sampler=sampler, group_size=g)
+    w_want, b_want = model_variance(mp.mpf(r), mp.mpf(sigma), s, sampler, g)
+    assert close(within, w_want) and close(between, b_want)
+    assert S.entry_variance(r, sigma, s, sampler=sampler, group_size=g) == within + between
+    assert type(within) is float and type(between) is float
+
+
+def test_iid_variance_is_binomial():
+    lstar = math.exp(-3.0 / 4.0)
+    within, between = S.variance_split(3.0, 4.0, 5)
+    assert close(within + between, lstar * (1 - lstar) / 5, rtol=1e-12)
+    assert S.entry_variance(0.0, 4.0, 5) == 0.0
+
+
+def test_variance_arrays_and_distance_zero():
+    r = np.array([0.0, 1.0, -2.0])
+    var = S.entry_variance(r, 3.0, 4, sampler="stratified", group_size=2)
+    assert var.shape == (3,) and var[0] == 0.0
+    assert var[2] == S.entry_variance(2.0, 3.0, 4, sampler="stratified", group_size=2)
+    w, b = S.variance_split(r, 3.0, 4, sampler="shared", group_size=2)
+    assert w.shape == b.shape == (3,) and w[0] == 0.0 and b[0] == 0.0
+
+
+def test_frobenius_error_square_sums_the_entries():
+    n, sigma, s = 6, 3.0, 4
+    for sampler, g in (("iid", None), ("stratified", 2), ("shared", 4)):
+        var = [
+            S.entry_variance(float(r), sigma, s, sampler=sampler, group_size=g) for r in range(1, n)
+        ]
+        full = sum(2 * (n - r) * v for r, v in zip(range(1, n), var))
+        got = S.frobenius_error_square(sigma, n, s, sampler=sampler, group_size=g)
+        assert close(got, full, rtol=1e-13)
+        got = S.frobenius_error_square(sigma, n, s, sampler=sampler, group_size=g, causal=True)
+        assert close(got, full / 2, rtol=1e-13)
+    assert S.frobenius_error_square(sigma, 1, s) == 0.0
+    with pytest.raises(ValueError, match=r"^sampler: must be one of"):
+        S.frobenius_error_square(sigma, 1, s, sampler="x")
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        S.frobenius_error_square(sigma, 0, s)
+    with pytest.raises(TypeError, match=r"^causal: must be a bool"):
+        S.frobenius_error_square(sigma, 3, s, causal=0)
+
+
+def test_optimal_group_size_is_the_argmin():
+    for sigma, n, s, causal in ((4.0, 32, 12, False), (64.0, 64, 16, True)):
+        divisors = [d for d in range(1, s + 1) if s % d == 0]
+        errors = [
+            S.frobenius_error_square(sigma, n, s, sampler="stratified", group_size=d, causal=causal)
+            for d in divisors
+        ]
+        assert S.optimal_group_size(sigma, n, s, causal=causal) == divisors[int(np.argmin(errors))]
+    assert S.optimal_group_size(4.0, 8, 1) == 1
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        S.optimal_group_size(4.0, 8, 0)
+
+
+def test_default_group_size_rule():
+    expected = {1: 1, 4: 1, 16: 2, 64: 4, 256: 8, 1024: 16, 7: 1, 12: 2, 6: 2}
+    for s, g in expected.items():
+        target = 0.6 * math.sqrt(s)
+        divisors = [d for d in range(1, s + 1) if s % d == 0]
+        best = min(divisors, key=lambda d: (abs(math.log(d / target)), d))
+        assert S.default_group_size(s) == best == g, s
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        S.default_group_size(0)
+
+
+def test_sampler_and_group_size_refusals_at_their_edges():
+    assert S.check_sampler("shared") == "shared"
+    with pytest.raises(TypeError, match=r"^sampler: must be a str, got NoneType$"):
+        S.check_sampler(None)
+    with pytest.raises(
+        ValueError, match=r"^sampler: must be one of \('iid', 'stratified', 'shared'\), got 'x'$"
+    ):
+        S.check_sampler("x")
+    assert S.resolve_group_size("iid", 6) == 1
+    assert S.resolve_group_size("iid", 6, 1) == 1
+    assert S.resolve_group_size("stratified", 64) == 4
+    assert S.resolve_group_size("shared", 6, 6) == 6
+    assert S.resolve_group_size("shared", 6, 1) == 1
+    with pytest.raises(
+        ValueError, match=r"^group_size: must be 1 \(or None\) for sampler='iid', got 2$"
+    ):
+        S.resolve_group_size("iid", 6, 2)
+    with pytest.raises(ValueError, match=r"^group_size: must divide num_samples=6, got 4$"):
+        S.resolve_group_size("shared", 6, 4)
+    with pytest.raises(ValueError, match=r"^group_size: must be >= 1, got 0$"):
+        S.resolve_group_size("shared", 6, 0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        S.resolve_group_size("shared", 0)
+
+
+def test_gamma2_quantile_and_strata():
+    sigma = 3.0
+    edges = S.stratum_edges(sigma, 4)
+    want = strata(mp.mpf(sigma), 4)
+    assert edges[0] == 0.0 and edges[-1] == np.inf and edges.shape == (5,)
+    for e, w in zip(edges[1:-1], want[1:-1]):
+        assert close(e, w, rtol=1e-12)
+    assert S.stratum_edges(sigma, 1).tolist() == [0.0, np.inf]
+    # both tails: lower < 0.5 uses the lower probability, else the upper one
+    lo = np.array([1e-20, 0.3, 0.7])
+    got = S.gamma2_quantile(lo, 1 - lo, 2.0)
+    for x, p in zip(got, lo):
+        assert close(mp.gammainc(2, 0, mp.mpf(x) / 2, regularized=True), p, rtol=1e-10)
+    tiny_upper = S.gamma2_quantile(np.array(1.0), np.array(1e-30), 1.0)
+    assert close(
+        mp.gammainc(2, mp.mpf(float(tiny_upper)), mp.inf, regularized=True), 1e-30, rtol=1e-10
+    )
+    with pytest.raises(ValueError, match=r"^upper: shape \(2,\) differs from lower shape \(1,\)$"):
+        S.gamma2_quantile([0.5], [0.5, 0.5], 1.0)
+    for lo_, up_ in (([-0.1], [0.5]), ([1.1], [0.5]), ([0.5], [-0.1]), ([0.5], [1.1])):
+        with pytest.raises(ValueError, match=r"^lower: probabilities must lie in \[0, 1\]$"):
+            S.gamma2_quantile(lo_, up_, 1.0)
+    assert S.gamma2_quantile([0.0], [1.0], 1.0).tolist() == [0.0]
+    assert S.gamma2_quantile([1.0], [0.0], 1.0).tolist() == [np.inf]
+    with pytest.raises(ValueError, match=r"^num_groups: must be >= 1, got 0$"):
+        S.stratum_edges(1.0, 0)
+
+
+def test_stratified_pitch():
+    u = np.array([[0.5, 0.0, 0.999]])
+    got = S.stratified_pitch(u, 2.0)
+    assert got.shape == (1, 3)
+    for k, (x, uk) in enumerate(zip(got[0], [0.5, 2.0**-54, 0.999])):
+        assert close(mp.gammainc(2, 0, mp.mpf(x) / 2, regularized=True), (k + uk) / 3, rtol=1e-9)
+    assert got[0, 1] > 0  # u = 0 is moved off the stratum's lower edge (0 for k = 0 only)
+    first = S.stratified_pitch([0.0], 1.0)
+    assert 0 < first[0] < 1e-7
+    with pytest.raises(ValueError, match=r"^uniform: values must lie in \[0, 1\)$"):
+        S.stratified_pitch([1.0], 1.0)
+    with pytest.raises(ValueError, match=r"^uniform: values must lie in \[0, 1\)$"):
+        S.stratified_pitch([-1e-300], 1.0)
+    with pytest.raises(
+        ValueError, match=r"^uniform: must have at least one dimension \(strata last\)$"
+    ):
+        S.stratified_pitch(0.5, 1.0)
+    given = np.array([0.0, 0.5])
+    S.stratified_pitch(given, 1.0)
+    assert given[0] == 0.0  # the caller's array is not changed
+
+
+def test_largest_pitch_of_each_sampler():
+    b, sigma = 9.0, 3.0
+    assert S.largest_pitch_sf_of(b, sigma, 6) == largest_pitch_sf(b, sigma, 6)
+    assert S.largest_pitch_sf_of(b, sigma, 6, sampler="shared", group_size=3) == largest_pitch_sf(
+        b, sigma, 2
+    )
+    x = b / sigma
+    got = S.largest_pitch_sf_of(b, sigma, 6, sampler="stratified", group_size=2)
+    assert got == min(1.0, 3 * math.exp(-x) * (1 + x)) and type(got) is float
+    assert S.largest_pitch_sf_of(0.5, sigma, 6, sampler="stratified", group_size=2) == 1.0  # capped
+    arr = S.largest_pitch_sf_of(
+        np.array([-1.0, 30.0]), sigma, 4, sampler="stratified", group_size=1
+    )
+    assert arr[0] == 1.0 and close(arr[1], 4 * math.exp(-10) * 11, rtol=1e-14)
+    q = 0.9
+    assert S.largest_pitch_quantile_of(q, sigma, 6) == largest_pitch_quantile(q, sigma, 6)
+    assert S.largest_pitch_quantile_of(
+        q, sigma, 6, sampler="shared", group_size=2
+    ) == largest_pitch_quantile(q, sigma, 3)
+    bq = S.largest_pitch_quantile_of(q, sigma, 6, sampler="stratified", group_size=2)
+    xq = mp.mpf(bq) / sigma
+    assert close((1 + xq) * mp.e ** (-xq), (1 - q) / 3, rtol=1e-10)
+    with pytest.raises(ValueError, match=r"^q: must lie in the open interval"):
+        S.largest_pitch_quantile_of(1.0, sigma, 6)
+
+
+def model_no_reach(r, sigma, g, lo, hi, weight):
+    """P(no hash of one group puts distance r in one bin), over delta in [lo, hi)."""
+
+    def p(d):
+        if d <= r:
+            return mp.mpf(1)
+        return max(mp.mpf(0), 1 - g + g * r / d)
+
+    points = sorted(
+        {mp.mpf(lo), mp.mpf(hi)}
+        | {
+            x
+            for x in (mp.mpf(r), r * g / mp.mpf(g - 1) if g > 1 else None)
+            if x is not None and lo < x < hi
+        }
+    )
+    return mp.quad(lambda d: p(d) * density(d, sigma) * weight, points)
+
+
+@pytest.mark.parametrize(
+    "sampler, s, g",
+    [("shared", 6, 3), ("stratified", 6, 2), ("shared", 4, 1), ("stratified", 4, 4)],
+)
+def test_window_width_is_the_model(sampler, s, g):
+    sigma, n = mp.mpf(2), 5
+    m = s // g
+    reach = []
+    for r in range(1, n):
+        if sampler == "stratified":
+            edges = strata(sigma, m)
+            none = mp.fprod(
+                model_no_reach(mp.mpf(r), sigma, g, edges[k], edges[k + 1], m) for k in range(m)
+            )
+        else:
+            none = model_no_reach(mp.mpf(r), sigma, g, 0, mp.inf, 1) ** m
+        reach.append(1 - none)
+    c = [mp.fsum(reach[:i]) for i in range(n)]
+    got = S.window_width(2.0, s, n, sampler=sampler, group_size=g)
+    want = [float(1 + c[i] + c[n - 1 - i]) for i in range(n)]
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    got = S.window_width(2.0, s, n, sampler=sampler, group_size=g, causal=True)
+    np.testing.assert_allclose(got, [float(1 + c[i]) for i in range(n)], rtol=1e-9)
+
+
+def test_window_width_unbounded_and_iid():
+    assert S.window_width(3.0, 4) == expected_window_width(3.0, 4)
+    np.testing.assert_array_equal(
+        S.window_width(3.0, 4, 7, causal=True), expected_window_width(3.0, 4, 7, causal=True)
+    )
+    with pytest.raises(ValueError, match=r"^group_size: must be 1"):
+        S.window_width(3.0, 4, sampler="iid", group_size=2)
+    # the infinite sum: the finite-n widths increase to it in the middle of a long sequence
+    inf = S.window_width(2.0, 6, sampler="shared", group_size=3)
+    mid = S.window_width(2.0, 6, 401, sampler="shared", group_size=3)[200]
+    assert close(inf, mid, rtol=1e-12)
+    inf_c = S.window_width(2.0, 6, sampler="stratified", group_size=3, causal=True)
+    last = S.window_width(2.0, 6, 401, sampler="stratified", group_size=3, causal=True)[-1]
+    assert close(inf_c, last, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        S.window_width(2.0, 6, 0, sampler="shared", group_size=3)
+    with pytest.raises(TypeError, match=r"^causal: must be a bool"):
+        S.window_width(2.0, 6, causal=None)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        S.window_width(0.0, 6, sampler="shared", group_size=3)
