@@ -229,10 +229,77 @@ def test_clear_plan_cache_drops_the_chunks_of_every_kept_plan():
 
 
 def test_no_kept_plans_nests_and_restores():
-    assert not plan_cache.bypassed()
+    assert plan_cache.bypassed() is False
     with cpu.no_kept_plans():
         assert plan_cache.bypassed()
         with cpu.no_kept_plans():
             assert plan_cache.bypassed()
         assert plan_cache.bypassed()  # the inner exit restores the outer state
-    assert not plan_cache.bypassed()
+    assert plan_cache.bypassed() is False
+
+
+def _built_bytes(plan):
+    """Bytes of the tensors a kept plan holds: its built chunks' and its specs'."""
+    total = 0
+    for chunk in plan.chunk_store.values():
+        assert chunk is not None  # every chunk built by the call that kept the plan
+        total += sum(
+            t.numel() * t.element_size() for t in vars(chunk).values() if torch.is_tensor(t)
+        )
+    for spec in plan.specs:
+        total += sum(t.numel() * t.element_size() for t in spec[4:] if torch.is_tensor(t))
+    return total
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("band_max_tile", [0, 32])
+@pytest.mark.parametrize("n", [96, 200])
+def test_the_kept_bytes_are_the_bytes_the_kept_plan_holds(monkeypatch, dtype, band_max_tile, n):
+    """``keep_chunks`` sizes a plan before any chunk is built; the estimate is exact: the
+    count biases, row/key indices and empty flags of its chunks plus its specs' tensors."""
+    monkeypatch.setattr(cpu, "BAND_MAX_TILE", band_max_tile)
+    pitch, offset = _partition()
+    g = torch.Generator().manual_seed(n)
+    q, k, v = (torch.randn(1, 4, n, 8, generator=g, dtype=dtype) for _ in range(3))
+    positions = torch.arange(n)
+    for _ in range(2):
+        cpu.plsh_forward_cpu(q, k, v, pitch, offset, positions, positions, 0.3, True)
+    (plan,) = plan_cache._CACHE.values()
+    assert plan.nbytes == _built_bytes(plan) == cpu.kept_plan_bytes() > 0
+
+
+def test_keep_chunks_sizes_only_admitted_plans_without_chunks(monkeypatch):
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 10**9)
+    sel = torch.arange(2)
+    spec = (0, 4, 3, sel, torch.zeros(2, dtype=torch.int64))
+    fresh = types.SimpleNamespace(
+        cache_key=("k",), chunk_store=None, dtype=torch.float32, specs=[spec]
+    )
+    plan_cache.keep_chunks(fresh)
+    assert fresh.chunk_store == {id(spec): None}
+    # 2 tiles of 4 rows, 3 keys: biases 2*4*3*4 B, row indices and empty flags 2*4*(8+1) B,
+    # key indices 2*3*8 B, and the spec's 2 int64 starts
+    assert fresh.nbytes == 96 + 72 + 48 + 16
+    unadmitted = types.SimpleNamespace(
+        cache_key=None, chunk_store=None, dtype=torch.float32, specs=[spec]
+    )
+    plan_cache.keep_chunks(unadmitted)
+    assert unadmitted.chunk_store is None and not hasattr(unadmitted, "nbytes")
+    store = {}
+    holding = types.SimpleNamespace(
+        cache_key=("k",), chunk_store=store, dtype=torch.float32, specs=[spec]
+    )
+    plan_cache.keep_chunks(holding)
+    assert holding.chunk_store is store and not hasattr(holding, "nbytes")
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 96 + 72 + 48 + 16)  # exactly: kept
+    again = types.SimpleNamespace(
+        cache_key=("k",), chunk_store=None, dtype=torch.float32, specs=[spec]
+    )
+    plan_cache.keep_chunks(again)
+    assert again.chunk_store is not None
+    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 96 + 72 + 48 + 15)  # one byte short
+    short = types.SimpleNamespace(
+        cache_key=("k",), chunk_store=None, dtype=torch.float32, specs=[spec]
+    )
+    plan_cache.keep_chunks(short)
+    assert short.chunk_store is None
