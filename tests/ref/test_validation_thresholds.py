@@ -394,3 +394,9 @@ def test_float32_and_float16_positions():
             V.as_positions("p", np.array([1.5], dtype=dtype))
         with pytest.raises(ValueError, match=r"^p: contains NaN or infinite values$"):
             V.as_positions("p", np.array([np.inf], dtype=dtype))
+
+
+def test_single_and_half_precision_arrays_are_real_numbers():
+    for dtype in (np.float32, np.float16):
+        out = V.as_float_array("x", np.array([0.5, 2.0], dtype=dtype))
+        assert out.dtype == np.float64 and out.tolist() == [0.5, 2.0]
