@@ -149,6 +149,10 @@ def test_a_repeated_position_is_refused_and_the_next_one_accepted():
     with pytest.raises(ValueError, match="^query_positions: must increase strictly along"):
         cache.update(q[:, :, :2], k[:, :, :2], v[:, :, :2], query_positions=[5, 5])
     cache.update(q[:, :, :2], k[:, :, :2], v[:, :, :2], query_positions=[5, 6])
+    with pytest.raises(ValueError, match="^query_positions: must increase strictly along"):
+        fresh = PLSHDecodingCache(part)  # a step back that is still after the first position
+        fresh.update(q, k, v, query_positions=[0, 5, 3])
+    assert fresh.batch_size == 0  # refused before any change
     with pytest.raises(ValueError, match="^query_positions: decode step out of order"):
         cache.update(q[:, :, 2:], k[:, :, 2:], v[:, :, 2:], query_positions=[6])
     cache.update(q[:, :, 2:], k[:, :, 2:], v[:, :, 2:], query_positions=[7])

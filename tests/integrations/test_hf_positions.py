@@ -210,3 +210,22 @@ def test_cache_bounds_are_the_layers_cache_bounds():
     part = draw_partition([3.0, 9.0], num_samples=4, seed=1)
     layer = hf.PLSHCacheLayer(part)
     assert layer.bound == int(np.ceil(part.pitch.max())) + 1
+
+
+def test_the_refusals_say_what_to_do_instead():
+    """The whole advice of each refusal (its remedy is part of the message)."""
+    with pytest.raises(ValueError) as err:
+        hf._check_sliding_window(4, _part(4.0))
+    assert str(err.value) == (
+        "sliding_window: 4 is narrower than this layer's PLSH reach (5 positions, cache_bound "
+        "of its partition); set config.sliding_window = None (or use larger windows / smaller "
+        "pitches)"
+    )
+    key = torch.zeros(1, 1, 2, 1)
+    key.plsh_partition = _part()
+    with pytest.raises(ValueError) as err:
+        hf._check_not_evicting(key)
+    assert str(err.value) == (
+        "key: comes from a PLSHCache, whose evicted keys exact ALiBi still weights; use "
+        "DynamicCache with the 'alibi' attention"
+    )
