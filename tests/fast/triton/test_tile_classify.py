@@ -144,6 +144,11 @@ def test_backward_chunks_take_the_narrower_whole():
     assert split.backward_chunks(64, 128, dkdv=False) == ((64, 0), (64, 64))
     plain = dataclasses.replace(cfg, narrow_whole=False)
     assert plain.backward_chunks(64, 128, dkdv=False) == ((32, 32), (64, 64))
+    # the backward reads column_halves, not the forward's override
+    fwd_off = dataclasses.replace(cfg, fwd_column_halves=False)
+    assert fwd_off.backward_chunks(96, 96, dkdv=False) == ((64, 64), (64, 64))
+    fwd_on = dataclasses.replace(cfg, column_halves=False, fwd_column_halves=True)
+    assert fwd_on.backward_chunks(96, 96, dkdv=False) == ((64, 32), (64, 32))
     whole = dataclasses.replace(cfg, column_halves=False)
     assert whole.backward_chunks(80, 128, dkdv=False) == ((64, 16), (128, 0))
 
@@ -156,6 +161,9 @@ def test_head_dim_split_at_its_documented_values():
     for d in (80, 96, 128):
         assert split(d, halves=True) == (64, 64)
     assert split(16, halves=True) == (16, 0)  # below 32 no halves
+    for d in (8, 17, 64, 80, 96, 128, 200, 256):
+        for halves in (False, True):  # tile widths: Python ints (tl.constexpr), not floats
+            assert all(type(x) is int for x in split(d, halves)), (d, halves)
     assert split(17) == (32, 0)  # 16 + 16 is no saving over 32
     assert _config.pow2(0) == 16 and _config.pow2(17) == 32 and _config.pow2(5, minimum=1) == 8
 
