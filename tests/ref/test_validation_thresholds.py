@@ -346,8 +346,8 @@ def test_check_partition():
 def test_type_errors_name_the_type_and_value():
     with pytest.raises(TypeError, match=r"^x: must be a real number, got str '1'$"):
         V.check_positive_float("x", "1")
-    with pytest.raises(TypeError, match=r"^delta: must be a real number, got NoneType None$"):
-        V.check_probability("delta", None)
+    with pytest.raises(TypeError, match=r"^delta: must be a real number, got str '0\.5'$"):
+        V.check_probability("delta", "0.5")
     with pytest.raises(TypeError, match=r"^n: must be an integer, got float 3\.0$"):
         V.check_int("n", 3.0)
     with pytest.raises(TypeError, match=r"^causal: must be a bool, got int 1$"):
