@@ -172,3 +172,55 @@ def test_dot_precision():
     assert _config.dot_precision(torch.float32, True) == "ieee"
     assert _config.dot_precision(torch.float32, False) == "tf32x3"
     assert _config.dot_precision(torch.bfloat16, False) == "tf32"
+
+
+# ----------------------------------------------------------------------------- the table
+
+#: The shipped configuration of each branch of tile_config, as measured in the AOT compile
+#: tables its docstring cites (benchmarks/results/aot_2026-12-01_*.md): warps, stages and
+#: tiles decide spills and pipelining, which no numerical test sees. A deliberate change
+#: updates this table together with a new AOT report.
+SHIPPED = {
+    ("interpreter", torch.float32, 64): _config.TileConfig(16, 16, 4, 1, 4, 16, 4, True, narrow_whole=True),
+    ("interpreter", torch.bfloat16, 64): _config.TileConfig(16, 16, 4, 1, 4, 16, 4, False),
+    (SM90, torch.float32, 64): _config.TileConfig(
+        64, 16, 4, 2, 8, 16, 4, True, fwd_column_halves=True, dkdv_block_n=64,
+        dkdv_split_d=True, dkdv_manual_x3=True, narrow_whole=True,
+    ),
+    (SM80, torch.float32, 64): _config.TileConfig(64, 16, 4, 2, 8, 16, 8, True, narrow_whole=True),
+    (SM80, torch.float32, 128): _config.TileConfig(
+        16, 16, 4, 2, 8, 16, 8, True, fwd_maxnreg=255, narrow_whole=True
+    ),
+    (SM80, torch.bfloat16, 64): _config.TileConfig(
+        64, 32, 4, 3, 4, 16, 4, True, dq_block_n=16, narrow_whole=True
+    ),
+    (SM90, torch.bfloat16, 128): _config.TileConfig(
+        64, 64, 4, 3, 4, 16, 4, False, dq_block_n=32, fwd_column_halves=False
+    ),
+    (SM90, torch.float32, 256): _config.TileConfig(32, 32, 8, 2, 8, 16, 8),
+    (SM90, torch.bfloat16, 256): _config.TileConfig(64, 32, 8, 2, 8, 16, 8),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("where, dtype, d", list(SHIPPED))
+def test_the_shipped_table(where, dtype, d):
+    if where == "interpreter":
+        assert _cfg(d, dtype, None, device=CPU) == SHIPPED[where, dtype, d]
+    else:
+        assert _cfg(d, dtype, where) == SHIPPED[where, dtype, d]
+
+
+def test_the_capability_defaults_to_the_devices(monkeypatch):
+    asked = []
+
+    def capability(device):
+        asked.append(device)
+        return SM80
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    device = torch.device("cuda", 1)
+    assert _config.tile_config(64, 64, device, torch.float32) == _cfg(64, torch.float32, SM80)
+    assert asked == [device]
+    asked.clear()
+    _config.tile_config(64, 64, device, torch.float32, SM90)  # given: not asked
+    assert asked == []
