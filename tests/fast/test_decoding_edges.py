@@ -71,7 +71,10 @@ def test_the_dense_path_serves_up_to_exactly_dense_pairs(full_calls):
         (3.5, 0, 4),  # just above 3.5 -> 4
         (8.0, 2**52, 11),  # B = 1/8 + 2**-52: (1.25 + 2**-51) 8 = 10 + 2**-48 -> 11
         (8.0, -(2**52), 11),  # |p|
-        (2.0, 2**52, 5),  # B = 1/2 + 2**-52: (2 + 2**-51) 2 = 4 + 2**-50 -> 5
+        (2.0, 2**52, 5),
+        # 3.5 + |p| / 2**51 just below 4: the "+ 1" term decides between 4 and 5
+        (3.5, 2**50 - 5, 4),
+        (3.5, 2**50 - 3, 5),  # B = 1/2 + 2**-52: (2 + 2**-51) 2 = 4 + 2**-50 -> 5
     ],
 )
 def test_binary64_bound_at_hand_computed_values(pitch, position, expected):

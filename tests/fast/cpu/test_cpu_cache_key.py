@@ -303,3 +303,16 @@ def test_keep_chunks_sizes_only_admitted_plans_without_chunks(monkeypatch):
     )
     plan_cache.keep_chunks(short)
     assert short.chunk_store is None
+
+
+def test_no_kept_plans_is_off_in_a_new_thread():
+    """Thread-local: a thread that never entered ``no_kept_plans`` is not bypassed (False,
+    not merely falsy), also while another thread is inside it."""
+    import threading
+
+    seen = []
+    with cpu.no_kept_plans():
+        worker = threading.Thread(target=lambda: seen.append(plan_cache.bypassed()))
+        worker.start()
+        worker.join()
+    assert seen == [False] and seen[0] is False
