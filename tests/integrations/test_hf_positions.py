@@ -66,6 +66,8 @@ def test_positions_count_the_real_tokens_before_each():
     assert kpos.tolist() == [[-1, 0, 1, 2], [1, 2, 3, 4]]  # cumsum(mask) - 1, last 4
     assert kmask.tolist() == [[False, True, True, True], [True] * 4]
     assert qpos.tolist() == [[1, 2], [3, 4]]  # the last 2 of the keys
+    qpos, _, _ = hf._positions(mask, 1, 4)
+    assert qpos.tolist() == [[2], [4]]  # the newest token only
     qpos, _, _ = hf._positions(mask, 0, 4)
     assert qpos.shape == (2, 0)
 
@@ -228,4 +230,32 @@ def test_the_refusals_say_what_to_do_instead():
     assert str(err.value) == (
         "key: comes from a PLSHCache, whose evicted keys exact ALiBi still weights; use "
         "DynamicCache with the 'alibi' attention"
+    )
+
+
+def test_the_position_refusals_say_what_to_do_instead():
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    key = torch.zeros(1, 1, 3, 1)
+    key.plsh_partition = _part(8.0)
+    with pytest.raises(ValueError) as err:
+        hf._positions(mask, 1, 3, key, _part(4.0))
+    assert str(err.value) == (
+        "partition: the PLSHCache layer holding these keys was built for another partition "
+        "than the attention module's (rebuild the cache after changing partitions)"
+    )
+    key = torch.zeros(1, 1, 3, 1)
+    key.plsh_positions = torch.tensor([[0, 1, 3]])
+    with pytest.raises(ValueError) as err:
+        hf._positions(mask, 1, 3, key)
+    assert str(err.value) == (
+        "position_ids: the positions PLSHCache evicted with differ from those implied by "
+        "attention_mask (real tokens before each token); pass position_ids = "
+        "attention_mask.cumsum(-1) - 1, as generate() does"
+    )
+    with pytest.raises(ValueError) as err:
+        hf._padding_mask(torch.ones(1, 1, 1, 3), 1, 3, "cpu")
+    assert str(err.value) == (
+        "attention_mask: the 'plsh'/'alibi' attention needs the 2-D padding mask (batch, "
+        "tokens) that its registered mask builder makes, got shape torch.Size([1, 1, 1, 3]); "
+        "a model that builds its own 4-D mask is not supported (see swap_bloom_attention)"
     )
