@@ -166,6 +166,7 @@ def test_head_dim_split_at_its_documented_values():
             assert all(type(x) is int for x in split(d, halves)), (d, halves)
     assert split(17) == (32, 0)  # 16 + 16 is no saving over 32
     assert _config.pow2(0) == 16 and _config.pow2(17) == 32 and _config.pow2(5, minimum=1) == 8
+    assert _config.pow2(1, minimum=1) == 1 and _config.pow2(0, minimum=1) == 1
 
 
 def test_dot_precision():
