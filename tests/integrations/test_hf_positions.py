@@ -1,0 +1,261 @@
+"""Positions from the padding mask and the evicting cache layer of ``plsh_fast/hf.py``, at
+their edges: a mask exactly as long as the keys, a sliding window exactly the PLSH reach,
+a decode step exactly one past the newest cached position, and batches whose sequences pad
+differently in the same slots (the eviction keeps the union over the batch of the real
+reachable keys, padding never counts; ``proofs_notes/decoding_cache.md``, Claim 1).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import plsh_fast.hf as hf  # noqa: E402
+from plsh_ref import PartitionSample, draw_partition  # noqa: E402
+
+
+def _part(pitch=4.0):
+    return PartitionSample(np.array([[pitch]]), np.array([[0.0]]))  # bins [4b, 4b + 4)
+
+
+def _kv(batch, m):
+    return torch.arange(float(batch * m)).reshape(batch, 1, m, 1)
+
+
+def _step(layer, positions, keep=None):
+    positions = torch.as_tensor(positions)
+    batch, m = positions.shape
+    kwargs = {"position_ids": positions}
+    if keep is not None:
+        kwargs["keep"] = torch.as_tensor(keep)
+    return layer.update(_kv(batch, m), _kv(batch, m), kwargs=kwargs)
+
+
+# ----------------------------------------------------------------------------- the mask
+
+
+def test_padding_mask_defaults_to_all_real_tokens():
+    mask = hf._padding_mask(None, 2, 3, "cpu")
+    assert mask.dtype == torch.bool and mask.shape == (2, 3) and bool(mask.all())
+
+
+def test_padding_mask_exactly_as_long_as_the_keys_is_accepted():
+    m = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    out = hf._padding_mask(m, 2, 3, "cpu")  # total == n_k
+    assert out.dtype == torch.bool and out.tolist() == [[False, True, True], [True] * 3]
+    assert hf._padding_mask(m, 2, 2, "cpu").shape == (2, 3)  # longer than the keys
+    with pytest.raises(ValueError, match="^attention_mask: shape \\(2, 3\\) cannot cover"):
+        hf._padding_mask(m, 2, 4, "cpu")  # one key more than the mask covers
+    with pytest.raises(ValueError, match="^attention_mask: shape \\(2, 3\\) cannot cover"):
+        hf._padding_mask(m, 3, 3, "cpu")  # another batch
+    with pytest.raises(ValueError, match="^attention_mask: the 'plsh'/'alibi' attention"):
+        hf._padding_mask(m[:, None, None], 2, 3, "cpu")  # a 4-D mask
+    with pytest.raises(ValueError, match="^attention_mask: the 'plsh'/'alibi' attention"):
+        hf._padding_mask([[1, 1, 1]], 1, 3, "cpu")  # not a tensor
+
+
+# ----------------------------------------------------------------------------- positions
+
+
+def test_positions_count_the_real_tokens_before_each():
+    mask = torch.tensor([[False, False, True, True, True], [True] * 5])
+    qpos, kpos, kmask = hf._positions(mask, 2, 4)
+    assert kpos.tolist() == [[-1, 0, 1, 2], [1, 2, 3, 4]]  # cumsum(mask) - 1, last 4
+    assert kmask.tolist() == [[False, True, True, True], [True] * 4]
+    assert qpos.tolist() == [[1, 2], [3, 4]]  # the last 2 of the keys
+    qpos, _, _ = hf._positions(mask, 1, 4)
+    assert qpos.tolist() == [[2], [4]]  # the newest token only
+    qpos, _, _ = hf._positions(mask, 0, 4)
+    assert qpos.shape == (2, 0)
+
+
+def test_cached_positions_may_differ_only_at_padding():
+    mask = torch.tensor([[False, True, True], [True, True, True]])
+    key = torch.zeros(2, 1, 3, 1)
+    key.plsh_positions = torch.tensor([[57, 0, 1], [0, 1, 2]])  # slot 0 of row 0 is a pad
+    hf._positions(mask, 1, 3, key)  # accepted
+    key.plsh_positions = torch.tensor([[-1, 0, 1], [0, 1, 3]])  # a real slot differs
+    with pytest.raises(ValueError, match="^position_ids: the positions PLSHCache evicted"):
+        hf._positions(mask, 1, 3, key)
+    key.plsh_positions = torch.tensor([[0, 1], [1, 2]])  # another number of slots
+    with pytest.raises(ValueError, match="^position_ids: the positions PLSHCache evicted"):
+        hf._positions(mask, 1, 3, key)
+
+
+def test_keys_of_another_partition_are_refused():
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    part, other = _part(4.0), _part(8.0)
+    key = torch.zeros(1, 1, 3, 1)
+    hf._positions(mask, 1, 3, key, part)  # untagged keys: any partition
+    key.plsh_partition = part
+    hf._positions(mask, 1, 3, key, part)
+    hf._positions(mask, 1, 3, key, None)  # no partition to compare with
+    with pytest.raises(ValueError, match="^partition: the PLSHCache layer holding these keys"):
+        hf._positions(mask, 1, 3, key, other)
+
+
+def test_a_sliding_window_exactly_the_plsh_reach_is_accepted():
+    part = _part(4.0)  # cache_bound 5
+    hf._check_sliding_window(None, part)
+    hf._check_sliding_window(5, part)
+    with pytest.raises(ValueError, match="^sliding_window: 4 is narrower"):
+        hf._check_sliding_window(4, part)
+
+
+def test_keys_from_an_evicting_cache_are_refused_by_exact_alibi():
+    key = torch.zeros(1, 1, 2, 1)
+    hf._check_not_evicting(key)
+    key.plsh_partition = _part()
+    with pytest.raises(ValueError, match="^key: comes from a PLSHCache"):
+        hf._check_not_evicting(key)
+
+
+# ----------------------------------------------------------------------------- the cache layer
+
+
+def test_position_ids_are_required_and_shaped():
+    layer = hf.PLSHCacheLayer(_part())
+    with pytest.raises(ValueError, match="^position_ids: PLSHCache needs"):
+        layer.update(_kv(1, 2), _kv(1, 2), kwargs={})
+    with pytest.raises(ValueError, match="^position_ids: shape \\(3, 2\\), expected \\(2, 2\\)"):
+        layer.update(_kv(2, 2), _kv(2, 2), kwargs={"position_ids": torch.zeros(3, 2)})
+    # (m,) and (1, m) serve every sequence; a plain keyword is read too
+    layer.update(_kv(2, 2), _kv(2, 2), kwargs={"position_ids": torch.tensor([0, 1])})
+    assert layer.positions.tolist() == [[0, 1], [0, 1]]
+    layer.update(_kv(2, 1), _kv(2, 1), position_ids=torch.tensor([[2]]))
+    assert layer.positions.tolist() == [[0, 1, 2], [0, 1, 2]]
+    assert layer.positions.dtype == torch.int64
+
+
+def test_a_step_exactly_after_the_newest_position_is_accepted_and_a_repeat_refused():
+    layer = hf.PLSHCacheLayer(_part())
+    _step(layer, [[0, 1, 2], [5, 6, 7]])
+    with pytest.raises(ValueError, match="^position_ids: decode step out of order"):
+        _step(layer, [[3], [7]])  # one sequence repeats its newest position
+    _step(layer, [[3], [8]])
+    assert layer.positions[:, -1].tolist() == [3, 8]
+
+
+def test_eviction_drops_exactly_the_leading_unreachable_slots():
+    layer = hf.PLSHCacheLayer(_part())
+    keys, _ = _step(layer, [list(range(10))])  # r = 0: nothing evicted
+    assert keys.shape[2] == 10 and layer.cached_tokens() == 10
+    keys, values = _step(layer, [[10]])  # r = 10, bin 2: keep 8, 9, 10
+    assert layer.positions.tolist() == [[8, 9, 10]]
+    assert keys[0, 0, :, 0].tolist() == [8.0, 9.0, 0.0] and values.shape[2] == 3
+    assert layer.get_seq_length() == 11
+    assert layer.get_mask_sizes(1) == (4, 8)  # 3 kept + 1 new, after 8 evicted
+    assert keys.plsh_positions is layer.positions and keys.plsh_partition is layer.partition
+    assert keys.plsh_keep.tolist() == [[True, True, True]]
+
+
+def test_an_empty_layer_reports_no_slots():
+    layer = hf.PLSHCacheLayer(_part())
+    assert layer.cached_tokens() == 0 and layer.get_mask_sizes(3) == (3, 0)
+    with pytest.raises(ValueError, match="^max_length: PLSHCache cannot be cropped"):
+        layer.crop(2)
+    with pytest.raises(TypeError, match="^partition: must be a PartitionSample"):
+        hf.PLSHCacheLayer(np.ones((1, 1)))
+
+
+def test_padding_at_reachable_positions_is_never_kept_for_itself():
+    """Pad slots carry whatever position the caller wrote (here 9, in the newest bin): only
+    ``keep`` tells they are pads, and a pad is never a reason to keep a slot."""
+    layer = hf.PLSHCacheLayer(_part())
+    keep = [[False, False] + [True] * 6]
+    _step(layer, [[9, 9, 0, 1, 2, 3, 4, 5]], keep)
+    _step(layer, [[6]])  # r = 6, bin 1: keys 4, 5 (slots 6, 7) and the new one
+    assert layer.positions.tolist() == [[4, 5, 6]]
+    assert layer.keep.tolist() == [[True, True, True]]
+
+
+def test_sequences_padded_differently_in_the_same_slots_keep_the_union():
+    layer = hf.PLSHCacheLayer(_part())
+    # row 0: real 0..7; row 1: two pads (at a reachable position), then real 0..5
+    positions = [list(range(8)), [9, 9, 0, 1, 2, 3, 4, 5]]
+    keep = [[True] * 8, [False, False] + [True] * 6]
+    _step(layer, positions, keep)
+    # r = 8 (bin 2) for row 0: none of its cached keys; r = 6 (bin 1) for row 1: slots 6, 7
+    _step(layer, [[8], [6]])
+    assert layer.positions.tolist() == [[6, 7, 8], [4, 5, 6]]
+    # (row 0 alone would keep only slot 8: the union is what keeps slots 6 and 7)
+    layer = hf.PLSHCacheLayer(_part())
+    _step(layer, positions, keep)
+    _step(layer, [[8], [6]], keep=[[True], [False]])
+    # the same with row 1's new token a pad: its position still sets row 1's reference
+    # (the smallest new position), its real keys 4, 5 stay, the new pad slot is kept as
+    # a pad (keep False) because row 0 needs that slot
+    assert layer.positions.tolist() == [[6, 7, 8], [4, 5, 6]]
+    assert layer.keep.tolist() == [[True, True, True], [True, True, False]]
+
+
+def test_a_step_of_pads_only_evicts_every_slot():
+    layer = hf.PLSHCacheLayer(_part())
+    _step(layer, [[0, 1, 2]], keep=[[False, False, False]])
+    assert layer.cached_tokens() == 0 and layer.keys.shape[2] == 0
+    assert layer.get_seq_length() == 3
+
+
+def test_reorder_cache_moves_positions_and_keep_with_the_keys():
+    layer = hf.PLSHCacheLayer(_part())
+    _step(layer, [[0, 1], [4, 5]], keep=[[False, True], [True, True]])
+    layer.reorder_cache(torch.tensor([1, 0]))
+    assert layer.positions.tolist() == [[4, 5], [0, 1]]
+    assert layer.keep.tolist() == [[True, True], [False, True]]
+    assert layer.keys[:, 0, :, 0].tolist() == [[2.0, 3.0], [0.0, 1.0]]
+
+
+def test_cache_bounds_are_the_layers_cache_bounds():
+    part = draw_partition([3.0, 9.0], num_samples=4, seed=1)
+    layer = hf.PLSHCacheLayer(part)
+    assert layer.bound == int(np.ceil(part.pitch.max())) + 1
+
+
+def test_the_refusals_say_what_to_do_instead():
+    """The whole advice of each refusal (its remedy is part of the message)."""
+    with pytest.raises(ValueError) as err:
+        hf._check_sliding_window(4, _part(4.0))
+    assert str(err.value) == (
+        "sliding_window: 4 is narrower than this layer's PLSH reach (5 positions, cache_bound "
+        "of its partition); set config.sliding_window = None (or use larger windows / smaller "
+        "pitches)"
+    )
+    key = torch.zeros(1, 1, 2, 1)
+    key.plsh_partition = _part()
+    with pytest.raises(ValueError) as err:
+        hf._check_not_evicting(key)
+    assert str(err.value) == (
+        "key: comes from a PLSHCache, whose evicted keys exact ALiBi still weights; use "
+        "DynamicCache with the 'alibi' attention"
+    )
+
+
+def test_the_position_refusals_say_what_to_do_instead():
+    mask = torch.ones(1, 3, dtype=torch.bool)
+    key = torch.zeros(1, 1, 3, 1)
+    key.plsh_partition = _part(8.0)
+    with pytest.raises(ValueError) as err:
+        hf._positions(mask, 1, 3, key, _part(4.0))
+    assert str(err.value) == (
+        "partition: the PLSHCache layer holding these keys was built for another partition "
+        "than the attention module's (rebuild the cache after changing partitions)"
+    )
+    key = torch.zeros(1, 1, 3, 1)
+    key.plsh_positions = torch.tensor([[0, 1, 3]])
+    with pytest.raises(ValueError) as err:
+        hf._positions(mask, 1, 3, key)
+    assert str(err.value) == (
+        "position_ids: the positions PLSHCache evicted with differ from those implied by "
+        "attention_mask (real tokens before each token); pass position_ids = "
+        "attention_mask.cumsum(-1) - 1, as generate() does"
+    )
+    with pytest.raises(ValueError) as err:
+        hf._padding_mask(torch.ones(1, 1, 1, 3), 1, 3, "cpu")
+    assert str(err.value) == (
+        "attention_mask: the 'plsh'/'alibi' attention needs the 2-D padding mask (batch, "
+        "tokens) that its registered mask builder makes, got shape torch.Size([1, 1, 1, 3]); "
+        "a model that builds its own 4-D mask is not supported (see swap_bloom_attention)"
+    )
