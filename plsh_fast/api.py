@@ -216,9 +216,10 @@ def plsh_attention(
     integer_mask = mask is not None and mask.dtype != torch.bool
     if requested == "auto" and below_crossover(n_q, n_k, device) and (eager or not integer_mask):
         if integer_mask:
-            if bool(((mask != 0) & (mask != 1)).any()):
+            assert mask is not None  # integer_mask implies a mask
+            if bool((torch.ne(mask, 0) & torch.ne(mask, 1)).any()):
                 raise ValueError("attention_mask: integer entries must be 0 (pad) or 1 (keep)")
-            mask = mask != 0
+            mask = torch.ne(mask, 0)
         return dense_plsh_attention(
             query,
             key,

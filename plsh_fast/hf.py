@@ -879,13 +879,14 @@ def swap_falcon_attention(
         raise ValueError("model: config.alibi is False (a RoPE Falcon has no ALiBi to swap)")
     for module in found:
         slopes = alibi_slopes(module.num_heads) * module.inv_norm_factor
-        module.plsh_attn_implementation = attn_implementation
-        module.plsh_slopes = torch.tensor(slopes, dtype=torch.float64)
-        module.plsh_partition = draw_partition(
+        setattr(module, "plsh_attn_implementation", attn_implementation)  # noqa: B010
+        setattr(module, "plsh_slopes", torch.tensor(slopes, dtype=torch.float64))  # noqa: B010
+        partition = draw_partition(
             1.0 / slopes, int(num_samples), layer_seed(int(seed), int(module.layer_idx))
         )
+        setattr(module, "plsh_partition", partition)  # noqa: B010
         prepare_layer(module, module.num_heads)
-        module.forward = types.MethodType(_falcon_forward, module)
+        module.forward = types.MethodType(_falcon_forward, module)  # type: ignore[method-assign]
     return model
 
 

@@ -56,6 +56,7 @@ class Chunk:
         :meth:`expand` gives back a bias equal bit for bit. ``uint8`` counts are a quarter
         of a float32 bias and an eighth of a float64 one.
         """
+        assert self.bias is not None  # a chunk with its bias (not compact yet)
         counts = torch.searchsorted(log_counts, self.bias.reshape(-1))
         counts = counts.to(count_dtype(log_counts.numel() - 1)).view(self.bias.shape)
         return replace(self, bias=None, counts=counts, keys=self.keys.to(torch.int32))
@@ -63,6 +64,7 @@ class Chunk:
     def expand(self, log_counts: torch.Tensor) -> Chunk:
         """A compact chunk (:meth:`compact`) with its bias read from ``log_counts`` again:
         ``(G, T, W)`` in the table's dtype, equal bit for bit to the bias it was made from."""
+        assert self.counts is not None  # a compact chunk
         index = self.counts.reshape(-1).to(torch.int32)
         bias = log_counts.index_select(0, index).view(self.counts.shape)
         return replace(self, bias=bias, counts=None, keys=self.keys.long())

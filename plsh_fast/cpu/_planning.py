@@ -155,10 +155,11 @@ class Plan:
             return
         if all(len(spec) == _SLIM for spec in self.specs):
             return
-        slim = [spec[:5] + (None, None, None, None, self.origin[id(spec)]) for spec in self.specs]
-        self.chunk_store = {
-            id(new): self.chunk_store[id(old)] for old, new in zip(self.specs, slim)
-        }
+        origin = self.origin
+        assert origin is not None  # set with the specs (head_specs)
+        slim = [spec[:5] + (None, None, None, None, origin[id(spec)]) for spec in self.specs]
+        store = self.chunk_store
+        self.chunk_store = {id(new): store[id(old)] for old, new in zip(self.specs, slim)}
         self.specs = slim
         self.origin = None
 

@@ -672,7 +672,7 @@ def plsh_backward_triton(
             return (dq,), (dk, dv)
 
         # Unsorted positions: the gradients of the forward's sorted rows, put back.
-        query_rows = (query, out, lse, grad_out, stats)
+        query_rows: tuple[torch.Tensor, ...] = (query, out, lse, grad_out, stats)
         query_rows += () if grad_lse is None else (grad_lse,)
         done = on_sorted_rows(run_sorted, query_positions, key_positions, query_rows, (key, value))
         if done is not None:

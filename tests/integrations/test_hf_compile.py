@@ -115,7 +115,9 @@ def test_training_steps_compile_fullgraph_and_match_eager(make, impl, inner):
     for mode in ("compiled", "eager"):
         model = _set_up(make, impl).train()
         backend = Counting(inner)
-        step = torch.compile(model, fullgraph=True, backend=backend) if mode == "compiled" else model
+        step = (
+            torch.compile(model, fullgraph=True, backend=backend) if mode == "compiled" else model
+        )
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         losses[mode] = []
         for i in range(2):
