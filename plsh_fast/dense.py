@@ -283,7 +283,7 @@ def dense_attention(
 DENSE_CROSSOVER = {"cpu": 128, "cuda": 2048}
 
 
-def below_crossover(n_q, n_k, device: torch.device) -> bool:
+def below_crossover(n_q: int, n_k: int, device: torch.device) -> bool:
     """Whether ``backend="auto"`` computes an ``n_q x n_k`` problem on ``device`` densely.
 
     ``n_q * n_k <= DENSE_CROSSOVER[device.type] ** 2`` (symbolic sizes under
@@ -384,7 +384,7 @@ def dense_plsh_attention(
     key_positions: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     return_lse: bool = False,
-):
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """PLSH attention computed densely: ``softmax(scale q k^T + log(C / s)) v`` through SDPA.
 
     The same function as :func:`plsh_fast.plsh_attention` on the same partition (the tiled

@@ -203,7 +203,9 @@ def _module_device(module) -> torch.device:
     return torch.device("cpu")
 
 
-def prepare_layer(module, num_heads: int, device=None) -> tuple[torch.Tensor, torch.Tensor, int]:
+def prepare_layer(
+    module: torch.nn.Module, num_heads: int, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Everything a traced ``"plsh"`` forward reads from a layer, computed outside the trace.
 
     The partition sample (:func:`layer_partition`, drawn if missing), its ``pitch`` and
@@ -240,7 +242,7 @@ def prepare_layer(module, num_heads: int, device=None) -> tuple[torch.Tensor, to
     if prepared is None or prepared[0] is not part or prepared[1].device != device:
         pitch, offset = partition_tensors(part, device)
         prepared = (part, pitch, offset, cache_bound(part))
-        module.plsh_prepared = prepared
+        setattr(module, "plsh_prepared", prepared)  # noqa: B010 (not a registered buffer)
     return prepared[1:]
 
 
@@ -819,12 +821,12 @@ def _falcon_forward(
 
 
 def swap_falcon_attention(
-    model,
+    model: PreTrainedModel,
     attn_implementation: str = "plsh",
     *,
     num_samples: int = DEFAULT_NUM_SAMPLES,
     seed: int | None = None,
-):
+) -> PreTrainedModel:
     """Replace the built-in ALiBi of a Falcon model (``config.alibi=True``) by ``"plsh"``/``"alibi"``.
 
     Falcon's ``alibi=True`` layout adds ``slope_h * p_key`` to the logits *before* the

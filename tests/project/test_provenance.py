@@ -174,7 +174,9 @@ def test_run_metadata_fields(monkeypatch, checkout):
         "date_utc",
         "machine",
         "argv",
+        "dependencies",
     }
+    assert record["dependencies"] == provenance.dependency_versions()
     assert record["package"] == provenance.DISTRIBUTION
     assert record["version"] == provenance.package_version()
     assert record["git_commit"] == commit
