@@ -53,6 +53,7 @@ from ..experiments.options import (
     option_message,
     output_file,
 )
+from ..validation import MAX_NUM_SAMPLES
 from .capabilities import CAPABILITIES, effective_capabilities, kernel_capabilities
 from .problems import DTYPES, RANDOM_POSITION_MODES, ProblemSpec
 from .reference import KINDS
@@ -67,6 +68,10 @@ from .suite import (
     load_kernel,
     slope_mode,
 )
+
+#: most random cases of one run (``--cases``, ``--long-cases``); a larger value would run
+#: for days (use ``--time-budget`` for long runs)
+MAX_CASES = 100_000
 
 __all__ = [
     "EXIT_STATUSES",
@@ -438,19 +443,21 @@ def _options(args):
                 raise KernelContractError(
                     f"--device: {args.device!r} is not available: {str(exc).splitlines()[0]}"
                 ) from None
-    for name, value, minimum in (
-        ("cases", args.cases, 0),
-        ("seed", args.seed, 0),
-        ("max-seq-len", args.max_seq_len, 1),
-        ("max-heads", args.max_heads, 1),
-        ("max-head-dim", args.max_head_dim, 1),
-        ("max-batch", args.max_batch, 1),
-        ("max-samples", args.max_samples, 1),
-        ("worst", args.worst, 0),
-        ("long-cases", args.long_cases, 0),
+    for name, value, minimum, maximum in (
+        ("cases", args.cases, 0, MAX_CASES),
+        ("seed", args.seed, 0, None),
+        ("max-seq-len", args.max_seq_len, 1, None),
+        ("max-heads", args.max_heads, 1, None),
+        ("max-head-dim", args.max_head_dim, 1, None),
+        ("max-batch", args.max_batch, 1, None),
+        ("max-samples", args.max_samples, 1, MAX_NUM_SAMPLES),
+        ("worst", args.worst, 0, None),
+        ("long-cases", args.long_cases, 0, MAX_CASES),
     ):
         if value < minimum:
             raise KernelContractError(f"--{name}: must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise KernelContractError(f"--{name}: must be <= {maximum}, got {value}")
     _check_case_memory(args)
     if not (args.timeout > 0 and np.isfinite(args.timeout)):
         raise KernelContractError(f"--timeout: must be > 0 seconds, got {args.timeout}")
