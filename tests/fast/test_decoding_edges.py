@@ -208,26 +208,6 @@ def test_cache_bound_rounds_up_the_largest_pitch():
     assert cache_bound(_part([[4.0]])) == 5
 
 
-def test_binary64_bound_is_computed_only_when_bound_is_exceeded(monkeypatch):
-    """The binary64 allowance is read only for a sequence holding more than ``bound`` keys
-    (its cost stays off the decode step otherwise): at exactly ``bound`` it is not."""
-    calls = []
-
-    def spy(partition, p):
-        calls.append(p)
-        return 100
-
-    monkeypatch.setattr(decoding, "binary64_bound", spy)
-    cache = PLSHDecodingCache(_part([[4.0]]))
-    cache.bound = 4  # keys 4..7 held after position 7: exactly the bound
-    _decode_steps(cache, 8)
-    assert int(cache.cached_tokens()[0]) == 4 and calls == []
-    cache = PLSHDecodingCache(_part([[4.0]]))
-    cache.bound = 3
-    _decode_steps(cache, 8)
-    assert calls == [3, 7]  # only the steps that held 4 > 3 keys (bins [0, 4), [4, 8))
-
-
 def test_live_keys_that_are_not_a_suffix_are_a_runtime_error(monkeypatch):
     """A defensive check (unreachable while bins are monotone in the position): a rule that
     kept keys out of order would be reported, not silently mis-evicted."""

@@ -97,14 +97,6 @@ def test_keys_of_another_partition_are_refused():
         hf._positions(mask, 1, 3, key, other)
 
 
-def test_a_sliding_window_exactly_the_plsh_reach_is_accepted():
-    part = _part(4.0)  # cache_bound 5
-    hf._check_sliding_window(None, part)
-    hf._check_sliding_window(5, part)
-    with pytest.raises(ValueError, match="^sliding_window: 4 is narrower"):
-        hf._check_sliding_window(4, part)
-
-
 def test_keys_from_an_evicting_cache_are_refused_by_exact_alibi():
     key = torch.zeros(1, 1, 2, 1)
     hf._check_not_evicting(key)
@@ -212,25 +204,6 @@ def test_cache_bounds_are_the_layers_cache_bounds():
     part = draw_partition([3.0, 9.0], num_samples=4, seed=1)
     layer = hf.PLSHCacheLayer(part)
     assert layer.bound == int(np.ceil(part.pitch.max())) + 1
-
-
-def test_the_refusals_say_what_to_do_instead():
-    """The whole advice of each refusal (its remedy is part of the message)."""
-    with pytest.raises(ValueError) as err:
-        hf._check_sliding_window(4, _part(4.0))
-    assert str(err.value) == (
-        "sliding_window: 4 is narrower than this layer's PLSH reach (5 positions, cache_bound "
-        "of its partition); set config.sliding_window = None (or use larger windows / smaller "
-        "pitches)"
-    )
-    key = torch.zeros(1, 1, 2, 1)
-    key.plsh_partition = _part()
-    with pytest.raises(ValueError) as err:
-        hf._check_not_evicting(key)
-    assert str(err.value) == (
-        "key: comes from a PLSHCache, whose evicted keys exact ALiBi still weights; use "
-        "DynamicCache with the 'alibi' attention"
-    )
 
 
 def test_the_position_refusals_say_what_to_do_instead():

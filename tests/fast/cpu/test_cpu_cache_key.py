@@ -164,70 +164,6 @@ def test_a_plan_of_exactly_the_budget_is_kept_and_one_byte_more_is_not(monkeypat
         assert len(plan_cache._CACHE) == (1 if kept else 0)
 
 
-def test_eviction_keeps_plans_that_fill_the_budget_exactly(monkeypatch):
-    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 300)
-    a, b, c = _fake_plan(100, key="a"), _fake_plan(200, key="b"), _fake_plan(1, key="c")
-    plan_cache.remember(a)
-    plan_cache.remember(b)
-    assert cpu.kept_plan_bytes() == 300 and len(plan_cache._CACHE) == 2  # 300 <= 300
-    plan_cache.evict_beyond_budget()
-    assert cpu.kept_plan_bytes() == 300
-    plan_cache.remember(c)  # 301 > 300: the least recently used (a) goes
-    assert list(plan_cache._CACHE) == ["b", "c"] and cpu.kept_plan_bytes() == 201
-    assert a.chunk_store is None and b.chunk_store is not None
-    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 200)
-    plan_cache.evict_beyond_budget()  # 201 > 200: b goes, c stays
-    assert list(plan_cache._CACHE) == ["c"] and cpu.kept_plan_bytes() == 1
-    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 1)
-    plan_cache.evict_beyond_budget()  # 1 <= 1
-    assert list(plan_cache._CACHE) == ["c"]
-
-
-def test_a_served_plan_becomes_the_most_recently_used(monkeypatch):
-    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 200)
-    a, b = _fake_plan(100, key="a"), _fake_plan(100, key="b")
-    plan_cache.remember(a)
-    plan_cache.remember(b)
-    assert plan_cache.cached_plan("a", *a.cache_key[1:]) is a  # a is now the newest
-    plan_cache.remember(_fake_plan(1, key="c"))  # over budget: b (least recent) goes
-    assert list(plan_cache._CACHE) == ["a", "c"]
-
-
-def test_a_key_collision_is_not_served():
-    a = _fake_plan(10, qpos=torch.arange(4), kpos=torch.arange(4), key="a")
-    plan_cache.remember(a)
-    assert plan_cache.cached_plan("a", torch.arange(4), torch.arange(4)) is a
-    assert plan_cache.cached_plan("a", torch.arange(1, 5), torch.arange(4)) is None
-    assert plan_cache.cached_plan("a", torch.arange(4), torch.arange(1, 5)) is None
-    assert plan_cache.cached_plan("other", torch.arange(4), torch.arange(4)) is None
-
-
-def test_remembering_the_same_inputs_twice_keeps_the_newer_plan_once():
-    old, new = _fake_plan(40, key="a"), _fake_plan(70, key="a")
-    plan_cache.remember(old)
-    plan_cache.remember(old)  # the same plan again: counted once
-    assert cpu.kept_plan_bytes() == 40
-    plan_cache.remember(new)
-    assert cpu.kept_plan_bytes() == 70 and plan_cache._CACHE["a"] is new
-    assert old.chunk_store is None and new.chunk_store is not None
-    # plans without chunks or without a key are never kept
-    plan_cache.remember(
-        types.SimpleNamespace(cache_key=("b", None, None), chunk_store=None, nbytes=5)
-    )
-    plan_cache.remember(types.SimpleNamespace(cache_key=None, chunk_store={}, nbytes=5))
-    assert list(plan_cache._CACHE) == ["a"] and cpu.kept_plan_bytes() == 70
-
-
-def test_clear_plan_cache_drops_the_chunks_of_every_kept_plan():
-    plans = [_fake_plan(5, key=i) for i in range(3)]
-    for p in plans:
-        plan_cache.remember(p)
-    plan_cache.seen_before(("x",))
-    cpu.clear_plan_cache()
-    assert all(p.chunk_store is None for p in plans)
-    assert cpu.kept_plan_bytes() == 0 and not plan_cache._CACHE and not plan_cache._SEEN
-
-
 def test_no_kept_plans_nests_and_restores():
     assert plan_cache.bypassed() is False
     with cpu.no_kept_plans():
@@ -249,60 +185,6 @@ def _built_bytes(plan):
     for spec in plan.specs:
         total += sum(t.numel() * t.element_size() for t in spec[4:] if torch.is_tensor(t))
     return total
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("band_max_tile", [0, 32])
-@pytest.mark.parametrize("n", [96, 200])
-def test_the_kept_bytes_are_the_bytes_the_kept_plan_holds(monkeypatch, dtype, band_max_tile, n):
-    """``keep_chunks`` sizes a plan before any chunk is built; the estimate is exact: the
-    count biases, row/key indices and empty flags of its chunks plus its specs' tensors."""
-    monkeypatch.setattr(cpu, "BAND_MAX_TILE", band_max_tile)
-    pitch, offset = _partition()
-    g = torch.Generator().manual_seed(n)
-    q, k, v = (torch.randn(1, 4, n, 8, generator=g, dtype=dtype) for _ in range(3))
-    positions = torch.arange(n)
-    for _ in range(2):
-        cpu.plsh_forward_cpu(q, k, v, pitch, offset, positions, positions, 0.3, True)
-    (plan,) = plan_cache._CACHE.values()
-    assert plan.nbytes == _built_bytes(plan) == cpu.kept_plan_bytes() > 0
-
-
-def test_keep_chunks_sizes_only_admitted_plans_without_chunks(monkeypatch):
-    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 10**9)
-    sel = torch.arange(2)
-    spec = (0, 4, 3, sel, torch.zeros(2, dtype=torch.int64))
-    fresh = types.SimpleNamespace(
-        cache_key=("k",), chunk_store=None, dtype=torch.float32, specs=[spec]
-    )
-    plan_cache.keep_chunks(fresh)
-    assert fresh.chunk_store == {id(spec): None}
-    # 2 tiles of 4 rows, 3 keys: biases 2*4*3*4 B, row indices and empty flags 2*4*(8+1) B,
-    # key indices 2*3*8 B, and the spec's 2 int64 starts
-    assert fresh.nbytes == 96 + 72 + 48 + 16
-    unadmitted = types.SimpleNamespace(
-        cache_key=None, chunk_store=None, dtype=torch.float32, specs=[spec]
-    )
-    plan_cache.keep_chunks(unadmitted)
-    assert unadmitted.chunk_store is None and not hasattr(unadmitted, "nbytes")
-    store = {}
-    holding = types.SimpleNamespace(
-        cache_key=("k",), chunk_store=store, dtype=torch.float32, specs=[spec]
-    )
-    plan_cache.keep_chunks(holding)
-    assert holding.chunk_store is store and not hasattr(holding, "nbytes")
-    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 96 + 72 + 48 + 16)  # exactly: kept
-    again = types.SimpleNamespace(
-        cache_key=("k",), chunk_store=None, dtype=torch.float32, specs=[spec]
-    )
-    plan_cache.keep_chunks(again)
-    assert again.chunk_store is not None
-    monkeypatch.setattr(cpu, "PLAN_CACHE_BYTES", 96 + 72 + 48 + 15)  # one byte short
-    short = types.SimpleNamespace(
-        cache_key=("k",), chunk_store=None, dtype=torch.float32, specs=[spec]
-    )
-    plan_cache.keep_chunks(short)
-    assert short.chunk_store is None
 
 
 def test_no_kept_plans_is_off_in_a_new_thread():
