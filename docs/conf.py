@@ -108,6 +108,8 @@ except Exception:  # noqa: BLE001 - any failure to import triton means "document
 # one of our own objects (plsh_ref.*, plsh_fast.*) still fails the build.
 _PY_ROLES = r"py:(class|obj|data|exc|func|meth|attr|mod)"
 nitpick_ignore_regex = [
+    # third-party classes named unqualified in annotations (transformers, FlexAttention)
+    (r"py:class", r"(PreTrainedModel|BlockMask)"),
     # dotted names outside our two packages (numpy.ndarray, torch.Tensor, importlib.x, ...)
     (_PY_ROLES, r"(?!plsh_ref\b|plsh_fast\b)[A-Za-z_]\w*\..*"),
     (

@@ -167,7 +167,7 @@ def plsh_attention(
     Synchronisation (CUDA): the value checks (``check_finite``); with a mask or
     per-sequence positions, grouping the batch (:mod:`plsh_fast._padding`: the groups and
     their lengths are data-dependent); the kernels' own planning (sorting check of the
-    positions, tile ranges; :mod:`plsh_fast.triton_forward`). Nothing else reads device
+    positions, tile ranges; :mod:`plsh_fast.triton`). Nothing else reads device
     values: the partition and the positions stay on the device.
 
     References

@@ -23,7 +23,7 @@ The launcher :func:`plsh_backward_triton` runs in named steps: check the shapes,
 statistics (:func:`softmax_statistics`), run on rows sorted by position
 (:func:`plsh_fast.triton._launch.on_sorted_rows`), align the rows, resolve the
 configuration and plan (:func:`plsh_fast.triton._launch.prepare_launch`), then the three
-kernels: :func:`launch_delta`, :func:`launch_dq` (and the row factor
+kernels: ``launch_delta``, ``launch_dq`` (and the row factor
 :func:`dq_rounding_factor`) and :func:`launch_dkdv`.
 """
 
@@ -633,7 +633,7 @@ def plsh_backward_triton(
         float32 ``(batch, num_heads, n_q)`` gradient of the loss with respect to the LSE
         (finite; 0 on empty rows), or ``None``: added as ``dS = P (dP - D + g)``
         (``proofs_notes/backward.md``, section 5) by subtracting it from ``D``
-        (:func:`launch_delta`), so that the value head size, hence the column chunks of
+        (``launch_delta``), so that the value head size, hence the column chunks of
         the logits' dots, stay the forward's.
     plan : plsh_fast.triton.TilePlan or None
         The forward pass's plan (``plsh_forward_triton(..., return_plan=True)``), reused
@@ -785,7 +785,7 @@ def launch_dq(
 
     ``query``, ``key``, ``value``, ``grad_out``: the pass's (sorted, aligned) tensors;
     ``stats``: contiguous float32 ``(batch, num_heads, n_q, 2)``; ``delta``: from
-    :func:`launch_delta`; ``dq``: contiguous, shaped as ``query``.
+    ``launch_delta``; ``dq``: contiguous, shaped as ``query``.
     """
     batch, num_heads, n_q, head_dim = query.shape
     num_heads_kv, n_k, head_dim_v = key.shape[1], key.shape[2], value.shape[3]
@@ -871,7 +871,7 @@ def launch_dkdv(
     key/value group (:func:`plsh_fast.triton._tiling.plan_query_range`; planned for that
     key tile when it is not the plan's), in query tiles of ``launch.dkdv_block_m``.
 
-    Arguments as :func:`launch_dq`; ``dk``, ``dv`` contiguous, shaped as ``key``, ``value``.
+    Arguments as ``launch_dq``; ``dk``, ``dv`` contiguous, shaped as ``key``, ``value``.
     """
     batch, num_heads, n_q, head_dim = query.shape
     num_heads_kv, n_k, head_dim_v = key.shape[1], key.shape[2], value.shape[3]

@@ -62,7 +62,7 @@ CAPABILITIES = {
     **{dtype: f"{dtype} inputs" for dtype in DTYPES},
 }
 
-#: capabilities read from the kernel's signature: name -> the parameters it needs
+#: The capabilities read from the kernel's signature, name -> the parameters it needs.
 SIGNATURE_INPUTS = {
     "attention_mask": ("attention_mask",),
     "varlen": ("cu_seqlens",),

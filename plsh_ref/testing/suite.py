@@ -3,7 +3,7 @@
 For one :class:`~plsh_ref.testing.problems.AttentionProblem`, :func:`check_case`
 
 1. skips the problem if it needs an input the kernel declares unsupported
-   (:func:`kernel_capabilities`, :data:`CAPABILITIES`),
+   (:func:`kernel_capabilities`, :data:`~plsh_ref.testing.capabilities.CAPABILITIES`),
 2. converts the inputs for the kernel (numpy arrays, or torch tensors on a device),
 3. calls ``kernel(query, key, value, **kwargs)`` (in a worker thread when a timeout is
    set), with the keyword arguments of its contract (:func:`contract_kwargs`),
@@ -52,7 +52,6 @@ __all__ = [
     "PRECISION_FINDING",
     "SLOPES",
     "CaseResult",
-    "KernelContractError",
     "check_case",
     "check_signature",
     "contract_kwargs",
