@@ -11,9 +11,12 @@ For one :class:`~plsh_ref.testing.problems.AttentionProblem`, :func:`check_case`
    ``(batch, num_heads, n_q, head_dim_v)`` / ``(batch, num_heads, n_q)``, output dtype equal
    to the input dtype): a violation raises :class:`KernelContractError`,
 5. compares output (and LSE, if returned) on the real query rows (pad query slots of a
-   padded batch are not compared) with the float64 reference under the tolerance rule of
+   padded batch are not compared) with the reference under the tolerance rule of
    SPEC section 6: ``max|out - ref| <= 2 max|out_plain - ref| + floor``, where
-   ``out_plain`` is plain attention with the same dense bias in the kernel's dtype.
+   ``out_plain`` is plain attention with the same dense bias in the kernel's dtype. The
+   reference is float64, computed in extended precision for float64 problems
+   (:func:`~plsh_ref.testing.reference.reference_precision`), so that the error measured is
+   the kernel's own and not the float64 reference's rounding.
 
 :func:`load_kernel` resolves ``"MODULE:FUNCTION"`` (the current folder is on the import
 path) and :func:`check_signature` checks the keyword-only contract before anything runs.
@@ -486,7 +489,7 @@ def check_case(
     timeout: float | None = None,
     strict_precision: bool = False,
 ) -> CaseResult:
-    """Run ``kernel`` on ``problem`` and compare with the float64 reference.
+    """Run ``kernel`` on ``problem`` and compare with the reference (module docstring, step 5).
 
     Parameters
     ----------
