@@ -74,27 +74,59 @@ def _interleaved_rates(fns: dict, steps: int) -> dict:
     return {name: 1.0 / statistics.median(t) for name, t in times.items()}
 
 
+def _profile_steps(step, start: int, steps: int, top: int) -> list[dict]:
+    """``cProfile`` of ``steps`` calls ``step(start), step(start + 1), ...``: the ``top``
+    functions by own time (``tottime``), with their share of the profiled total."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for i in range(start, start + steps):
+        step(i)
+    prof.disable()
+    stats = pstats.Stats(prof).stats
+    total = sum(v[2] for v in stats.values()) or 1.0
+    ranked = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
+    return [
+        {
+            "function": f"{Path(file).name}:{line}({name})",
+            "calls_per_step": v[1] / steps,
+            "own_us_per_step": 1e6 * v[2] / steps,
+            "cumulative_us_per_step": 1e6 * v[3] / steps,
+            "share": v[2] / total,
+        }
+        for (file, line, name), v in ranked
+    ]
+
+
 def bench(context: int, batch: int, args) -> dict:
     H, d, s = args.num_heads, args.head_dim, args.num_samples
     slopes = alibi_slopes(H)
     part = draw_partition(1.0 / slopes, s, seed=args.seed)
     bound = cache_bound(part)
+    with_full = args.full_max_context is None or context <= args.full_max_context
+    tail = min(context, max(args.prefill_tail, bound))
+    a = context - tail
+    # Only the full-cache peer reads keys before the prefill tail: without it the tokens
+    # from position `a` on are drawn (index i holds position origin + i), so a 256k
+    # context at batch 8 fits in memory.
+    origin = 0 if with_full else a
     g = torch.Generator().manual_seed(context)
-    total = context + args.steps + 1
-    q = torch.randn(batch, H, total, d, generator=g)
-    k = torch.randn(batch, H, total, d, generator=g)
-    v = torch.randn(batch, H, total, d, generator=g)
+    extra = args.steps * (2 if args.profile else 1)  # profiled steps follow the timed ones
+    total = context + extra + 1
+    q = torch.randn(batch, H, total - origin, d, generator=g)
+    k = torch.randn(batch, H, total - origin, d, generator=g)
+    v = torch.randn(batch, H, total - origin, d, generator=g)
     row = {"context": context, "batch": batch, "num_heads": H, "head_dim": d}
     row.update({"num_samples": s, "bound": bound})
 
     cache = PLSHDecodingCache(part)
-    tail = min(context, max(args.prefill_tail, bound))
-    a = context - tail
     t0 = time.perf_counter()
     cache.update(
-        q[:, :, a:context],
-        k[:, :, a:context],
-        v[:, :, a:context],
+        q[:, :, a - origin : context - origin],
+        k[:, :, a - origin : context - origin],
+        v[:, :, a - origin : context - origin],
         query_positions=torch.arange(a, context),
     )
     row["plsh_prefill_tail"] = tail
@@ -102,20 +134,20 @@ def bench(context: int, batch: int, args) -> dict:
     row["plsh_cached_after_prefill"] = int(cache.cached_tokens().max())
 
     slopes_t = torch.from_numpy(slopes).to(torch.float32)
-    pos = torch.arange(total)
+    pos = torch.arange(origin, total)  # pos[i] = origin + i
 
     def plsh_step(i):
-        j = context + i
+        j = context + i - origin
         cache.update(q[:, :, j : j + 1], k[:, :, j : j + 1], v[:, :, j : j + 1])
 
     def full_step(i):
-        j = context + i
+        j = context + i  # origin is 0 here
         _alibi_step(
             q[:, :, j : j + 1], k[:, :, : j + 1], v[:, :, : j + 1], slopes_t, pos[j], pos[: j + 1]
         )
 
     def window_step(i):
-        j = context + i
+        j = context + i - origin
         a = max(0, j + 1 - bound)
         _alibi_step(
             q[:, :, j : j + 1],
@@ -126,12 +158,16 @@ def bench(context: int, batch: int, args) -> dict:
             pos[a : j + 1],
         )
 
-    rates = _interleaved_rates(
-        {"plsh": plsh_step, "alibi_full": full_step, "alibi_window": window_step}, args.steps
-    )
+    fns = {"plsh": plsh_step, "alibi_full": full_step, "alibi_window": window_step}
+    if not with_full:
+        del fns["alibi_full"]
+        row["alibi_full_tokens_per_s"] = None  # not measured (--full-max-context)
+    rates = _interleaved_rates(fns, args.steps)
     for name, rate in rates.items():
         row[f"{name}_tokens_per_s"] = batch * rate
     row["plsh_over_window"] = rates["plsh"] / rates["alibi_window"]
+    if args.profile:
+        row["plsh_profile"] = _profile_steps(plsh_step, args.steps + 1, args.steps, args.profile)
     row["plsh_cached_at_end"] = int(cache.cached_tokens().max())
     row["plsh_cache_bytes"] = cache.memory_bytes()
     row["alibi_full_cache_bytes"] = batch * 2 * H * (context + args.steps) * d * 4
@@ -151,6 +187,16 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--full-max-context",
+        type=int,
+        default=None,
+        help="measure exact ALiBi over the full cache only up to this context (default: all)",
+    )
+    parser.add_argument(
+        "--profile", type=int, default=0, help="cProfile the PLSH step: top functions (0: off)"
+    )
+    parser.add_argument("--label", default="", help="suffix of the result file names")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
     if min(args.context) < 1 or args.steps < 1:
@@ -173,7 +219,7 @@ def main(argv=None) -> int:
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    base = out / f"decode_{stamp:%Y-%m-%d}_t{args.threads}"
+    base = out / f"decode_{stamp:%Y-%m-%d}_t{args.threads}{args.label}"
     base.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     load = ", ".join(f"{r['load_average']:.1f}" for r in rows)
     lines = [
@@ -195,14 +241,33 @@ def main(argv=None) -> int:
     for r in rows:
         lines.append(
             f"| {r['context']} | {r['batch']} | {r['plsh_tokens_per_s']:.0f} | "
-            f"{r['alibi_full_tokens_per_s']:.0f} | {r['alibi_window_tokens_per_s']:.0f} | "
+            f"{_rate(r['alibi_full_tokens_per_s'])} | {r['alibi_window_tokens_per_s']:.0f} | "
             f"{r['plsh_over_window']:.2f} | {r['plsh_cached_after_prefill']} / "
             f"{r['plsh_cached_at_end']} / {r['bound']} | {r['plsh_cache_bytes'] / 2**20:.2f} | "
             f"{r['alibi_full_cache_bytes'] / 2**20:.1f} | {r['alibi_window_cache_bytes'] / 2**20:.2f} |"
         )
+    for r in rows:
+        if r.get("plsh_profile"):
+            lines += [
+                "",
+                f"PLSH step profile, context {r['context']}, batch {r['batch']} (cProfile over "
+                f"{args.steps} more steps; its own overhead inflates Python-heavy functions):",
+                "",
+                "| function | calls/step | own us/step | cumulative us/step | share |",
+                "|---|---|---|---|---|",
+            ]
+            lines += [
+                f"| `{p['function']}` | {p['calls_per_step']:.0f} | {p['own_us_per_step']:.0f} | "
+                f"{p['cumulative_us_per_step']:.0f} | {100 * p['share']:.0f}% |"
+                for p in r["plsh_profile"]
+            ]
     base.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {base}.json and .md")
     return 0
+
+
+def _rate(value) -> str:
+    return "not measured" if value is None else f"{value:.0f}"
 
 
 def _cpu_model() -> str:
