@@ -23,7 +23,8 @@ The model is ``torch.compile(model, fullgraph=True, dynamic=True)`` (Inductor: t
 and, through AOTAutograd, the backward) and the optimizer step ``torch.compile(opt.step)``
 (``--eager-optimizer`` leaves it eager). The first step at each length is reported
 separately (the compile at the first length; a recompile would show at a later one), then
-``--repeats`` rounds in which every variant takes one step; the median per variant and the
+``--warmup`` untimed rounds (a compiled optimizer compiles again once its state exists),
+then ``--repeats`` rounds in which every variant takes one step; the median per variant and the
 median over rounds of plsh / alibi (each round's steps ran back to back, under the same
 load). ``--profile`` adds one ``torch.profiler`` step per variant and length: the operators
 with the most self CPU time.
@@ -155,6 +156,9 @@ def train(args) -> dict:
             row[f"{variant}_first_s"] = _time(lambda v=variant: steps[v](ids))
             row[f"{variant}_first_load"] = _load()
             print(f"n={n} {variant} first step {row[f'{variant}_first_s']:.1f} s", flush=True)
+        for _ in range(args.warmup):  # the optimizer's state appears after its first step
+            for variant in variants:
+                row[f"{variant}_warmup_s"] = _time(lambda v=variant: steps[v](ids))
         times: dict = {v: [] for v in variants}
         for _ in range(args.repeats):
             for variant in variants:
@@ -284,7 +288,7 @@ def _markdown(result: dict) -> str:
         head += [
             "Training step = forward + cross-entropy + backward + AdamW; model "
             f"`torch.compile(fullgraph=True, dynamic=True, backend={a['compile_backend']!r})`, "
-            f"optimizer {opt}; "
+            f"optimizer {opt}; first step, then {a['warmup']} untimed rounds, then the "
             f"median of {a['repeats']} rounds, the variants taking turns; plsh / alibi is the "
             "median over rounds of the ratio.",
             "",
@@ -378,6 +382,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--n", type=int, nargs="+", default=[256, 1024, 4096])
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
     p.add_argument("--eager-optimizer", action="store_true")
     p.add_argument(
         "--compile-backend",
