@@ -74,30 +74,57 @@ def _interleaved_rates(fns: dict, steps: int) -> dict:
     return {name: 1.0 / statistics.median(t) for name, t in times.items()}
 
 
-def _profile_steps(step, start: int, steps: int, top: int) -> list[dict]:
-    """``cProfile`` of ``steps`` calls ``step(start), step(start + 1), ...``: the ``top``
-    functions by own time (``tottime``), with their share of the profiled total."""
-    import cProfile
-    import pstats
+def _profile_steps(step, window, start: int, steps: int) -> dict:
+    """Median time of the pieces of the PLSH decode step over ``steps`` more steps.
 
-    prof = cProfile.Profile()
-    prof.enable()
-    for i in range(start, start + steps):
-        step(i)
-    prof.disable()
-    stats = pstats.Stats(prof).stats
-    total = sum(v[2] for v in stats.values()) or 1.0
-    ranked = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)[:top]
-    return [
-        {
-            "function": f"{Path(file).name}:{line}({name})",
-            "calls_per_step": v[1] / steps,
-            "own_us_per_step": 1e6 * v[2] / steps,
-            "cumulative_us_per_step": 1e6 * v[3] / steps,
-            "share": v[2] / total,
-        }
-        for (file, line, name), v in ranked
+    Medians, not totals (a profiler's totals on a loaded machine are dominated by the
+    steps another process pre-empted): the whole ``update``, and inside it the argument
+    checks, the finiteness check, the ring's plan, its ``attend`` and, inside that,
+    ``torch.searchsorted`` (the counts) and SDPA; ``window`` (the same-size window peer)
+    takes turns with it, and its SDPA is timed alike. Wraps those functions for the
+    duration (they are the package's internals: this probes ``plsh_fast/decoding.py``).
+    """
+    import functools
+
+    from plsh_fast import decoding
+
+    times: dict = {}
+    current = ["plsh"]
+
+    def wrap(owner, name, label):
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            times.setdefault(f"{current[0]}: {label}", []).append(time.perf_counter() - t0)
+            return out
+
+        setattr(owner, name, timed)
+        return owner, name, fn
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    saved = [
+        wrap(decoding.PLSHDecodingCache, "_check_call", "argument checks"),
+        wrap(decoding, "_sum_is_finite", "finiteness check"),
+        wrap(decoding._StepRing, "plan", "ring plan"),
+        wrap(decoding._StepRing, "attend", "ring attend"),
+        wrap(torch, "searchsorted", "searchsorted (counts)"),
+        wrap(torch.nn.functional, "scaled_dot_product_attention", "SDPA"),
     ]
+    try:
+        for i in range(start, start + steps):
+            for name, fn in (("plsh", step), ("window", window)):
+                current[0] = name
+                t0 = time.perf_counter()
+                fn(i)
+                times.setdefault(f"{name}: whole step", []).append(time.perf_counter() - t0)
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+    assert torch.nn.functional.scaled_dot_product_attention is sdpa
+    return {label: 1e6 * statistics.median(t) for label, t in sorted(times.items())}
 
 
 def bench(context: int, batch: int, args) -> dict:
@@ -167,7 +194,7 @@ def bench(context: int, batch: int, args) -> dict:
         row[f"{name}_tokens_per_s"] = batch * rate
     row["plsh_over_window"] = rates["plsh"] / rates["alibi_window"]
     if args.profile:
-        row["plsh_profile"] = _profile_steps(plsh_step, args.steps + 1, args.steps, args.profile)
+        row["step_pieces_us"] = _profile_steps(plsh_step, window_step, args.steps + 1, args.steps)
     row["plsh_cached_at_end"] = int(cache.cached_tokens().max())
     row["plsh_cache_bytes"] = cache.memory_bytes()
     row["alibi_full_cache_bytes"] = batch * 2 * H * (context + args.steps) * d * 4
@@ -194,7 +221,7 @@ def main(argv=None) -> int:
         help="measure exact ALiBi over the full cache only up to this context (default: all)",
     )
     parser.add_argument(
-        "--profile", type=int, default=0, help="cProfile the PLSH step: top functions (0: off)"
+        "--profile", action="store_true", help="time the pieces of the PLSH step (medians)"
     )
     parser.add_argument("--label", default="", help="suffix of the result file names")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
@@ -216,6 +243,9 @@ def main(argv=None) -> int:
         "threads": args.threads,
         "torch": torch.__version__,
         "args": vars(args),
+        "command": " ".join(
+            ["python benchmarks/decode_bench.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -231,7 +261,7 @@ def main(argv=None) -> int:
         f"{args.head_dim}, float32, s = {args.num_samples}; tokens/s = batch x steps/s, the "
         f"median over {args.steps} one-token steps, the three methods taking turns at every "
         "step (the ratios hold under the load, absolute numbers do not). PLSH cache with "
-        "check_finite=True. Made by `benchmarks/decode_bench.py`.",
+        f"check_finite=True. Command: `{meta['command']}`.",
         "",
         "| context | batch | PLSH cache tok/s | full ALiBi tok/s | window ALiBi tok/s | PLSH / window "
         "| PLSH cache (tokens after prefill / end / bound) | PLSH cache MB | full cache MB | "
@@ -247,20 +277,16 @@ def main(argv=None) -> int:
             f"{r['alibi_full_cache_bytes'] / 2**20:.1f} | {r['alibi_window_cache_bytes'] / 2**20:.2f} |"
         )
     for r in rows:
-        if r.get("plsh_profile"):
+        if r.get("step_pieces_us"):
             lines += [
                 "",
-                f"PLSH step profile, context {r['context']}, batch {r['batch']} (cProfile over "
-                f"{args.steps} more steps; its own overhead inflates Python-heavy functions):",
+                f"Step pieces, context {r['context']}, batch {r['batch']}: median microseconds "
+                f"over {args.steps} more steps, PLSH and window taking turns (`--profile`):",
                 "",
-                "| function | calls/step | own us/step | cumulative us/step | share |",
-                "|---|---|---|---|---|",
+                "| piece | us |",
+                "|---|---|",
             ]
-            lines += [
-                f"| `{p['function']}` | {p['calls_per_step']:.0f} | {p['own_us_per_step']:.0f} | "
-                f"{p['cumulative_us_per_step']:.0f} | {100 * p['share']:.0f}% |"
-                for p in r["plsh_profile"]
-            ]
+            lines += [f"| {k} | {v:.1f} |" for k, v in r["step_pieces_us"].items()]
     base.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {base}.json and .md")
     return 0

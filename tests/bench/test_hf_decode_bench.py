@@ -95,7 +95,7 @@ def test_stamps_time_every_generated_token(hf_bench):
 
 def test_decode_bench_without_full_peer_and_profile(decode_bench, tmp_path):
     argv = ["--context", "300", "1500", "--batch", "1", "--num-heads", "2", "--steps", "3",
-            "--prefill-tail", "64", "--full-max-context", "400", "--profile", "3",
+            "--prefill-tail", "64", "--full-max-context", "400", "--profile",
             "--out", str(tmp_path)]  # fmt: skip
     assert decode_bench.main(argv) == 0
     (path,) = tmp_path.glob("decode_*.json")
@@ -108,10 +108,19 @@ def test_decode_bench_without_full_peer_and_profile(decode_bench, tmp_path):
         assert r["plsh_over_window"] == pytest.approx(
             r["plsh_tokens_per_s"] / r["alibi_window_tokens_per_s"]
         )
-        assert 1 <= len(r["plsh_profile"]) <= 3
-        assert sum(p["share"] for p in r["plsh_profile"]) <= 1.0 + 1e-9
+        pieces = r["step_pieces_us"]
+        # every wrapped piece ran inside the step it belongs to
+        for piece in ("argument checks", "finiteness check", "ring plan", "ring attend"):
+            assert 0 < pieces[f"plsh: {piece}"] < pieces["plsh: whole step"]
+        assert pieces["plsh: SDPA"] < pieces["plsh: ring attend"]
+        assert "window: ring attend" not in pieces and pieces["window: SDPA"] > 0
     md = path.with_suffix(".md").read_text()
-    assert "not measured" in md and "PLSH step profile" in md
+    assert "not measured" in md and "Step pieces" in md and "--full-max-context 400" in md
+    # the wrappers are gone afterwards
+    from plsh_fast import decoding
+
+    assert decoding._StepRing.attend.__qualname__ == "_StepRing.attend"
+    assert not hasattr(decoding._StepRing.attend, "__wrapped__")
 
 
 def test_decode_bench_tail_prefill_matches_full_prefill(decode_bench):
