@@ -143,12 +143,19 @@ def train(args) -> dict:
     import torch._dynamo.utils as dynamo_utils
 
     variants = list(args.variants)
+    if args.dense_crossover is not None:  # an experiment: where the dense path would pay
+        from plsh_fast import dense
+
+        dense.DENSE_CROSSOVER["cpu"] = args.dense_crossover
     steps = {}
     for variant in variants:
         steps[variant] = _train_step(variant, args)
     dynamo_utils.counters.clear()
     rows = []
     result = {"part": "train", "rows": rows}
+    from plsh_fast.dense import DENSE_CROSSOVER
+
+    args.dense_crossover_used = DENSE_CROSSOVER["cpu"]
     for n in args.n:
         ids = torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(n))
         row: dict = {"n": n, "load_before": _load()}
@@ -288,7 +295,8 @@ def _markdown(result: dict) -> str:
         head += [
             "Training step = forward + cross-entropy + backward + AdamW; model "
             f"`torch.compile(fullgraph=True, dynamic=True, backend={a['compile_backend']!r})`, "
-            f"optimizer {opt}; first step, then {a['warmup']} untimed rounds, then the "
+            f"optimizer {opt}; `DENSE_CROSSOVER['cpu']` = {a.get('dense_crossover_used')}; "
+            f"first step, then {a['warmup']} untimed rounds, then the "
             f"median of {a['repeats']} rounds, the variants taking turns; plsh / alibi is the "
             "median over rounds of the ratio.",
             "",
@@ -384,6 +392,12 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2, help="untimed steps after the first")
     p.add_argument("--eager-optimizer", action="store_true")
+    p.add_argument(
+        "--dense-crossover",
+        type=int,
+        default=None,
+        help="set plsh_fast.dense.DENSE_CROSSOVER['cpu'] for the run (default: shipped value)",
+    )
     p.add_argument(
         "--compile-backend",
         default="inductor",

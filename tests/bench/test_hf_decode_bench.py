@@ -50,7 +50,7 @@ def test_train_part_runs_every_variant(hf_bench, tmp_path):
     on_disk = json.loads(stem.with_suffix(".json").read_text())
     assert on_disk["rows"][0]["n"] == 48
     md = stem.with_suffix(".md").read_text()
-    assert "| 48 |" in md and "plsh / alibi" in md
+    assert "| 48 |" in md and "plsh / alibi" in md and "then 2 untimed rounds" in md
 
 
 def test_tiny_llama_variants_share_weights_and_differ_in_attention(hf_bench):
