@@ -603,7 +603,7 @@ class PLSHAttention(nn.Module):
         # module's device), advanced in place by plsh::training_partition.
         self.register_buffer("draw_counter", torch.zeros((), dtype=torch.int64), persistent=False)
         self.register_buffer("slopes", torch.from_numpy(m.copy()))
-        law = sigma_from_slopes(m) if self.kernels is None else list(self.kernels)
+        law: Any = sigma_from_slopes(m) if self.kernels is None else list(self.kernels)
         part = draw_partition(law, num_samples, self.seed, **self._sampler_kwargs())
         self.register_buffer("pitch", torch.from_numpy(part.pitch.copy()))
         self.register_buffer("offset", torch.from_numpy(part.offset.copy()))
