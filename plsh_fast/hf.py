@@ -14,7 +14,9 @@ Models that dispatch attention through the interface (Llama, Mistral, Qwen2/3 an
 decoder-only models of transformers 5; the class flag ``_supports_attention_backend``) can
 then be built or switched with ``attn_implementation="plsh"``. :func:`set_alibi_attention`
 also removes the rotary embedding in the chosen layers (as Llama-4 does in its NoPE
-layers), which turns a RoPE model into an ALiBi/PLSH one. :func:`swap_bloom_attention`
+layers), which turns a RoPE model into an ALiBi/PLSH one; with ``kernels=`` (one
+:mod:`plsh_ref.kernels` Pólya kernel per head, stored as ``config.plsh_kernels``) it
+approximates their bias (KERPLE, mixtures) instead of ALiBi's. :func:`swap_bloom_attention`
 replaces the attention of BLOOM, whose ALiBi is built into its attention module.
 :class:`PLSHCache` is a transformers ``Cache`` for ``generate()`` that evicts, per layer,
 the keys no later query can reach (``proofs_notes/decoding_cache.md``).
