@@ -188,7 +188,7 @@ def biased_sdpa(
 
 #: the kernel classes whose constructors guarantee the Pólya conditions (and whose bias
 #: ``log k`` has a torch form in :func:`kernel_bias`)
-BUILTIN_KERNELS = (Exponential, KerpleLog, KerplePower, Mixture)
+_TORCH_FORMS = (Exponential, KerpleLog, KerplePower, Mixture)
 
 
 def has_torch_bias(kernel: DistanceKernel) -> bool:
@@ -207,7 +207,7 @@ def has_torch_bias(kernel: DistanceKernel) -> bool:
     """
     if type(kernel) is Mixture:
         return all(has_torch_bias(c) for c in kernel.kernels)
-    return type(kernel) in BUILTIN_KERNELS
+    return type(kernel) in _TORCH_FORMS
 
 
 def check_kernel_heads(
