@@ -9,8 +9,10 @@ bias ``log k_h``; bad kernels are refused, naming ``kernels``, before any work; 
 
 from __future__ import annotations
 
+import copy
 import io
 import math
+import pickle
 from dataclasses import dataclass
 
 import numpy as np
@@ -290,6 +292,26 @@ def test_state_dict_records_the_kernels_and_refuses_others():
         PLSHAttention(4, 5, kernels=KERNELS["kerple_power"]).load_state_dict(
             PLSHAttention(4, 5, seed=1).state_dict()
         )
+
+
+def test_unpickled_module_draws_from_its_own_kernels_in_another_process(monkeypatch):
+    """The operator receives an index into the process-wide plsh_fast._ops.KERNEL_LAWS; a
+    module pickled in one process and loaded in another (simulated: a registry holding
+    another law first) must index its own kernels there."""
+    import plsh_fast._ops as ops
+
+    core = PLSHAttention(4, 6, kernels=KERNELS["kerple_power"], seed=2, backend="cpu")
+    blob = pickle.dumps(core)
+    monkeypatch.setattr(ops, "KERNEL_LAWS", [tuple(KERNELS["kerple_log"])])
+    loaded = pickle.loads(blob).train()
+    q, k, v = _qkv(dtype=torch.float64)
+    out = loaded(q, k, v)
+    ref = ref_plsh_attention(
+        *_np(q, k, v), partition=loaded.training_partition(0), return_lse=False
+    )
+    np.testing.assert_allclose(out.numpy(), ref, rtol=0, atol=1e-12)
+    twin = copy.deepcopy(loaded)
+    assert ops.KERNEL_LAWS[twin._kernel_law] == tuple(KERNELS["kerple_power"])
 
 
 @pytest.mark.parametrize("method", ["plsh", "exact"])
