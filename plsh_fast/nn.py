@@ -641,10 +641,11 @@ class PLSHAttention(nn.Module):
         # unpickled or deep-copied (maybe in another process): the index of the kernels in
         # the process-wide plsh_fast._ops.KERNEL_LAWS is this process's, not the pickler's
         super().__setstate__(state)
-        if getattr(self, "kernels", None) is not None:
+        kernels = getattr(self, "kernels", None)
+        if kernels is not None:
             from ._ops import kernel_law_id  # noqa: PLC0415
 
-            self._kernel_law = kernel_law_id(self.kernels)
+            self._kernel_law = kernel_law_id(kernels)
 
     def _law(self) -> Any:
         """What :func:`plsh_ref.partition.draw_partition` draws from: the kernels, or sigma."""
