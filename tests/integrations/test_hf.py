@@ -268,7 +268,8 @@ def test_bad_input():
     # a decode step out of order
     layer = hf.PLSHCacheLayer(draw_partition([2.0], 2, seed=0))
     kv = torch.zeros(1, 1, 3, 4)
-    layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[0, 1, 2]])})
+    keys, values = layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[0, 1, 2]])})
+    layer.attend(kv, keys, values)
     with pytest.raises(ValueError, match="^position_ids: decode step out of order"):
         layer.update(kv[:, :, :1], kv[:, :, :1], kwargs={"position_ids": torch.tensor([[1]])})
     with pytest.raises(ValueError, match="^position_ids"):
@@ -348,19 +349,19 @@ def test_sliding_window_honoured_by_alibi_and_guarded_for_plsh():
     assert torch.equal(a, b)
 
 
-def test_cache_layer_keeps_new_tokens_past_the_smallest_query():
-    """The transformers cache evicts before attending: new tokens in later bins than the
-    smallest new query must stay (with "shares a bin" they would be dropped;
-    proofs_notes/decoding_cache.md, Claim 3)."""
+def test_cache_layer_holds_the_new_tokens_a_later_query_reaches():
+    """Staged tokens are attended before the eviction, whose reference is then the newest
+    query (``proofs_notes/decoding_cache.md``, Claim 1): tokens in later bins than the
+    smallest new query stay."""
     layer = hf.PLSHCacheLayer(PartitionSample(np.array([[4.0]]), np.array([[0.0]])))
     kv = torch.arange(5.0).reshape(1, 1, 5, 1)
-    keys, _ = layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[3, 4, 5, 6, 7]])})
-    assert keys.shape[2] == 5 and layer.positions.tolist() == [[3, 4, 5, 6, 7]]
-    # a pad at the smallest position: the real tokens after it, in a later bin, stay
-    layer = hf.PLSHCacheLayer(PartitionSample(np.array([[4.0]]), np.array([[0.0]])))
-    keep = torch.tensor([[False, True, True, True, True]])
-    layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[3, 4, 5, 6, 7]]), "keep": keep})
-    assert layer.positions.tolist() == [[4, 5, 6, 7]]
+    keys, values = layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[3, 4, 5, 6, 7]])})
+    assert keys.shape[2] == 5 and layer.cached_tokens() == 0  # staged, not yet held
+    layer.attend(kv, keys, values)
+    assert layer.decoder.cached_positions(0).tolist() == [4, 5, 6, 7]
     # the next step (r = 8, bin 2) drops every key of bins 0 and 1
-    keys, _ = layer.update(kv[:, :, :1], kv[:, :, :1], kwargs={"position_ids": torch.tensor([[8]])})
-    assert layer.positions.tolist() == [[8]]
+    keys, values = layer.update(
+        kv[:, :, :1], kv[:, :, :1], kwargs={"position_ids": torch.tensor([[8]])}
+    )
+    layer.attend(kv[:, :, :1], keys, values)
+    assert layer.decoder.cached_positions(0).tolist() == [8]
