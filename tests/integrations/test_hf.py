@@ -18,10 +18,11 @@ from transformers import (  # noqa: E402
 )
 
 import plsh_fast.hf as hf  # noqa: E402
-from plsh_fast.decoding import cache_bound  # noqa: E402
+from plsh_fast.decoding import DecodingErrorBound, cache_bound  # noqa: E402
 from plsh_ref import PartitionSample, alibi_slopes, draw_partition  # noqa: E402
 from plsh_ref.attention import alibi_attention as ref_alibi  # noqa: E402
 from plsh_ref.attention import plsh_attention as ref_plsh  # noqa: E402
+from plsh_ref.bounds import max_norm_error_bound  # noqa: E402
 
 VOCAB = 101
 
@@ -118,10 +119,15 @@ def test_bounded_cache_evicts_and_decodes_exactly():
         cache=DynamicCache(config=model.config),
     )
     assert torch.equal(out_plsh, out_dyn)
-    # 72 tokens seen, the cache holds at most the bound plus the padding spread (3)
-    assert cache.max_cached_tokens() <= max(cache.bounds()) + 3
+    # 72 tokens seen; each sequence holds at most its layer's bound (pads are never held)
+    assert cache.max_cached_tokens() <= max(cache.bounds())
     assert cache.max_cached_tokens() < 72 // 2
     assert cache.get_seq_length() == 71  # the last generated token is never fed back
+    # every decode step ran on the layers' rings (one attention call each)
+    assert [layer.decoder.ring_steps for layer in cache.layers] == [59, 59]
+    # the reported bound: positions 0..70 seen, DKW with a union over the 4 heads
+    eps = max_norm_error_bound(71, 4, 0.1 / 4)
+    assert cache.error_bound(0.1) == [DecodingErrorBound(eps, 0.1, 71, 4, 4)] * 2
 
 
 def test_training_step_changes_parameters():
@@ -188,7 +194,8 @@ def test_bloom_plsh_generate_with_bounded_cache():
     a = model.generate(ids, cache=cache, **kw)
     b = model.generate(ids, cache=DynamicCache(config=model.config), **kw)
     assert torch.equal(a, b)
-    assert cache.max_cached_tokens() <= max(cache.bounds()) + 2 < 50
+    assert cache.max_cached_tokens() <= max(cache.bounds()) < 50
+    assert [layer.decoder.ring_steps for layer in cache.layers] == [39, 39]
 
 
 def _qkv(batch=2, heads=4, kv=2, n=20, d=8, seed=0):
