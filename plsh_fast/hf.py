@@ -14,10 +14,15 @@ Models that dispatch attention through the interface (Llama, Mistral, Qwen2/3 an
 decoder-only models of transformers 5; the class flag ``_supports_attention_backend``) can
 then be built or switched with ``attn_implementation="plsh"``. :func:`set_alibi_attention`
 also removes the rotary embedding in the chosen layers (as Llama-4 does in its NoPE
-layers), which turns a RoPE model into an ALiBi/PLSH one. :func:`swap_bloom_attention`
-replaces the attention of BLOOM, whose ALiBi is built into its attention module.
-:class:`PLSHCache` is a transformers ``Cache`` for ``generate()`` that evicts, per layer,
-the keys no later query can reach (``proofs_notes/decoding_cache.md``).
+layers), which turns a RoPE model into an ALiBi/PLSH one. :func:`swap_bloom_attention`,
+:func:`swap_falcon_attention` and :func:`swap_mpt_attention` replace the attention of
+models whose ALiBi is built into their attention modules (BLOOM, Falcon's ``alibi=True``
+layout, MPT). Each attention layer keeps its CPU plans in its own
+:class:`plsh_fast.cpu.PlanCache` (:func:`prepare_layer`). :class:`PLSHCache` is a
+transformers ``Cache`` for ``generate()`` with one
+:class:`plsh_fast.decoding.PLSHDecodingCache` per layer: it evicts the keys no later query
+can reach (``proofs_notes/decoding_cache.md``), decodes on that cache's ring and reports
+its a-priori error bound against exact ALiBi (:meth:`PLSHCache.error_bound`).
 
 Positions follow transformers' convention for padded batches: the position of a token is
 the number of real tokens before it (``attention_mask.cumsum(-1) - 1``), so a left-padded
@@ -352,6 +357,14 @@ def plsh_attention_forward(
     ValueError
         A 4-D mask, keys from a :class:`PLSHCache` whose positions disagree with the mask,
         attention dropout, a ``sliding_window`` narrower than the partition's reach.
+
+    Notes
+    -----
+    Keys staged by a :class:`PLSHCacheLayer` (a :class:`PLSHCache` in ``generate()``) are
+    the new tokens only: that layer attends them (:meth:`PLSHCacheLayer.attend`, its
+    decoding cache's ring for a decode step). Otherwise the call is
+    :func:`plsh_fast.plsh_attention` over all keys, keeping CPU plans in the layer's own
+    ``plsh_plan_cache`` when eager (:func:`prepare_layer`).
 
     References
     ----------
