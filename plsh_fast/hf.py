@@ -1301,9 +1301,10 @@ class PLSHCache(Cache):
         swapped = [m for m in model.modules() if hasattr(m, "plsh_attn_implementation")]
         names = _swapped_classes()
         built_in = [m for m in model.modules() if isinstance(m, tuple(names))]
+        impls: set[Any]
         if swapped:  # BLOOM, Falcon, MPT after a swap
             modules = swapped
-            impls = {m.plsh_attn_implementation for m in modules}
+            impls = {getattr(m, "plsh_attn_implementation") for m in modules}  # noqa: B009
         elif built_in and not getattr(type(model), "_supports_attention_backend", False):
             modules = built_in  # their own ALiBi attention
             impls = {names[type(m)] for m in modules}
