@@ -678,7 +678,7 @@ def _swapped_attention(self, query, key, value, keep_all, layer_past, scale, num
         plsh_layer = candidate if isinstance(candidate, PLSHCacheLayer) else None
     new_keep = keep_all[:, -n_q:]
     if plsh_layer is not None and plsh_layer.decoder.batch_size:
-        # tokens were seen: the mask may cover the kept ones only, positions continue the cache's
+        # tokens were seen: positions continue each sequence's newest one
         last = plsh_layer.decoder.last_positions().to(keep_all.device)
         new_pos = last[:, None] + new_keep.to(torch.int64).cumsum(-1)
     else:  # nothing seen yet: the mask covers every token
@@ -1223,10 +1223,13 @@ class PLSHCacheLayer(DynamicLayer):
         return self.cumulative_length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """``(kv_length, kv_offset)``: the most keys any sequence holds plus the new tokens,
-        after the others (the attention reads only the new tokens' mask columns)."""
-        kept = self.cached_tokens()
-        return kept + query_length, self.cumulative_length - kept
+        """``(kv_length, kv_offset)``: every token seen plus the new ones, from the first.
+
+        Models with built-in ALiBi build their masks and ALiBi tensors over all positions
+        (Falcon adds one to the other, so they must agree); the attention reads only the
+        new tokens' columns (their padding), and the held keys carry their positions.
+        """
+        return self.cumulative_length + query_length, 0
 
     def cached_tokens(self) -> int:
         """The most keys any sequence of the batch holds now."""

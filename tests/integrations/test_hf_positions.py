@@ -146,7 +146,7 @@ def test_eviction_keeps_exactly_the_keys_a_later_query_can_reach():
     _step(layer, [[10]])
     assert layer.decoder.ring_steps == 1  # a decode step: the batched ring
     assert layer.cached_tokens() == 3 and layer.get_seq_length() == 11
-    assert layer.get_mask_sizes(1) == (4, 8)  # 3 held + 1 new, after 8 evicted
+    assert layer.get_mask_sizes(1) == (12, 0)  # the mask covers every token seen
     assert layer.decoder.cached_positions(0).tolist() == [8, 9, 10]
 
 

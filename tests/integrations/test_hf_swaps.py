@@ -191,3 +191,23 @@ def test_mpt_decodes_with_plsh_cache_as_the_full_forward():
             torch.testing.assert_close(logits, full, rtol=1e-5, atol=1e-5)
     assert cache.max_cached_tokens() <= max(cache.bounds()) < 30
     assert all(layer.decoder.ring_steps == 30 for layer in cache.layers)
+
+
+def test_falcon_plsh_generates_the_same_tokens_with_plsh_cache():
+    from transformers import DynamicCache
+
+    model = hf.swap_falcon_attention(_falcon(), "plsh", num_samples=4, seed=0)
+    for module in model.modules():  # small pitches: the cache evicts
+        if hasattr(module, "plsh_partition"):
+            module.plsh_partition = draw_partition(np.full(4, 2.0), 4, seed=module.layer_idx)
+    ids, mask = _batch(n=12)
+    mask[1, :11] = 1
+    mask[1, :3] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=30, min_new_tokens=30, do_sample=False)
+    cache = hf.PLSHCache(model)
+    with torch.no_grad():
+        a = model.generate(ids, cache=cache, **kw)
+        b = model.generate(ids, cache=DynamicCache(config=model.config), **kw)
+    assert torch.equal(a, b)
+    assert cache.max_cached_tokens() <= max(cache.bounds()) < 40
+    assert all(layer.decoder.ring_steps == 29 for layer in cache.layers)
