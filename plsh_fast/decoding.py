@@ -278,7 +278,7 @@ class PLSHDecodingCache:
         #: tensors above hold the cache
         self._buffers: _StepRing | None = None
         self._general_only = False  # a step the ring cannot take runs the general path
-        #: calls taken by the batched decode step (the ring, :meth:`update` Notes) so far
+        #: calls taken by the batched decode step (the ring) so far
         self.ring_steps = 0
         self._span: tuple[int, int] | None = None  # smallest and largest position seen
 

@@ -1314,12 +1314,6 @@ class PLSHCache(Cache):
         else:
             modules = [m for _, m in sorted(_attention_modules(model), key=lambda x: x[0])]
             impls = {getattr(config, "_attn_implementation", None)}
-        heads = [
-            int(
-                getattr(m, "num_heads", 0) or getattr(m, "n_heads", 0) or config.num_attention_heads
-            )
-            for m in modules
-        ]
         if not modules:
             raise ValueError(f"model: no attention modules in {type(model).__name__}")
         if impls != {"plsh"}:
@@ -1329,6 +1323,10 @@ class PLSHCache(Cache):
                 f"{sorted(map(str, impls))}; call set_alibi_attention(model, 'plsh') or "
                 "swap_bloom_attention(model, 'plsh') first, or use DynamicCache"
             )
+        if swapped:  # the swapped modules' own head counts (BLOOM, Falcon: num_heads; MPT)
+            heads = [int(getattr(m, "num_heads", 0) or getattr(m, "n_heads")) for m in modules]  # noqa: B009
+        else:
+            heads = [int(config.num_attention_heads)] * len(modules)
         layers: list[Any] = [PLSHCacheLayer(layer_partition(m, h)) for m, h in zip(modules, heads)]
         super().__init__(layers=layers)
 

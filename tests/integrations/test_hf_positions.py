@@ -216,6 +216,12 @@ def test_reorder_cache_moves_each_sequence_with_its_keys():
     # the next step of the reordered cache gives the rows of the original, swapped
     out_after = _step(layer, [[6], [2]], tokens=_kv(2, 1).flip(0))
     assert torch.equal(out_after, out_before.flip(0))
+    with pytest.raises(TypeError, match="^indices: must be integers"):
+        layer.decoder.select([0.5, 1.0])
+    with pytest.raises(ValueError, match="^indices: must lie in \\[0, 2\\)"):
+        layer.decoder.select([0, 2])
+    with pytest.raises(ValueError, match="^indices: must be 1-D"):
+        layer.decoder.select([[0, 1]])
     layer.reset()
     assert layer.cached_tokens() == 0 and layer.get_seq_length() == 0
 
