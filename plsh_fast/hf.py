@@ -1242,6 +1242,16 @@ class PLSHCacheLayer(DynamicLayer):
         if self.decoder.batch_size:
             self.decoder.select(beam_idx)
 
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each sequence ``repeats`` times in place (transformers' batch expansion)."""
+        if self.decoder.batch_size:
+            self.decoder.select(np.repeat(np.arange(self.decoder.batch_size), int(repeats)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the sequences ``indices`` (:meth:`PLSHDecodingCache.select`)."""
+        if self.decoder.batch_size:
+            self.decoder.select(indices)
+
     def reset(self) -> None:
         """Forget every token (the partition is kept)."""
         self.decoder.reset()

@@ -372,3 +372,18 @@ def test_cache_layer_holds_the_new_tokens_a_later_query_reaches():
     )
     layer.attend(kv[:, :, :1], keys, values)
     assert layer.decoder.cached_positions(0).tolist() == [8]
+
+
+def test_beam_search_with_plsh_cache_gives_the_dynamic_cache_tokens():
+    """Beam search reorders (and expands) the cache's sequences every step
+    (``PLSHDecodingCache.select``); with evicting partitions the tokens equal DynamicCache's."""
+    model = hf.set_alibi_attention(_llama(), "plsh", num_samples=4, seed=0)
+    _small_sigma_partitions(model)
+    ids, mask = _batch(n=12, pad=3)
+    kw = dict(attention_mask=mask, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    kw["num_beams"] = 3
+    cache = hf.PLSHCache(model)
+    a = model.generate(ids, cache=cache, **kw)
+    b = model.generate(ids, cache=DynamicCache(config=model.config), **kw)
+    assert torch.equal(a, b)
+    assert cache.max_cached_tokens() <= max(cache.bounds()) < 32

@@ -216,6 +216,10 @@ def test_reorder_cache_moves_each_sequence_with_its_keys():
     # the next step of the reordered cache gives the rows of the original, swapped
     out_after = _step(layer, [[6], [2]], tokens=_kv(2, 1).flip(0))
     assert torch.equal(out_after, out_before.flip(0))
+    layer.batch_repeat_interleave(2)  # (4 sequences: 0, 0, 1, 1 of the reordered cache)
+    assert [len(layer.decoder.cached_positions(b)) for b in range(4)] == [3, 3, 2, 2]
+    layer.batch_select_indices(torch.tensor([1, 2]))
+    assert [layer.decoder.cached_positions(b).tolist() for b in (0, 1)] == [[4, 5, 6], [1, 2]]
     with pytest.raises(TypeError, match="^indices: must be integers"):
         layer.decoder.select([0.5, 1.0])
     with pytest.raises(ValueError, match="^indices: must lie in \\[0, 2\\)"):
