@@ -47,7 +47,14 @@ from ._autograd import attention_backward as _backward_impl
 from ._autograd import attention_forward as _forward_impl
 from .dense import working_dtype
 
-__all__ = ["KEPT_GROUPS", "attention", "attention_backward", "training_partition"]
+__all__ = [
+    "KEPT_GROUPS",
+    "KERNEL_LAWS",
+    "attention",
+    "attention_backward",
+    "kernel_law_id",
+    "training_partition",
+]
 
 #: id(handle) -> (weak reference to the handle, the forward's batch groups with their plans)
 KEPT_GROUPS: dict[int, tuple] = {}
@@ -241,6 +248,32 @@ def _backward(ctx, grad_out, grad_lse, _grad_stats, _grad_plans):
 attention.register_autograd(_backward, setup_context=_setup_context)
 
 
+#: the per-head kernel tuples that modules draw their training partitions from, indexed by the
+#: ``kernels`` argument of ``plsh::training_partition`` (an operator takes no Python objects)
+KERNEL_LAWS: list[tuple] = []
+
+
+def kernel_law_id(kernels: tuple) -> int:
+    """The index of ``kernels`` (one :class:`plsh_ref.kernels.DistanceKernel` per head) in
+    :data:`KERNEL_LAWS`, appended on first use; equal tuples share an index.
+
+    Parameters
+    ----------
+    kernels : tuple of plsh_ref.kernels.DistanceKernel
+        Checked by the caller (:class:`plsh_fast.nn.PLSHAttention`).
+
+    Returns
+    -------
+    int
+        ``>= 0``; what ``training_partition(..., kernels=...)`` receives.
+    """
+    for i, law in enumerate(KERNEL_LAWS):
+        if law == kernels:
+            return i
+    KERNEL_LAWS.append(tuple(kernels))
+    return len(KERNEL_LAWS) - 1
+
+
 @torch.library.custom_op("plsh::training_partition", mutates_args=("draw_counter",))
 def training_partition(
     slopes: torch.Tensor,
@@ -249,6 +282,7 @@ def training_partition(
     like: torch.Tensor,
     sampler: str = "iid",
     group_size: int = 1,
+    kernels: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(pitch, offset)`` of training draw ``k = draw_counter`` of a module; ``k += 1``.
 
@@ -259,7 +293,9 @@ def training_partition(
     ``like``'s device. ``draw_counter`` is an int64 CPU scalar tensor, advanced in place;
     as an operator the draw runs inside a compiled graph, once per call, and the counter
     never becomes a constant of the graph. ``sampler``/``group_size``: those of the module
-    (``group_size`` ignored for ``"iid"``).
+    (``group_size`` ignored for ``"iid"``). ``kernels >= 0``: draw from the kernels
+    ``KERNEL_LAWS[kernels]`` (:func:`kernel_law_id`) in place of ``sigma`` (``slopes``
+    unused); ``-1`` (default): ALiBi's ``sigma``.
     """
     from plsh_ref.partition import derived_seed, draw_partition
 
@@ -267,12 +303,14 @@ def training_partition(
 
     draw = int(draw_counter)
     draw_counter.add_(1)
-    sigma = 1.0 / slopes.detach().cpu().numpy()
+    law: Any = list(KERNEL_LAWS[kernels]) if kernels >= 0 else 1.0 / slopes.detach().cpu().numpy()
     kw: dict[str, Any] = {} if sampler == "iid" else {"sampler": sampler, "group_size": group_size}
-    sample = draw_partition(sigma, like.shape[1], derived_seed(seed, draw), **kw)
+    sample = draw_partition(law, like.shape[1], derived_seed(seed, draw), **kw)
     return partition_tensors(sample, like.device)
 
 
 @training_partition.register_fake
-def _training_partition_fake(slopes, draw_counter, seed, like, sampler="iid", group_size=1):
+def _training_partition_fake(
+    slopes, draw_counter, seed, like, sampler="iid", group_size=1, kernels=-1
+):
     return torch.empty_like(like, dtype=torch.float64), torch.empty_like(like, dtype=torch.float64)

@@ -14,7 +14,9 @@ Models that dispatch attention through the interface (Llama, Mistral, Qwen2/3 an
 decoder-only models of transformers 5; the class flag ``_supports_attention_backend``) can
 then be built or switched with ``attn_implementation="plsh"``. :func:`set_alibi_attention`
 also removes the rotary embedding in the chosen layers (as Llama-4 does in its NoPE
-layers), which turns a RoPE model into an ALiBi/PLSH one. :func:`swap_bloom_attention`,
+layers), which turns a RoPE model into an ALiBi/PLSH one; with ``kernels=`` (one
+:mod:`plsh_ref.kernels` Pólya kernel per head, stored as ``config.plsh_kernels``) it
+approximates their bias (KERPLE, mixtures) instead of ALiBi's. :func:`swap_bloom_attention`,
 :func:`swap_falcon_attention` and :func:`swap_mpt_attention` replace the attention of
 models whose ALiBi is built into their attention modules (BLOOM, Falcon's ``alibi=True``
 layout, MPT). Each attention layer keeps its CPU plans in its own
@@ -40,6 +42,7 @@ section 5 for the padding conventions.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import types
 from collections.abc import Iterable
@@ -57,7 +60,7 @@ from .api import plsh_attention
 from .cpu import PlanCache, use_plan_cache
 from .decoding import DecodingErrorBound, PLSHDecodingCache, cache_bound
 from .dense import alibi_bias, expand_kv
-from .nn import resolve_seed
+from .nn import check_kernel_heads, has_torch_bias, kernel_bias, resolve_seed
 
 try:  # transformers is an optional dependency (extra "hf")
     from transformers import AttentionInterface
@@ -76,6 +79,8 @@ __all__ = [
     "PLSHCache",
     "PLSHCacheLayer",
     "alibi_attention_forward",
+    "kernels_from_config",
+    "kernels_to_config",
     "layer_partition",
     "plsh_attention_forward",
     "prepare_layer",
@@ -152,6 +157,101 @@ def _positions(mask: torch.Tensor, n_q: int, n_k: int, key=None, partition=None)
 
 
 # --------------------------------------------------------------------------- partitions
+def kernels_to_config(kernels: Iterable[Any]) -> list[dict[str, Any]]:
+    """The heads' kernels as the JSON-ready list stored as ``config.plsh_kernels``.
+
+    One dict per head: ``{"kernel": <class name>, <field>: <value>, ...}`` with the fields of
+    the :mod:`plsh_ref.kernels` dataclass (a ``Mixture``'s ``kernels`` as such dicts, its
+    ``weights`` as a list), so ``save_pretrained`` writes them and
+    :func:`kernels_from_config` rebuilds equal kernels.
+
+    Parameters
+    ----------
+    kernels : sequence of plsh_ref.kernels.DistanceKernel
+        Built-in kernels (``Exponential``, ``KerpleLog``, ``KerplePower``, ``Mixture`` of
+        them; :func:`plsh_fast.nn.has_torch_bias`).
+
+    Returns
+    -------
+    list of dict
+
+    Raises
+    ------
+    ValueError
+        A kernel of one's own (a config stores kernels by name and parameters; message
+        starts with ``kernels``).
+    """
+    out = []
+    for h, kernel in enumerate(kernels):
+        if not has_torch_bias(kernel):
+            raise ValueError(
+                f"kernels: head {h}: {type(kernel).__name__} cannot be stored in the model "
+                "config (built-in Exponential, KerpleLog, KerplePower and Mixture only)"
+            )
+        out.append(_kernel_dict(kernel))
+    return out
+
+
+def _kernel_dict(kernel) -> dict[str, Any]:
+    entry: dict[str, Any] = {"kernel": type(kernel).__name__}
+    for field in dataclasses.fields(kernel):
+        value = getattr(kernel, field.name)
+        if field.name == "kernels":
+            value = [_kernel_dict(c) for c in value]
+        elif isinstance(value, tuple):
+            value = [float(x) for x in value]
+        entry[field.name] = value
+    return entry
+
+
+def kernels_from_config(entries: Iterable[Any]) -> tuple:
+    """The kernels of ``config.plsh_kernels`` (:func:`kernels_to_config`'s list).
+
+    Parameters
+    ----------
+    entries : sequence of dict
+
+    Returns
+    -------
+    tuple of plsh_ref.kernels.DistanceKernel
+
+    Raises
+    ------
+    ValueError
+        An entry that is not a dict naming a built-in kernel with its parameters (message
+        starts with ``config.plsh_kernels``); bad parameters (from the kernel classes).
+    """
+    from plsh_ref import kernels as K  # noqa: PLC0415 (the classes, by name)
+
+    classes = {c.__name__: c for c in (K.Exponential, K.KerpleLog, K.KerplePower, K.Mixture)}
+
+    def build(entry):
+        if not isinstance(entry, dict) or entry.get("kernel") not in classes:
+            raise ValueError(
+                "config.plsh_kernels: each entry must be a dict with 'kernel' one of "
+                f"{sorted(classes)} and its parameters, got {entry!r}"
+            )
+        params = {k: v for k, v in entry.items() if k != "kernel"}
+        if entry["kernel"] == "Mixture":
+            params["kernels"] = [build(c) for c in params.get("kernels", ())]
+        try:
+            return classes[entry["kernel"]](**params)
+        except TypeError as exc:
+            raise ValueError(f"config.plsh_kernels: {entry!r}: {exc}") from None
+
+    if isinstance(entries, (str, bytes, dict)) or not hasattr(entries, "__iter__"):
+        raise ValueError(f"config.plsh_kernels: must be a list of dicts, got {entries!r}")
+    return tuple(build(e) for e in entries)
+
+
+def _config_law(config, num_heads: int) -> Any:
+    """What a layer's partition is drawn from: ``config.plsh_kernels``, or ALiBi's sigma."""
+    entries = getattr(config, "plsh_kernels", None)
+    if entries is None:
+        return 1.0 / alibi_slopes(num_heads)
+    return list(check_kernel_heads(kernels_from_config(entries), num_heads))
+
+
 def layer_partition(module: torch.nn.Module, num_heads: int) -> PartitionSample:
     """The partition sample of one attention module, drawn on first use if it has none.
 
@@ -163,9 +263,12 @@ def layer_partition(module: torch.nn.Module, num_heads: int) -> PartitionSample:
         ``seed`` from the model config's ``plsh_num_samples`` / ``plsh_seed`` for layer
         ``module.layer_idx`` (defaults: 16, and a model-level seed drawn once by
         :func:`plsh_fast.nn.resolve_seed` and written to the config as ``plsh_seed``, the
-        package's seed policy).
+        package's seed policy), from the kernels of ``config.plsh_kernels``
+        (:func:`kernels_from_config`; :func:`plsh_ref.partition.draw_partition`
+        ``(kernels, ...)``) when the config has them.
     num_heads : int
-        The query head count (slopes: :func:`plsh_ref.alibi.alibi_slopes` ``(num_heads)``).
+        The query head count (slopes: :func:`plsh_ref.alibi.alibi_slopes` ``(num_heads)``;
+        the number of kernels).
 
     Returns
     -------
@@ -176,7 +279,8 @@ def layer_partition(module: torch.nn.Module, num_heads: int) -> PartitionSample:
     ------
     ValueError
         If the module has no ``layer_idx`` and no partition (per-layer partitions need
-        one), or its partition has another head count.
+        one), or its partition has another head count; ``config.plsh_kernels`` not
+        ``num_heads`` valid kernels.
     """
     part = getattr(module, "plsh_partition", None)
     if part is None:
@@ -187,6 +291,7 @@ def layer_partition(module: torch.nn.Module, num_heads: int) -> PartitionSample:
                 "to give it a partition"
             )
         config = getattr(module, "config", None)
+        law = _config_law(config, num_heads)  # checked before the seed is drawn
         s = int(getattr(config, "plsh_num_samples", DEFAULT_NUM_SAMPLES))
         seed = getattr(config, "plsh_seed", None)
         if seed is None:
@@ -194,7 +299,7 @@ def layer_partition(module: torch.nn.Module, num_heads: int) -> PartitionSample:
             if config is not None:
                 config.plsh_seed = seed  # every layer of the model shares it
         seed = int(seed)
-        part = draw_partition(1.0 / alibi_slopes(num_heads), s, layer_seed(seed, int(layer)))
+        part = draw_partition(law, s, layer_seed(seed, int(layer)))
         cast(Any, module).plsh_partition = part
     if part.num_heads != num_heads:
         raise ValueError(
@@ -431,13 +536,20 @@ def _check_not_evicting(key):
         )
 
 
-def _alibi_core(query, key, value, slopes, qpos, kpos, kmask, causal, scaling, window=None):
+def _alibi_core(
+    query, key, value, slopes, qpos, kpos, kmask, causal, scaling, window=None, kernels=None
+):
     """Exact ALiBi through SDPA with a dense bias; rows without keys give 0.
 
     ``window``: transformers' sliding window, key kept iff ``p_query - p_key < window``.
+    ``kernels``: one kernel per head, whose bias ``log k`` replaces ALiBi's (``slopes``
+    unused).
     """
     batch, num_heads, n_q, head_dim = query.shape
-    bias = alibi_bias(slopes, qpos, kpos, causal=False, dtype=torch.float32)
+    if kernels is None:
+        bias = alibi_bias(slopes, qpos, kpos, causal=False, dtype=torch.float32)
+    else:
+        bias = kernel_bias(kernels, qpos, kpos, causal=False, dtype=torch.float32)
     keep = kmask[:, None, None, :]
     if causal:
         keep = keep & (kpos[:, None, None, :] <= qpos[:, None, :, None])
@@ -470,6 +582,9 @@ def alibi_attention_forward(
     are refused (``ValueError`` naming ``key``): exact ALiBi still weights the keys it evicted.
     A ``sliding_window`` keyword (Mistral, Qwen3) is honoured: key kept iff
     ``p_query - p_key < sliding_window``, as transformers' own masks and its sliding cache.
+    With kernels per head (:func:`set_alibi_attention` ``kernels=``, ``config.plsh_kernels``)
+    the bias is theirs, ``log k_h(|p_i - p_j|)`` (:func:`plsh_fast.nn.kernel_bias`): the exact
+    attention that ``"plsh"`` then approximates.
     """
     _check_dropout(module, dropout)
     if not torch.compiler.is_compiling():
@@ -489,8 +604,25 @@ def alibi_attention_forward(
         bool(getattr(module, "is_causal", True)),
         scaling,
         kwargs.get("sliding_window"),
+        kernels=_module_kernels(module, num_heads),
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def _module_kernels(module, num_heads: int):
+    """The layer's kernels (``module.plsh_kernels``, else ``config.plsh_kernels``) or None."""
+    kernels = getattr(module, "plsh_kernels", None)
+    entries = getattr(getattr(module, "config", None), "plsh_kernels", None)
+    if kernels is None and entries is not None:
+        if torch.compiler.is_compiling():
+            raise ValueError(
+                "config.plsh_kernels: this layer's kernels are not prepared; call "
+                "set_alibi_attention(model, 'alibi', kernels=...) (or one eager forward) "
+                "before torch.compile"
+            )
+        kernels = check_kernel_heads(kernels_from_config(entries), num_heads)
+        module.plsh_kernels = kernels
+    return kernels
 
 
 def _padding_mask_builder(
@@ -551,6 +683,7 @@ def set_alibi_attention(
     layers: Iterable[int] | None = None,
     num_samples: int = DEFAULT_NUM_SAMPLES,
     seed: int | None = None,
+    kernels: Any = None,
     remove_rope: bool = True,
 ) -> PreTrainedModel:
     """Switch a transformers model to ALiBi/PLSH attention; optionally drop its RoPE.
@@ -572,6 +705,16 @@ def set_alibi_attention(
         config as ``plsh_seed`` / ``plsh_num_samples``. ``None``: drawn once from torch's
         default generator (:func:`plsh_fast.nn.resolve_seed`; it was 0 before, pass
         ``seed=0`` for the old partitions).
+    kernels : sequence of plsh_ref.kernels.DistanceKernel, optional
+        One Pólya kernel per query head (``config.num_attention_heads`` of them), in place
+        of ALiBi (``proofs_notes/general_kernels.md``): layer ``l``'s partition is
+        :func:`plsh_ref.partition.draw_partition` ``(kernels, num_samples, layer_seed(seed,
+        l))``, ``"alibi"`` becomes exact attention with their bias ``log k_h``, and the
+        kernels are written to the config as ``plsh_kernels`` (:func:`kernels_to_config`;
+        a model saved with them draws the same partitions when loaded with
+        ``attn_implementation="plsh"``). Built-in kernels only (``Exponential``,
+        ``KerpleLog``, ``KerplePower``, ``Mixture``: a config stores them by name).
+        ``None`` (default): ALiBi, as before (an earlier ``plsh_kernels`` is cleared).
     remove_rope : bool
         Remove the rotary embedding in ``layers`` (forward pre-hook that makes the rotation
         the identity: ``cos = 1``, ``sin = 0``).
@@ -587,9 +730,11 @@ def set_alibi_attention(
         An unknown ``attn_implementation``; a model that does not use the attention
         interface or has no recognisable attention modules; a layer index out of range;
         ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]`` or a negative ``seed``
-        (:mod:`plsh_ref.validation`).
+        (:mod:`plsh_ref.validation`); ``kernels`` not one valid built-in kernel per head
+        (:func:`plsh_fast.nn.check_kernel_heads`; message starts with ``kernels``).
     TypeError
-        Non-integer ``num_samples``/``seed``/``layers``, non-bool ``remove_rope``.
+        Non-integer ``num_samples``/``seed``/``layers``, non-bool ``remove_rope``;
+        ``kernels`` not a sequence of kernels.
 
     References
     ----------
@@ -616,6 +761,10 @@ def set_alibi_attention(
         )
     remove_rope = check_bool("remove_rope", remove_rope)
     num_samples = check_num_samples(num_samples)
+    stored = None
+    if kernels is not None:  # checked before the seed is drawn
+        kernels = check_kernel_heads(kernels, int(model.config.num_attention_heads))
+        stored = kernels_to_config(kernels)
     seed = resolve_seed(seed)
     if not getattr(type(model), "_supports_attention_backend", False):
         raise ValueError(
@@ -639,11 +788,13 @@ def set_alibi_attention(
     config = model.config
     config.plsh_seed = int(seed)
     config.plsh_num_samples = int(num_samples)
+    if stored is not None or getattr(config, "plsh_kernels", None) is not None:
+        config.plsh_kernels = stored  # only a model given kernels gets the entry
     num_heads = int(config.num_attention_heads)
+    law = 1.0 / alibi_slopes(num_heads) if kernels is None else list(kernels)
     for layer, module in modules:
-        module.plsh_partition = draw_partition(
-            1.0 / alibi_slopes(num_heads), int(num_samples), layer_seed(int(seed), layer)
-        )
+        module.plsh_partition = draw_partition(law, int(num_samples), layer_seed(int(seed), layer))
+        module.plsh_kernels = kernels
         prepare_layer(module, num_heads)
         _module_slopes(module, num_heads)
         old = getattr(module, "_plsh_rope_hook", None)

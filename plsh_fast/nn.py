@@ -6,12 +6,19 @@
   ``.half()``/``.to(dtype)`` and travel in the ``state_dict``); in training mode it draws
   a fresh partition every forward (``resample="every_forward"``) or keeps its own
   (``resample="fixed"``); in eval mode it always uses its own, seeded one.
-  ``method="exact"`` computes exact ALiBi attention instead, for comparison.
+  ``method="exact"`` computes exact ALiBi attention instead, for comparison. With
+  ``kernels`` (one :mod:`plsh_ref.kernels` Pólya kernel per head, e.g. KERPLE) it
+  approximates the bias ``log k_h(|p_i - p_j|)`` instead of ALiBi's: the partitions are
+  drawn from the kernels and ``method="exact"`` uses that bias
+  (``proofs_notes/general_kernels.md``).
 * :class:`PLSHSelfAttention`: a self-attention layer (query/key/value/output projections
   around a core module) for ``(batch, seq_len, embed_dim)`` inputs, as used by the
   language models of ``plsh train-lm``.
 * :func:`biased_sdpa`: ``scaled_dot_product_attention`` with a dense additive bias that
   follows the conventions of the library (grouped-query heads, an empty row gives 0).
+* :func:`kernel_bias`: the dense bias ``log k_h(|p_i - p_j|)`` of one kernel per head in
+  torch (the exact path of a module with ``kernels``); :func:`check_kernel_heads` the one
+  check of a ``kernels`` argument (also used by :mod:`plsh_fast.hf`).
 
 A partition is a function of absolute token positions, not of a sequence length: the
 same module evaluates sequences of any length (SPEC section 2).
@@ -35,6 +42,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from plsh_ref.alibi import check_slopes, sigma_from_slopes
+from plsh_ref.kernels import (
+    DistanceKernel,
+    Exponential,
+    KerpleLog,
+    KerplePower,
+    Mixture,
+    check_kernels,
+    check_polya,
+)
 from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
 from plsh_ref.samplers import resolve_group_size
 from plsh_ref.validation import (
@@ -57,7 +73,10 @@ __all__ = [
     "PLSHSelfAttention",
     "biased_sdpa",
     "check_attention_inputs",
+    "check_kernel_heads",
     "derived_seed",
+    "has_torch_bias",
+    "kernel_bias",
     "resolve_seed",
     "seed_layers",
 ]
@@ -167,6 +186,148 @@ def biased_sdpa(
     return out.masked_fill(empty, 0.0)
 
 
+#: the kernel classes whose constructors guarantee the Pólya conditions (and whose bias
+#: ``log k`` has a torch form in :func:`kernel_bias`)
+_TORCH_FORMS = (Exponential, KerpleLog, KerplePower, Mixture)
+
+
+def has_torch_bias(kernel: DistanceKernel) -> bool:
+    """Whether :func:`kernel_bias` has a torch form of ``log k`` for ``kernel``.
+
+    True for :class:`plsh_ref.kernels.Exponential`, ``KerpleLog``, ``KerplePower`` (their
+    exact classes, not subclasses, which may redefine ``k``) and a ``Mixture`` of such.
+
+    Parameters
+    ----------
+    kernel : plsh_ref.kernels.DistanceKernel
+
+    Returns
+    -------
+    bool
+    """
+    if type(kernel) is Mixture:
+        return all(has_torch_bias(c) for c in kernel.kernels)
+    return type(kernel) in _TORCH_FORMS
+
+
+def check_kernel_heads(
+    kernels: object, num_heads: int, *, name: str = "kernels"
+) -> tuple[DistanceKernel, ...]:
+    """A ``kernels`` argument: one Pólya kernel per head, as a tuple, checked before any work.
+
+    :func:`plsh_ref.kernels.check_kernels` (a sequence of ``num_heads``
+    :class:`plsh_ref.kernels.DistanceKernel`), then :func:`plsh_ref.kernels.check_polya`
+    on every kernel whose class does not guarantee the conditions by its constructor (any
+    class but the built-in ``Exponential``, ``KerpleLog``, ``KerplePower`` and mixtures of
+    them): a kernel of one's own that is not of Pólya type (e.g. the Gaussian
+    ``exp(-r^2)``) is refused.
+
+    Parameters
+    ----------
+    kernels : sequence of plsh_ref.kernels.DistanceKernel
+    num_heads : int
+        Required length.
+    name : str
+        Argument name in the messages.
+
+    Returns
+    -------
+    tuple of plsh_ref.kernels.DistanceKernel
+
+    Raises
+    ------
+    TypeError
+        Not a sequence of kernels (a single kernel included).
+    ValueError
+        Not ``num_heads`` kernels; a kernel violating a Pólya condition (the condition and
+        the head are named). Every message starts with ``name``.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md`` (theorem 1: the conditions).
+    """
+    heads = check_kernels(kernels, num_heads, name=name)
+    for h, kernel in enumerate(heads):
+        if has_torch_bias(kernel):
+            continue  # valid by its constructor's checks
+        try:
+            check_polya(kernel)
+        except ValueError as exc:
+            reason = str(exc).removeprefix("kernel: ")
+            raise ValueError(f"{name}: head {h}: {reason}") from None
+    return heads
+
+
+def _log_kernel(kernel: DistanceKernel, distance: torch.Tensor) -> torch.Tensor:
+    """``log k(r)`` of a kernel with a torch form, float64 like ``distance``."""
+    if type(kernel) is Exponential:
+        return -distance / kernel.sigma
+    if type(kernel) is KerpleLog:
+        return -kernel.r1 * torch.log1p(kernel.r2 * distance)
+    if type(kernel) is KerplePower:
+        return -kernel.r1 * distance.pow(kernel.p)
+    if type(kernel) is Mixture:
+        parts = [
+            math.log(w) + _log_kernel(c, distance)
+            for w, c in zip(kernel.weights, kernel.kernels)
+            if w > 0
+        ]
+        return torch.logsumexp(torch.stack(parts), dim=0)
+    raise ValueError(
+        f"kernels: {type(kernel).__name__} has no torch form of log k (built-in kernels only)"
+    )
+
+
+def kernel_bias(
+    kernels: tuple[DistanceKernel, ...] | list[DistanceKernel], query_positions: torch.Tensor, key_positions: torch.Tensor, *,
+    causal: bool, dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:  # fmt: skip
+    """Dense bias ``log k_h(|p_i - p_j|)`` of one kernel per head, ``-inf`` where ``p_j > p_i``
+    if ``causal``: the exact attention that a partition drawn from ``kernels`` approximates.
+
+    The torch twin of ``log`` :func:`plsh_ref.kernels.kernel_matrix`, with ``log k`` in
+    closed form in float64 (no underflow of ``k``): ``Exponential(sigma)``: ``-r / sigma``
+    (ALiBi with slope ``1 / sigma``); ``KerpleLog(r1, r2)``: ``-r1 log1p(r2 r)``;
+    ``KerplePower(r1, p)``: ``-r1 r^p``; ``Mixture``: ``logsumexp_i(log w_i + log k_i)``.
+    Only torch operations on the positions (no host synchronisation; works under
+    ``torch.compile``). No argument checks (callers pass :func:`check_kernel_heads` output
+    whose kernels satisfy :func:`has_torch_bias`, and checked positions).
+
+    Parameters
+    ----------
+    kernels : sequence of plsh_ref.kernels.DistanceKernel
+        ``num_heads`` kernels with :func:`has_torch_bias`.
+    query_positions, key_positions : torch.Tensor
+        int64, ``(n_q,)`` and ``(n_k,)`` shared by the batch, or ``(batch, n_q)`` and
+        ``(batch, n_k)`` (``(1, n)`` broadcasts), on one device.
+    causal : bool
+    dtype : torch.dtype
+        Of the result (computed in float64, rounded once).
+
+    Returns
+    -------
+    torch.Tensor
+        ``(num_heads, n_q, n_k)`` for 1-D positions, ``(batch, num_heads, n_q, n_k)`` for
+        2-D ones, in ``dtype`` on the positions' device.
+
+    Raises
+    ------
+    ValueError
+        A kernel without a torch form (message starts with ``kernels``).
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``; Chi et al. (2022), KERPLE (the biases).
+    """
+    pi = query_positions[..., None, :, None]
+    pj = key_positions[..., None, None, :]
+    distance = (pi - pj).abs().to(torch.float64)
+    bias = torch.cat([_log_kernel(c, distance) for c in kernels], dim=-3)
+    if causal:
+        bias = bias.masked_fill(pj > pi, -math.inf)
+    return bias.to(dtype)
+
+
 def _in_backward_pass() -> bool:
     """Whether an autograd backward pass is running in this thread (checkpoint recompute)."""
     task_id = getattr(torch._C, "_current_graph_task_id", None)
@@ -261,6 +422,18 @@ class PLSHAttention(nn.Module):
     slopes : array_like, shape ``(num_heads,)``, optional
         ALiBi slopes (inverse tokens), default :func:`plsh_ref.alibi.alibi_slopes`.
         Stored as a float64 buffer ``slopes``; ``sigma = 1 / slopes``.
+    kernels : sequence of plsh_ref.kernels.DistanceKernel, optional
+        One Pólya kernel per head (``Exponential``, ``KerpleLog``, ``KerplePower``,
+        ``Mixture`` or a ``DistanceKernel`` of one's own), in place of ``slopes``: the
+        module then approximates the bias ``log k_h(|p_i - p_j|)``. Every partition (eval
+        and training) is :func:`plsh_ref.partition.draw_partition` ``(kernels, ...)``, and
+        ``method="exact"`` uses the bias of :func:`kernel_bias` (the built-in kernels only:
+        a kernel of one's own has no torch form of ``log k``, refused with ``ValueError``
+        for ``method="exact"``; ``method="plsh"`` takes any). The ``slopes`` buffer then
+        holds NaN (no head has an ALiBi slope; so does ``sigma``). Checked by
+        :func:`check_kernel_heads` (count, Pólya conditions). Not in the state dict's
+        tensors: the extra state records ``repr(kernels)``, and loading a state dict
+        saved with other kernels raises ``ValueError``. ``None`` (default): ALiBi.
     causal : bool
         Mask keys with ``p_key > p_query``.
     scale : float, optional
@@ -282,7 +455,7 @@ class PLSHAttention(nn.Module):
         ``"fixed"`` (and :meth:`set_partition` between steps) in checkpointed regions.
     method : {"plsh", "exact"}
         Which formula: PLSH attention, or exact ALiBi attention (dense bias through SDPA;
-        for comparison). ``exact=True`` is the old spelling of ``method="exact"``
+        for comparison; with ``kernels``, exact attention with their bias). ``exact=True`` is the old spelling of ``method="exact"``
         (DeprecationWarning, one release).
     backend : {"auto", "cpu", "triton", "dense"}
         Where it runs. ``"auto"``/``"cpu"``/``"triton"``: :func:`plsh_fast.plsh_attention`
@@ -304,7 +477,9 @@ class PLSHAttention(nn.Module):
     Attributes
     ----------
     slopes : torch.Tensor
-        float64 buffer ``(num_heads,)``.
+        float64 buffer ``(num_heads,)`` (NaN with ``kernels``).
+    kernels : tuple of plsh_ref.kernels.DistanceKernel or None
+        The heads' kernels, ``None`` for ALiBi.
     pitch, offset : torch.Tensor
         float64 buffers ``(num_heads, num_samples)``: the module's own (eval) partition.
 
@@ -355,6 +530,7 @@ class PLSHAttention(nn.Module):
         num_samples: int = DEFAULT_NUM_SAMPLES,
         *,
         slopes: ArrayLike | None = None,
+        kernels: Any = None,
         causal: bool = True,
         scale: float | None = None,
         seed: int | None = None,
@@ -371,8 +547,20 @@ class PLSHAttention(nn.Module):
         num_samples = V.check_num_samples(num_samples)
         self.sampler = sampler
         self.group_size = resolve_group_size(sampler, num_samples, group_size)
-        m = check_slopes(slopes, num_heads)
-        sigma = sigma_from_slopes(m)
+        if kernels is None:
+            self.kernels: tuple[DistanceKernel, ...] | None = None
+            m = check_slopes(slopes, num_heads)
+        else:
+            if slopes is not None:
+                raise ValueError(
+                    "kernels: replace slopes (a kernel per head in place of ALiBi slopes); "
+                    "give one of them, not both"
+                )
+            self.kernels = check_kernel_heads(kernels, num_heads)
+            m = np.full(num_heads, np.nan)
+            from ._ops import kernel_law_id  # noqa: PLC0415 (registers the operators)
+
+            self._kernel_law = kernel_law_id(self.kernels)  # the training draws' index
         if scale is not None:
             scale = check_positive_float("scale", scale)
         if resample not in _RESAMPLE:
@@ -387,6 +575,16 @@ class PLSHAttention(nn.Module):
             method = "exact" if check_bool("exact", exact) else "plsh"
         if method not in _METHODS:
             raise ValueError(f"method: must be one of {_METHODS}, got {method!r}")
+        if method == "exact" and self.kernels is not None:
+            for h, kernel in enumerate(self.kernels):
+                if not has_torch_bias(kernel):
+                    raise ValueError(
+                        f"kernels: head {h}: method='exact' needs the torch form of log k of "
+                        f"kernel_bias, which {type(kernel).__name__} has not (the built-in "
+                        "Exponential, KerpleLog, KerplePower and Mixture have one); use "
+                        "method='plsh', or plsh_ref.attention.biased_attention with "
+                        "log plsh_ref.kernels.kernel_matrix for the exact attention"
+                    )
         if method == "exact" and backend in ("cpu", "triton"):
             raise ValueError(
                 f"backend: method='exact' runs on the dense backend only ('auto' or 'dense'), "
@@ -405,7 +603,8 @@ class PLSHAttention(nn.Module):
         # module's device), advanced in place by plsh::training_partition.
         self.register_buffer("draw_counter", torch.zeros((), dtype=torch.int64), persistent=False)
         self.register_buffer("slopes", torch.from_numpy(m.copy()))
-        part = draw_partition(sigma, num_samples, self.seed, **self._sampler_kwargs())
+        law: Any = sigma_from_slopes(m) if self.kernels is None else list(self.kernels)
+        part = draw_partition(law, num_samples, self.seed, **self._sampler_kwargs())
         self.register_buffer("pitch", torch.from_numpy(part.pitch.copy()))
         self.register_buffer("offset", torch.from_numpy(part.offset.copy()))
         # This layer's own kept CPU plans (plsh_fast.cpu.PlanCache): the layers of a model
@@ -434,9 +633,23 @@ class PLSHAttention(nn.Module):
         """
         self.seed = check_int("seed", seed, minimum=0)
         self.set_partition(
-            draw_partition(self.sigma, self.num_samples, self.seed, **self._sampler_kwargs())
+            draw_partition(self._law(), self.num_samples, self.seed, **self._sampler_kwargs())
         )
         self.num_draws = 0
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # unpickled or deep-copied (maybe in another process): the index of the kernels in
+        # the process-wide plsh_fast._ops.KERNEL_LAWS is this process's, not the pickler's
+        super().__setstate__(state)
+        kernels = getattr(self, "kernels", None)
+        if kernels is not None:
+            from ._ops import kernel_law_id  # noqa: PLC0415
+
+            self._kernel_law = kernel_law_id(kernels)
+
+    def _law(self) -> Any:
+        """What :func:`plsh_ref.partition.draw_partition` draws from: the kernels, or sigma."""
+        return self.sigma if self.kernels is None else list(self.kernels)
 
     def _sampler_kwargs(self) -> dict:
         """``sampler``/``group_size`` keywords of :func:`plsh_ref.partition.draw_partition`."""
@@ -486,17 +699,26 @@ class PLSHAttention(nn.Module):
         """The ``draw``-th partition of the training stream (reproducible from ``seed``)."""
         draw = check_int("draw", draw, minimum=0)
         return draw_partition(
-            self.sigma, self.num_samples, derived_seed(self.seed, draw), **self._sampler_kwargs()
+            self._law(), self.num_samples, derived_seed(self.seed, draw), **self._sampler_kwargs()
         )
 
     def get_extra_state(self) -> dict[str, Any]:
-        return {"seed": self.seed, "num_draws": self.num_draws}
+        state: dict[str, Any] = {"seed": self.seed, "num_draws": self.num_draws}
+        if self.kernels is not None:  # a string: state dicts stay loadable with weights_only
+            state["kernels"] = repr(self.kernels)
+        return state
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         if not isinstance(state, dict) or not {"seed", "num_draws"} <= set(state):
             raise ValueError(
                 "state_dict: extra state of PLSHAttention must be a dict with "
                 f"'seed' and 'num_draws', got {state!r}"
+            )
+        mine = None if self.kernels is None else repr(self.kernels)
+        if state.get("kernels") != mine:
+            raise ValueError(
+                f"state_dict: saved with kernels={state.get('kernels')}, the module has "
+                f"kernels={mine} (build the module with the kernels it was saved with)"
             )
         self.seed = check_int("seed", state["seed"], minimum=0)
         self.num_draws = check_int("num_draws", state["num_draws"], minimum=0)
@@ -549,6 +771,7 @@ class PLSHAttention(nn.Module):
             f"num_heads={self.num_heads}, {kind}, causal={self.causal}, "
             f"resample={self.resample!r}, backend={self.backend!r}, seed={self.seed}"
             + ("" if self.sampler == "iid" else f", sampler={self.sampler!r}")
+            + ("" if self.kernels is None else f", kernels={self.kernels!r}")
         )
 
     # ---------------------------------------------------------------- forward
@@ -568,6 +791,11 @@ class PLSHAttention(nn.Module):
                 )
             from ._ops import training_partition  # noqa: PLC0415 (registers the operator)
 
+            if self.kernels is not None:
+                return training_partition(
+                    self.slopes, self.draw_counter, self.seed, self.pitch, self.sampler,
+                    self.group_size, self._kernel_law,
+                )  # fmt: skip
             if self.sampler == "iid":
                 return training_partition(self.slopes, self.draw_counter, self.seed, self.pitch)
             return training_partition(
@@ -631,7 +859,10 @@ class PLSHAttention(nn.Module):
             if self.exact:
                 q2 = qpos if qpos.dim() == 2 else qpos[None]
                 k2 = kpos if kpos.dim() == 2 else kpos[None]
-                bias = alibi_bias(self.slopes, q2, k2, causal=self.causal)
+                if self.kernels is None:
+                    bias = alibi_bias(self.slopes, q2, k2, causal=self.causal)
+                else:
+                    bias = kernel_bias(self.kernels, q2, k2, causal=self.causal)
             else:
                 bias = _log_count_bias(*self._forward_partition(), qpos, kpos, self.causal)
             bias = _mask_bias(bias, mask, n_q, n_k)

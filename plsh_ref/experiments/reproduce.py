@@ -26,6 +26,7 @@ exact ``E||M~ - L*||_F^2`` of :func:`plsh_ref.samplers.frobenius_error_square`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import os
@@ -74,6 +75,7 @@ __all__ = [
     "memory_estimate",
     "output_error_experiment",
     "run",
+    "stratified_rate_line",
 ]
 
 #: one line for ``plsh --help``
@@ -1069,6 +1071,67 @@ def _fmt_slope(x) -> str:
     return "n/a" if x is None else f"{x:+.3f}"
 
 
+def stratified_rate_line(
+    rate: dict[str, float | None], kernels: Sequence[DistanceKernel] | None, n: int, label: str
+) -> str:
+    """The printed line of the stratified sampler's exact Frobenius RMS slopes.
+
+    Each slope is labelled by what its head was computed for: ``sigma`` for ALiBi, the
+    kernel's parameters (its dataclass fields, e.g. ``r1=0.7, r2=0.25``) otherwise, and the
+    line names the kernel. The bracket ``-3/4 .. -2/3`` is stated for ALiBi only, the one
+    case ``proofs_notes/general_kernels.md`` (section 8) derives and tests it for; for
+    another kernel the line says that no range is derived (the default ``--kernel
+    kerple-log`` run printed ``-0.641`` at ``sigma = 4``, outside it:
+    ``benchmarks/results/reproduce_kernel_2026-12-02.md``). The iid slope is
+    ``-1/2`` exactly for every kernel (``Var(M~_ij) = k (1 - k) / s``).
+
+    Parameters
+    ----------
+    rate : dict of str to float or None
+        Slope per head, keyed by ``f"{sigma:g}"`` in head order (``None``: no slope).
+    kernels : sequence of plsh_ref.kernels.DistanceKernel or None
+        The heads' kernels, as many as ``rate`` (``None``: ALiBi).
+    n : int
+        Positions of the kernel-matrix part.
+    label : str
+        The kernel's name in the report (e.g. ``"KERPLE-log (r1=0.7)"``).
+
+    Returns
+    -------
+    str
+
+    Raises
+    ------
+    ValueError
+        ``kernels`` not as many as ``rate``.
+    """
+    if kernels is None:
+        heads = [f"sigma={sig}" for sig in rate]
+        note = (
+            "; iid -0.500 (for ALiBi at n = 1024, s = 4..256 the slope lies between -3/4, "
+            "offsets dominating, and -2/3, the design's large-s limit: "
+            "proofs_notes/general_kernels.md, section 8)"
+        )
+    else:
+        if len(kernels) != len(rate):
+            raise ValueError(f"kernels: {len(kernels)} kernels for {len(rate)} slopes")
+        heads = [
+            ", ".join(f"{f.name}={getattr(c, f.name):g}" for f in dataclasses.fields(c))
+            for c in kernels
+        ]
+        note = (
+            "; iid -0.500 (exactly, for every kernel). No range is derived for this kernel: "
+            "the bracket -3/4 .. -2/3 of proofs_notes/general_kernels.md, section 8, is "
+            "ALiBi's"
+        )
+    return (
+        f"stratified sampler, exact Frobenius RMS error sqrt(E||M~ - L*||_F^2), "
+        f"kernel={label}, n={n}: slope "
+        + ", ".join(f"{_fmt_slope(x)} ({h})" for h, x in zip(heads, rate.values()))
+        + note
+    )
+
+
 def _print_report(args, cfg, matrix, output, slopes, runs) -> None:
     """Step 4: the printed tables."""
     matrix_slopes, out_slopes, rate = slopes
@@ -1111,14 +1174,7 @@ def _print_report(args, cfg, matrix, output, slopes, runs) -> None:
     )
     print(f"\nfitted on s in {cfg['fit_samples']}; expected slope about -0.5 (Theorem 2.1)")
     if rate is not None:
-        print(
-            f"stratified sampler, exact Frobenius RMS error sqrt(E||M~ - L*||_F^2), n={cfg['n']}: "
-            "slope "
-            + ", ".join(f"{_fmt_slope(x)} (sigma={sig})" for sig, x in rate.items())
-            + "; iid -0.500 (for ALiBi at n = 1024, s = 4..256 the slope lies between -3/4, "
-            "offsets dominating, and -2/3, the design's large-s limit: "
-            "proofs_notes/general_kernels.md, section 8)"
-        )
+        print(stratified_rate_line(rate, cfg["kernels"], cfg["n"], label))
     comparison = _sampler_comparison(
         runs, samples, args.sigmas, cfg["n"], args.reps, q.shape, label=label
     )

@@ -11,6 +11,7 @@ from plsh_ref.experiments.reproduce import (
     kernel_heads,
     matrix_error_experiment,
     output_error_experiment,
+    stratified_rate_line,
 )
 from plsh_ref.kernels import Exponential, KerpleLog, kernel_matrix
 
@@ -78,3 +79,35 @@ def test_cli_kerple_power_bad_p_is_one_line_exit_2(tmp_path, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert err.startswith("plsh reproduce: error: --p: must be in (0, 1]")
+
+
+def _rate_line(printed):
+    (line,) = [x for x in printed.splitlines() if x.startswith("stratified sampler, exact")]
+    return line
+
+
+def test_stratified_rate_line_names_the_kernel_and_states_the_range_for_alibi_only(
+    tmp_path, capsys
+):
+    code = main(["reproduce", "--kernel", "kerple-log", "--r1", "0.7", *ARGS,
+                 "--out", str(tmp_path / "log")])  # fmt: skip
+    assert code == 0
+    line = _rate_line(capsys.readouterr().out)
+    assert "kernel=KERPLE-log (r1=0.7)" in line
+    assert "(r1=0.7, r2=0.5)" in line and "(r1=0.7, r2=0.125)" in line  # sigma 2, 8
+    assert "sigma=" not in line and "-3/4, offsets" not in line
+    assert "No range is derived for this kernel" in line
+    code = main(["reproduce", *ARGS, "--out", str(tmp_path / "alibi")])
+    assert code == 0
+    line = _rate_line(capsys.readouterr().out)  # ALiBi: labelled by sigma, with the range
+    assert "kernel=ALiBi" in line and "(sigma=2)" in line and "(sigma=8)" in line
+    assert "between -3/4, offsets dominating, and -2/3" in line
+
+
+def test_stratified_rate_line_labels_kerple_power_by_its_parameters():
+    heads = kernel_heads("kerple-power", [4.0, 16.0], p=0.5)
+    line = stratified_rate_line({"4": -0.7, "16": None}, heads, 1024, "KERPLE-power (p=0.5)")
+    assert "-0.700 (r1=0.5, p=0.5), n/a (r1=0.25, p=0.5)" in line
+    assert "kernel=KERPLE-power (p=0.5), n=1024" in line and "sigma" not in line
+    with pytest.raises(ValueError, match="^kernels: 2 kernels for 1 slopes"):
+        stratified_rate_line({"4": -0.7}, heads, 1024, "KERPLE-power (p=0.5)")
