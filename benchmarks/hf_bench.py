@@ -201,6 +201,10 @@ class _Stamps:
 def _cache_bytes(cache) -> int:
     total = 0
     for layer in cache.layers:
+        decoder = getattr(layer, "decoder", None)  # a PLSHCacheLayer holds a PLSHDecodingCache
+        if decoder is not None:
+            total += decoder.memory_bytes()
+            continue
         for name in ("keys", "values"):
             t = getattr(layer, name, None)
             if isinstance(t, torch.Tensor):

@@ -57,12 +57,12 @@ def reachable_keys(key_bins: torch.Tensor, reference_bins: torch.Tensor) -> torc
     ``bin_t(j) < bin_t(r) <= bin_t(p)`` for all ``t`` and every later query ``p >= r``, so its
     count is 0 for ever (``proofs_notes/decoding_cache.md``, Claim 1 and section 4). For keys
     at positions ``j <= r`` the rule is "shares a bin with ``r``" (``==``); for keys after
-    ``r`` (new tokens appended before their queries are attended, as in
-    :class:`plsh_fast.hf.PLSHCacheLayer`) only ``>=`` keeps them: ``==`` would drop a new
-    token whose bins all lie past ``r``'s, though its own query still reaches it.
+    ``r`` (new tokens held before their queries are attended) only ``>=`` keeps them:
+    ``==`` would drop a new token whose bins all lie past ``r``'s, though its own query
+    still reaches it.
 
-    Used by :class:`PLSHDecodingCache` (``r`` = the newest query, after attending) and by
-    :class:`plsh_fast.hf.PLSHCacheLayer` (``r`` = the smallest new query, before).
+    Used by :class:`PLSHDecodingCache` (``r`` = the newest query, after attending), and so
+    by :class:`plsh_fast.hf.PLSHCacheLayer`, which holds one per layer.
 
     Parameters
     ----------
@@ -220,6 +220,10 @@ class PLSHDecodingCache:
         call while its positions satisfy ``|p| + pitch <= 2**50``; beyond, binary64 bins
         can be up to :func:`binary64_bound` long (checked on every call; a violation of
         the larger of the two is a ``RuntimeError``).
+    ring_steps : int
+        Calls taken by the batched decode step (one real token per sequence, positions
+        given or not: a ring of ``bound`` columns, one attention call) since construction
+        or :meth:`reset`; every other call takes the general path.
 
     Raises
     ------
@@ -274,6 +278,8 @@ class PLSHDecodingCache:
         #: tensors above hold the cache
         self._buffers: _StepRing | None = None
         self._general_only = False  # a step the ring cannot take runs the general path
+        #: calls taken by the batched decode step (the ring) so far
+        self.ring_steps = 0
         self._span: tuple[int, int] | None = None  # smallest and largest position seen
 
     # ------------------------------------------------------------------ state
@@ -320,6 +326,48 @@ class PLSHDecodingCache:
         """
         self._unbuffer()
         return self._bins[self._sequence(sequence)]
+
+    def last_positions(self) -> torch.Tensor:
+        """int64 ``(batch,)``: the newest position of each sequence, on the host.
+
+        ``-1`` for a sequence without any real token yet (its first token then gets
+        position 0 by default, as transformers numbers real tokens).
+        """
+        if self._buffers is not None:
+            return torch.from_numpy(self._buffers.last.copy())
+        return torch.tensor([-1 if p is None else p for p in self._last], dtype=torch.int64)
+
+    def select(self, indices: ArrayLike | torch.Tensor) -> None:
+        """Keep the sequences ``indices``, in that order (beam search's reorder).
+
+        Sequence ``i`` of the cache becomes the old sequence ``indices[i]`` (repeats
+        allowed); the partition, scale and span of positions seen are kept.
+
+        Parameters
+        ----------
+        indices : torch.Tensor or array_like of int
+            ``(new_batch,)`` indices into the sequences held now.
+
+        Raises
+        ------
+        TypeError
+            Non-integer indices.
+        ValueError
+            Indices not 1-D, or outside ``[0, batch)``.
+        """
+        idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices)
+        if idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer):
+            raise TypeError(f"indices: must be integers, got dtype {idx.dtype}")
+        if idx.ndim != 1:
+            raise ValueError(f"indices: must be 1-D, got shape {idx.shape}")
+        if idx.size and not (0 <= int(idx.min()) and int(idx.max()) < self.batch_size):
+            raise ValueError(f"indices: must lie in [0, {self.batch_size}), got {idx.tolist()}")
+        self._unbuffer()
+        order = [int(i) for i in idx]
+        # the per-sequence tensors are never written in place: repeats may share them
+        for name in ("_key", "_value", "_positions", "_bins", "_last"):
+            held = getattr(self, name)
+            setattr(self, name, [held[i] for i in order])
 
     def _sequence(self, sequence) -> int:
         if isinstance(sequence, bool) or not isinstance(sequence, (int, np.integer)):
@@ -376,6 +424,7 @@ class PLSHDecodingCache:
         self._shape = None
         self._buffers = None
         self._span = None
+        self.ring_steps = 0
 
     # ------------------------------------------------------------------ helpers
     def _query_bins(self, positions: torch.Tensor) -> torch.Tensor:
@@ -687,8 +736,11 @@ class PLSHDecodingCache:
                     f"query_positions: decode step out of order for sequence {b}: position "
                     f"{int(pos[b])} after {int(ring.last[b])}"
                 )
+        # explicit positions that continue every sequence by one (generate()'s
+        # position_ids) take the planned run of consecutive steps, as no positions do
+        consecutive = positions is None or bool((pos == ring.last + 1).all())
         self._see(int(pos.min()), int(pos.max()))
-        plan = ring.plan(pos, consecutive=positions is None)
+        plan = ring.plan(pos, consecutive=consecutive)
         if plan is None:  # not exactly representable by the ring: the general path
             self._unbuffer()
             self._general_only = True
@@ -699,6 +751,7 @@ class PLSHDecodingCache:
                 )  # fmt: skip
             finally:
                 self._general_only = False
+        self.ring_steps += 1
         return ring.attend(query, key, value, plan, scale, return_lse)
 
     def _attend(self, q, k, v, qpos, kpos, qbins, kbins, scale):

@@ -16,10 +16,15 @@ then be built or switched with ``attn_implementation="plsh"``. :func:`set_alibi_
 also removes the rotary embedding in the chosen layers (as Llama-4 does in its NoPE
 layers), which turns a RoPE model into an ALiBi/PLSH one; with ``kernels=`` (one
 :mod:`plsh_ref.kernels` Pólya kernel per head, stored as ``config.plsh_kernels``) it
-approximates their bias (KERPLE, mixtures) instead of ALiBi's. :func:`swap_bloom_attention`
-replaces the attention of BLOOM, whose ALiBi is built into its attention module.
-:class:`PLSHCache` is a transformers ``Cache`` for ``generate()`` that evicts, per layer,
-the keys no later query can reach (``proofs_notes/decoding_cache.md``).
+approximates their bias (KERPLE, mixtures) instead of ALiBi's. :func:`swap_bloom_attention`,
+:func:`swap_falcon_attention` and :func:`swap_mpt_attention` replace the attention of
+models whose ALiBi is built into their attention modules (BLOOM, Falcon's ``alibi=True``
+layout, MPT). Each attention layer keeps its CPU plans in its own
+:class:`plsh_fast.cpu.PlanCache` (:func:`prepare_layer`). :class:`PLSHCache` is a
+transformers ``Cache`` for ``generate()`` with one
+:class:`plsh_fast.decoding.PLSHDecodingCache` per layer: it evicts the keys no later query
+can reach (``proofs_notes/decoding_cache.md``), decodes on that cache's ring and reports
+its a-priori error bound against exact ALiBi (:meth:`PLSHCache.error_bound`).
 
 Positions follow transformers' convention for padded batches: the position of a token is
 the number of real tokens before it (``attention_mask.cumsum(-1) - 1``), so a left-padded
@@ -50,9 +55,10 @@ from plsh_ref.alibi import alibi_slopes
 from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
 from plsh_ref.validation import check_bool, check_num_samples, check_scale
 
-from ._partition import bins, partition_tensors
+from ._partition import partition_tensors
 from .api import plsh_attention
-from .decoding import cache_bound, reachable_keys
+from .cpu import PlanCache, use_plan_cache
+from .decoding import DecodingErrorBound, PLSHDecodingCache, cache_bound
 from .dense import alibi_bias, expand_kv
 from .nn import check_kernel_heads, has_torch_bias, kernel_bias, resolve_seed
 
@@ -82,6 +88,7 @@ __all__ = [
     "set_alibi_attention",
     "swap_bloom_attention",
     "swap_falcon_attention",
+    "swap_mpt_attention",
 ]
 
 #: the attention implementations this module registers
@@ -318,9 +325,16 @@ def prepare_layer(
     (:func:`plsh_fast.decoding.cache_bound`) are stored on the module as
     ``module.plsh_prepared``; the attention function reads them there under
     ``torch.compile`` (no host arrays, no comparison of partitions and no NumPy inside the
-    graph). :func:`set_alibi_attention`, :func:`swap_bloom_attention` and every eager
-    forward call it; an eager call after ``module.plsh_partition`` was replaced prepares
-    the new one.
+    graph). :func:`set_alibi_attention`, :func:`swap_bloom_attention`,
+    :func:`swap_falcon_attention`, :func:`swap_mpt_attention` and every eager forward call
+    it; an eager call after ``module.plsh_partition`` was replaced prepares the new one.
+
+    It also gives the module its own kept-plan cache, ``module.plsh_plan_cache`` (a
+    :class:`plsh_fast.cpu.PlanCache`, as :class:`plsh_fast.nn.PLSHAttention` owns one):
+    eager CPU calls of the layer keep their plans there, each layer within
+    ``plsh_fast.cpu.PLAN_CACHE_BYTES``, so that the layers of a model do not evict each
+    other's plans from one shared budget. A new partition empties it. (A traced forward
+    runs the compiled operator, which keeps plans process-wide.)
 
     Parameters
     ----------
@@ -344,11 +358,31 @@ def prepare_layer(
     part = layer_partition(module, num_heads)
     device = _module_device(module) if device is None else torch.device(device)
     prepared = getattr(module, "plsh_prepared", None)
+    plans = getattr(module, "plsh_plan_cache", None)
+    if not isinstance(plans, PlanCache):
+        plans = PlanCache()
+        setattr(module, "plsh_plan_cache", plans)  # noqa: B010 (not a module or buffer)
     if prepared is None or prepared[0] is not part or prepared[1].device != device:
+        if prepared is not None and prepared[0] is not part:
+            plans.clear()  # the old partition's plans are never hit again
         pitch, offset = partition_tensors(part, device)
         prepared = (part, pitch, offset, cache_bound(part))
         setattr(module, "plsh_prepared", prepared)  # noqa: B010 (not a registered buffer)
     return prepared[1:]
+
+
+def _layer_plsh_attention(module, query, key, value, pitch, offset, **kwargs) -> torch.Tensor:
+    """:func:`plsh_fast.plsh_attention` on the layer's partition, keeping CPU plans in the
+    layer's own ``plsh_plan_cache`` (:func:`prepare_layer`) when eager."""
+    plans = None if torch.compiler.is_compiling() else getattr(module, "plsh_plan_cache", None)
+    if plans is None:  # traced: the compiled operator keeps plans process-wide
+        return cast(
+            torch.Tensor, plsh_attention(query, key, value, partition=(pitch, offset), **kwargs)
+        )
+    with use_plan_cache(plans):
+        return cast(
+            torch.Tensor, plsh_attention(query, key, value, partition=(pitch, offset), **kwargs)
+        )
 
 
 def _module_slopes(module, num_heads: int) -> torch.Tensor:
@@ -429,6 +463,14 @@ def plsh_attention_forward(
         A 4-D mask, keys from a :class:`PLSHCache` whose positions disagree with the mask,
         attention dropout, a ``sliding_window`` narrower than the partition's reach.
 
+    Notes
+    -----
+    Keys staged by a :class:`PLSHCacheLayer` (a :class:`PLSHCache` in ``generate()``) are
+    the new tokens only: that layer attends them (:meth:`PLSHCacheLayer.attend`, its
+    decoding cache's ring for a decode step). Otherwise the call is
+    :func:`plsh_fast.plsh_attention` over all keys, keeping CPU plans in the layer's own
+    ``plsh_plan_cache`` when eager (:func:`prepare_layer`).
+
     References
     ----------
     Wolfson & Wagner (2026), Theorem 2.2; SPEC section 5 (padding).
@@ -445,18 +487,25 @@ def plsh_attention_forward(
         part = module.plsh_partition
     _check_sliding_window(kwargs.get("sliding_window"), bound)
     qpos, kpos, kmask = _positions(mask, n_q, n_k, key, part)
-    out = plsh_attention(
-        query,
-        key,
-        value,
-        partition=(pitch, offset),
-        causal=bool(getattr(module, "is_causal", True)),
-        scale=scaling,
-        query_positions=qpos,
-        key_positions=kpos,
-        attention_mask=kmask,
-    )
-    return cast(torch.Tensor, out).transpose(1, 2).contiguous(), None  # return_lse=False
+    causal = bool(getattr(module, "is_causal", True))
+    layer = None if torch.compiler.is_compiling() else getattr(key, "plsh_cache_layer", None)
+    if layer is not None:  # the new tokens staged by a PLSHCache layer: it attends them
+        out = layer.attend(query, key, value, attention_mask=kmask, scale=scaling, causal=causal)
+    else:
+        out = _layer_plsh_attention(
+            module,
+            query,
+            key,
+            value,
+            pitch,
+            offset,
+            causal=causal,
+            scale=scaling,
+            query_positions=qpos,
+            key_positions=kpos,
+            attention_mask=kmask,
+        )
+    return out.transpose(1, 2).contiguous(), None  # return_lse=False
 
 
 def _check_sliding_window(window, bound: int):
@@ -760,6 +809,108 @@ def set_alibi_attention(
     return model
 
 
+# --------------------------------------------------------------------------- built-in ALiBi
+def _swapped_attention(self, query, key, value, keep_all, layer_past, scale, num_heads):
+    """The attention of a module with built-in ALiBi (BLOOM, Falcon, MPT), swapped.
+
+    ``query``/``key``/``value`` ``(batch, heads, n_q, head_dim)`` are the new tokens',
+    ``keep_all`` ``(batch, columns)`` the keep-mask of the model's own mask row of the
+    newest query, whose last ``n_q`` columns are the new tokens (its columns are the
+    tokens the cache reports, :meth:`PLSHCacheLayer.get_mask_sizes`). Positions are
+    ``cumsum(keep) - 1`` (as the models' ALiBi tensors), continued from the cache's newest
+    position once a :class:`PLSHCacheLayer` holds tokens; the cache is updated here with
+    them as ``position_ids``. Returns ``(batch, num_heads, n_q, head_dim_v)``.
+    """
+    n_q = query.shape[2]
+    tracing = torch.compiler.is_compiling()
+    plsh_layer = None
+    if layer_past is not None and self.layer_idx < len(getattr(layer_past, "layers", [])):
+        candidate = layer_past.layers[self.layer_idx]
+        plsh_layer = candidate if isinstance(candidate, PLSHCacheLayer) else None
+    new_keep = keep_all[:, -n_q:]
+    if plsh_layer is not None and plsh_layer.decoder.batch_size:
+        # tokens were seen: positions continue each sequence's newest one
+        last = plsh_layer.decoder.last_positions().to(keep_all.device)
+        new_pos = last[:, None] + new_keep.to(torch.int64).cumsum(-1)
+    else:  # nothing seen yet: the mask covers every token
+        new_pos = (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_q:]
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx, kwargs={"position_ids": new_pos})
+    n_k = key.shape[2]
+    staged = None if tracing else getattr(key, "plsh_cache_layer", None)
+    if self.plsh_attn_implementation == "alibi":
+        if not tracing:
+            _check_not_evicting(key)
+        kpos = (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_k:]
+        kmask = keep_all[:, -n_k:]
+        slopes = _module_slopes(self, num_heads)
+        return _alibi_core(query, key, value, slopes, kpos[:, -n_q:], kpos, kmask, True, scale)
+    if tracing:
+        pitch, offset, _ = _traced_layer_state(self, query.device)
+    else:
+        pitch, offset, _ = prepare_layer(self, num_heads, query.device)
+        held = getattr(key, "plsh_partition", None)
+        if held is not None and held is not self.plsh_partition and held != self.plsh_partition:
+            raise ValueError(
+                "partition: the PLSHCache was built for another partition of this layer"
+            )
+    if staged is not None:  # the new tokens staged by a PLSHCache layer: it attends them
+        return staged.attend(query, key, value, attention_mask=new_keep, scale=scale, causal=True)
+    kpos = (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_k:]
+    return _layer_plsh_attention(
+        self,
+        query,
+        key,
+        value,
+        pitch,
+        offset,
+        causal=True,
+        scale=scale,
+        query_positions=kpos[:, -n_q:],
+        key_positions=kpos,
+        attention_mask=keep_all[:, -n_k:],
+    )
+
+
+def _keep_from_additive_mask(attention_mask, batch, n_q, layer_past, layer_idx, device):
+    """Keep-mask of the newest query's row of a model's 4-D mask (bool True = keep, or
+    additive: kept entries above the dtype's minimum); all True without a mask."""
+    if attention_mask is None:
+        seen = layer_past.get_seq_length(layer_idx) if layer_past is not None else 0
+        return torch.ones((batch, n_q + seen), dtype=torch.bool, device=device)
+    last = attention_mask[:, 0, -1, :]
+    return last if last.dtype == torch.bool else last > torch.finfo(last.dtype).min
+
+
+def _check_swap(model, attn_implementation, num_samples, seed, cls, name):
+    """Argument checks of the swaps; the modules of class ``cls`` (``ValueError`` if none)."""
+    if attn_implementation not in ATTN_IMPLEMENTATIONS:
+        raise ValueError(
+            f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
+        )
+    num_samples = check_num_samples(num_samples)
+    seed = resolve_seed(seed)
+    found: list[Any] = [m for m in model.modules() if isinstance(m, cls)]
+    if not found:
+        raise ValueError(f"model: no {name} modules in {type(model).__name__}")
+    return num_samples, seed, found
+
+
+def _swap_module(module, attn_implementation, slopes, num_samples, seed, num_heads, forward):
+    """Give one module its slopes, partition (drawn with ``sigma = 1 / slopes``, layer
+    seed), prepared state and swapped ``forward``."""
+    setattr(module, "plsh_attn_implementation", attn_implementation)  # noqa: B010
+    setattr(module, "plsh_slopes", torch.tensor(slopes, dtype=torch.float64))  # noqa: B010
+    partition = draw_partition(
+        1.0 / np.asarray(slopes, dtype=np.float64),
+        int(num_samples),
+        layer_seed(int(seed), int(module.layer_idx)),
+    )
+    setattr(module, "plsh_partition", partition)  # noqa: B010
+    prepare_layer(module, num_heads)
+    module.forward = types.MethodType(forward, module)
+
+
 # --------------------------------------------------------------------------- BLOOM
 def _bloom_forward(
     self,
@@ -776,71 +927,18 @@ def _bloom_forward(
     batch, n_q, _ = hidden_states.shape
     fused = self.query_key_value(hidden_states)
     query, key, value = self._reshape(fused)  # (batch, heads, n, head_dim)
-    # positions from BLOOM's mask: keys masked for the newest query are padding
     if attention_mask is None:
-        total = n_q + (layer_past.get_seq_length(self.layer_idx) if layer_past is not None else 0)
-        keep_all = torch.ones((batch, total), dtype=torch.bool, device=hidden_states.device)
-    else:
+        keep_all = _keep_from_additive_mask(
+            None, batch, n_q, layer_past, self.layer_idx, hidden_states.device
+        )
+    else:  # BLOOM's mask: 0 where kept (bool masks: True = keep)
         last = attention_mask[:, 0, -1, :]
         keep_all = last if last.dtype == torch.bool else last == 0
-    plsh_layer = None
-    if layer_past is not None and self.layer_idx < len(getattr(layer_past, "layers", [])):
-        candidate = layer_past.layers[self.layer_idx]
-        plsh_layer = candidate if isinstance(candidate, PLSHCacheLayer) else None
-    if plsh_layer is not None and plsh_layer.cached_tokens():
-        # keys were evicted: the mask covers only the kept slots, positions continue the cache's
-        steps = keep_all[:, -n_q:].to(torch.int64).cumsum(-1)
-        new_pos = plsh_layer.positions[:, -1:] + steps
-    else:  # nothing evicted yet: the mask covers every token seen
-        new_pos = (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_q:]
-    if layer_past is not None:
-        key, value = layer_past.update(key, value, self.layer_idx, kwargs={"position_ids": new_pos})
-    n_k = key.shape[2]
-    tracing = torch.compiler.is_compiling()
-    if self.plsh_attn_implementation == "plsh":
-        if tracing:
-            pitch, offset, _ = _traced_layer_state(self, query.device)
-        else:
-            pitch, offset, _ = prepare_layer(self, self.num_heads, query.device)
-            held = getattr(key, "plsh_partition", None)
-            if held is not None and held is not self.plsh_partition and held != self.plsh_partition:
-                raise ValueError(
-                    "partition: the PLSHCache was built for another partition of this layer"
-                )
-    # keys from a PLSHCache carry their positions and keep-mask (eager only, see _positions)
-    cached = None if tracing else getattr(key, "plsh_positions", None)
-    kpos = cached if cached is not None else (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_k:]
-    cached_keep = None if tracing else getattr(key, "plsh_keep", None)  # layer 0's slots only
-    kmask = cached_keep if cached_keep is not None else keep_all[:, -n_k:]
-    qpos = kpos[:, -n_q:]
     if self.training and self.attention_dropout.p > 0:
         raise ValueError("dropout: attention dropout is not supported by the swapped attention")
-    if self.plsh_attn_implementation == "alibi":
-        if not tracing:
-            _check_not_evicting(key)
-        out = _alibi_core(
-            query,
-            key,
-            value,
-            _module_slopes(self, self.num_heads),
-            qpos,
-            kpos,
-            kmask,
-            True,
-            self.inv_norm_factor,
-        )
-    else:
-        out = plsh_attention(
-            query,
-            key,
-            value,
-            partition=(pitch, offset),
-            causal=True,
-            scale=self.inv_norm_factor,
-            query_positions=qpos,
-            key_positions=kpos,
-            attention_mask=kmask,
-        )
+    out = _swapped_attention(
+        self, query, key, value, keep_all, layer_past, self.inv_norm_factor, self.num_heads
+    )
     context = out.transpose(1, 2).reshape(batch, n_q, self.hidden_size)
     output = self.dense(context)
     output = torch.nn.functional.dropout(output, p=self.hidden_dropout, training=self.training)
@@ -888,29 +986,19 @@ def swap_bloom_attention(
     ----------
     Le Scao et al. (2022), BLOOM; Press et al. (2022); Wolfson & Wagner (2026).
     """
-    if attn_implementation not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(
-            f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
-        )
-    num_samples = check_num_samples(num_samples)
-    seed = resolve_seed(seed)
     from transformers.models.bloom.modeling_bloom import BloomAttention
 
-    found: list[Any] = [m for m in model.modules() if isinstance(m, BloomAttention)]
-    if not found:
-        raise ValueError(f"model: no BloomAttention modules in {type(model).__name__}")
+    num_samples, seed, found = _check_swap(
+        model, attn_implementation, num_samples, seed, BloomAttention, "BloomAttention"
+    )
     for module in found:
         if module.pretraining_tp > 1 and module.slow_but_exact:
             raise ValueError("model: pretraining_tp > 1 with slow_but_exact is not supported")
-        module.plsh_attn_implementation = attn_implementation
-        module.plsh_partition = draw_partition(
-            1.0 / alibi_slopes(module.num_heads),
-            int(num_samples),
-            layer_seed(int(seed), int(module.layer_idx)),
+    for module in found:
+        slopes = alibi_slopes(module.num_heads)
+        _swap_module(
+            module, attn_implementation, slopes, num_samples, seed, module.num_heads, _bloom_forward
         )
-        prepare_layer(module, module.num_heads)
-        _module_slopes(module, module.num_heads)
-        module.forward = types.MethodType(_bloom_forward, module)
     return model
 
 
@@ -935,38 +1023,15 @@ def _falcon_forward(
     query = query.transpose(1, 2).reshape(batch, self.num_heads, n_q, self.head_dim)
     key = key.transpose(1, 2).reshape(batch, num_kv_heads, n_q, self.head_dim)
     value = value.transpose(1, 2).reshape(batch, num_kv_heads, n_q, self.head_dim)
-    if layer_past is not None:
-        key, value = layer_past.update(key, value, self.layer_idx)
-    n_k = key.shape[2]
-    if attention_mask is None:
-        keep_all = torch.ones((batch, n_k), dtype=torch.bool, device=hidden_states.device)
-    else:  # Falcon's 4-D float mask (ALiBi folded in): masked entries hold the dtype's minimum
-        last = attention_mask[:, 0, -1, :]
-        keep_all = last if last.dtype == torch.bool else last > torch.finfo(last.dtype).min
-    kpos = (keep_all.to(torch.int64).cumsum(-1) - 1)[:, -n_k:]
-    kmask, qpos = keep_all[:, -n_k:], kpos[:, -n_q:]
+    # Falcon's 4-D float mask (ALiBi folded in): masked entries hold the dtype's minimum
+    keep_all = _keep_from_additive_mask(
+        attention_mask, batch, n_q, layer_past, self.layer_idx, hidden_states.device
+    )
     if self.training and self.attention_dropout.p > 0:
         raise ValueError("dropout: attention dropout is not supported by the swapped attention")
-    if self.plsh_attn_implementation == "alibi":
-        out = _alibi_core(
-            query, key, value, self.plsh_slopes, qpos, kpos, kmask, True, self.inv_norm_factor
-        )
-    else:
-        if torch.compiler.is_compiling():
-            pitch, offset, _ = _traced_layer_state(self, query.device)
-        else:
-            pitch, offset, _ = prepare_layer(self, self.num_heads, query.device)
-        out = plsh_attention(
-            query,
-            key,
-            value,
-            partition=(pitch, offset),
-            causal=True,
-            scale=self.inv_norm_factor,
-            query_positions=qpos,
-            key_positions=kpos,
-            attention_mask=kmask,
-        )
+    out = _swapped_attention(
+        self, query, key, value, keep_all, layer_past, self.inv_norm_factor, self.num_heads
+    )
     context = out.transpose(1, 2).reshape(batch, n_q, self.num_heads * self.head_dim)
     return self.dense(context), None
 
@@ -1017,90 +1082,196 @@ def swap_falcon_attention(
     ----------
     Almazrouei et al. (2023), Falcon; Press et al. (2022); Wolfson & Wagner (2026).
     """
-    if attn_implementation not in ATTN_IMPLEMENTATIONS:
-        raise ValueError(
-            f"attn_implementation: must be one of {ATTN_IMPLEMENTATIONS}, got {attn_implementation!r}"
-        )
-    num_samples = check_num_samples(num_samples)
-    seed = resolve_seed(seed)
     from transformers.models.falcon.modeling_falcon import FalconAttention
 
-    found = [m for m in model.modules() if isinstance(m, FalconAttention)]
-    if not found:
-        raise ValueError(f"model: no FalconAttention modules in {type(model).__name__}")
+    num_samples, seed, found = _check_swap(
+        model, attn_implementation, num_samples, seed, FalconAttention, "FalconAttention"
+    )
     if not getattr(model.config, "alibi", False):
         raise ValueError("model: config.alibi is False (a RoPE Falcon has no ALiBi to swap)")
     for module in found:
         slopes = alibi_slopes(module.num_heads) * module.inv_norm_factor
-        setattr(module, "plsh_attn_implementation", attn_implementation)  # noqa: B010
-        setattr(module, "plsh_slopes", torch.tensor(slopes, dtype=torch.float64))  # noqa: B010
-        partition = draw_partition(
-            1.0 / slopes, int(num_samples), layer_seed(int(seed), int(module.layer_idx))
+        _swap_module(
+            module,
+            attn_implementation,
+            slopes,
+            num_samples,
+            seed,
+            module.num_heads,
+            _falcon_forward,
         )
-        setattr(module, "plsh_partition", partition)  # noqa: B010
-        prepare_layer(module, module.num_heads)
-        module.forward = types.MethodType(_falcon_forward, module)  # type: ignore[method-assign]
+    return model
+
+
+# --------------------------------------------------------------------------- MPT
+def _mpt_forward(
+    self, hidden_states, position_bias=None, cache=None, attention_mask=None, **kwargs
+):
+    """MptAttention.forward with the attention replaced by ALiBi/PLSH (MPT's own ALiBi
+    tensor ``position_bias`` is not read)."""
+    batch, n_q = hidden_states.shape[:2]
+    fused = self.Wqkv(hidden_states)
+    if self.clip_qkv:
+        fused = fused.clamp(min=-self.clip_qkv, max=self.clip_qkv)
+    query, key, value = (
+        t.reshape(batch, n_q, self.n_heads, self.head_dim).transpose(1, 2)
+        for t in fused.chunk(3, dim=2)
+    )
+    if attention_mask is None:
+        keep_all = _keep_from_additive_mask(
+            None, batch, n_q, cache, self.layer_idx, hidden_states.device
+        )
+    else:  # MPT's boolean mask: True where masked
+        keep_all = ~attention_mask[:, 0, -1, :].to(torch.bool)
+    if self.training and self.attn_dropout_p > 0:
+        raise ValueError("dropout: attention dropout is not supported by the swapped attention")
+    out = _swapped_attention(
+        self, query, key, value, keep_all, cache, float(self.softmax_scale), self.n_heads
+    )
+    context = out.transpose(1, 2).reshape(batch, n_q, self.hidden_size)
+    return self.out_proj(context), None
+
+
+def swap_mpt_attention(
+    model: PreTrainedModel,
+    attn_implementation: str = "plsh",
+    *,
+    num_samples: int = DEFAULT_NUM_SAMPLES,
+    seed: int | None = None,
+    alibi_bias_max: float = 8.0,
+) -> PreTrainedModel:
+    """Replace the built-in ALiBi of an MPT model by ``"plsh"`` or exact ``"alibi"``.
+
+    MPT adds ``slope_h * (p_key - const)`` to the scaled logits (a constant per query row,
+    the same causal softmax as ``-slope_h |p_i - p_j|``), with the slopes of MPT's
+    ``build_mpt_alibi_tensor``: ``2^(-B (h+1) / H')`` over the next power of two ``H' >=
+    H``, interleaved as ``[1::2] + [::2]`` when ``H`` is not a power of two. That is Press
+    et al.'s rule with maximum bias ``B`` (:func:`plsh_ref.alibi.alibi_slopes` ``(H,
+    max_bias=B)``, tested entry by entry against MPT's function). transformers' ``MptModel``
+    calls it with the default ``B = 8`` whatever ``config.attn_config.alibi_bias_max`` says
+    (transformers 5.24; MosaicML's own code passes the config's value): the default here
+    reproduces the transformers model; pass ``alibi_bias_max=config.attn_config.alibi_bias_max``
+    for the original code's slopes. ``"plsh"`` draws each layer's partition with ``sigma_h
+    = 1 / m_h``. Projections, ``clip_qkv``, ``softmax_scale`` and the cache are MPT's;
+    positions come from the padding mask (``cumsum - 1``; MPT's ALiBi uses token indices,
+    which differ from these by a constant per left-padded sequence: the same softmax).
+
+    Parameters
+    ----------
+    model : transformers.MptForCausalLM or transformers.MptModel
+    attn_implementation : {"plsh", "alibi"}
+    num_samples, seed : int
+        As :func:`set_alibi_attention`.
+    alibi_bias_max : float
+        ``B`` of the slope rule, finite and ``> 0`` (default 8, as transformers' MPT).
+
+    Returns
+    -------
+    model
+        Modified in place.
+
+    Raises
+    ------
+    ValueError
+        Unknown ``attn_implementation``; no ``MptAttention``; ``num_samples`` outside
+        ``[1, MAX_NUM_SAMPLES]``, a negative ``seed``; ``alibi_bias_max`` not finite and
+        ``> 0``.
+    TypeError
+        Non-integer ``num_samples``/``seed``, non-real ``alibi_bias_max``.
+
+    References
+    ----------
+    MosaicML (2023), MPT-7B; Press et al. (2022); Wolfson & Wagner (2026).
+    """
+    from transformers.models.mpt.modeling_mpt import MptAttention
+
+    num_samples, seed, found = _check_swap(
+        model, attn_implementation, num_samples, seed, MptAttention, "MptAttention"
+    )
+    alibi_slopes(1, max_bias=alibi_bias_max)  # checks it before any module changes
+    for module in found:
+        slopes = alibi_slopes(module.n_heads, max_bias=alibi_bias_max)
+        _swap_module(
+            module, attn_implementation, slopes, num_samples, seed, module.n_heads, _mpt_forward
+        )
     return model
 
 
 # --------------------------------------------------------------------------- the cache
 class PLSHCacheLayer(DynamicLayer):
-    """One layer of :class:`PLSHCache`: a dynamic layer that evicts unreachable keys.
+    """One layer of :class:`PLSHCache`: a :class:`plsh_fast.decoding.PLSHDecodingCache`.
 
-    After appending the new keys, every leading cache slot whose bins all lie before those
-    of the smallest new query position, in every sample of every head and for every
-    sequence of the batch, is dropped (:func:`plsh_fast.decoding.reachable_keys`, the one
-    eviction rule of both caches): no current or later query can give it a nonzero count
-    (``proofs_notes/decoding_cache.md``, Claim 1 and section 4). The slots kept are the union over the
-    batch of the sequences' reachable keys: at most ``cache_bound(partition)`` plus the
-    spread of left padding across the batch.
+    transformers calls :meth:`update` with the new tokens' keys and values before the
+    attention; here it only stages them (with their ``position_ids``) and hands them back
+    tagged. The ``"plsh"`` attention then calls :meth:`attend`, which appends, attends and
+    evicts in one :meth:`PLSHDecodingCache.update <plsh_fast.decoding.PLSHDecodingCache.update>`
+    call of the layer's decoding cache ``decoder``: one real token per sequence (a decode
+    step) takes its batched ring (one attention call, planned 64 consecutive positions at
+    a time; ``decoder.ring_steps`` counts them), anything else (the prefill, padding) its
+    general path. Eviction is that cache's (:func:`plsh_fast.decoding.reachable_keys`,
+    ``proofs_notes/decoding_cache.md``): each sequence holds at most
+    :func:`~plsh_fast.decoding.cache_bound` keys, pads are never held, and the outputs
+    equal the full-sequence PLSH attention on the same partition. :meth:`error_bound` is
+    the decoding cache's a-priori bound against exact ALiBi.
+
+    Parameters
+    ----------
+    partition : plsh_ref.partition.PartitionSample
+        The layer's partition, ``(num_heads, num_samples)``.
+
+    Attributes
+    ----------
+    decoder : plsh_fast.decoding.PLSHDecodingCache
+        Holds the keys and values.
+    bound : int
+        ``cache_bound(partition)``.
+
+    Raises
+    ------
+    TypeError
+        ``partition`` is not a :class:`~plsh_ref.partition.PartitionSample`.
     """
-
-    positions: torch.Tensor | None
-    keep: torch.Tensor | None
-    _pitch: torch.Tensor | None
-    _offset: torch.Tensor | None
 
     def __init__(self, partition: PartitionSample) -> None:
         super().__init__()
         if not isinstance(partition, PartitionSample):
             raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
         self.partition = partition
-        self.bound = cache_bound(partition)
+        self.decoder = PLSHDecodingCache(partition)
+        self.bound = self.decoder.bound
         self.cumulative_length = 0
-        self.positions = None  # int64 (batch, slots)
-        self.keep = None  # bool (batch, slots): False for padding, when the caller says so
-        self._pitch = self._offset = None
+        self._staged: torch.Tensor | None = None  # the key tensor update() handed out last
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the new keys/values, evict, return what the attention reads.
+        """Stage the new keys/values for :meth:`attend`; return them tagged.
 
         Parameters
         ----------
         key_states, value_states : torch.Tensor
             ``(batch, num_heads_kv, m, head_dim)`` and ``(..., head_dim_v)``, the new tokens.
         kwargs : dict
-            The attention kwargs transformers passes (``kwargs=``): ``position_ids``
-            ``(batch, m)`` or ``(1, m)`` int64 positions of the new tokens (required), and
-            optionally ``keep`` ``(batch, m)`` bool (False for padding).
+            The attention kwargs transformers passes (``kwargs=``, or plain keywords):
+            ``position_ids`` ``(batch, m)`` or ``(1, m)`` / ``(m,)`` int64 positions of the
+            new tokens (required).
 
         Returns
         -------
         (keys, values) : tuple of torch.Tensor
-            ``(batch, num_heads_kv, L, head_dim)``: the kept slots followed by the new ones,
-            tagged with their positions and partition for the attention's checks.
+            ``key_states`` and ``value_states`` themselves; the keys carry
+            ``plsh_cache_layer`` (this layer), ``plsh_positions`` ``(batch, m)`` and
+            ``plsh_partition`` for the attention functions.
 
         Raises
         ------
         ValueError
-            Missing or mis-shaped ``position_ids``; a step whose positions do not follow
-            the cached ones.
+            Missing or mis-shaped ``position_ids``; a step whose first position does not
+            follow a sequence's newest cached one.
 
         References
         ----------
-        ``proofs_notes/decoding_cache.md``, Claim 1 (eviction is exact).
+        ``proofs_notes/decoding_cache.md``.
         """
         attn_kwargs = kwargs.get("kwargs") or {}
         position_ids = attn_kwargs.get("position_ids", kwargs.get("position_ids"))
@@ -1116,79 +1287,153 @@ class PLSHCacheLayer(DynamicLayer):
         new_pos = new_pos.expand(batch, m) if new_pos.shape[0] == 1 else new_pos
         if tuple(new_pos.shape) != (batch, m):
             raise ValueError(f"position_ids: shape {tuple(new_pos.shape)}, expected {(batch, m)}")
-        if m and self.positions is not None and self.positions.shape[1]:
-            # after the prefill every new token is real and follows the newest cached one
-            if bool((new_pos[:, 0] <= self.positions[:, -1]).any()):
+        if m and self.decoder.batch_size == batch:
+            last = self.decoder.last_positions().to(new_pos.device)
+            if bool((new_pos[:, 0] <= last).any()):
                 raise ValueError(
                     "position_ids: decode step out of order (new positions must follow the "
                     "cached ones)"
                 )
-        keys, values = super().update(key_states, value_states)
         self.cumulative_length += m
-        self.positions = (
-            new_pos if self.positions is None else torch.cat([self.positions, new_pos], 1)
-        )
-        keep = attn_kwargs.get("keep")
-        keep = torch.ones_like(new_pos, dtype=torch.bool) if keep is None else keep.to(torch.bool)
-        self.keep = keep if self.keep is None else torch.cat([self.keep, keep], 1)
-        if self._pitch is None:
-            self._pitch, self._offset = partition_tensors(self.partition, key_states.device)
-        if m:
-            ref = new_pos.min(dim=1).values  # (batch,)
-            pitch, offset = self._pitch, cast(torch.Tensor, self._offset)
-            slot_bins = bins(pitch, offset, self.positions.reshape(-1))
-            h, s = slot_bins.shape[:2]
-            slot_bins = slot_bins.reshape(h, s, batch, -1)
-            ref_bins = bins(pitch, offset, ref).reshape(h, s, batch, 1)
-            reach = reachable_keys(slot_bins, ref_bins)  # (batch, slots)
-            alive = (reach & self.keep).any(dim=0)  # padding is never reachable
-            first = int(torch.nonzero(alive).min()) if bool(alive.any()) else alive.numel()
-            if first:
-                self.keys = cast(torch.Tensor, self.keys)[:, :, first:]
-                self.values = cast(torch.Tensor, self.values)[:, :, first:]
-                self.positions = self.positions[:, first:]
-                self.keep = self.keep[:, first:]
-        keys, values = cast(torch.Tensor, self.keys), cast(torch.Tensor, self.values)
-        tagged = cast(Any, keys)  # attributes checked by the attention functions
-        tagged.plsh_keep = self.keep
-        tagged.plsh_positions = self.positions
+        tagged = cast(Any, key_states)  # attributes read by the attention functions
+        tagged.plsh_cache_layer = self
+        tagged.plsh_positions = new_pos
         tagged.plsh_partition = self.partition
-        return keys, values
+        self._staged = key_states
+        return key_states, value_states
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        *,
+        attention_mask: torch.Tensor | None = None,
+        scale: float | None = None,
+        causal: bool = True,
+    ) -> torch.Tensor:
+        """Attend the new queries to the held keys plus the staged ones; append, evict.
+
+        Parameters
+        ----------
+        query : torch.Tensor
+            ``(batch, num_heads, m, head_dim)``.
+        key, value : torch.Tensor
+            The tensors :meth:`update` returned last (the new tokens).
+        attention_mask : torch.Tensor, optional
+            ``(batch, m)`` bool, False for padding (not held, output rows 0).
+        scale : float, optional
+            Logit scale (default ``1 / sqrt(head_dim)``); fixed by the first call.
+        causal : bool
+            Must be True (decoding is causal).
+
+        Returns
+        -------
+        torch.Tensor
+            ``(batch, num_heads, m, head_dim_v)``: the rows of the full-sequence
+            :func:`plsh_fast.plsh_attention` (causal, same partition) at these positions.
+
+        Raises
+        ------
+        ValueError
+            ``key`` not the tensor staged last; ``causal`` False; a ``scale`` other than the
+            first call's; and as :meth:`plsh_fast.decoding.PLSHDecodingCache.update`.
+
+        References
+        ----------
+        ``proofs_notes/decoding_cache.md``; SPEC section 3.
+        """
+        if key is not self._staged:
+            raise ValueError("key: not the keys this PLSHCache layer staged last (call update)")
+        if not causal:
+            raise ValueError("causal: PLSHCache decodes causal attention only")
+        decoder = self.decoder
+        scale = check_scale(scale, query.shape[-1])
+        if decoder.scale is None:
+            decoder.scale = scale
+        elif scale != decoder.scale:
+            raise ValueError(f"scale: {scale}, the cache attends with {decoder.scale}")
+        positions = cast(Any, key).plsh_positions
+        out = decoder.update(
+            query,
+            key,
+            value,
+            query_positions=positions.cpu(),
+            attention_mask=None if attention_mask is None else attention_mask.cpu(),
+        )
+        self._staged = None
+        return cast(torch.Tensor, out)
+
+    def error_bound(self, delta: float = 0.05) -> DecodingErrorBound:
+        """This layer's a-priori bound against exact ALiBi for the positions seen so far:
+        :meth:`plsh_fast.decoding.PLSHDecodingCache.error_bound` (Theorems 2.1, 2.2)."""
+        return self.decoder.error_bound(delta)
 
     def get_seq_length(self) -> int:
         """Tokens seen so far (evicted ones included), as transformers counts positions."""
         return self.cumulative_length
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """``(kv_length, kv_offset)``: kept slots plus the new tokens, after the evicted."""
-        kept = 0 if self.positions is None else self.positions.shape[1]
-        return kept + query_length, self.cumulative_length - kept
+        """``(kv_length, kv_offset)``: every token seen plus the new ones, from the first.
+
+        Models with built-in ALiBi build their masks and ALiBi tensors over all positions
+        (Falcon adds one to the other, so they must agree); the attention reads only the
+        new tokens' columns (their padding), and the held keys carry their positions.
+        """
+        return self.cumulative_length + query_length, 0
 
     def cached_tokens(self) -> int:
-        """Slots held now (for every sequence of the batch)."""
-        return 0 if self.positions is None else int(self.positions.shape[1])
+        """The most keys any sequence of the batch holds now."""
+        if self.decoder.batch_size == 0:
+            return 0
+        return int(self.decoder.cached_tokens().max())
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Reorder for beam search (keys, values and positions)."""
-        super().reorder_cache(beam_idx)
-        if self.positions is not None and self.keep is not None:  # (set together)
-            self.positions = self.positions.index_select(0, beam_idx.to(self.positions.device))
-            self.keep = self.keep.index_select(0, beam_idx.to(self.keep.device))
+        """Reorder the sequences for beam search (:meth:`PLSHDecodingCache.select`)."""
+        if self.decoder.batch_size:
+            self.decoder.select(beam_idx)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat each sequence ``repeats`` times in place (transformers' batch expansion)."""
+        if self.decoder.batch_size:
+            self.decoder.select(np.repeat(np.arange(self.decoder.batch_size), int(repeats)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the sequences ``indices`` (:meth:`PLSHDecodingCache.select`)."""
+        if self.decoder.batch_size:
+            self.decoder.select(indices)
+
+    def reset(self) -> None:
+        """Forget every token (the partition is kept)."""
+        self.decoder.reset()
+        self.cumulative_length = 0
+        self._staged = None
 
     def crop(self, max_length: int) -> None:  # noqa: D401 - transformers API
         """Not supported: evicted keys cannot be restored."""
         raise ValueError("max_length: PLSHCache cannot be cropped (evicted keys are gone)")
 
 
+def _swapped_classes():
+    """transformers' attention classes with built-in ALiBi that the swaps replace."""
+    from transformers.models.bloom.modeling_bloom import BloomAttention
+    from transformers.models.falcon.modeling_falcon import FalconAttention
+    from transformers.models.mpt.modeling_mpt import MptAttention
+
+    return {BloomAttention: "bloom", FalconAttention: "falcon", MptAttention: "mpt"}
+
+
 class PLSHCache(Cache):
-    """A transformers ``Cache`` for ``generate()`` whose layers evict unreachable keys.
+    """A transformers ``Cache`` for ``generate()`` with one bounded decoding cache per layer.
 
     Parameters
     ----------
     model : transformers.PreTrainedModel
-        A model set up by :func:`set_alibi_attention` (``"plsh"``) or
-        :func:`swap_bloom_attention`; each attention module's ``plsh_partition`` is used
-        (drawn on the spot, as the attention function would, if missing).
+        A model set up by :func:`set_alibi_attention` (``"plsh"``) or one of the swaps
+        (:func:`swap_bloom_attention`, :func:`swap_falcon_attention`,
+        :func:`swap_mpt_attention`) with ``"plsh"``; each attention module's
+        ``plsh_partition`` is used (drawn on the spot, as the attention function would, if
+        missing).
 
     Raises
     ------
@@ -1200,10 +1445,13 @@ class PLSHCache(Cache):
 
     Notes
     -----
-    Use ``model.generate(..., cache=PLSHCache(model))``. Decoding with it gives the same
-    tokens as with transformers' ``DynamicCache`` (tested), with memory bounded per layer by
-    ``cache_bound`` of the layer's partition (plus the left-padding spread of the batch)
-    instead of growing with the context. ``max_cached_tokens()`` reports the largest layer.
+    Use ``model.generate(..., cache=PLSHCache(model))``. Each layer is a
+    :class:`PLSHCacheLayer`, that is a :class:`plsh_fast.decoding.PLSHDecodingCache`: decode
+    steps run on its ring (one attention call per layer and step), and decoding gives the
+    same tokens as with transformers' ``DynamicCache`` (tested), with memory bounded per
+    layer and sequence by ``cache_bound`` of the layer's partition instead of growing with
+    the context. ``max_cached_tokens()`` reports the largest layer; :meth:`error_bound`
+    the a-priori error bound of every layer after any step.
 
     References
     ----------
@@ -1211,16 +1459,22 @@ class PLSHCache(Cache):
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
-        from transformers.models.bloom.modeling_bloom import BloomAttention
-
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: must be a transformers model, got {type(model).__name__}")
-        modules = [m for m in model.modules() if isinstance(m, BloomAttention)]
-        if modules:
-            impls = {getattr(m, "plsh_attn_implementation", "bloom") for m in modules}
+        config = model.config
+        swapped = [m for m in model.modules() if hasattr(m, "plsh_attn_implementation")]
+        names = _swapped_classes()
+        built_in = [m for m in model.modules() if isinstance(m, tuple(names))]
+        impls: set[Any]
+        if swapped:  # BLOOM, Falcon, MPT after a swap
+            modules = swapped
+            impls = {getattr(m, "plsh_attn_implementation") for m in modules}  # noqa: B009
+        elif built_in and not getattr(type(model), "_supports_attention_backend", False):
+            modules = built_in  # their own ALiBi attention
+            impls = {names[type(m)] for m in modules}
         else:
             modules = [m for _, m in sorted(_attention_modules(model), key=lambda x: x[0])]
-            impls = {getattr(model.config, "_attn_implementation", None)}
+            impls = {getattr(config, "_attn_implementation", None)}
         if not modules:
             raise ValueError(f"model: no attention modules in {type(model).__name__}")
         if impls != {"plsh"}:
@@ -1230,12 +1484,15 @@ class PLSHCache(Cache):
                 f"{sorted(map(str, impls))}; call set_alibi_attention(model, 'plsh') or "
                 "swap_bloom_attention(model, 'plsh') first, or use DynamicCache"
             )
-        num_heads = int(getattr(model.config, "num_attention_heads", 0) or model.config.n_head)
-        layers: list[Any] = [PLSHCacheLayer(layer_partition(m, num_heads)) for m in modules]
+        if swapped:  # the swapped modules' own head counts (BLOOM, Falcon: num_heads; MPT)
+            heads = [int(getattr(m, "num_heads", 0) or getattr(m, "n_heads")) for m in modules]  # noqa: B009
+        else:
+            heads = [int(config.num_attention_heads)] * len(modules)
+        layers: list[Any] = [PLSHCacheLayer(layer_partition(m, h)) for m, h in zip(modules, heads)]
         super().__init__(layers=layers)
 
     def max_cached_tokens(self) -> int:
-        """Largest number of slots held by any layer now."""
+        """Largest number of keys held by any layer and sequence now."""
         return max(
             (cast(PLSHCacheLayer, layer).cached_tokens() for layer in self.layers), default=0
         )
@@ -1243,3 +1500,32 @@ class PLSHCache(Cache):
     def bounds(self) -> list[int]:
         """``cache_bound`` of each layer's partition."""
         return [cast(PLSHCacheLayer, layer).bound for layer in self.layers]
+
+    def error_bound(self, delta: float = 0.05) -> list[DecodingErrorBound]:
+        """Each layer's a-priori bound against exact ALiBi, for the positions seen so far.
+
+        Parameters
+        ----------
+        delta : float
+            Failure probability per layer, in ``(0, 1)`` (over the draw of that layer's
+            partition; for all ``L`` layers at once, ``L * delta`` by a union bound).
+
+        Returns
+        -------
+        list of plsh_fast.decoding.DecodingErrorBound
+            One per layer, in layer order: with probability ``>= 1 - delta`` every count
+            weight of that layer is within ``eps`` of the ALiBi kernel and every output row
+            decoded so far within ``range_k(V_i) eps sum_j A_ij / sum_j A_ij L*_ij`` of
+            exact ALiBi attention on the layer's query/key/value (Theorem 2.2,
+            :func:`plsh_ref.bounds.output_error_bound` with this ``eps``).
+
+        Raises
+        ------
+        ValueError, TypeError
+            ``delta`` outside ``(0, 1)``; a call before any token was decoded.
+
+        References
+        ----------
+        Wolfson & Wagner (2026), Theorems 2.1 and 2.2; ``proofs_notes/output_bound.md``.
+        """
+        return [cast(PLSHCacheLayer, layer).error_bound(delta) for layer in self.layers]

@@ -77,8 +77,9 @@ def test_generate_part_reports_both_caches(hf_bench, tmp_path):
     assert row["same_tokens"] is True  # PLSHCache is exact: greedy tokens equal DynamicCache's
     for cache in ("plsh_cache", "dynamic_cache"):
         assert row[f"{cache}_prefill_s"] > 0 and row[f"{cache}_decode_tokens_per_s"] > 0
-    # 40 + 5 tokens fit in the bound: nothing evicted yet, both caches hold the same bytes
-    assert row["plsh_cache_mb"] == pytest.approx(row["dynamic_cache_mb"])
+    # 40 + 5 tokens fit in the bound: nothing evicted yet; PLSHCache decodes on a ring of
+    # `bound` columns (keys, values and their positions), at least DynamicCache's 44 tokens
+    assert row["plsh_cache_mb"] >= row["dynamic_cache_mb"] > 0
     assert "| 40 |" in stem.with_suffix(".md").read_text()
 
 

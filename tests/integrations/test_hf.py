@@ -18,10 +18,11 @@ from transformers import (  # noqa: E402
 )
 
 import plsh_fast.hf as hf  # noqa: E402
-from plsh_fast.decoding import cache_bound  # noqa: E402
+from plsh_fast.decoding import DecodingErrorBound, cache_bound  # noqa: E402
 from plsh_ref import PartitionSample, alibi_slopes, draw_partition  # noqa: E402
 from plsh_ref.attention import alibi_attention as ref_alibi  # noqa: E402
 from plsh_ref.attention import plsh_attention as ref_plsh  # noqa: E402
+from plsh_ref.bounds import max_norm_error_bound  # noqa: E402
 
 VOCAB = 101
 
@@ -118,10 +119,15 @@ def test_bounded_cache_evicts_and_decodes_exactly():
         cache=DynamicCache(config=model.config),
     )
     assert torch.equal(out_plsh, out_dyn)
-    # 72 tokens seen, the cache holds at most the bound plus the padding spread (3)
-    assert cache.max_cached_tokens() <= max(cache.bounds()) + 3
+    # 72 tokens seen; each sequence holds at most its layer's bound (pads are never held)
+    assert cache.max_cached_tokens() <= max(cache.bounds())
     assert cache.max_cached_tokens() < 72 // 2
     assert cache.get_seq_length() == 71  # the last generated token is never fed back
+    # every decode step ran on the layers' rings (one attention call each)
+    assert [layer.decoder.ring_steps for layer in cache.layers] == [59, 59]
+    # the reported bound: positions 0..70 seen, DKW with a union over the 4 heads
+    eps = max_norm_error_bound(71, 4, 0.1 / 4)
+    assert cache.error_bound(0.1) == [DecodingErrorBound(eps, 0.1, 71, 4, 4)] * 2
 
 
 def test_training_step_changes_parameters():
@@ -188,7 +194,8 @@ def test_bloom_plsh_generate_with_bounded_cache():
     a = model.generate(ids, cache=cache, **kw)
     b = model.generate(ids, cache=DynamicCache(config=model.config), **kw)
     assert torch.equal(a, b)
-    assert cache.max_cached_tokens() <= max(cache.bounds()) + 2 < 50
+    assert cache.max_cached_tokens() <= max(cache.bounds()) < 50
+    assert [layer.decoder.ring_steps for layer in cache.layers] == [39, 39]
 
 
 def _qkv(batch=2, heads=4, kv=2, n=20, d=8, seed=0):
@@ -268,7 +275,8 @@ def test_bad_input():
     # a decode step out of order
     layer = hf.PLSHCacheLayer(draw_partition([2.0], 2, seed=0))
     kv = torch.zeros(1, 1, 3, 4)
-    layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[0, 1, 2]])})
+    keys, values = layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[0, 1, 2]])})
+    layer.attend(kv, keys, values)
     with pytest.raises(ValueError, match="^position_ids: decode step out of order"):
         layer.update(kv[:, :, :1], kv[:, :, :1], kwargs={"position_ids": torch.tensor([[1]])})
     with pytest.raises(ValueError, match="^position_ids"):
@@ -348,19 +356,34 @@ def test_sliding_window_honoured_by_alibi_and_guarded_for_plsh():
     assert torch.equal(a, b)
 
 
-def test_cache_layer_keeps_new_tokens_past_the_smallest_query():
-    """The transformers cache evicts before attending: new tokens in later bins than the
-    smallest new query must stay (with "shares a bin" they would be dropped;
-    proofs_notes/decoding_cache.md, Claim 3)."""
+def test_cache_layer_holds_the_new_tokens_a_later_query_reaches():
+    """Staged tokens are attended before the eviction, whose reference is then the newest
+    query (``proofs_notes/decoding_cache.md``, Claim 1): tokens in later bins than the
+    smallest new query stay."""
     layer = hf.PLSHCacheLayer(PartitionSample(np.array([[4.0]]), np.array([[0.0]])))
     kv = torch.arange(5.0).reshape(1, 1, 5, 1)
-    keys, _ = layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[3, 4, 5, 6, 7]])})
-    assert keys.shape[2] == 5 and layer.positions.tolist() == [[3, 4, 5, 6, 7]]
-    # a pad at the smallest position: the real tokens after it, in a later bin, stay
-    layer = hf.PLSHCacheLayer(PartitionSample(np.array([[4.0]]), np.array([[0.0]])))
-    keep = torch.tensor([[False, True, True, True, True]])
-    layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[3, 4, 5, 6, 7]]), "keep": keep})
-    assert layer.positions.tolist() == [[4, 5, 6, 7]]
+    keys, values = layer.update(kv, kv, kwargs={"position_ids": torch.tensor([[3, 4, 5, 6, 7]])})
+    assert keys.shape[2] == 5 and layer.cached_tokens() == 0  # staged, not yet held
+    layer.attend(kv, keys, values)
+    assert layer.decoder.cached_positions(0).tolist() == [4, 5, 6, 7]
     # the next step (r = 8, bin 2) drops every key of bins 0 and 1
-    keys, _ = layer.update(kv[:, :, :1], kv[:, :, :1], kwargs={"position_ids": torch.tensor([[8]])})
-    assert layer.positions.tolist() == [[8]]
+    keys, values = layer.update(
+        kv[:, :, :1], kv[:, :, :1], kwargs={"position_ids": torch.tensor([[8]])}
+    )
+    layer.attend(kv[:, :, :1], keys, values)
+    assert layer.decoder.cached_positions(0).tolist() == [8]
+
+
+def test_beam_search_with_plsh_cache_gives_the_dynamic_cache_tokens():
+    """Beam search reorders (and expands) the cache's sequences every step
+    (``PLSHDecodingCache.select``); with evicting partitions the tokens equal DynamicCache's."""
+    model = hf.set_alibi_attention(_llama(), "plsh", num_samples=4, seed=0)
+    _small_sigma_partitions(model)
+    ids, mask = _batch(n=12, pad=3)
+    kw = dict(attention_mask=mask, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    kw["num_beams"] = 3
+    cache = hf.PLSHCache(model)
+    a = model.generate(ids, cache=cache, **kw)
+    b = model.generate(ids, cache=DynamicCache(config=model.config), **kw)
+    assert torch.equal(a, b)
+    assert cache.max_cached_tokens() <= max(cache.bounds()) < 32

@@ -1,8 +1,8 @@
 """Positions from the padding mask and the evicting cache layer of ``plsh_fast/hf.py``, at
 their edges: a mask exactly as long as the keys, a sliding window exactly the PLSH reach,
 a decode step exactly one past the newest cached position, and batches whose sequences pad
-differently in the same slots (the eviction keeps the union over the batch of the real
-reachable keys, padding never counts; ``proofs_notes/decoding_cache.md``, Claim 1).
+differently (each sequence holds its own reachable real keys, padding is never held;
+``proofs_notes/decoding_cache.md``, Claim 1).
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ def _kv(batch, m):
     return torch.arange(float(batch * m)).reshape(batch, 1, m, 1)
 
 
-def _step(layer, positions, keep=None):
+def _step(layer, positions, keep=None, tokens=None):
+    """One call as the attention functions make it: stage with ``update``, then ``attend``
+    (query, key and value all ``tokens``, default :func:`_kv`)."""
     positions = torch.as_tensor(positions)
     batch, m = positions.shape
-    kwargs = {"position_ids": positions}
-    if keep is not None:
-        kwargs["keep"] = torch.as_tensor(keep)
-    return layer.update(_kv(batch, m), _kv(batch, m), kwargs=kwargs)
+    x = _kv(batch, m) if tokens is None else tokens
+    keys, values = layer.update(x.clone(), x.clone(), kwargs={"position_ids": positions})
+    mask = None if keep is None else torch.as_tensor(keep)
+    return layer.attend(x, keys, values, attention_mask=mask)
 
 
 # ----------------------------------------------------------------------------- the mask
@@ -115,11 +117,13 @@ def test_position_ids_are_required_and_shaped():
     with pytest.raises(ValueError, match="^position_ids: shape \\(3, 2\\), expected \\(2, 2\\)"):
         layer.update(_kv(2, 2), _kv(2, 2), kwargs={"position_ids": torch.zeros(3, 2)})
     # (m,) and (1, m) serve every sequence; a plain keyword is read too
-    layer.update(_kv(2, 2), _kv(2, 2), kwargs={"position_ids": torch.tensor([0, 1])})
-    assert layer.positions.tolist() == [[0, 1], [0, 1]]
-    layer.update(_kv(2, 1), _kv(2, 1), position_ids=torch.tensor([[2]]))
-    assert layer.positions.tolist() == [[0, 1, 2], [0, 1, 2]]
-    assert layer.positions.dtype == torch.int64
+    keys, _ = layer.update(_kv(2, 2), _kv(2, 2), kwargs={"position_ids": torch.tensor([0, 1])})
+    assert keys.plsh_positions.tolist() == [[0, 1], [0, 1]]
+    assert keys.plsh_positions.dtype == torch.int64
+    layer.attend(_kv(2, 2), keys, _kv(2, 2))
+    keys, values = layer.update(_kv(2, 1), _kv(2, 1), position_ids=torch.tensor([[2]]))
+    layer.attend(_kv(2, 1), keys, values)
+    assert [layer.decoder.cached_positions(b).tolist() for b in (0, 1)] == [[0, 1, 2]] * 2
 
 
 def test_a_step_exactly_after_the_newest_position_is_accepted_and_a_repeat_refused():
@@ -128,20 +132,35 @@ def test_a_step_exactly_after_the_newest_position_is_accepted_and_a_repeat_refus
     with pytest.raises(ValueError, match="^position_ids: decode step out of order"):
         _step(layer, [[3], [7]])  # one sequence repeats its newest position
     _step(layer, [[3], [8]])
-    assert layer.positions[:, -1].tolist() == [3, 8]
+    assert layer.decoder.last_positions().tolist() == [3, 8]
 
 
-def test_eviction_drops_exactly_the_leading_unreachable_slots():
+def test_eviction_keeps_exactly_the_keys_a_later_query_can_reach():
     layer = hf.PLSHCacheLayer(_part())
-    keys, _ = _step(layer, [list(range(10))])  # r = 0: nothing evicted
-    assert keys.shape[2] == 10 and layer.cached_tokens() == 10
-    keys, values = _step(layer, [[10]])  # r = 10, bin 2: keep 8, 9, 10
-    assert layer.positions.tolist() == [[8, 9, 10]]
-    assert keys[0, 0, :, 0].tolist() == [8.0, 9.0, 0.0] and values.shape[2] == 3
-    assert layer.get_seq_length() == 11
-    assert layer.get_mask_sizes(1) == (4, 8)  # 3 kept + 1 new, after 8 evicted
-    assert keys.plsh_positions is layer.positions and keys.plsh_partition is layer.partition
-    assert keys.plsh_keep.tolist() == [[True, True, True]]
+    keys, _ = layer.update(_kv(1, 10), _kv(1, 10), kwargs={"position_ids": torch.arange(10)})
+    assert keys.plsh_cache_layer is layer and keys.plsh_partition is layer.partition
+    out = layer.attend(_kv(1, 10), keys, _kv(1, 10))
+    assert out.shape == (1, 1, 10, 1)
+    # the newest query 9 is in bin 2 ([8, 12)): only 8 and 9 can be reached again
+    assert layer.decoder.cached_positions(0).tolist() == [8, 9] and layer.cached_tokens() == 2
+    _step(layer, [[10]])
+    assert layer.decoder.ring_steps == 1  # a decode step: the batched ring
+    assert layer.cached_tokens() == 3 and layer.get_seq_length() == 11
+    assert layer.get_mask_sizes(1) == (12, 0)  # the mask covers every token seen
+    assert layer.decoder.cached_positions(0).tolist() == [8, 9, 10]
+
+
+def test_the_layer_attends_only_the_keys_it_staged_and_only_causally():
+    layer = hf.PLSHCacheLayer(_part())
+    keys, values = layer.update(_kv(1, 2), _kv(1, 2), kwargs={"position_ids": torch.arange(2)})
+    with pytest.raises(ValueError, match="^key: not the keys this PLSHCache layer staged"):
+        layer.attend(_kv(1, 2), keys.clone(), values)
+    with pytest.raises(ValueError, match="^causal: PLSHCache decodes causal attention only"):
+        layer.attend(_kv(1, 2), keys, values, causal=False)
+    layer.attend(_kv(1, 2), keys, values, scale=0.5)
+    keys, values = layer.update(_kv(1, 1), _kv(1, 1), kwargs={"position_ids": torch.tensor([2])})
+    with pytest.raises(ValueError, match="^scale: 0.25, the cache attends with 0.5"):
+        layer.attend(_kv(1, 1), keys, values, scale=0.25)
 
 
 def test_an_empty_layer_reports_no_slots():
@@ -151,53 +170,64 @@ def test_an_empty_layer_reports_no_slots():
         layer.crop(2)
     with pytest.raises(TypeError, match="^partition: must be a PartitionSample"):
         hf.PLSHCacheLayer(np.ones((1, 1)))
+    with pytest.raises(ValueError, match="^delta: no positions decoded yet"):
+        layer.error_bound(0.1)
 
 
-def test_padding_at_reachable_positions_is_never_kept_for_itself():
-    """Pad slots carry whatever position the caller wrote (here 9, in the newest bin): only
-    ``keep`` tells they are pads, and a pad is never a reason to keep a slot."""
+def test_padding_is_never_held():
+    """Pad tokens carry whatever position the caller wrote (here 9, in a later bin than
+    the real tokens): only the mask tells they are pads, and they are never held."""
     layer = hf.PLSHCacheLayer(_part())
     keep = [[False, False] + [True] * 6]
     _step(layer, [[9, 9, 0, 1, 2, 3, 4, 5]], keep)
-    _step(layer, [[6]])  # r = 6, bin 1: keys 4, 5 (slots 6, 7) and the new one
-    assert layer.positions.tolist() == [[4, 5, 6]]
-    assert layer.keep.tolist() == [[True, True, True]]
+    assert layer.decoder.cached_positions(0).tolist() == [4, 5]
+    _step(layer, [[6]])  # r = 6, bin 1: keys 4, 5 and the new one
+    assert layer.decoder.cached_positions(0).tolist() == [4, 5, 6]
 
 
-def test_sequences_padded_differently_in_the_same_slots_keep_the_union():
+def test_sequences_padded_differently_hold_each_their_own_reachable_keys():
     layer = hf.PLSHCacheLayer(_part())
     # row 0: real 0..7; row 1: two pads (at a reachable position), then real 0..5
     positions = [list(range(8)), [9, 9, 0, 1, 2, 3, 4, 5]]
     keep = [[True] * 8, [False, False] + [True] * 6]
     _step(layer, positions, keep)
-    # r = 8 (bin 2) for row 0: none of its cached keys; r = 6 (bin 1) for row 1: slots 6, 7
-    _step(layer, [[8], [6]])
-    assert layer.positions.tolist() == [[6, 7, 8], [4, 5, 6]]
-    # (row 0 alone would keep only slot 8: the union is what keeps slots 6 and 7)
-    layer = hf.PLSHCacheLayer(_part())
-    _step(layer, positions, keep)
-    _step(layer, [[8], [6]], keep=[[True], [False]])
-    # the same with row 1's new token a pad: its position still sets row 1's reference
-    # (the smallest new position), its real keys 4, 5 stay, the new pad slot is kept as
-    # a pad (keep False) because row 0 needs that slot
-    assert layer.positions.tolist() == [[6, 7, 8], [4, 5, 6]]
-    assert layer.keep.tolist() == [[True, True, True], [True, True, False]]
+    _step(layer, [[8], [6]])  # r = 8 (bin 2) for row 0, r = 6 (bin 1) for row 1
+    assert layer.decoder.cached_positions(0).tolist() == [8]
+    assert layer.decoder.cached_positions(1).tolist() == [4, 5, 6]
+    assert layer.cached_tokens() == 3 and layer.decoder.ring_steps == 1
 
 
-def test_a_step_of_pads_only_evicts_every_slot():
+def test_a_step_of_pads_only_holds_nothing():
     layer = hf.PLSHCacheLayer(_part())
     _step(layer, [[0, 1, 2]], keep=[[False, False, False]])
-    assert layer.cached_tokens() == 0 and layer.keys.shape[2] == 0
-    assert layer.get_seq_length() == 3
+    assert layer.cached_tokens() == 0 and layer.get_seq_length() == 3
+    assert layer.decoder.last_positions().tolist() == [-1]
 
 
-def test_reorder_cache_moves_positions_and_keep_with_the_keys():
+def test_reorder_cache_moves_each_sequence_with_its_keys():
+    layer = hf.PLSHCacheLayer(_part())
+    _step(layer, [[0, 1], [4, 5]], keep=[[False, True], [True, True]])
+    out_before = _step(layer, [[2], [6]])
     layer = hf.PLSHCacheLayer(_part())
     _step(layer, [[0, 1], [4, 5]], keep=[[False, True], [True, True]])
     layer.reorder_cache(torch.tensor([1, 0]))
-    assert layer.positions.tolist() == [[4, 5], [0, 1]]
-    assert layer.keep.tolist() == [[True, True], [False, True]]
-    assert layer.keys[:, 0, :, 0].tolist() == [[2.0, 3.0], [0.0, 1.0]]
+    assert layer.decoder.cached_positions(0).tolist() == [4, 5]
+    assert layer.decoder.cached_positions(1).tolist() == [1]
+    # the next step of the reordered cache gives the rows of the original, swapped
+    out_after = _step(layer, [[6], [2]], tokens=_kv(2, 1).flip(0))
+    assert torch.equal(out_after, out_before.flip(0))
+    layer.batch_repeat_interleave(2)  # (4 sequences: 0, 0, 1, 1 of the reordered cache)
+    assert [len(layer.decoder.cached_positions(b)) for b in range(4)] == [3, 3, 2, 2]
+    layer.batch_select_indices(torch.tensor([1, 2]))
+    assert [layer.decoder.cached_positions(b).tolist() for b in (0, 1)] == [[4, 5, 6], [1, 2]]
+    with pytest.raises(TypeError, match="^indices: must be integers"):
+        layer.decoder.select([0.5, 1.0])
+    with pytest.raises(ValueError, match="^indices: must lie in \\[0, 2\\)"):
+        layer.decoder.select([0, 2])
+    with pytest.raises(ValueError, match="^indices: must be 1-D"):
+        layer.decoder.select([[0, 1]])
+    layer.reset()
+    assert layer.cached_tokens() == 0 and layer.get_seq_length() == 0
 
 
 def test_cache_bounds_are_the_layers_cache_bounds():
