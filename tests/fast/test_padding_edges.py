@@ -306,7 +306,7 @@ def test_sequences_padding_differently_in_the_same_slots_get_their_own_groups():
     )
     groups = padding.group_batch(qpos, kpos, mask, 5)
     _check_groups(groups, qpos, kpos, mask, 5)
-    rows = sorted(sorted((g.rows.tolist())) for g in groups)
+    rows = sorted(sorted(g.rows.tolist()) for g in groups)
     assert rows == [[0, 2], [1], [3], [4]]
     (last,) = [g for g in groups if g.rows.tolist() == [4]]
     assert last.queries.tolist() == [1] and last.query_positions.tolist() == [7]
