@@ -53,6 +53,9 @@ def test_array_like_positions_become_int64_with_their_values():
     # the largest admissible magnitude, as an integral float: kept exactly
     edge = padding.check_positions("key_positions", [2.0**53 - 1, -(2.0**53 - 1)], 1, 2, CPU)
     assert edge.tolist() == [2**53 - 1, -(2**53 - 1)]
+    for dtype in (np.float32, np.float64):  # every floating dtype, not float64 only
+        got = padding.check_positions("key_positions", np.array([3, -1], dtype=dtype), 1, 2, CPU)
+        assert got.dtype == torch.int64 and got.tolist() == [3, -1], dtype
     empty = padding.check_positions("key_positions", np.zeros(0), 1, 0, CPU)
     assert empty.dtype == torch.int64 and empty.shape == (0,)
     # a non-contiguous integer array-like is copied into a contiguous tensor
@@ -178,6 +181,10 @@ def test_default_positions_end_align_the_queries(n_q, n_k):
     assert qpos.dtype == kpos.dtype == torch.int64
     assert kpos.tolist() == list(range(n_k))
     assert qpos.tolist() == [n_k - n_q + i for i in range(n_q)]  # SPEC section 1
+    meta_q, meta_k = padding.default_positions(n_q, n_k, device=torch.device("meta"))
+    assert meta_q.device.type == meta_k.device.type == "meta"  # on the device asked for
+    assert meta_q.shape == (n_q,) and meta_k.shape == (n_k,)
+    assert meta_q.dtype == meta_k.dtype == torch.int64
 
 
 def test_resolve_positions_fills_only_the_omitted_positions():
