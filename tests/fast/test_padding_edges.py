@@ -402,3 +402,18 @@ def test_take_and_put_address_exactly_the_groups_rows_and_slots(with_rows, with_
         for j, s in enumerate(s_index):
             expect[b, :, s] = src[i, :, j].double()
     assert torch.equal(dst, expect) and dst.dtype == torch.float64
+
+
+def test_the_keep_masks_are_made_on_the_positions_device():
+    """Without a mask, or with more queries than keys, the all-keep masks are new tensors:
+    on the device asked for (a CUDA call must not get CPU masks; ``meta`` shows it here)."""
+    meta = torch.device("meta")
+    query_keep, key_keep = padding._keeps(None, 2, 3, 4, meta)
+    assert query_keep.device == key_keep.device == meta
+    assert query_keep.shape == (2, 3) and key_keep.shape == (2, 4)
+    assert query_keep.dtype == key_keep.dtype == torch.bool
+    mask = torch.ones(2, 3, dtype=torch.bool, device=meta)
+    query_keep, key_keep = padding._keeps(mask, 2, 5, 3, meta)  # n_q > n_k
+    assert query_keep.device == meta and query_keep.shape == (2, 5) and key_keep is mask
+    query_keep, key_keep = padding._keeps(None, 1, 2, 2, CPU)
+    assert query_keep.all() and key_keep.all()
