@@ -417,3 +417,60 @@ def test_the_keep_masks_are_made_on_the_positions_device():
     assert query_keep.device == meta and query_keep.shape == (2, 5) and key_keep is mask
     query_keep, key_keep = padding._keeps(None, 1, 2, 2, CPU)
     assert query_keep.all() and key_keep.all()
+
+
+def test_equal_lengths_make_every_query_the_key_of_its_slot():
+    """``n_q == n_k``: query ``i`` is key slot ``i``, so a padded key slot is a pad query."""
+    pos = torch.arange(4)
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]], dtype=torch.bool)
+    rq, rk = padding.real_positions(pos, pos, mask, 2)
+    assert rq.tolist() == [1, 2, 3, 0, 1, 2, 3] and rk.tolist() == rq.tolist()
+    groups = padding.group_batch(pos, pos, mask, 2)
+    _check_groups(groups, pos, pos, mask, 2)
+    (padded,) = [g for g in groups if g.rows.tolist() == [0]]
+    assert padded.queries.tolist() == [1, 2, 3] and padded.query_positions.tolist() == [1, 2, 3]
+
+
+def test_array_likes_are_refused_under_torch_compile(monkeypatch):
+    """Under ``torch.compile`` nothing is converted on the host: array-likes are refused."""
+    monkeypatch.setattr(padding, "_compiling", lambda: True)
+    with pytest.raises(
+        TypeError, match=r"^query_positions: must be an integer torch.Tensor under torch.compile$"
+    ):
+        padding.check_positions("query_positions", [0, 1], 1, 2, CPU)
+    with pytest.raises(
+        TypeError, match=r"^attention_mask: must be a torch.Tensor under torch.compile$"
+    ):
+        padding.check_attention_mask([[1, 1]], 1, 2, CPU)
+    # tensors pass as in eager mode
+    assert padding.check_positions("query_positions", torch.arange(2), 1, 2, CPU).tolist() == [0, 1]
+    assert padding.check_attention_mask(torch.ones(1, 2, dtype=torch.bool), 1, 2, CPU).all()
+
+
+def test_checked_inputs_are_moved_to_the_querys_device():
+    """Positions, masks and the default positions land on ``device`` (``meta`` stands for a
+    device other than the CPU, where the inputs were made)."""
+    meta = torch.device("meta")
+    got = padding.check_positions("query_positions", torch.arange(3, dtype=torch.int32), 1, 3, meta)
+    assert got.device == meta and got.dtype == torch.int64
+    mask = padding.check_attention_mask(torch.ones(2, 3, dtype=torch.bool), 2, 3, meta)
+    assert mask.device == meta and mask.shape == (2, 3)
+    qpos, kpos, mask = padding.resolve_positions(
+        None, None, torch.ones(2, 4, dtype=torch.bool), 2, 3, 4, meta
+    )
+    assert qpos.device == kpos.device == mask.device == meta
+    qpos, kpos, _ = padding.resolve_positions(torch.arange(3), torch.arange(4), None, 2, 3, 4, meta)
+    assert qpos.device == kpos.device == meta
+
+
+def test_resolve_positions_checks_each_argument_against_its_own_shape():
+    per_q = torch.tensor([[5, 6], [7, 8]])
+    per_k = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    qpos, kpos, _ = padding.resolve_positions(per_q, per_k, None, 2, 2, 3, CPU)
+    assert qpos.tolist() == per_q.tolist() and kpos.tolist() == per_k.tolist()
+    with pytest.raises(ValueError, match=r"^key_positions: must have length 4, got 3$"):
+        padding.resolve_positions(None, torch.arange(3), None, 1, 2, 4, CPU)
+    with pytest.raises(
+        ValueError, match=r"^key_positions: per-sequence positions must have shape \(batch, 3\)"
+    ):
+        padding.resolve_positions(per_q, per_k[:1].expand(3, 3), None, 2, 2, 3, CPU)
