@@ -474,3 +474,18 @@ def test_resolve_positions_checks_each_argument_against_its_own_shape():
         ValueError, match=r"^key_positions: per-sequence positions must have shape \(batch, 3\)"
     ):
         padding.resolve_positions(per_q, per_k[:1].expand(3, 3), None, 2, 2, 3, CPU)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_grouping_and_real_positions_stay_on_the_positions_device():
+    """The all-keep masks that grouping and the real-slot selection make are on the
+    positions' device (CPU masks with CUDA positions raise in ``torch.where``/indexing)."""
+    cuda = torch.device("cuda")
+    per = torch.tensor([[0, 1, 2], [5, 6, 7]], device=cuda)
+    groups = padding.group_batch(per, per, None, 2)
+    assert len(groups) == 2 and all(g.key_positions.device.type == "cuda" for g in groups)
+    rq, rk = padding.real_positions(per, per, None, 2)
+    assert rq.device.type == rk.device.type == "cuda" and rq.tolist() == [0, 1, 2, 5, 6, 7]
+    mask = torch.tensor([[1, 1, 1], [0, 1, 1]], device=cuda)
+    rq, _ = padding.real_positions(torch.arange(5, device=cuda), per, mask, 2)  # n_q > n_k
+    assert rq.device.type == "cuda" and rq.numel() == 10
