@@ -25,6 +25,7 @@ from __future__ import annotations
 import queue
 import re
 import threading
+import time
 import types
 
 import numpy as np
@@ -48,6 +49,9 @@ class _World:
         self.slots: list = [None] * size
         self.queues = {(s, d): queue.Queue() for s in range(size) for d in range(size)}
         self.sent = [0] * size  # bytes handed to isend, per rank
+        self.lock = threading.Lock()
+        self.waiting = 0  # ranks blocked in a receive or a collective, or finished
+        self.done = 0
         self.gathers = [0] * size  # all_gather calls, per rank
         self.isend, self.irecv = "isend", "irecv"
 
@@ -74,17 +78,59 @@ class _World:
                 self.queues[(op.group.rank, op.peer)].put(op.tensor.clone())
         for op in ops:
             if op.op == "irecv":
-                buf = self.queues[(op.peer, op.group.rank)].get(timeout=WAIT_S)
+                buf = self._receive(op.peer, op.group.rank)
                 assert buf.shape == op.tensor.shape, "a message of another size"
                 op.tensor.copy_(buf)
         return [types.SimpleNamespace(wait=lambda: None) for _ in ops]
 
+    def _receive(self, src, dst):
+        """The next message from ``src``; a deadlock (every other rank blocked or finished,
+        nothing sent) fails at once instead of after ``WAIT_S``."""
+        box = self.queues[(src, dst)]
+        with self.lock:
+            self.waiting += 1
+        try:
+            deadline = time.monotonic() + WAIT_S
+            idle = 0
+            while True:
+                try:
+                    return box.get(timeout=0.02)
+                except queue.Empty:
+                    pass
+                with self.lock:
+                    stuck = self.waiting + self.done == self.size and box.empty()
+                idle = idle + 1 if stuck else 0
+                if idle >= 25 or time.monotonic() > deadline:  # 0.5 s with nothing to come
+                    raise RuntimeError(f"rank {dst} waits for a message from {src} never sent")
+        finally:
+            with self.lock:
+                self.waiting -= 1
+
+    def _wait(self):
+        """A barrier wait that fails at once when a finished rank can never reach it."""
+        with self.lock:
+            self.waiting += 1
+        try:
+            while True:
+                try:
+                    self.barrier.wait(timeout=0.05)
+                    return
+                except threading.BrokenBarrierError:
+                    with self.lock:
+                        if self.done:
+                            raise RuntimeError("a rank finished while the others wait") from None
+                    if self.barrier.broken:
+                        self.barrier.reset()
+        finally:
+            with self.lock:
+                self.waiting -= 1
+
     def _gather(self, rank, value):
-        self.barrier.wait()
+        self._wait()
         self.slots[rank] = value
-        self.barrier.wait()
+        self._wait()
         values = list(self.slots)
-        self.barrier.wait()
+        self._wait()
         return values
 
     def all_gather(self, out, vec, group):
@@ -105,8 +151,9 @@ def _run(world: _World, work):
             results[rank] = work(rank)
         except BaseException as exc:  # noqa: BLE001 (reported to the test)
             results[rank] = exc
-            if not isinstance(exc, (TypeError, ValueError)):
-                world.barrier.abort()
+        finally:
+            with world.lock:
+                world.done += 1
 
     threads = [threading.Thread(target=target, args=(r,)) for r in range(world.size)]
     for t in threads:
