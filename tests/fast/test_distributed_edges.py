@@ -66,7 +66,8 @@ class _World:
         return group.rank
 
     def get_world_size(self, group):
-        return self.size
+        # the tests' ranks are a subgroup: the default group (None) is larger
+        return self.size if group is not None else self.size + 1
 
     def P2POp(self, op, tensor, group, group_peer):  # noqa: N802 (torch's name)
         return types.SimpleNamespace(op=op, tensor=tensor, group=group, peer=group_peer)
@@ -346,7 +347,11 @@ def _refused(world, size, changes, n=8):
         ({0: {"scale": 0.5}}, [r"^scale: ranks disagree"] * 2),
         (
             {1: {"partition": draw_partition([4.0, 8.0], 4, seed=3)}},
-            [r"^partition: ranks disagree on the partition sample \(checksums differ\)"] * 2,
+            [
+                r"^partition: ranks disagree on the partition sample \(checksums differ\); "
+                r"draw it from the same seed and sampler on every rank \(per rank: \[\d+, \d+\]\)$"
+            ]
+            * 2,
         ),
         ({0: {"chunk_start": 0}}, [r"^chunk_start: given on some ranks and not on others"] * 2),
         ({0: {"chunk_start": 0}, 1: {"chunk_start": 4}}, [r"^chunk_start: the chunks do not"] * 2),
@@ -412,13 +417,21 @@ def test_ranks_that_disagree_all_raise_the_same_error(world, changes, messages):
         (
             {1: {"key": lambda a: a[1][:, :, :5], "value": lambda a: a[2][:, :, :5]}},
             1,
-            (ValueError, r"^key: holds 5 positions, query 8: every rank holds the queries"),
+            (
+                ValueError,
+                r"^key: holds 5 positions, query 8: every rank holds the queries "
+                r"and keys of the same chunk \(self-attention\)$",
+            ),
             r"^group: rank 1 refused its arguments: key: holds 5 positions",
         ),
         (
             {0: {"partition": None}},
             0,
-            (ValueError, r"^seed: required when no partition is given"),
+            (
+                ValueError,
+                r"^seed: required when no partition is given \(every rank must draw the same "
+                r"partition sample\)$",
+            ),
             r"^group: rank 0 refused its arguments: seed: required",
         ),
         (
