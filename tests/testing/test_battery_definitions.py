@@ -1,83 +1,24 @@
-"""plsh_ref.testing.battery: each case's definition, field by field, and the property of
-the bug class it targets.
+"""plsh_ref.testing.battery: each case has the property of the bug class it targets.
 
-The battery is a fixed table (the module docstring lists it): a weakened case (a
-sequence of 200 tokens in ``sequence_longer_than_256``, positions that stay below 256 in
-``positions_beyond_256``) would still run and pass against a broken kernel, so both the
-exact table and the property that makes each case catch its bug class are asserted.
+The battery's cases are listed in the module docstring with their bug classes. A weakened
+case (a sequence of 200 tokens in ``sequence_longer_than_256``, positions that stay below
+256 in ``positions_beyond_256``, padding that masks nothing) would still run and pass
+against a broken kernel, so the property that makes each case catch its bug class is
+asserted, derived from the documented purpose (not a frozen table of fields: a case may
+change shape as long as it keeps its property). Also: the documented names are the
+battery's, and the restrictions of :func:`battery_plan` (options and capabilities) drop
+or change exactly the cases they concern, with the documented reasons.
 """
 
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import pytest
 
-from plsh_ref.testing.battery import battery
-from plsh_ref.testing.problems import ProblemSpec
-
-BASE = dict(
-    num_heads=4,
-    num_heads_kv=4,
-    n_q=10,
-    n_k=10,
-    head_dim=8,
-    head_dim_v=8,
-    causal=True,
-)
-
-# name -> fields that differ from BASE (the module's table); "{main}"/"{half}" are the
-# main and low-precision dtypes
-TABLE = [
-    ("heads_6", dict(num_heads=6, num_heads_kv=6)),
-    ("heads_12", dict(num_heads=12, num_heads_kv=12)),
-    ("heads_20", dict(num_heads=20, num_heads_kv=20)),
-    ("heads_40", dict(num_heads=40, num_heads_kv=40)),
-    ("heads_16_{main}", dict(num_heads=16, num_heads_kv=16, n_q=24, n_k=24)),
-    ("gqa_grouped", dict(num_heads=8, num_heads_kv=2)),
-    ("gqa_single_kv", dict(num_heads=4, num_heads_kv=1)),
-    ("decode_one_query", dict(n_q=1, n_k=12)),
-    ("decode_chunk", dict(n_q=3, n_k=12)),
-    ("longer_queries", dict(n_q=12, n_k=5)),
-    ("bidirectional", dict(causal=False)),
-    ("bidirectional_decode", dict(causal=False, n_q=4, n_k=12)),
-    ("no_keys", dict(n_q=3, n_k=0)),
-    ("positions_beyond_256", dict(offset=300, n_q=8, n_k=8)),
-    ("positions_far_from_zero", dict(offset=2**20 - 3, n_q=8, n_k=8)),
-    ("sequence_longer_than_256", dict(num_heads=2, num_heads_kv=2, n_q=300, n_k=300)),
-    ("positions_with_gaps", dict(positions="explicit", pad=4)),
-    ("per_sequence_positions", dict(positions="per_sequence", pad=3, batch=2)),
-    ("left_padding_masked", dict(positions="padded", pad=10, batch=3)),
-    ("padded_decode", dict(positions="padded", pad=6, batch=2, n_q=2, n_k=10)),
-    ("head_dim_not_power_of_two", dict(head_dim=12, head_dim_v=12)),
-    ("value_head_dim_differs", dict(head_dim=4, head_dim_v=6)),
-    ("batch", dict(batch=3)),
-    ("scale_not_default", dict(scale=0.3)),
-    ("default_scale", dict(head_dim=16, head_dim_v=16, amplitude=2.0)),
-]
-GIVEN_SLOPES = [("random_slopes", dict(slopes="random"))]
-HALF = [
-    ("heads_16_{half}", dict(num_heads=16, num_heads_kv=16, n_q=24, n_k=24, dtype="{half}")),
-    ("positions_beyond_256_{half}", dict(offset=300, n_q=8, n_k=8, dtype="{half}")),
-    ("positions_far_from_zero_{half}", dict(offset=2**20 - 3, n_q=8, n_k=8, dtype="{half}")),
-    (
-        "peaked_softmax_{half}",
-        dict(dtype="{half}", head_dim=16, head_dim_v=16, amplitude=4.0, n_q=16, n_k=16),
-    ),
-]
-
-
-def expected(kind, seed, main, half, slopes):
-    rows = TABLE + (GIVEN_SLOPES if slopes == "given" else []) + (HALF if half else [])
-    base = ProblemSpec(kind=kind, dtype=main, num_samples=4 if kind == "plsh" else 1, **BASE)
-    out = []
-    for i, (name, changes) in enumerate(rows):
-        changes = {
-            k: (v.format(main=main, half=half) if isinstance(v, str) else v)
-            for k, v in changes.items()
-        }
-        out.append(
-            (name.format(main=main, half=half), base.replace(data_seed=1000 * seed + i, **changes))
-        )
-    return out
+import plsh_ref.testing.battery as battery_module
+from plsh_ref.testing.battery import NotCovered, battery, battery_plan
 
 
 def _positions(spec):
@@ -128,3 +69,223 @@ def test_bad_arguments():
     for bad in ((), ("float8",), ("float32", "int8")):
         with pytest.raises(ValueError, match=r"^dtypes: must be a non-empty subset of "):
             battery(dtypes=bad)
+
+
+def _keep(spec):
+    """Per-sequence positions and keep masks of the built problem."""
+    return spec.build().positions_and_keep()
+
+
+def _documented_names():
+    """Case names of the module docstring's table (``<half>`` kept as written)."""
+    doc = battery_module.__doc__
+    table = doc[doc.index("=\n") : doc.rindex("=====")]
+    names = []
+    for line in table.splitlines():
+        first = line[:38]
+        names += re.findall(r"``([a-z][a-z0-9_<>]*)``", first)
+        names += [f"heads_{h}" for h in re.findall(r"``_(\d+)``", first)]
+    return names
+
+
+def test_the_documented_cases_are_the_battery():
+    """Every case the docstring documents is in the battery and every case is documented
+    (``<half>``: bfloat16 and float16; ``_12`` etc.: ``heads_12``)."""
+    got = [n for n, _ in battery(dtypes=("bfloat16", "float16", "float32"))]
+    assert len(got) == len(set(got))  # names are unique
+    documented = set()
+    for name in _documented_names():
+        if "<half>" in name:
+            documented |= {name.replace("<half>", h) for h in ("bfloat16",)}
+        else:
+            documented.add(name)
+    documented |= {"sequence_longer_than_256_float16"}  # each of bfloat16 and float16
+    assert set(got) == documented
+
+
+def test_each_case_has_the_property_of_its_bug_class():
+    cases = _cases(kind="alibi", dtypes=("bfloat16", "float16", "float32"))
+    main, half = "float32", "bfloat16"
+    for h in (6, 12, 20, 40):  # not powers of two: the interleaved part of Press et al.
+        spec = cases[f"heads_{h}"]
+        assert spec.num_heads == spec.num_heads_kv == h and h & (h - 1)
+    for name, dtype in (("heads_16_float32", main), ("heads_16_bfloat16", half)):
+        assert cases[name].num_heads >= 9 and cases[name].dtype == dtype  # inexact slopes
+    g = cases["gqa_grouped"]
+    assert 1 < g.num_heads_kv < g.num_heads and g.num_heads % g.num_heads_kv == 0
+    group = g.num_heads // g.num_heads_kv  # h % H_kv and h // group differ for some head
+    assert any(h % g.num_heads_kv != h // group for h in range(g.num_heads))
+    assert cases["gqa_single_kv"].num_heads_kv == 1 < cases["gqa_single_kv"].num_heads
+    for name in ("decode_one_query", "decode_chunk"):
+        assert cases[name].causal and cases[name].n_k > cases[name].n_q
+    assert cases["decode_one_query"].n_q == 1 < cases["decode_chunk"].n_q
+    longer = cases["longer_queries"]
+    assert longer.n_q > longer.n_k > 0 and longer.causal
+    qpos, kpos = _positions(longer)
+    assert qpos.min() < kpos.min()  # causal rows without an admissible key
+    for name in ("bidirectional", "bidirectional_decode", "bidirectional_padded"):
+        assert not cases[name].causal, name
+    assert cases["bidirectional_decode"].n_q < cases["bidirectional_decode"].n_k
+    assert cases["no_keys"].n_k == 0 < cases["no_keys"].n_q
+    for name in ("positions_beyond_256", f"positions_beyond_256_{half}"):
+        qpos, kpos = _positions(cases[name])
+        assert min(qpos.min(), kpos.min()) > 256, name  # bf16 spacing there is 2
+    for name in ("positions_far_from_zero", f"positions_far_from_zero_{half}"):
+        qpos, kpos = _positions(cases[name])
+        # around 2**20 and crossing it, beyond float16's range (65504)
+        assert kpos.min() < 2**20 <= kpos.max() and kpos.min() > 65504, name
+        assert qpos.min() > 65504, name
+    for name, dtype in (
+        (f"positions_beyond_256_{half}", half),
+        (f"positions_far_from_zero_{half}", half),
+        (f"peaked_softmax_{half}", half),
+        ("positions_beyond_256", main),
+    ):
+        assert cases[name].dtype == dtype, name
+    for name in (
+        "sequence_longer_than_256",
+        *(f"sequence_longer_than_256_{h}" for h in (half, "float16")),
+    ):
+        spec = cases[name]
+        assert spec.n_q > 256 and spec.n_k > 256 and spec.positions == "default", name
+        qpos, kpos = _positions(spec)
+        assert kpos.max() > 256  # positions past a 256-entry table
+    assert cases["sequence_longer_than_256_float16"].dtype == "float16"
+    assert cases[f"sequence_longer_than_256_{half}"].dtype == half
+    gaps = cases["positions_with_gaps"]
+    qpos, kpos = _positions(gaps)
+    assert gaps.positions == "explicit" and np.any(np.diff(kpos) > 1)  # gaps
+    per = cases["per_sequence_positions"]
+    assert per.positions == "per_sequence" and per.batch > 1
+    qpos, kpos, _, _ = _keep(per)
+    assert any(not np.array_equal(kpos[0], kpos[b]) for b in range(1, per.batch))
+    for name in ("left_padding_masked", "padded_decode", "bidirectional_padded", "right_padding"):
+        spec = cases[name]
+        _, _, q_keep, k_keep = _keep(spec)
+        assert spec.batch > 1 and not k_keep.all(), name  # some keys are padded
+        # the sequences pad differently (in the same slots, pad in one, real in another)
+        assert len({row.sum() for row in k_keep}) > 1, name
+        steps = np.diff(k_keep.astype(int), axis=1)
+        if name == "right_padding":
+            assert spec.positions == "right_padded" and (steps <= 0).all(), name
+        else:
+            assert spec.positions == "padded" and (steps >= 0).all(), name  # left padding
+    _, _, q_keep, _ = _keep(cases["left_padding_masked"])
+    assert not q_keep.all()  # pad rows (empty)
+    assert cases["padded_decode"].n_q < cases["padded_decode"].n_k
+    tp = cases["tensor_parallel_heads"]
+    assert tp.head_start > 0 and tp.num_heads_total > tp.head_start + tp.num_heads
+    decode = cases["decode_cache_offset"]
+    qpos, kpos = _positions(decode)
+    assert decode.n_q == 1 < decode.n_k and kpos.min() >= 1000 and qpos[0] == kpos.max()
+    packed = cases["packed_varlen"]
+    qpos, kpos = _positions(packed)
+    assert packed.positions == "packed" and np.any(np.diff(kpos) < 0)  # positions restart
+    hd = cases["head_dim_not_power_of_two"]
+    assert hd.head_dim & (hd.head_dim - 1) and hd.head_dim_v == hd.head_dim
+    vd = cases["value_head_dim_differs"]
+    assert vd.head_dim_v != vd.head_dim
+    assert cases["batch"].batch > 1 and cases["batch"].positions == "default"
+    sc = cases["scale_not_default"]
+    assert sc.scale is not None and sc.scale not in (1.0, 1 / sc.head_dim)
+    assert sc.scale != 1 / np.sqrt(sc.head_dim)
+    ds = cases["default_scale"]
+    assert ds.scale is None and ds.head_dim > 1 and ds.amplitude > 1
+    assert cases["random_slopes"].slopes == "random"
+    peaked = cases[f"peaked_softmax_{half}"]
+    assert peaked.amplitude >= 4
+    for name, spec in cases.items():
+        assert max(spec.n_q, spec.n_k) <= 300, name  # "at most 300 tokens"
+        if max(spec.n_q, spec.n_k) > 256:
+            assert spec.num_heads <= 8, name  # "8 heads for the long half-precision ones"
+
+
+def test_the_float16_low_precision_cases_without_bfloat16():
+    cases = _cases(dtypes=("float16", "float64"))
+    assert cases["peaked_softmax_float16"].dtype == "float16"
+    assert "sequence_longer_than_256_bfloat16" not in cases
+    assert cases["sequence_longer_than_256_float16"].dtype == "float16"
+    assert cases["batch"].dtype == "float64"
+    assert not any(n.endswith("_half") for n in cases)
+    only = _cases(dtypes=("float64",))  # no low-precision dtype: no low-precision case
+    assert all(s.dtype == "float64" for s in only.values())
+    assert not any("float16" in n or "bfloat16" in n for n in only)
+
+
+# ----------------------------------------------------------------------------- restrictions
+
+
+def _plan(**kwargs):
+    cases, not_covered = battery_plan(**kwargs)
+    return dict(cases), {n.name: n.reason for n in not_covered}
+
+
+def test_no_restriction_covers_every_case():
+    cases, missing = _plan()
+    assert not missing and list(cases) == [n for n, _ in battery()]
+    assert all(isinstance(n, NotCovered) for n in battery_plan(causal=True)[1])
+
+
+def test_a_causal_only_run_drops_the_bidirectional_cases_and_keeps_the_rest_causal():
+    cases, missing = _plan(causal=True)
+    bidi = {"bidirectional", "bidirectional_decode", "bidirectional_padded"}
+    assert bidi <= set(missing) and all(missing[n] == "--causal" for n in bidi)
+    assert all(spec.causal for spec in cases.values())
+    assert "decode_one_query" in cases and "longer_queries" in cases
+
+
+def test_a_bidirectional_only_run_drops_the_cases_about_causality():
+    cases, missing = _plan(causal=False)
+    assert missing.get("longer_queries") == "--causal"  # its target: causal empty rows
+    assert all(not spec.causal for spec in cases.values())
+    assert "bidirectional" in cases and "batch" in cases
+    # the causal cases that are not about causality run bidirectionally; one that
+    # becomes the same problem as an earlier one is not repeated
+    assert all("the same problem as" in r or r == "--causal" for r in missing.values())
+
+
+def test_positions_option_excludes_the_other_modes_and_the_offsets():
+    cases, missing = _plan(positions=("default",))
+    for name in ("positions_with_gaps", "per_sequence_positions", "left_padding_masked"):
+        assert missing[name] == "--positions", name
+    for name in ("positions_beyond_256", "positions_far_from_zero", "decode_cache_offset"):
+        assert missing[name] == "--positions", name  # an offset needs explicit positions
+    assert all(s.positions == "default" and s.offset == 0 for s in cases.values())
+    for mode in ("explicit", "left_padding", "per_sequence"):
+        cases, missing = _plan(positions=(mode,))
+        assert "positions_beyond_256" in cases and "decode_cache_offset" in cases, mode
+    cases, missing = _plan(positions=("padded",))
+    assert "left_padding_masked" in cases and missing["positions_beyond_256"] == "--positions"
+    assert missing["per_sequence_positions"] == "--positions"
+    with pytest.raises(ValueError, match=r"^positions: entries must be in "):
+        battery_plan(positions=("nowhere",))
+
+
+def test_a_missing_capability_excludes_the_cases_it_targets():
+    cases, missing = _plan(capabilities={"gqa": False})
+    assert missing["gqa_grouped"] == missing["gqa_single_kv"] == "gqa"
+    assert "batch" in cases
+    cases, missing = _plan(capabilities={"attention_mask": False})
+    for name in ("left_padding_masked", "padded_decode", "bidirectional_padded", "right_padding"):
+        assert missing[name] == "attention_mask", name
+    cases, missing = _plan(capabilities={"empty_rows": False})
+    assert missing["no_keys"] == "empty_rows"  # what is compared: nothing left
+    with pytest.raises(ValueError, match=r"^capabilities: unknown capability 'wings'$"):
+        battery_plan(capabilities={"wings": True})
+    cases, missing = _plan(capabilities={"gqa": True, "batch_positions": 1})
+    assert not missing  # true values restrict nothing
+
+
+def test_an_unsupported_dtype_is_not_the_main_dtype():
+    cases, _ = _plan(dtypes=("float32", "float64"), capabilities={"float32": False})
+    assert {s.dtype for s in cases.values()} == {"float64"}
+    # no usable dtype at all: the given one is used, so every case names it as the reason
+    cases, missing = _plan(dtypes=("float32",), capabilities={"float32": False})
+    assert not cases and set(missing.values()) == {"float32"}
+    assert list(missing) == [n for n, _ in battery(dtypes=("float32",))]
+
+
+def test_the_standard_slope_rule_takes_the_max_bias():
+    cases, _ = _plan(slopes="standard", max_bias=4.0)
+    assert all(s.max_bias == 4.0 for s in cases.values())
+    assert all(s.max_bias == 8.0 for s in _plan()[0].values())

@@ -402,3 +402,33 @@ def test_detect_framework():
         S.KernelContractError, match=r"with numpy inputs it raised ValueError: nope[;)]"
     ):
         S.detect_framework(raising, "alibi", "given", True)
+
+
+# --- check_case's own arguments ----------------------------------------------------------
+
+
+def test_check_case_refuses_its_arguments_naming_them():
+    """Each refusal names the argument, before the kernel runs (the kernel here raises if
+    called), and the accepted values on each side of a refusal are accepted."""
+    p = _problem()
+    for framework in ("jax ", "Numpy", "tensorflow"):
+        with pytest.raises(ValueError, match=r"^framework: must be one of \('numpy', 'torch', "):
+            S.check_case(numpy_alibi, p, framework=framework)
+    for framework, device in (("numpy", "cuda"), ("jax", "cuda:0"), ("numpy", "meta")):
+        with pytest.raises(
+            ValueError, match=rf"^device: {framework} kernels run on 'cpu', got '{device}'$"
+        ):
+            S.check_case(numpy_alibi, p, framework=framework, device=device)
+    with pytest.raises(ValueError, match=r"^slopes: must be one of \('given', 'standard'\)"):
+        S.check_case(numpy_alibi, p, slopes="x")
+    random = ProblemSpec(dtype="float64", slopes="random").build()
+    with pytest.raises(
+        ValueError, match=r"^slopes: standard-slopes mode needs problems with standard slopes$"
+    ):
+        S.check_case(numpy_alibi_standard_slopes, random)
+    assert S.check_case(numpy_alibi, random).passed  # given slopes: the random ones are fine
+    bf16 = ProblemSpec(dtype="bfloat16").build()
+    with pytest.raises(S.KernelContractError, match=r"^dtypes: bfloat16 needs --framework torch"):
+        S.check_case(numpy_alibi, bf16)
+    assert S.check_case(numpy_alibi, p, slopes="given").passed
+    assert S.check_case(numpy_alibi_standard_slopes, p, slopes="standard").passed

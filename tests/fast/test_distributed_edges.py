@@ -1,0 +1,591 @@
+"""Context parallelism (:mod:`plsh_fast.distributed`) in one process, ranks as threads.
+
+``tests/fast/test_distributed.py`` runs the real thing (gloo process groups of spawned
+processes) against the float64 reference; those processes are out of reach of an
+in-process check of the exchange. Here the module's ``torch.distributed`` is replaced by
+an in-memory stand-in (:class:`_World`: point-to-point messages in FIFO queues, an
+``all_gather`` through a barrier) and the ranks run as threads of this process, so that
+every step of :func:`~plsh_fast.distributed.context_parallel_plsh_attention` and
+:func:`~plsh_fast.distributed.halo_exchange` runs here:
+
+* each rank's output, LSE and query/key/value gradients equal those of the single-process
+  :func:`plsh_fast.plsh_attention` on the whole sequence (float64; both sum the same
+  nonzero terms, so they agree to float64 rounding, checked at ``1e-12`` relative, far
+  below any effect of a missing or misplaced key);
+* the bytes each rank sends are the plan's (``HaloPlan.bytes_sent``), forward and backward;
+* every refusal is raised before any message, naming its argument, and a rank whose
+  arguments are refused makes every other rank raise ``group: rank r refused ...``.
+
+Deterministic (fixed seeds); a rank that waits for a message that never comes fails after
+``WAIT_S`` seconds instead of hanging.
+"""
+
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+import types
+
+import numpy as np
+import pytest
+import torch
+
+import plsh_fast.distributed as D
+from plsh_fast import plsh_attention
+from plsh_ref.partition import draw_partition
+
+WAIT_S = 30.0
+
+
+class _World:
+    """In-memory collectives for ``size`` ranks run as threads (the parts of
+    ``torch.distributed`` the module calls)."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.barrier = threading.Barrier(size, timeout=WAIT_S)
+        self.slots: list = [None] * size
+        self.queues = {(s, d): queue.Queue() for s in range(size) for d in range(size)}
+        self.sent = [0] * size  # bytes handed to isend, per rank
+        self.lock = threading.Lock()
+        self.waiting = 0  # ranks blocked in a receive or a collective, or finished
+        self.done = 0
+        self.gathers = [0] * size  # all_gather calls, per rank
+        self.isend, self.irecv = "isend", "irecv"
+
+    # the torch.distributed functions the module uses -------------------------------------
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return True
+
+    def get_rank(self, group):
+        return group.rank
+
+    def get_world_size(self, group):
+        # the tests' ranks are a subgroup: the default group (None) is larger
+        return self.size if group is not None else self.size + 1
+
+    def P2POp(self, op, tensor, group, group_peer):  # noqa: N802 (torch's name)
+        return types.SimpleNamespace(op=op, tensor=tensor, group=group, peer=group_peer)
+
+    def batch_isend_irecv(self, ops):
+        for op in ops:
+            if op.op == "isend":
+                self.sent[op.group.rank] += op.tensor.numel() * op.tensor.element_size()
+                self.queues[(op.group.rank, op.peer)].put(op.tensor.clone())
+        for op in ops:
+            if op.op == "irecv":
+                buf = self._receive(op.peer, op.group.rank)
+                assert buf.shape == op.tensor.shape, "a message of another size"
+                op.tensor.copy_(buf)
+        return [types.SimpleNamespace(wait=lambda: None) for _ in ops]
+
+    def _receive(self, src, dst):
+        """The next message from ``src``; a deadlock (every other rank blocked or finished,
+        nothing sent) fails at once instead of after ``WAIT_S``."""
+        box = self.queues[(src, dst)]
+        with self.lock:
+            self.waiting += 1
+        try:
+            deadline = time.monotonic() + WAIT_S
+            idle = 0
+            while True:
+                try:
+                    return box.get(timeout=0.02)
+                except queue.Empty:
+                    pass
+                with self.lock:
+                    stuck = self.waiting + self.done == self.size and box.empty()
+                idle = idle + 1 if stuck else 0
+                if idle >= 25 or time.monotonic() > deadline:  # 0.5 s with nothing to come
+                    raise RuntimeError(f"rank {dst} waits for a message from {src} never sent")
+        finally:
+            with self.lock:
+                self.waiting -= 1
+
+    def _wait(self):
+        """A barrier wait that fails at once when a finished rank can never reach it."""
+        with self.lock:
+            self.waiting += 1
+        try:
+            while True:
+                try:
+                    self.barrier.wait(timeout=0.05)
+                    return
+                except threading.BrokenBarrierError:
+                    with self.lock:
+                        if self.done:
+                            raise RuntimeError("a rank finished while the others wait") from None
+                    if self.barrier.broken:
+                        self.barrier.reset()
+        finally:
+            with self.lock:
+                self.waiting -= 1
+
+    def _gather(self, rank, value):
+        self._wait()
+        self.slots[rank] = value
+        self._wait()
+        values = list(self.slots)
+        self._wait()
+        return values
+
+    def all_gather(self, out, vec, group):
+        self.gathers[group.rank] += 1
+        for dst, src in zip(out, self._gather(group.rank, vec.clone())):
+            dst.copy_(src)
+
+    def all_gather_object(self, out, obj, group):
+        out[:] = self._gather(group.rank, obj)
+
+
+def _run(world: _World, work):
+    """``work(rank)`` on one thread per rank; the results (or raised exceptions) by rank."""
+    results: list = [None] * world.size
+
+    def target(rank):
+        try:
+            results[rank] = work(rank)
+        except BaseException as exc:  # noqa: BLE001 (reported to the test)
+            results[rank] = exc
+        finally:
+            with world.lock:
+                world.done += 1
+
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(world.size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=4 * WAIT_S)
+    assert not any(t.is_alive() for t in threads), "a rank did not finish"
+    return results
+
+
+@pytest.fixture
+def world(monkeypatch):
+    def make(size):
+        w = _World(size)
+        monkeypatch.setattr(D, "dist", w)
+        return w
+
+    return make
+
+
+def _group(rank):
+    return types.SimpleNamespace(rank=rank)
+
+
+def _inputs(n, heads=4, heads_kv=2, d=8, dv=6, batch=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, n, d, generator=g, dtype=torch.float64)
+    k = torch.randn(batch, heads_kv, n, d, generator=g, dtype=torch.float64)
+    v = torch.randn(batch, heads_kv, n, dv, generator=g, dtype=torch.float64)
+    grad = torch.randn(batch, heads, n, dv, generator=g, dtype=torch.float64)
+    grad_lse = torch.randn(batch, heads, n, generator=g, dtype=torch.float64)
+    return q, k, v, grad, grad_lse
+
+
+def _close(got, want, what):
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, msg=lambda m: f"{what}: {m}")
+
+
+CASES = {
+    # lengths per rank, chunk order (None: rank order from 0), origin, causal, sigma
+    "causal_uneven": ([29, 60, 11], None, 0, True, [2.0, 6.0, 20.0, 60.0]),
+    "bidirectional_permuted_offset": ([20, 0, 33, 17], [2, 0, 3, 1], 500, False, [3.0, 40.0]),
+    "causal_halo_beyond_a_chunk": ([3, 3, 50], None, 0, True, [40.0, 90.0]),
+    "bidirectional_tiny_chunks": ([30, 4, 4, 30], None, 0, False, [30.0, 30.0, 30.0, 30.0]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_rank_equals_the_whole_sequence_on_its_chunk(world, name):
+    lengths, order, origin, causal, sigma = CASES[name]
+    heads = 4
+    partition = draw_partition(np.resize(np.asarray(sigma), heads), 6, seed=3)
+    n = sum(lengths)
+    q, k, v, grad, grad_lse = _inputs(n)
+    # the chunks in `order` along the sequence (rank r holds the order.index(r)-th chunk)
+    order = list(range(len(lengths))) if order is None else order
+    starts, pos = {}, origin
+    for r in order:
+        starts[r] = pos
+        pos += lengths[r]
+    given_start = origin != 0 or order != sorted(order)
+    whole = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    out, lse = plsh_attention(
+        *whole,
+        partition=partition,
+        causal=causal,
+        query_positions=torch.arange(origin, origin + n),
+        key_positions=torch.arange(origin, origin + n),
+        return_lse=True,
+        backend="cpu",
+    )
+    (out * grad).sum().add_((lse * grad_lse).sum()).backward()
+    w = world(len(lengths))
+
+    def work(rank):
+        sl = slice(starts[rank] - origin, starts[rank] - origin + lengths[rank])
+        mine = [t[:, :, sl].clone().requires_grad_(True) for t in (q, k, v)]
+        o, s = D.context_parallel_plsh_attention(
+            *mine,
+            partition=partition,
+            causal=causal,
+            chunk_start=starts[rank] if given_start else None,
+            return_lse=True,
+            backend="cpu",
+            group=_group(rank),
+        )
+        forward_bytes = w.sent[rank]
+        (o * grad[:, :, sl]).sum().add_((s * grad_lse[:, :, sl]).sum()).backward()
+        return sl, o.detach(), s.detach(), [t.grad for t in mine], forward_bytes
+
+    results = _run(w, work)
+    bounds = [(starts[r], starts[r] + lengths[r]) for r in range(len(lengths))]
+    plan = D.plan_context_parallel(partition, bounds, causal=causal, num_heads_kv=2)
+    for rank, res in enumerate(results):
+        assert not isinstance(res, BaseException), f"rank {rank}: {res!r}"
+        sl, o, s, grads, forward_bytes = res
+        _close(o, out.detach()[:, :, sl], f"rank {rank} output")
+        _close(s, lse.detach()[:, :, sl], f"rank {rank} lse")
+        for what, got, ref in zip(("query", "key", "value"), grads, whole):
+            _close(got, ref.grad[:, :, sl], f"rank {rank} grad_{what}")
+        planned = plan.bytes_sent(rank, batch=2, head_dim=8, head_dim_v=6, element_size=8)
+        assert forward_bytes == planned, rank
+        # the backward returns the gradients of the halo received: its bytes, to the owners
+        received = plan.tokens_received(rank) * 2 * (8 + 6) * 8
+        assert w.sent[rank] - forward_bytes == received, rank
+    assert sum(plan.tokens_received(r) for r in range(len(lengths))) > 0
+    assert w.gathers == [1] * len(lengths)  # one all_gather per call
+
+
+def test_without_chunk_start_the_chunks_follow_in_rank_order(world):
+    partition = draw_partition([5.0, 5.0], 4, seed=1)
+    q, k, v, _, _ = _inputs(30, heads=2, heads_kv=2)
+    want = plsh_attention(q, k, v, partition=partition, backend="cpu")
+    w = world(3)
+    cuts = [0, 7, 7, 30]  # rank 1 holds no token
+
+    def work(rank):
+        sl = slice(cuts[rank], cuts[rank + 1])
+        out = D.context_parallel_plsh_attention(
+            q[:, :, sl], k[:, :, sl], v[:, :, sl], partition=partition, group=_group(rank)
+        )
+        return sl, out
+
+    for rank, res in enumerate(_run(w, work)):
+        assert not isinstance(res, BaseException), f"rank {rank}: {res!r}"
+        sl, out = res
+        assert out.shape == (2, 2, sl.stop - sl.start, 6)
+        _close(out, want[:, :, sl], f"rank {rank}")
+
+
+def test_the_partition_drawn_from_a_seed_is_the_single_process_one(world):
+    slopes = np.array([0.5, 0.05])
+    q, k, v, _, _ = _inputs(24, heads=2, heads_kv=1)
+    want = plsh_attention(q, k, v, slopes=slopes, num_samples=4, seed=9, backend="cpu")
+    w = world(2)
+
+    def work(rank):
+        sl = slice(12 * rank, 12 * rank + 12)
+        return D.context_parallel_plsh_attention(
+            q[:, :, sl],
+            k[:, :, sl],
+            v[:, :, sl],
+            slopes=slopes,
+            num_samples=4,
+            seed=9,
+            scale=0.7,
+            group=_group(rank),
+        )
+
+    want = plsh_attention(q, k, v, slopes=slopes, num_samples=4, seed=9, scale=0.7)
+    for rank, out in enumerate(_run(w, work)):
+        assert not isinstance(out, BaseException), f"rank {rank}: {out!r}"
+        _close(out, want[:, :, 12 * rank : 12 * rank + 12], f"rank {rank}")
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+def _refused(world, size, changes, n=8):
+    """Run every rank with ``changes[rank]`` (keyword overrides); the exceptions by rank."""
+    partition = draw_partition([4.0, 8.0], 4, seed=2)
+    q, k, v, _, _ = _inputs(n * size, heads=2, heads_kv=2, batch=1)
+    w = world(size)
+
+    def work(rank):
+        sl = slice(n * rank, n * rank + n)
+        kwargs = dict(partition=partition, group=_group(rank))
+        args = [q[:, :, sl], k[:, :, sl], v[:, :, sl]]
+        for key, value in changes.get(rank, {}).items():
+            if key in ("query", "key", "value"):
+                args[("query", "key", "value").index(key)] = value(args)
+            else:
+                kwargs[key] = value
+        D.context_parallel_plsh_attention(*args, **kwargs)
+        return None
+
+    results = _run(w, work)
+    if any(r is not None for r in results):
+        assert w.sent == [0] * size  # refused before any point-to-point message
+    return results
+
+
+@pytest.mark.parametrize(
+    "changes, messages",
+    [
+        (
+            {1: {"causal": False}},
+            [r"^causal: ranks disagree \(per rank: \[1, 0\]\)$"] * 2,
+        ),
+        ({0: {"scale": 0.5}}, [r"^scale: ranks disagree"] * 2),
+        (
+            {1: {"partition": draw_partition([4.0, 8.0], 4, seed=3)}},
+            [
+                r"^partition: ranks disagree on the partition sample \(checksums differ\); "
+                r"draw it from the same seed and sampler on every rank \(per rank: \[\d+, \d+\]\)$"
+            ]
+            * 2,
+        ),
+        ({0: {"chunk_start": 0}}, [r"^chunk_start: given on some ranks and not on others"] * 2),
+        ({0: {"chunk_start": 0}, 1: {"chunk_start": 4}}, [r"^chunk_start: the chunks do not"] * 2),
+        ({0: {"chunk_start": 8}, 1: {"chunk_start": 20}}, [r"^chunk_start: the chunks do not"] * 2),
+        (
+            {
+                1: {
+                    "query": lambda a: a[0].float(),
+                    "key": lambda a: a[1].float(),
+                    "value": lambda a: a[2].float(),
+                }
+            },
+            [r"^query: ranks disagree on the dtype"] * 2,
+        ),
+        (
+            {1: {"key": lambda a: a[1][:, :1], "value": lambda a: a[2][:, :1]}},
+            [r"^num_heads_kv: ranks disagree"] * 2,
+        ),
+        (
+            {1: {"value": lambda a: a[2][..., :3]}},
+            [r"^head_dim_v: ranks disagree"] * 2,
+        ),
+        (
+            {
+                0: {
+                    "query": lambda a: torch.cat([a[0], a[0]], dim=0),
+                    "key": lambda a: torch.cat([a[1], a[1]], dim=0),
+                    "value": lambda a: torch.cat([a[2], a[2]], dim=0),
+                }
+            },
+            [r"^batch: ranks disagree"] * 2,
+        ),
+    ],
+    ids=[
+        "causal",
+        "scale",
+        "partition",
+        "start_on_one_rank",
+        "overlap",
+        "gap",
+        "dtype",
+        "kv_heads",
+        "head_dim_v",
+        "batch",
+    ],
+)
+def test_ranks_that_disagree_all_raise_the_same_error(world, changes, messages):
+    results = _refused(world, 2, changes)
+    for rank, (res, match) in enumerate(zip(results, messages)):
+        assert isinstance(res, ValueError), f"rank {rank}: {res!r}"
+        assert re.search(match, str(res)), (rank, str(res))
+
+
+@pytest.mark.parametrize(
+    "changes, bad, own, others",
+    [
+        (
+            {1: {"query": lambda a: a[0].to(torch.int64)}},
+            1,
+            (TypeError, r"^query: "),
+            r"^group: rank 1 refused its arguments: query: ",
+        ),
+        (
+            {1: {"key": lambda a: a[1][:, :, :5], "value": lambda a: a[2][:, :, :5]}},
+            1,
+            (
+                ValueError,
+                r"^key: holds 5 positions, query 8: every rank holds the queries "
+                r"and keys of the same chunk \(self-attention\)$",
+            ),
+            r"^group: rank 1 refused its arguments: key: holds 5 positions",
+        ),
+        (
+            {0: {"partition": None}},
+            0,
+            (
+                ValueError,
+                r"^seed: required when no partition is given \(every rank must draw the same "
+                r"partition sample\)$",
+            ),
+            r"^group: rank 0 refused its arguments: seed: required",
+        ),
+        (
+            {0: {"chunk_start": 2**53 - 8}, 1: {"chunk_start": 0}},  # end 2**53: refused
+            0,
+            (ValueError, r"^chunk_start: positions must have magnitude < 2\*\*53$"),
+            r"^group: rank 0 refused its arguments: chunk_start: positions must have",
+        ),
+        (
+            {1: {"query": lambda a: a[0].clone().fill_(float("nan"))}},
+            1,
+            (ValueError, r"^query: "),
+            r"^group: rank 1 refused its arguments: query: ",
+        ),
+        (
+            {1: {"causal": "yes"}},
+            1,
+            (TypeError, r"^causal: "),
+            r"^group: rank 1 refused its arguments: causal: ",
+        ),
+        (
+            {1: {"check_finite": 1}},
+            1,
+            (TypeError, r"^check_finite: "),
+            r"^group: rank 1 refused its arguments: check_finite: ",
+        ),
+    ],
+    ids=["dtype", "key_length", "seed", "start_range", "nan", "causal", "check_finite"],
+)
+def test_a_refused_rank_raises_its_error_and_the_others_name_it(world, changes, bad, own, others):
+    results = _refused(world, 2, changes)
+    for rank, res in enumerate(results):
+        if rank == bad:
+            assert isinstance(res, own[0]) and re.search(own[1], str(res)), (rank, res)
+        else:
+            assert isinstance(res, ValueError) and re.search(others, str(res)), (rank, res)
+
+
+def test_a_chunk_start_at_the_edge_of_the_range_is_accepted(world):
+    edge = 2**53 - 9  # rank 1 holds [2**53 - 9, 2**53 - 1): its end is the last one accepted
+    results = _refused(world, 2, {0: {"chunk_start": edge - 8}, 1: {"chunk_start": edge}})
+    assert results == [None, None]
+    low = -(2**53) + 1  # rank 0 starts at -(2**53 - 1), the most negative accepted
+    results = _refused(world, 2, {0: {"chunk_start": low}, 1: {"chunk_start": low + 8}})
+    assert results == [None, None]
+    results = _refused(world, 2, {0: {"chunk_start": low - 1}, 1: {"chunk_start": low + 7}})
+    assert all(isinstance(r, ValueError) for r in results)
+
+
+def test_nan_passes_with_check_finite_off(world):
+    results = _refused(
+        world,
+        2,
+        {r: {"check_finite": False} for r in range(2)}
+        | {1: {"check_finite": False, "value": lambda a: a[2].clone().fill_(float("nan"))}},
+    )
+    assert results == [None, None]
+
+
+def test_not_a_member_of_the_group(world):
+    w = world(1)
+    del w
+    q = torch.zeros(1, 2, 4, 4)
+    with pytest.raises(ValueError, match=r"^group: this process is not a member of the process"):
+        D.context_parallel_plsh_attention(
+            q, q, q, partition=draw_partition([4.0, 8.0], 2, 0), group=_group(-1)
+        )
+
+
+# ----------------------------------------------------------------------------- halo_exchange
+
+
+def test_halo_exchange_refusals_name_the_argument(world):
+    world(2)
+    partition = draw_partition([4.0, 8.0], 4, seed=0)
+    plan = D.plan_context_parallel(partition, [(0, 6), (6, 12)])
+    k = torch.zeros(1, 2, 6, 4)
+    g0 = _group(0)
+    with pytest.raises(TypeError, match=r"^plan: must be a HaloPlan, got tuple$"):
+        D.halo_exchange(k, k, (0, 6), group=g0)
+    with pytest.raises(TypeError, match=r"^key: must be a 4-dimensional torch.Tensor$"):
+        D.halo_exchange(k[0], k, plan, group=g0)
+    with pytest.raises(TypeError, match=r"^value: must be a 4-dimensional torch.Tensor$"):
+        D.halo_exchange(k, k.numpy(), plan, group=g0)
+    with pytest.raises(TypeError, match=r"^value: dtype torch.float64 differs from key dtype"):
+        D.halo_exchange(k, k.double(), plan, group=g0)
+    other = D.plan_context_parallel(partition, [(0, 4), (4, 8), (8, 12)])
+    with pytest.raises(ValueError, match=r"^plan: made for 3 ranks, the group has 2$"):
+        D.halo_exchange(k, k, other, group=g0)
+    with pytest.raises(
+        ValueError, match=r"^key: shape \(1, 2, 5, 4\) does not hold the chunk \[0, 6\)$"
+    ):
+        D.halo_exchange(k[:, :, :5], k[:, :, :5], plan, group=g0)
+    with pytest.raises(ValueError, match=r"^key: shape \(1, 2, 6, 4\) does not hold the chunk"):
+        D.halo_exchange(k, k[:, :1], plan, group=g0)
+    with pytest.raises(ValueError, match=r"^key: 1 kv heads, the plan was made for 2$"):
+        D.halo_exchange(k[:, :1], k[:, :1], plan, group=g0)
+
+
+def test_halo_exchange_returns_the_keys_at_the_plans_positions(world):
+    """Rank r's result holds, at each planned position, the owner's key and value for the
+    kv heads whose halo covers it, and 0 elsewhere."""
+    partition = draw_partition([3.0, 3.0, 30.0, 30.0], 4, seed=5)
+    bounds = [(0, 10), (10, 13), (13, 40)]
+    plan = D.plan_context_parallel(partition, bounds, causal=False, num_heads_kv=2)
+    g = torch.Generator().manual_seed(0)
+    key = torch.randn(2, 2, 40, 3, generator=g)
+    value = torch.randn(2, 2, 40, 5, generator=g)
+    w = world(3)
+
+    def work(rank):
+        a, b = bounds[rank]
+        return D.halo_exchange(key[:, :, a:b], value[:, :, a:b], plan, group=_group(rank))
+
+    for rank, res in enumerate(_run(w, work)):
+        assert not isinstance(res, BaseException), f"rank {rank}: {res!r}"
+        key_ext, value_ext = res
+        positions = plan.key_positions(rank)
+        assert key_ext.shape == (2, 2, positions.size, 3)
+        assert value_ext.shape == (2, 2, positions.size, 5)
+        for head in range(2):
+            lo, hi = plan.key_ranges[rank, head]
+            inside = torch.from_numpy((positions >= lo) & (positions < hi))
+            idx = torch.from_numpy(positions)
+            assert torch.equal(key_ext[:, head][:, inside], key[:, head][:, idx[inside]])
+            assert torch.equal(value_ext[:, head][:, inside], value[:, head][:, idx[inside]])
+            assert not key_ext[:, head][:, ~inside].any()
+    assert (
+        sum(w.sent)
+        == sum(
+            plan.bytes_sent(r, batch=2, head_dim=3, head_dim_v=5, element_size=4) for r in range(3)
+        )
+        > 0
+    )
+
+
+def test_pack_and_unpack_round_trip_each_kv_heads_ranges():
+    g = torch.Generator().manual_seed(1)
+    key = torch.randn(2, 3, 10, 4, generator=g)
+    value = torch.randn(2, 3, 10, 2, generator=g)
+    ranges = np.array([[102, 105], [100, 100], [107, 110]])  # origin 100; head 1 sends nothing
+    buf = D._pack(key, value, ranges, 100)
+    assert buf.dtype == torch.uint8 and buf.numel() == D._nbytes(key, value, ranges)
+    assert D._nbytes(key, value, ranges) == 6 * 2 * (4 + 2) * 4
+    k2, v2 = torch.zeros_like(key), torch.zeros_like(value)
+    D._unpack(buf, k2, v2, ranges, 100, accumulate=False)
+    for head, (lo, hi) in enumerate(ranges.tolist()):
+        s = slice(lo - 100, hi - 100)
+        assert torch.equal(k2[:, head, s], key[:, head, s])
+        assert torch.equal(v2[:, head, s], value[:, head, s])
+    mask = torch.zeros(10, dtype=torch.bool)
+    assert not k2[:, 1].any() and not v2[:, 1].any()
+    mask[2:5] = True
+    assert not k2[:, 0][:, ~mask].any()
+    D._unpack(buf, k2, v2, ranges, 100, accumulate=True)  # adds: twice the values
+    assert torch.equal(k2[:, 0, 2:5], 2 * key[:, 0, 2:5])
+    assert torch.equal(v2[:, 2, 7:10], 2 * value[:, 2, 7:10])
