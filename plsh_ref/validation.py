@@ -32,6 +32,7 @@ __all__ = [
     "check_bool",
     "MAX_DPS",
     "MAX_NUM_SAMPLES",
+    "PLSHDeprecationWarning",
     "check_dps",
     "check_num_samples",
     "check_int",
@@ -265,11 +266,24 @@ def check_scale(scale: Any, head_dim: int) -> float:
     return check_positive_float("scale", scale)
 
 
+class PLSHDeprecationWarning(DeprecationWarning):
+    """The category of every deprecation warning of plsh_ref and plsh_fast.
+
+    A subclass of :class:`DeprecationWarning` (filters and ``pytest.warns`` for that class
+    see it too), so that a user, or the project's own test suite (``pyproject.toml``,
+    ``[tool.pytest.ini_options] filterwarnings``), can turn the project's deprecations into
+    errors without touching those of other libraries::
+
+        warnings.simplefilter("error", PLSHDeprecationWarning)
+    """
+
+
 def warn_deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
     """Warn that ``old`` is deprecated in favour of ``new`` (kept for one release).
 
     The one deprecation helper of plsh_ref and plsh_fast (every shim calls it, so every
-    old spelling warns alike; ``tests/project/test_deprecations.py`` covers each shim).
+    old spelling warns alike, as a :class:`PLSHDeprecationWarning`;
+    ``tests/project/test_deprecations.py`` covers each shim).
 
     Parameters
     ----------
@@ -281,7 +295,7 @@ def warn_deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
     """
     warnings.warn(
         f"{old} is deprecated and will be removed in the next release; use {new}",
-        DeprecationWarning,
+        PLSHDeprecationWarning,
         stacklevel=stacklevel,
     )
 
