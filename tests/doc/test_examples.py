@@ -26,7 +26,14 @@ def _scripts() -> list[str]:
 
 
 def _run(args: list[str]) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PLSH_EXAMPLE_TINY="1", MPLBACKEND="Agg")
+    # every DeprecationWarning shown, whichever module it is attributed to (by default only
+    # those of __main__ are): test_example_runs greps the project's out of the output
+    env = dict(
+        os.environ,
+        PLSH_EXAMPLE_TINY="1",
+        MPLBACKEND="Agg",
+        PYTHONWARNINGS="default::DeprecationWarning",
+    )
     env["PYTHONPATH"] = os.pathsep.join(
         [str(_paths.ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
     )
