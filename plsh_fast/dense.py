@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
-from plsh_ref.validation import check_bool, check_scale, warn_deprecated
+from plsh_ref.validation import check_bool, check_scale, keyword_argument
 
 from . import _validation as V
 
@@ -255,14 +255,13 @@ def dense_attention(
         As :func:`plsh_fast.plsh_attention` for the tensors; a bias missing, given twice or
         of another shape.
     """
-    if args:
-        if len(args) > 1 or bias is not None:
-            raise TypeError("bias: pass it once, as the keyword bias=")
-        warn_deprecated(
-            "dense_attention(query, key, value, bias) with a positional bias",
-            "dense_attention(query, key, value, bias=...)",
-        )
-        bias = args[0]
+    bias = keyword_argument(
+        args,
+        "bias",
+        bias,
+        "dense_attention(query, key, value, bias) with a positional bias",
+        "dense_attention(query, key, value, bias=...)",
+    )
     if bias is None:
         raise TypeError("bias: required (a tensor (num_heads, n_q, n_k), keyword bias=)")
     return_lse = check_bool("return_lse", return_lse)

@@ -58,7 +58,14 @@ from torch.nn import functional as F
 
 from plsh_ref.alibi import check_slopes, resolve_positions
 from plsh_ref.partition import PartitionSample, check_partition
-from plsh_ref.validation import check_bool, check_int, check_scale, select_return, warn_deprecated
+from plsh_ref.validation import (
+    check_bool,
+    check_int,
+    check_scale,
+    keyword_argument,
+    select_return,
+    warn_deprecated,
+)
 
 from . import _validation as V
 from .dense import alibi_bias as dense_alibi_bias
@@ -799,15 +806,13 @@ def reduction_attention(
     """
     from .api import plsh_attention  # noqa: PLC0415 (api imports this package's kernels)
 
-    if args:
-        if len(args) > 1 or partition is not None:
-            raise TypeError("partition: pass it once, as the keyword partition=")
-        warn_deprecated(
-            "peers.reduction_attention(query, key, value, partition) with a positional partition",
-            "reduction_attention(query, key, value, partition=...)",
-        )
-        partition = args[0]
-
+    partition = keyword_argument(
+        args,
+        "partition",
+        partition,
+        "peers.reduction_attention(query, key, value, partition) with a positional partition",
+        "reduction_attention(query, key, value, partition=...)",
+    )
     return_lse = check_bool("return_lse", return_lse)
     V.check_qkv(query, key, value)
     partition = check_partition(partition, query.shape[1])

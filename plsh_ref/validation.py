@@ -40,6 +40,7 @@ __all__ = [
     "check_probability",
     "check_scale",
     "check_sigma",
+    "keyword_argument",
     "partition_argument",
     "select_return",
     "warn_deprecated",
@@ -375,6 +376,43 @@ def partition_argument(
     if partition is None:
         raise TypeError("partition: required (a PartitionSample, keyword partition=)")
     return partition, return_lse
+
+
+def keyword_argument(args: tuple, name: str, value: Any, old: str, new: str) -> Any:
+    """The value of the keyword-only argument ``name``, its old positional form shimmed.
+
+    A function whose argument ``name`` became keyword-only takes ``*args`` after
+    ``query, key, value``; the old call ``function(query, key, value, x)`` still works for
+    one release, with a :class:`PLSHDeprecationWarning` (``old`` and ``new`` as
+    :func:`warn_deprecated`) naming the caller's line.
+
+    Parameters
+    ----------
+    args : tuple
+        The positional arguments after ``query, key, value`` (at most one, the old form).
+    name : str
+        The argument's name, for the error.
+    value : Any
+        The keyword argument as given (``None``: not given).
+    old, new : str
+        The old and the new call, for the warning.
+
+    Returns
+    -------
+    Any
+        ``value``, or the positional argument.
+
+    Raises
+    ------
+    TypeError
+        More than one positional argument, or the argument given both ways.
+    """
+    if not args:
+        return value
+    if len(args) > 1 or value is not None:
+        raise TypeError(f"{name}: pass it once, as the keyword {name}=")
+    warn_deprecated(old, new, stacklevel=4)
+    return args[0]
 
 
 #: deprecated names of this module (one release): ``name -> (module, new spelling)``

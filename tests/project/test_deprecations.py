@@ -252,8 +252,9 @@ def test_peers_reduction_attention_positional_partition():
     part = draw_partition(1.0 / alibi_slopes(2), 3, seed=4)
     q = torch.randn(1, 2, 9, 4, generator=torch.Generator().manual_seed(5))
     new = peers.reduction_attention(q, q, q, partition=part)
-    with pytest.warns(DeprecationWarning, match="partition="):
+    with pytest.warns(DeprecationWarning, match="partition=") as record:
         old = peers.reduction_attention(q, q, q, part)
+    assert record[0].filename == __file__
     assert torch.equal(old, new)
 
 
@@ -266,8 +267,9 @@ def test_peers_dense_attention_positional_bias():
     q = torch.randn(1, 2, 6, 4, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
     bias = torch.randn(2, 6, 6, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
     new = peers.dense_attention(q, q, q, bias=bias, return_lse=True)
-    with pytest.warns(DeprecationWarning, match="bias="):
+    with pytest.warns(DeprecationWarning, match="bias=") as record:
         old = peers.dense_attention(q, q, q, bias, return_lse=True)
+    assert record[0].filename == __file__  # the warning names the caller's line
     assert all(torch.equal(a, b) for a, b in zip(old, new))
     assert not torch.equal(peers.dense_attention(q, q, q, bias=bias * 0), new[0])  # bias matters
     with pytest.raises(TypeError, match="^bias: pass it once"):
