@@ -204,3 +204,22 @@ def test_return_lse_must_be_bool():
     layer = PLSHSelfAttention(8, 2, seed=0)
     with pytest.raises(TypeError, match="^return_lse"):
         layer(torch.randn(1, 6, 8), return_lse=1)
+
+
+@pytest.mark.parametrize(
+    ("method", "backend"), [("plsh", "cpu"), ("plsh", "dense"), ("exact", "dense")]
+)
+def test_lse_under_torch_compile_equals_eager(method, backend):
+    """``return_lse=True`` traces with ``fullgraph=True`` (aot_eager: the graph, not Inductor's
+    code) and gives eager's ``(out, lse)`` and gradients through the LSE."""
+    core = _core(method, backend)
+    q, k, v, mask = _inputs("left_padded", torch.float32, seed=4)
+    compiled = torch.compile(core, fullgraph=True, backend="aot_eager")
+    results = []
+    for fn in (core, compiled):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = fn(*leaves, attention_mask=mask, return_lse=True)
+        (out.sum() + torch.where(torch.isfinite(lse), lse, 0.0).sum()).backward()
+        results.append([out, lse, *(t.grad for t in leaves)])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
