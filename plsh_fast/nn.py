@@ -875,6 +875,6 @@ class PLSHSelfAttention(nn.Module):
         if return_lse:  # only then: a custom core need not know the argument
             kw["return_lse"] = True
         result = self.attention(q, k, v, **kw)
-        y, lse = result if return_lse else (result, None)
-        y = self.out_proj(y.transpose(1, 2).reshape(b, n, self.embed_dim))
-        return (y, lse) if return_lse else y
+        core_out = result[0] if return_lse else result
+        y = self.out_proj(core_out.transpose(1, 2).reshape(b, n, self.embed_dim))
+        return (y, result[1]) if return_lse else y
