@@ -26,6 +26,7 @@ a resampled partition estimates).
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -625,7 +626,7 @@ class PLSHAttention(nn.Module):
         """
         if args:
             query_positions, key_positions = _deprecated_positional_positions(
-                args, query_positions, key_positions
+                args, query_positions, key_positions, _module_call_frames()
             )
         return_lse = check_bool("return_lse", return_lse)
         check_attention_inputs(query, key, value, self.num_heads)
@@ -676,8 +677,28 @@ class PLSHAttention(nn.Module):
             return attend()
 
 
-def _deprecated_positional_positions(args, query_positions, key_positions):
-    """``(query_positions, key_positions)`` from the old positional form (warns)."""
+def _module_call_frames() -> int:
+    """Frames of ``torch.nn.Module.__call__`` between the calling ``forward`` and its caller.
+
+    0 when ``forward`` is called directly. A deprecation warning raised in a ``forward``
+    adds them to its stacklevel so that it names the user's line, not torch's (a
+    DeprecationWarning attributed to torch is hidden by Python's default filters).
+    """
+    frame = sys._getframe(2)  # 0: here, 1: the forward, 2: its caller
+    count = 0
+    while frame is not None and frame.f_code.co_filename == _MODULE_CALL_FILE:
+        count += 1
+        frame = frame.f_back
+    return count
+
+
+#: the file of ``torch.nn.Module.__call__`` (``_call_impl``, ``_wrapped_call_impl``)
+_MODULE_CALL_FILE = nn.Module.__call__.__code__.co_filename
+
+
+def _deprecated_positional_positions(args, query_positions, key_positions, frames: int = 0):
+    """``(query_positions, key_positions)`` from the old positional form (warns; ``frames``:
+    :func:`_module_call_frames` of the forward)."""
     if len(args) > 2 or query_positions is not None or key_positions is not None:
         raise TypeError(
             "query_positions: pass positions once, as the keywords query_positions= and "
@@ -688,7 +709,7 @@ def _deprecated_positional_positions(args, query_positions, key_positions):
             "PLSHAttention.forward(query, key, value, query_positions, key_positions) with "
             "positional positions",
             "forward(query, key, value, query_positions=..., key_positions=...)",
-            stacklevel=4,
+            stacklevel=4 + frames,
         )
     return (*args, None)[:2] if len(args) == 1 else tuple(args)
 
@@ -849,7 +870,9 @@ class PLSHSelfAttention(nn.Module):
                 raise TypeError("positions: pass positions once, as query_positions=")
             if not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
                 warn_deprecated(
-                    "PLSHSelfAttention.forward(x, positions)", "forward(x, query_positions=...)"
+                    "PLSHSelfAttention.forward(x, positions)",
+                    "forward(x, query_positions=...)",
+                    stacklevel=3 + _module_call_frames(),
                 )
             positions = args[0] if args else positions
             query_positions = positions if query_positions is None else query_positions

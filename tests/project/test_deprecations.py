@@ -221,9 +221,15 @@ def test_nn_forward_positional_positions():
     pos = torch.tensor([0, 2, 3, 5, 8, 9, 11])
     core = PLSHAttention(2, 3, seed=0).eval()
     new = core(q, q, q, query_positions=pos, key_positions=pos)
-    with pytest.warns(DeprecationWarning, match="query_positions="):
+    with pytest.warns(DeprecationWarning, match="query_positions=") as record:
         old = core(q, q, q, pos, pos)
     assert torch.equal(old, new)
+    # the warning names this line, not torch.nn.Module.__call__ (where Python's default
+    # filters would hide it); called as core.forward(...) too
+    assert record[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="query_positions=") as record:
+        core.forward(q, q, q, pos, pos)
+    assert record[0].filename == __file__
     assert not torch.equal(core(q, q, q), new)  # the positions matter: a real comparison
 
 
@@ -236,8 +242,9 @@ def test_nn_self_attention_positions_renamed_query_positions():
     x = torch.randn(1, 7, 8)
     pos = torch.tensor([0, 2, 3, 5, 8, 9, 11])
     new = layer(x, query_positions=pos)
-    with pytest.warns(DeprecationWarning, match="query_positions="):
+    with pytest.warns(DeprecationWarning, match="query_positions=") as record:
         positional = layer(x, pos)
+    assert record[0].filename == __file__  # the caller's line, not torch's
     with pytest.warns(DeprecationWarning, match="query_positions="):
         keyword = layer(x, positions=pos)
     assert torch.equal(positional, new) and torch.equal(keyword, new)
