@@ -4,7 +4,7 @@ Run from the repository root::
 
     python benchmarks/crossover_bench.py --threads 2
 
-Part 1 (the crossover, one attention call): forward + backward of PLSH attention on the
+The crossover, one attention call: forward + backward of PLSH attention on the
 same partition computed densely (:func:`plsh_fast.dense.dense_plsh_attention`: SDPA with the
 bias ``log(C / s)``) and by the tiled CPU path (``backend="cpu"``), next to exact ALiBi
 through SDPA with a dense bias; SPEC section 7's CPU configuration (batch 1, 4 heads with
@@ -14,12 +14,8 @@ turns call by call, so load from other processes hits them alike; the median of
 at which dense is no slower than tiled (``plsh_fast.dense.DENSE_CROSSOVER`` holds the
 shipped value).
 
-Part 2 (the goal of issue 25, ``--model``): a training step (forward, loss, backward, AdamW)
-of a tiny random HF Llama (2 layers, hidden 64, 4 heads, 2 kv heads) with
-``attn_implementation="plsh"`` (default backend ``"auto"``: dense below the crossover) and
-``"alibi"`` (exact ALiBi, dense bias through SDPA), both ``torch.compile(fullgraph=True,
-dynamic=True)`` with Inductor, in this one process, steps interleaved; median step time per
-length and the ratio plsh / alibi.
+The model-level goal of issue 25 (a compiled tiny-Llama training step) is
+``benchmarks/hf_bench.py train``.
 
 Writes ``benchmarks/results/crossover_<date>.md`` and ``.json`` (``--out`` to change).
 """
@@ -101,47 +97,6 @@ def crossover(lengths, heads, head_dim, num_samples, repeats) -> list[dict]:
     return rows
 
 
-def _tiny_llama(impl: str):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    import plsh_fast.hf as hf
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=96,
-                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=8192)  # fmt: skip
-    return hf.set_alibi_attention(LlamaForCausalLM(cfg).train(), impl, seed=0)
-
-
-def model_goal(lengths, repeats) -> list[dict]:
-    steps = {}
-    for impl in ("plsh", "alibi"):
-        model = _tiny_llama(impl)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        compiled = torch.compile(model, fullgraph=True, dynamic=True)
-
-        def step(ids, compiled=compiled, opt=opt):
-            compiled(input_ids=ids, labels=ids).loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-
-        steps[impl] = step
-    rows = []
-    for n in lengths:
-        ids = torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(n))
-        first = {impl: _time(lambda s=s: s(ids)) for impl, s in steps.items()}  # (re)compiles
-        times = {impl: [] for impl in steps}
-        for _ in range(repeats):
-            for impl, s in steps.items():
-                times[impl].append(_time(lambda s=s: s(ids)))
-        row = {"n": n, **{f"{impl}_ms": 1e3 * statistics.median(t) for impl, t in times.items()}}
-        row.update({f"{impl}_first_s": t for impl, t in first.items()})
-        row["plsh_over_alibi"] = row["plsh_ms"] / row["alibi_ms"]
-        rows.append(row)
-        print(row, flush=True)
-    return rows
-
-
 def _markdown(result: dict) -> str:
     meta = result["provenance"]
     lines = [
@@ -164,20 +119,6 @@ def _markdown(result: dict) -> str:
         )
     lines += ["", f"Measured crossover (largest n with dense <= tiled): {result['measured']}; "
               f"shipped `DENSE_CROSSOVER['cpu']` = {result['shipped']}."]  # fmt: skip
-    if result.get("model"):
-        lines += [
-            "",
-            "## Compiled tiny Llama training step (fullgraph, dynamic, Inductor), "
-            f"median of {result['model_repeats']}",
-            "",
-            "| n | plsh (ms) | alibi (ms) | plsh / alibi | first step plsh / alibi (s) |",
-            "|---|---|---|---|---|",
-        ]
-        for r in result["model"]:
-            lines.append(
-                f"| {r['n']} | {r['plsh_ms']:.1f} | {r['alibi_ms']:.1f} | "
-                f"{r['plsh_over_alibi']:.2f} | {r['plsh_first_s']:.1f} / {r['alibi_first_s']:.1f} |"
-            )
     return "\n".join(lines) + "\n"
 
 
@@ -194,9 +135,6 @@ def main(argv=None) -> dict:
     parser.add_argument("--num-samples", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", type=int, nargs="*", default=None,
-                        help="also the compiled tiny-Llama step at these lengths")  # fmt: skip
-    parser.add_argument("--model-repeats", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -223,11 +161,7 @@ def main(argv=None) -> dict:
         out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=str))
         out.with_suffix(".md").write_text(_markdown(result))
 
-    write()  # part 1 is kept even if the (long) model part is stopped
-    if args.model:
-        result["model"] = model_goal(args.model, args.model_repeats)
-        result["model_repeats"] = args.model_repeats
-        write()
+    write()
     print(_markdown(result))
     return result
 

@@ -74,27 +74,86 @@ def _interleaved_rates(fns: dict, steps: int) -> dict:
     return {name: 1.0 / statistics.median(t) for name, t in times.items()}
 
 
+def _profile_steps(step, window, start: int, steps: int) -> dict:
+    """Median time of the pieces of the PLSH decode step over ``steps`` more steps.
+
+    Medians, not totals (a profiler's totals on a loaded machine are dominated by the
+    steps another process pre-empted): the whole ``update``, and inside it the argument
+    checks, the finiteness check, the ring's plan, its ``attend`` and, inside that,
+    ``torch.searchsorted`` (the counts) and SDPA; ``window`` (the same-size window peer)
+    takes turns with it, and its SDPA is timed alike. Wraps those functions for the
+    duration (they are the package's internals: this probes ``plsh_fast/decoding.py``).
+    """
+    import functools
+
+    from plsh_fast import decoding
+
+    times: dict = {}
+    current = ["plsh"]
+
+    def wrap(owner, name, label):
+        fn = getattr(owner, name)
+
+        @functools.wraps(fn)
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            times.setdefault(f"{current[0]}: {label}", []).append(time.perf_counter() - t0)
+            return out
+
+        setattr(owner, name, timed)
+        return owner, name, fn
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    saved = [
+        wrap(decoding.PLSHDecodingCache, "_check_call", "argument checks"),
+        wrap(decoding, "_sum_is_finite", "finiteness check"),
+        wrap(decoding._StepRing, "plan", "ring plan"),
+        wrap(decoding._StepRing, "attend", "ring attend"),
+        wrap(torch, "searchsorted", "searchsorted (counts)"),
+        wrap(torch.nn.functional, "scaled_dot_product_attention", "SDPA"),
+    ]
+    try:
+        for i in range(start, start + steps):
+            for name, fn in (("plsh", step), ("window", window)):
+                current[0] = name
+                t0 = time.perf_counter()
+                fn(i)
+                times.setdefault(f"{name}: whole step", []).append(time.perf_counter() - t0)
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+    assert torch.nn.functional.scaled_dot_product_attention is sdpa
+    return {label: 1e6 * statistics.median(t) for label, t in sorted(times.items())}
+
+
 def bench(context: int, batch: int, args) -> dict:
     H, d, s = args.num_heads, args.head_dim, args.num_samples
     slopes = alibi_slopes(H)
     part = draw_partition(1.0 / slopes, s, seed=args.seed)
     bound = cache_bound(part)
+    with_full = args.full_max_context is None or context <= args.full_max_context
+    tail = min(context, max(args.prefill_tail, bound))
+    a = context - tail
+    # Only the full-cache peer reads keys before the prefill tail: without it the tokens
+    # from position `a` on are drawn (index i holds position origin + i), so a 256k
+    # context at batch 8 fits in memory.
+    origin = 0 if with_full else a
     g = torch.Generator().manual_seed(context)
-    total = context + args.steps + 1
-    q = torch.randn(batch, H, total, d, generator=g)
-    k = torch.randn(batch, H, total, d, generator=g)
-    v = torch.randn(batch, H, total, d, generator=g)
+    extra = args.steps * (2 if args.profile else 1)  # profiled steps follow the timed ones
+    total = context + extra + 1
+    q = torch.randn(batch, H, total - origin, d, generator=g)
+    k = torch.randn(batch, H, total - origin, d, generator=g)
+    v = torch.randn(batch, H, total - origin, d, generator=g)
     row = {"context": context, "batch": batch, "num_heads": H, "head_dim": d}
     row.update({"num_samples": s, "bound": bound})
 
     cache = PLSHDecodingCache(part)
-    tail = min(context, max(args.prefill_tail, bound))
-    a = context - tail
     t0 = time.perf_counter()
     cache.update(
-        q[:, :, a:context],
-        k[:, :, a:context],
-        v[:, :, a:context],
+        q[:, :, a - origin : context - origin],
+        k[:, :, a - origin : context - origin],
+        v[:, :, a - origin : context - origin],
         query_positions=torch.arange(a, context),
     )
     row["plsh_prefill_tail"] = tail
@@ -102,20 +161,20 @@ def bench(context: int, batch: int, args) -> dict:
     row["plsh_cached_after_prefill"] = int(cache.cached_tokens().max())
 
     slopes_t = torch.from_numpy(slopes).to(torch.float32)
-    pos = torch.arange(total)
+    pos = torch.arange(origin, total)  # pos[i] = origin + i
 
     def plsh_step(i):
-        j = context + i
+        j = context + i - origin
         cache.update(q[:, :, j : j + 1], k[:, :, j : j + 1], v[:, :, j : j + 1])
 
     def full_step(i):
-        j = context + i
+        j = context + i  # origin is 0 here
         _alibi_step(
             q[:, :, j : j + 1], k[:, :, : j + 1], v[:, :, : j + 1], slopes_t, pos[j], pos[: j + 1]
         )
 
     def window_step(i):
-        j = context + i
+        j = context + i - origin
         a = max(0, j + 1 - bound)
         _alibi_step(
             q[:, :, j : j + 1],
@@ -126,12 +185,16 @@ def bench(context: int, batch: int, args) -> dict:
             pos[a : j + 1],
         )
 
-    rates = _interleaved_rates(
-        {"plsh": plsh_step, "alibi_full": full_step, "alibi_window": window_step}, args.steps
-    )
+    fns = {"plsh": plsh_step, "alibi_full": full_step, "alibi_window": window_step}
+    if not with_full:
+        del fns["alibi_full"]
+        row["alibi_full_tokens_per_s"] = None  # not measured (--full-max-context)
+    rates = _interleaved_rates(fns, args.steps)
     for name, rate in rates.items():
         row[f"{name}_tokens_per_s"] = batch * rate
     row["plsh_over_window"] = rates["plsh"] / rates["alibi_window"]
+    if args.profile:
+        row["step_pieces_us"] = _profile_steps(plsh_step, window_step, args.steps + 1, args.steps)
     row["plsh_cached_at_end"] = int(cache.cached_tokens().max())
     row["plsh_cache_bytes"] = cache.memory_bytes()
     row["alibi_full_cache_bytes"] = batch * 2 * H * (context + args.steps) * d * 4
@@ -151,6 +214,16 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="partition seed (default: 0)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--full-max-context",
+        type=int,
+        default=None,
+        help="measure exact ALiBi over the full cache only up to this context (default: all)",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="time the pieces of the PLSH step (medians)"
+    )
+    parser.add_argument("--label", default="", help="suffix of the result file names")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
     if min(args.context) < 1 or args.steps < 1:
@@ -170,10 +243,13 @@ def main(argv=None) -> int:
         "threads": args.threads,
         "torch": torch.__version__,
         "args": vars(args),
+        "command": " ".join(
+            ["python benchmarks/decode_bench.py", *(sys.argv[1:] if argv is None else argv)]
+        ),
     }
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    base = out / f"decode_{stamp:%Y-%m-%d}_t{args.threads}"
+    base = out / f"decode_{stamp:%Y-%m-%d}_t{args.threads}{args.label}"
     base.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     load = ", ".join(f"{r['load_average']:.1f}" for r in rows)
     lines = [
@@ -185,7 +261,7 @@ def main(argv=None) -> int:
         f"{args.head_dim}, float32, s = {args.num_samples}; tokens/s = batch x steps/s, the "
         f"median over {args.steps} one-token steps, the three methods taking turns at every "
         "step (the ratios hold under the load, absolute numbers do not). PLSH cache with "
-        "check_finite=True. Made by `benchmarks/decode_bench.py`.",
+        f"check_finite=True. Command: `{meta['command']}`.",
         "",
         "| context | batch | PLSH cache tok/s | full ALiBi tok/s | window ALiBi tok/s | PLSH / window "
         "| PLSH cache (tokens after prefill / end / bound) | PLSH cache MB | full cache MB | "
@@ -195,14 +271,29 @@ def main(argv=None) -> int:
     for r in rows:
         lines.append(
             f"| {r['context']} | {r['batch']} | {r['plsh_tokens_per_s']:.0f} | "
-            f"{r['alibi_full_tokens_per_s']:.0f} | {r['alibi_window_tokens_per_s']:.0f} | "
+            f"{_rate(r['alibi_full_tokens_per_s'])} | {r['alibi_window_tokens_per_s']:.0f} | "
             f"{r['plsh_over_window']:.2f} | {r['plsh_cached_after_prefill']} / "
             f"{r['plsh_cached_at_end']} / {r['bound']} | {r['plsh_cache_bytes'] / 2**20:.2f} | "
             f"{r['alibi_full_cache_bytes'] / 2**20:.1f} | {r['alibi_window_cache_bytes'] / 2**20:.2f} |"
         )
+    for r in rows:
+        if r.get("step_pieces_us"):
+            lines += [
+                "",
+                f"Step pieces, context {r['context']}, batch {r['batch']}: median microseconds "
+                f"over {args.steps} more steps, PLSH and window taking turns (`--profile`):",
+                "",
+                "| piece | us |",
+                "|---|---|",
+            ]
+            lines += [f"| {k} | {v:.1f} |" for k, v in r["step_pieces_us"].items()]
     base.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {base}.json and .md")
     return 0
+
+
+def _rate(value) -> str:
+    return "not measured" if value is None else f"{value:.0f}"
 
 
 def _cpu_model() -> str:

@@ -5,9 +5,9 @@ kernel (here a plain numpy ALiBi attention written from scratch). Three kinds of
 
 * ``test_my_kernel_properties``: the property suite in one line,
   ``make_property_suite(kernel)``: Hypothesis draws attention problems (shapes, dtypes,
-  positions, padding, grouped-query heads, ...), compares the kernel with the float64
-  reference under the tolerance rule (SPEC section 6) and shrinks a failure to the smallest
-  problem;
+  positions, padding, grouped-query heads, ...), compares the kernel with the reference
+  (float64; beyond float64 for float64 problems) under the tolerance rule (SPEC section 6)
+  and shrinks a failure to the smallest problem;
 * ``test_my_kernel_battery``: the deterministic edge battery (one named problem per known
   bug class; cases needing an input the kernel does not take come back skipped);
 * ``test_one_case_with_the_plugin_fixture``: the ``plsh_check`` fixture of the pytest

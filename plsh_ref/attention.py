@@ -15,6 +15,15 @@ Softmax with an additive bias ``B`` equals ``D^-1 (A o exp(B)) V`` with
 ``D = diag((A o exp(B)) 1)``: ``proofs_notes/softmax_bias_identity.md``. Exact ALiBi uses
 ``W = L*``; PLSH attention (Wolfson & Wagner 2026, Theorem 2.2) uses ``W = M~ = C / s``.
 
+Precision: :func:`alibi_attention` and :func:`plsh_attention` take ``precision``.
+``"float64"`` (the default) computes in binary64. ``"extended"`` takes the inputs as the
+exact binary64 values they hold and computes every intermediate (bias, logits, exponentials,
+sums, the LSE) in ``numpy.longdouble``, rounding to float64 once at the end: the reference
+that float64 kernels are judged against (:mod:`plsh_ref.testing.reference`), accurate to
+about one float64 ulp where binary64 arithmetic errs by a few. It needs a ``longdouble``
+wider than float64 (:data:`EXTENDED_AVAILABLE`: x87 80-bit on x86-64 Linux, binary128 on
+aarch64 Linux; not on Windows or macOS on Apple silicon).
+
 Deprecated for one release (DeprecationWarning, :func:`plsh_ref.validation.warn_deprecated`):
 calling without ``return_lse`` returns ``(output, lse)`` as before (pass ``return_lse=True``
 to keep the pair, ``False`` for the output alone, the default from the next release); a
@@ -43,14 +52,54 @@ from .validation import (
 )
 
 __all__ = [
+    "EXTENDED_AVAILABLE",
+    "PRECISIONS",
     "alibi_attention",
     "biased_attention",
     "expand_kv",
     "fixed_block_attention",
     "no_bias_attention",
     "plsh_attention",
+    "precision_dtype",
     "validate_qkv",
 ]
+
+#: the precisions of :func:`alibi_attention` and :func:`plsh_attention`
+PRECISIONS = ("float64", "extended")
+
+#: whether ``numpy.longdouble`` is wider than float64 here, so that ``precision="extended"``
+#: works (read at call time)
+EXTENDED_AVAILABLE = bool(np.finfo(np.longdouble).eps < np.finfo(np.float64).eps)
+
+
+def precision_dtype(precision: str) -> type[np.floating]:
+    """The numpy type a reference computes in for ``precision``.
+
+    Parameters
+    ----------
+    precision : {"float64", "extended"}
+
+    Returns
+    -------
+    type
+        ``numpy.float64``, or ``numpy.longdouble`` for ``"extended"``.
+
+    Raises
+    ------
+    ValueError
+        If ``precision`` is unknown, or ``"extended"`` where ``numpy.longdouble`` is no wider
+        than float64 (:data:`EXTENDED_AVAILABLE` false).
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision: must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "float64":
+        return np.float64
+    if not EXTENDED_AVAILABLE:
+        raise ValueError(
+            "precision: 'extended' needs numpy.longdouble wider than float64; here it has "
+            f"eps {float(np.finfo(np.longdouble).eps):.3g} (use plsh_ref.mp_attention instead)"
+        )
+    return np.longdouble
 
 
 def validate_qkv(
@@ -115,14 +164,21 @@ def expand_kv(x: np.ndarray, num_heads: int) -> np.ndarray:
     return np.repeat(x, num_heads // x.shape[1], axis=1)
 
 
-def _softmax_with_log_weight(q, k, v, log_weight, scale):
-    """Stable ``softmax(scale q k^T + log_weight) v`` and its LSE; empty rows -> (0, -inf)."""
+def _softmax_with_log_weight(q, k, v, log_weight, scale, work=np.float64):
+    """Stable ``softmax(scale q k^T + log_weight) v`` and its LSE; empty rows -> (0, -inf).
+
+    Every intermediate is of type ``work`` (float64 or longdouble), and so are the results.
+    """
     num_heads = q.shape[1]
     k = expand_kv(k, num_heads)
     v = expand_kv(v, num_heads)
+    if work is not np.float64:
+        q, k, v, scale = q.astype(work), k.astype(work), v.astype(work), work(scale)
     with np.errstate(over="ignore", invalid="ignore"):
         scores = scale * np.einsum("bhid,bhjd->bhij", q, k)
-    if not np.all(np.isfinite(scores)):
+        # the same inputs are refused at every precision: finite in float64 terms
+        finite = np.isfinite(scores.astype(np.float64, copy=False))
+    if not np.all(finite):
         # Finite inputs whose logits overflow binary64 would otherwise look like empty rows
         # (output 0, lse -inf) or give NaN: refuse instead of returning a wrong answer.
         raise ValueError(
@@ -132,14 +188,21 @@ def _softmax_with_log_weight(q, k, v, log_weight, scale):
     logits = scores + log_weight
     row_max = np.max(logits, axis=-1, keepdims=True, initial=-np.inf)
     empty = ~np.isfinite(row_max)
-    shift = np.where(empty, 0.0, row_max)
+    shift = np.where(empty, work(0.0), row_max)
     p = np.exp(logits - shift)
     z = p.sum(axis=-1, keepdims=True)
-    out = np.einsum("bhij,bhjd->bhid", p, v) / np.where(empty, 1.0, z)
-    out = np.where(empty, 0.0, out)
+    one = work(1.0)
+    out = np.einsum("bhij,bhjd->bhid", p, v) / np.where(empty, one, z)
+    out = np.where(empty, work(0.0), out)
     with np.errstate(divide="ignore"):
-        lse = np.where(empty, -np.inf, shift + np.log(np.where(empty, 1.0, z)))[..., 0]
+        lse = np.where(empty, work(-np.inf), shift + np.log(np.where(empty, one, z)))[..., 0]
     return out, lse
+
+
+def _as_float64(result):
+    """``(output, lse)`` rounded to float64 (once; a no-op on float64 results)."""
+    out, lse = result
+    return out.astype(np.float64, copy=False), lse.astype(np.float64, copy=False)
 
 
 def _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask):
@@ -240,6 +303,7 @@ def alibi_attention(
     key_positions: ArrayLike | None = None,
     attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
+    precision: str = "float64",
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Exact ALiBi attention in float64: ``softmax(scale q k^T - m_h |p_i - p_j|) v``.
 
@@ -271,6 +335,11 @@ def alibi_attention(
         ``True``: ``(output, lse)``; ``False``: ``output``; not given: the pair with a
         DeprecationWarning (one release; the default becomes ``False``, as
         :func:`plsh_fast.plsh_attention`).
+    precision : {"float64", "extended"}
+        ``"extended"``: the bias ``-m_h |p_i - p_j|``, logits, exponentials, sums and LSE in
+        ``numpy.longdouble`` from the exact binary64 inputs, rounded to float64 at the end
+        (module docstring; 7-13x slower, measured on a 2-core VM at n = 64-256). Default
+        ``"float64"``.
 
     Returns
     -------
@@ -284,7 +353,9 @@ def alibi_attention(
     TypeError, ValueError
         Bad shapes, NaN/inf, non-dividing head counts, non-positive slopes or scale,
         non-integer positions, logits ``scale q.k`` that overflow float64 (``query``), a
-        mask of the wrong shape or with entries other than 0/1 (``attention_mask``).
+        mask of the wrong shape or with entries other than 0/1 (``attention_mask``); an
+        unknown ``precision``, or ``"extended"`` where it is not available
+        (:func:`precision_dtype`).
 
     References
     ----------
@@ -304,16 +375,23 @@ def alibi_attention(
     ((1, 4, 8, 16), (1, 4, 8))
     """
     causal = check_bool("causal", causal)
+    work = precision_dtype(precision)
     q, k, v = validate_qkv(query, key, value)
     m = check_slopes(slopes, q.shape[1])
     c = check_scale(scale, q.shape[3])
 
     def attend(q, k, v, qpos, kpos):
-        bias = alibi_bias(m, qpos, kpos, causal=causal)
-        return _softmax_with_log_weight(q, k, v, bias[None], c)
+        if work is np.float64:
+            bias = alibi_bias(m, qpos, kpos, causal=causal)
+        else:
+            # The bias is linear in the slopes: B(m) = m B(1), and B(1) = -|p_i - p_j| (or
+            # -inf) is exact in float64, so the one product m |p_i - p_j| rounds in ``work``.
+            unit = alibi_bias(np.ones_like(m), qpos, kpos, causal=causal)
+            bias = m.astype(work)[:, None, None] * unit.astype(work)
+        return _softmax_with_log_weight(q, k, v, bias[None], c, work)
 
     result = _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
-    return select_return(result, return_lse, "alibi_attention")
+    return select_return(_as_float64(result), return_lse, "alibi_attention")
 
 
 def no_bias_attention(
@@ -411,6 +489,7 @@ def plsh_attention(
     return_lse: bool | None = None,
     method: str = "counts",
     backend: str | None = None,
+    precision: str = "float64",
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """PLSH attention ``T~_i = sum_j A_ij M~_ij v_j / sum_j A_ij M~_ij`` in float64.
 
@@ -439,6 +518,10 @@ def plsh_attention(
     backend : {"counts", "reduction"}, optional
         Deprecated spelling of ``method`` (one release; DeprecationWarning): ``backend``
         names where a function runs, and the reference runs in numpy only.
+    precision : {"float64", "extended"}
+        ``"extended"``: weights ``log(C_ij / s)``, logits, exponentials, sums (and the
+        reduction's merge) and LSE in ``numpy.longdouble``, rounded to float64 at the end
+        (module docstring). Default ``"float64"``.
 
     Returns
     -------
@@ -452,7 +535,7 @@ def plsh_attention(
     ------
     TypeError, ValueError
         As :func:`alibi_attention`; no ``partition``, or one with a different number of
-        heads; an unknown ``method``.
+        heads; an unknown ``method`` or ``precision``.
 
     References
     ----------
@@ -481,28 +564,33 @@ def plsh_attention(
     if method not in ("counts", "reduction"):
         raise ValueError(f"method: must be 'counts' or 'reduction', got {method!r}")
     causal = check_bool("causal", causal)
+    work = precision_dtype(precision)
     q, k, v = validate_qkv(query, key, value)
     partition = check_partition(partition, q.shape[1])
     c = check_scale(scale, q.shape[3])
 
     def attend(q, k, v, qpos, kpos):
         if method == "counts":
-            w = count_bias(counts(partition, qpos, kpos, causal=causal), partition.num_samples)
-            return _softmax_with_log_weight(q, k, v, w[None], c)
-        return _reduction(q, k, v, partition, qpos, kpos, causal, c)
+            cnt = counts(partition, qpos, kpos, causal=causal)
+            w = count_bias(cnt, partition.num_samples)  # validates; log(C / s) in float64
+            if work is not np.float64:
+                with np.errstate(divide="ignore"):  # count_bias's formula, rounded in work
+                    w = np.log(cnt.astype(work) / work(partition.num_samples))
+            return _softmax_with_log_weight(q, k, v, w[None], c, work)
+        return _reduction(q, k, v, partition, qpos, kpos, causal, c, work)
 
     result = _padded_call(attend, q, k, v, query_positions, key_positions, attention_mask)
-    return select_return(result, return_lse, "plsh_attention")
+    return select_return(_as_float64(result), return_lse, "plsh_attention")
 
 
-def _reduction(q, k, v, partition, qpos, kpos, causal, c):
+def _reduction(q, k, v, partition, qpos, kpos, causal, c, work=np.float64):
     """Paper's reduction: per sample, unbiased block attention; LSE-merge the samples."""
     batch, num_heads, n_q, _ = q.shape
     group = num_heads // k.shape[1]
     s = partition.num_samples
     bq, bk = bins(partition, qpos), bins(partition, kpos)
-    lse_t = np.full((s, batch, num_heads, n_q), -np.inf)
-    out_t = np.zeros((s, batch, num_heads, n_q, v.shape[3]))
+    lse_t = np.full((s, batch, num_heads, n_q), -np.inf, dtype=work)
+    out_t = np.zeros((s, batch, num_heads, n_q, v.shape[3]), dtype=work)
     for h in range(num_heads):
         kq, kk, kv = q[:, h], k[:, h // group], v[:, h // group]
         for t in range(s):
@@ -515,18 +603,21 @@ def _reduction(q, k, v, partition, qpos, kpos, causal, c):
                 if causal:
                     log_w = np.where(kpos[ik][None, :] <= qpos[iq][:, None], 0.0, -np.inf)
                 o, l = _softmax_with_log_weight(
-                    kq[:, None, iq], kk[:, None, ik], kv[:, None, ik], log_w[None, None], c
+                    kq[:, None, iq], kk[:, None, ik], kv[:, None, ik], log_w[None, None], c, work
                 )
                 out_t[t, :, h][:, iq] = o[:, 0]
                 lse_t[t, :, h][:, iq] = l[:, 0]
     # Merge: numerator_t = exp(lse_t) out_t, denominator_t = exp(lse_t); M~ = C / s.
     row_max = np.max(lse_t, axis=0)
     empty = ~np.isfinite(row_max)
-    shift = np.where(empty, 0.0, row_max)
+    shift = np.where(empty, work(0.0), row_max)
     wts = np.exp(lse_t - shift)
     z = wts.sum(axis=0)
-    out = np.einsum("tbhi,tbhid->bhid", wts, out_t) / np.where(empty, 1.0, z)[..., None]
-    out = np.where(empty[..., None], 0.0, out)
+    one = work(1.0)
+    out = np.einsum("tbhi,tbhid->bhid", wts, out_t) / np.where(empty, one, z)[..., None]
+    out = np.where(empty[..., None], work(0.0), out)
     with np.errstate(divide="ignore"):
-        lse = np.where(empty, -np.inf, shift + np.log(np.where(empty, 1.0, z)) - np.log(s))
+        lse = np.where(
+            empty, work(-np.inf), shift + np.log(np.where(empty, one, z)) - np.log(work(s))
+        )
     return out, lse

@@ -38,6 +38,7 @@ _EXPORTS = {
     "alibi_reference": "reference",
     "plsh_reference": "reference",
     "reference_for": "reference",
+    "reference_precision": "reference",
     "attention_problems": "strategies",
     "dtypes": "strategies",
     "partition_samples": "strategies",

@@ -105,9 +105,9 @@ SUMMARY = "check a user's attention kernel against the reference"
 
 #: one-line description of the subcommand, shown by ``plsh verify --help``
 HELP = (
-    "Check an attention kernel MODULE:FUNCTION against the float64 reference: an edge "
-    "battery of known bug classes, then random problems drawn from a seed (exact ALiBi or "
-    "positional LSH)."
+    "Check an attention kernel MODULE:FUNCTION against the reference (float64; extended "
+    "precision for float64 problems): an edge battery of known bug classes, then random "
+    "problems drawn from a seed (exact ALiBi or positional LSH)."
 )
 
 _DEFAULT_DTYPES = {

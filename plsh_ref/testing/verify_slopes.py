@@ -221,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
             )
         if not (np.isfinite(args.max_bias) and args.max_bias > 0):
             raise KernelContractError(f"--max-bias: must be finite and > 0, got {args.max_bias}")
-        function = load_kernel(args.function)
+        function = load_kernel(args.function, label="function")
         report = check_slopes_function(function, args.max_heads, args.max_bias)
     except KernelContractError as exc:
         print(f"plsh verify-slopes: error: {exc}", file=sys.stderr)

@@ -285,9 +285,24 @@ def test_lse_checks():
 
     res = S.check_case(_kernel(finite_lse_on_empty_row), _problem(n_q=6, n_k=2))
     assert (
-        "lse must be -inf exactly on rows without admissible keys (first mismatch at (0, 1, 0): got 0.0, expected -inf)"
+        "lse must be -inf on rows without admissible keys (1 of them are not; first at (0, 1, 0): got 0.0)"
         in res.message
     )
+    assert "have admissible keys" not in res.message and not res.passed
+
+    def neginf_lse_on_a_row_with_keys(out, lse):
+        lse = lse.copy()
+        lse[0, 1, 5] = -np.inf  # query 5 of 6 sees both keys
+        return out, lse
+
+    # the opposite case reads as itself, not as "must be -inf on rows without keys"
+    res = S.check_case(_kernel(neginf_lse_on_a_row_with_keys), _problem(n_q=6, n_k=2))
+    ref_lse = _problem(n_q=6, n_k=2).reference()[1]
+    assert res.message.startswith(
+        "lse is -inf on rows that have admissible keys (1 of them; first at (0, 1, 5): "
+        f"expected {ref_lse[0, 1, 5]})"
+    )
+    assert "without admissible keys" not in res.message and not res.passed
 
     def bad_lse(out, lse):
         return out, lse + 1.0

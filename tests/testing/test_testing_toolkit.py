@@ -137,10 +137,12 @@ def test_small_strategies(data):
 # --- reference callables and the plain-attention baseline ---------------------------------
 
 
-def test_reference_callables_are_the_reference():
+@pytest.mark.parametrize("dtype, precision", [("float64", "extended"), ("float32", "float64")])
+def test_reference_callables_are_the_reference(dtype, precision):
+    # float64 inputs: the reference in extended precision; lower dtypes: the float64 one
     p = ProblemSpec(
         kind="plsh",
-        dtype="float64",
+        dtype=dtype,
         num_heads=4,
         num_heads_kv=2,
         n_q=5,
@@ -152,14 +154,15 @@ def test_reference_callables_are_the_reference():
     kw = dict(
         causal=True, scale=None, query_positions=p.query_positions, key_positions=p.key_positions
     )
+    pair = dict(return_lse=True, precision=precision)
     for got, want in zip(
         plsh_reference(p.query, p.key, p.value, partition=p.partition, **kw),
-        plsh_attention(p.query, p.key, p.value, partition=p.partition, **kw, return_lse=True),
+        plsh_attention(p.query, p.key, p.value, partition=p.partition, **kw, **pair),
     ):
         np.testing.assert_array_equal(got, want)
     for got, want in zip(
         alibi_reference(p.query, p.key, p.value, slopes=p.slopes, **kw),
-        alibi_attention(p.query, p.key, p.value, slopes=p.slopes, **kw, return_lse=True),
+        alibi_attention(p.query, p.key, p.value, slopes=p.slopes, **kw, **pair),
     ):
         np.testing.assert_array_equal(got, want)
 

@@ -211,3 +211,11 @@ def test_tensor_like_without_dtype_is_read():
             return np.array([2.0, 3.0])
 
     assert T.max_error(NoDtype(), [2.0, 3.5]) == (0.5, (1,))
+
+
+def test_allowed_error_names_a_bad_baseline():
+    # the yardstick is the baseline: its errors must not be reported as "out"
+    with pytest.raises(TypeError, match=r"^baseline: must be a real numeric array, got dtype "):
+        T.allowed_error([1.0], np.array(["a"]), "float32")
+    with pytest.raises(ValueError, match=r"^baseline: shape \(2,\) differs from ref shape \(1,\)$"):
+        T.allowed_error([1.0], [1.0, 2.0], "float32")

@@ -382,3 +382,23 @@ def test_cli_run_where_no_case_can_run_is_inconclusive(capsys):
         capsys, f"{EX}:numpy_alibi", "--unsupported", "causal,bidirectional", "--cases", "5"
     )
     assert code == 3 and "INCONCLUSIVE: no case ran" in out
+
+
+@pytest.mark.parametrize(
+    "target, rest",
+    [
+        (
+            "mod_missing_for_plsh:f",
+            "cannot import module 'mod_missing_for_plsh': ModuleNotFoundError",
+        ),
+        ("plsh_ref.alibi:missing", "module 'plsh_ref.alibi' has no attribute 'missing'"),
+        ("plsh_ref.alibi:__name__", "plsh_ref.alibi:__name__ is a str, not a function"),
+        ("no_colon", "expected MODULE:FUNCTION, got 'no_colon'"),
+    ],
+)
+def test_verify_slopes_load_errors_name_the_function(capsys, target, rest):
+    # said "kernel: ..." although the user typed a slope function
+    assert main(["verify-slopes", target]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"plsh verify-slopes: error: function: {rest}"), err
+    assert "kernel" not in err, err
