@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import sys
+from types import FrameType
 from typing import Any
 
 import numpy as np
@@ -684,7 +685,7 @@ def _module_call_frames() -> int:
     adds them to its stacklevel so that it names the user's line, not torch's (a
     DeprecationWarning attributed to torch is hidden by Python's default filters).
     """
-    frame = sys._getframe(2)  # 0: here, 1: the forward, 2: its caller
+    frame: FrameType | None = sys._getframe(2)  # 0: here, 1: the forward, 2: its caller
     count = 0
     while frame is not None and frame.f_code.co_filename == _MODULE_CALL_FILE:
         count += 1
