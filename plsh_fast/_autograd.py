@@ -1,15 +1,14 @@
 """Backend dispatch over the groups of a (padded) batch, and the eager autograd Function.
 
 :func:`attention_forward` and :func:`attention_backward` run one backend's kernels
-(:mod:`plsh_fast.cpu`, or :mod:`plsh_fast.triton_forward` / :mod:`plsh_fast.triton_backward`;
-all share one signature) on every group of :func:`plsh_fast._padding.group_batch` and
+(:mod:`plsh_fast.cpu` or :mod:`plsh_fast.triton`; both share one signature) on every group of :func:`plsh_fast._padding.group_batch` and
 scatter the results back. :class:`PLSHAttentionFunction` wraps them for eager autograd:
 the forward's groups and the CPU path's key-range plan (sorted positions, tiles, block
 ranges, tile groups) are kept on the autograd context and reused by the backward instead
 of being recomputed. Under ``torch.compile`` the same two functions run inside the
-``plsh::attention`` custom operator (:mod:`plsh_fast._ops`); custom operators pass only
-tensors between forward and backward, so there the CPU plans travel as one int64 tensor
-(:func:`plans_to_tensor`, :func:`attach_plans`) and are reused all the same.
+``plsh::attention`` custom operator (:mod:`plsh_fast._ops`), which keeps the forward's
+groups with their plans host-side under a handle tensor and hands them to
+:func:`attention_backward` as ``groups``: they are reused all the same.
 
 The Triton backward reads the forward's softmax statistics (float32 ``(batch, heads,
 n_q, 2)``: row maximum and ``log2`` of the row sum), kept on the context / returned by the
@@ -41,11 +40,9 @@ from .dense import working_dtype
 
 __all__ = [
     "PLSHAttentionFunction",
-    "attach_plans",
     "attention_backward",
     "attention_forward",
     "kernels",
-    "plans_to_tensor",
 ]
 
 
@@ -87,7 +84,7 @@ def attention_forward(
     (:mod:`plsh_fast._padding`). ``groups`` carry the plans for :func:`attention_backward`.
     ``stats``: Triton, the forward's float32 ``(batch, num_heads, n_q, 2)`` softmax
     statistics for the backward (row maximum and ``log2`` of the row sum,
-    :func:`plsh_fast.triton_forward.plsh_forward_triton`); CPU, ``None`` (its backward
+    :func:`plsh_fast.triton.plsh_forward_triton`); CPU, ``None`` (its backward
     recomputes each row's softmax inside the row's tile).
     """
     forward, _, planner = kernels(backend)
@@ -165,23 +162,20 @@ def attention_backward(
     causal: bool,
     backend: str,
     groups=None,
-    plans=None,
     stats=None,
 ):
     """``(grad_query, grad_key, grad_value)`` of :func:`attention_forward`.
 
     ``grad_out`` or ``grad_lse`` may be ``None`` (no gradient flows into that output).
     ``stats``: the forward's (Triton; ``None`` on CPU, or to recompute the probabilities
-    from the rounded ``lse``, :func:`plsh_fast.triton_backward.plsh_backward_triton`).
-    ``groups``: the forward's (with their plans); recomputed when ``None``, then given
-    the plans of ``plans`` (:func:`plans_to_tensor`) if passed. Pad query
+    from the rounded ``lse``, :func:`plsh_fast.triton.plsh_backward_triton`).
+    ``groups``: the forward's (with their plans); recomputed, with fresh plans, when
+    ``None``. Pad query
     rows, pad keys and keys no query reaches get exactly zero gradient.
     """
     _, backward, _ = kernels(backend)
     if groups is None:
         groups = group_batch(query_positions, key_positions, attention_mask, query.shape[0])
-        if plans is not None and backend == "cpu":
-            attach_plans(groups, plans, pitch, offset, causal, query.dtype)
     if grad_out is None:
         grad_out = torch.zeros_like(out)
     grad_out = grad_out.to(out.dtype)
@@ -228,45 +222,6 @@ def attention_backward(
             group.put(grad_key, gk, group.keys)
             group.put(grad_value, gv, group.keys)
     return grad_query, grad_key, grad_value
-
-
-def plans_to_tensor(groups) -> torch.Tensor:
-    """The CPU plans of the forward's ``groups`` as one int64 1-D CPU tensor.
-
-    ``[number of groups, (size, plan tensor of :func:`plsh_fast.cpu.plan_to_tensor`) per
-    group]``, a size-1 ``[-2]`` for a group without a plan (Triton, or nothing admissible).
-    The compiled backward reads it back with :func:`attach_plans`.
-    """
-    from .cpu import plan_to_tensor
-
-    parts = [torch.tensor([len(groups)], dtype=torch.int64)]
-    for group in groups:
-        blob = (
-            plan_to_tensor(group.plan)
-            if group.plan is not None
-            else torch.full((1,), -2, dtype=torch.int64)
-        )
-        parts += [torch.tensor([blob.numel()], dtype=torch.int64), blob]
-    return torch.cat(parts)
-
-
-def attach_plans(groups, plans: torch.Tensor, pitch, offset, causal: bool, dtype) -> None:
-    """Give ``groups`` (recomputed by the backward, same order) the plans of
-    :func:`plans_to_tensor`; leaves them without when the group count differs."""
-    from .cpu import plan_from_tensor
-
-    if plans.numel() == 0 or int(plans[0]) != len(groups):
-        return
-    at = 1
-    for group in groups:
-        size = int(plans[at])
-        part = plans[at + 1 : at + 1 + size]
-        at += 1 + size
-        if size == 1 and int(part[0]) == -2:
-            continue
-        group.plan = plan_from_tensor(
-            part, pitch, offset, group.query_positions, group.key_positions, causal, dtype
-        )
 
 
 class PLSHAttentionFunction(torch.autograd.Function):

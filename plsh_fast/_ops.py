@@ -100,7 +100,7 @@ def attention(
     ``out`` ``(batch, num_heads, n_q, head_dim_v)`` in the query dtype, ``lse``
     ``(batch, num_heads, n_q)`` float32 (float64 for float64 inputs), the softmax
     statistics for the backward (Triton: float32 ``(batch, num_heads, n_q, 2)``, row maximum
-    and ``log2`` of the row sum, :func:`plsh_fast.triton_forward.plsh_forward_triton`; CPU:
+    and ``log2`` of the row sum, :func:`plsh_fast.triton.plsh_forward_triton`; CPU:
     float32 ``(0,)``, unused) and the ``(1,)`` int64 CPU handle of the forward's groups and
     plans in :data:`KEPT_GROUPS`. ``stats`` and ``handle`` are for the backward, not
     differentiable.

@@ -4,8 +4,9 @@ One definition each: :func:`expand_kv` (grouped-query heads, the torch form of
 :func:`plsh_ref.attention.expand_kv`), :func:`working_dtype` (the dtype in which scores,
 softmax statistics and the LSE are kept), :func:`alibi_bias` (the torch form of
 :func:`plsh_ref.alibi.alibi_bias`), :func:`dense_counts` (the count matrix ``C`` of
-:func:`plsh_ref.partition.counts` from bins) and :func:`dense_attention` (softmax attention
-with an additive bias in plain torch operations). Apart from the torch-side argument checks
+:func:`plsh_ref.partition.counts` from bins), :func:`dense_attention` (softmax attention
+with an additive bias in plain torch operations) and :func:`biased_lse` (the LSE of the
+paths that attend through SDPA, which returns none). Apart from the torch-side argument checks
 (:mod:`plsh_fast._validation`) nothing here imports another plsh_fast module, so every
 module may import it without an import cycle.
 """
@@ -13,12 +14,13 @@ module may import it without an import cycle.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
-from plsh_ref.validation import check_bool, check_scale
+from plsh_ref.validation import check_bool, check_scale, keyword_argument
 
 from . import _validation as V
 
@@ -26,6 +28,7 @@ __all__ = [
     "DENSE_CROSSOVER",
     "alibi_bias",
     "below_crossover",
+    "biased_lse",
     "dense_attention",
     "dense_count_bias",
     "dense_counts",
@@ -208,8 +211,8 @@ def dense_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    bias: torch.Tensor | None,
-    *,
+    *args: Any,
+    bias: torch.Tensor | np.ndarray | None = None,
     scale: float | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -228,9 +231,12 @@ def dense_attention(
         ``(batch, num_heads, n_q, head_dim)``, ``(batch, num_heads_kv, n_k, head_dim)``,
         ``(batch, num_heads_kv, n_k, head_dim_v)``; one floating dtype and device.
     bias : torch.Tensor or numpy.ndarray
-        ``(num_heads, n_q, n_k)`` or ``(batch, num_heads, n_q, n_k)``; ``-inf`` masks a pair
-        (e.g. :func:`plsh_ref.partition.count_bias` for PLSH attention); cast to the query's
-        dtype and device.
+        Keyword-only and required (the low-level stand-in of ``partition`` / ``slopes``,
+        first after ``value``): ``(num_heads, n_q, n_k)`` or ``(batch, num_heads, n_q,
+        n_k)``; ``-inf`` masks a pair (e.g. :func:`plsh_ref.partition.count_bias` for PLSH
+        attention); cast to the query's dtype and device. Passed positionally, the old
+        form, it still works for one release, with a
+        :class:`plsh_ref.validation.PLSHDeprecationWarning`.
     scale : float, optional
         Default ``1 / sqrt(head_dim)``.
     return_lse : bool
@@ -246,8 +252,18 @@ def dense_attention(
     Raises
     ------
     TypeError, ValueError
-        As :func:`plsh_fast.plsh_attention` for the tensors; a bias of another shape.
+        As :func:`plsh_fast.plsh_attention` for the tensors; a bias missing, given twice or
+        of another shape.
     """
+    bias = keyword_argument(
+        args,
+        "bias",
+        bias,
+        "dense_attention(query, key, value, bias) with a positional bias",
+        "dense_attention(query, key, value, bias=...)",
+    )
+    if bias is None:
+        raise TypeError("bias: required (a tensor (num_heads, n_q, n_k), keyword bias=)")
     return_lse = check_bool("return_lse", return_lse)
     V.check_qkv(query, key, value)
     num_heads, n_q, n_k = query.shape[1], query.shape[2], key.shape[2]
@@ -273,6 +289,57 @@ def dense_attention(
         return out
     lse = torch.logsumexp(safe, dim=-1, keepdim=True).masked_fill(empty, -math.inf)
     return out, lse[..., 0]
+
+
+def biased_lse(
+    query: torch.Tensor, key: torch.Tensor, bias: torch.Tensor, *, scale: float
+) -> torch.Tensor:
+    """The LSE ``log sum_j exp(scale q_i . k_j + bias_ij)`` of biased attention, in
+    :func:`working_dtype`.
+
+    What the dense paths that attend through ``scaled_dot_product_attention`` (which
+    returns no LSE) return as their LSE: :func:`dense_plsh_attention`, the dense and exact
+    paths of :class:`plsh_fast.nn.PLSHAttention` and
+    :func:`plsh_fast.peers.sdpa_alibi_attention`. Differentiable through torch autograd;
+    a row whose bias is ``-inf`` everywhere (no admissible key, ``n_k = 0`` included)
+    gives ``-inf`` and zero gradients, never NaN (SPEC section 1). No argument checks and
+    no host synchronisation (callers check first; traces under ``torch.compile``).
+
+    Parameters
+    ----------
+    query : torch.Tensor
+        ``(batch, num_heads, n_q, head_dim)``, floating.
+    key : torch.Tensor
+        ``(batch, num_heads_kv, n_k, head_dim)``, the query's dtype
+        (``num_heads % num_heads_kv == 0``).
+    bias : torch.Tensor
+        ``(num_heads, n_q, n_k)`` or ``(batch or 1, num_heads, n_q, n_k)``, any floating
+        dtype (converted to the working dtype), ``-inf`` for masked pairs, no NaN or
+        ``+inf``.
+    scale : float
+        Logit scale.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(batch, num_heads, n_q)`` in :func:`working_dtype` ``(query.dtype)`` (float32,
+        float64 for float64 inputs), natural log.
+
+    References
+    ----------
+    SPEC section 1 (the LSE); Wolfson & Wagner (2026), Theorem 2.2 (its PLSH form with
+    ``bias = log(C / s)``).
+    """
+    work = working_dtype(query.dtype)
+    b = bias.to(work)
+    if b.dim() == 3:
+        b = b[None]
+    empty = torch.isneginf(b).all(dim=-1, keepdim=True)  # also true when n_k = 0
+    b = b.masked_fill(empty, 0.0)
+    k = expand_kv(key, query.shape[1])
+    logits = (query.to(work) @ k.to(work).transpose(-1, -2)) * scale + b
+    lse = torch.logsumexp(logits, dim=-1, keepdim=True).masked_fill(empty, -math.inf)
+    return lse[..., 0]
 
 
 #: Sequence length ``n`` per device type up to which ``backend="auto"`` computes PLSH
@@ -441,13 +508,11 @@ def dense_plsh_attention(
         dtype=query.dtype,
     )
     empty = torch.isneginf(bias).all(dim=-1, keepdim=True)
-    bias = bias.masked_fill(empty, 0.0)
     k, v = expand_kv(key, num_heads), expand_kv(value, num_heads)
-    out = torch.nn.functional.scaled_dot_product_attention(query, k, v, attn_mask=bias, scale=scale)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, k, v, attn_mask=bias.masked_fill(empty, 0.0), scale=scale
+    )
     out = out.masked_fill(empty, 0.0)
     if not return_lse:
         return out
-    work = working_dtype(query.dtype)
-    logits = (query.to(work) @ k.to(work).transpose(-1, -2)) * scale + bias.to(work)
-    lse = torch.logsumexp(logits, dim=-1, keepdim=True).masked_fill(empty, -math.inf)
-    return out, lse[..., 0]
+    return out, biased_lse(query, key, bias, scale=scale)

@@ -33,7 +33,9 @@ a resampled partition estimates).
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+import sys
+from types import FrameType
+from typing import Any
 
 import numpy as np
 import torch
@@ -66,7 +68,7 @@ from . import _validation as V
 from ._partition import bins as torch_bins
 from ._partition import count_bias
 from .cpu import PlanCache, use_plan_cache
-from .dense import alibi_bias, dense_counts, expand_kv
+from .dense import alibi_bias, biased_lse, dense_counts, expand_kv
 
 __all__ = [
     "PLSHAttention",
@@ -806,9 +808,9 @@ class PLSHAttention(nn.Module):
 
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *args: Any, query_positions: ArrayLike | torch.Tensor | None=None, key_positions: ArrayLike | torch.Tensor | None=None,
-        attention_mask: torch.Tensor | None=None,
-    ) -> torch.Tensor:  # fmt: skip
-        """Attention output.
+        attention_mask: torch.Tensor | None=None, return_lse: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Attention output, or ``(out, lse)`` with ``return_lse=True`` (SPEC section 5).
 
         Parameters
         ----------
@@ -825,25 +827,37 @@ class PLSHAttention(nn.Module):
             Key-padding mask ``(batch, n_k)``, bool or integer 0/1, 1 = keep, 0 = pad
             (HF 2-D convention); pad query slots (end-aligned) give output 0. See
             :mod:`plsh_fast._padding` for the exact semantics and synchronisation.
+        return_lse : bool
+            Also return the LSE ``lse_i = log sum_j exp(scale q_i . k_j) C_ij / s`` (exact
+            ALiBi with ``method="exact"``: ``log sum_j exp(scale q_i . k_j - m_h |p_i -
+            p_j|)``), differentiable like the output. The fused backends return their
+            kernels' LSE (:func:`plsh_fast.plsh_attention`); the dense and exact paths,
+            whose SDPA returns none, compute it from the same bias
+            (:func:`plsh_fast.dense.biased_lse`).
         *args
             Deprecated (one release, DeprecationWarning): positions passed positionally,
             ``forward(query, key, value, query_positions, key_positions)``.
 
         Returns
         -------
-        torch.Tensor
+        out : torch.Tensor
             ``(batch, num_heads, n_q, head_dim_v)``, the query's dtype.
+        lse : torch.Tensor
+            Only if ``return_lse``: ``(batch, num_heads, n_q)``, float32 (float64 for
+            float64 inputs), natural log; ``-inf`` on rows without an admissible key (pad
+            queries included).
 
         Raises
         ------
         TypeError, ValueError
             See :func:`check_attention_inputs` and :func:`plsh_fast.plsh_attention`
-            (positions, mask).
+            (positions, mask); a non-bool ``return_lse``.
         """
         if args:
             query_positions, key_positions = _deprecated_positional_positions(
-                args, query_positions, key_positions
+                args, query_positions, key_positions, _module_call_frames()
             )
+        return_lse = check_bool("return_lse", return_lse)
         check_attention_inputs(query, key, value, self.num_heads)
         if self.exact or self.backend == "dense":
             batch, _, n_q, _ = query.shape
@@ -866,11 +880,15 @@ class PLSHAttention(nn.Module):
             else:
                 bias = _log_count_bias(*self._forward_partition(), qpos, kpos, self.causal)
             bias = _mask_bias(bias, mask, n_q, n_k)
-            return biased_sdpa(query, key, value, bias, scale=self.scale)
+            out = biased_sdpa(query, key, value, bias, scale=self.scale)
+            if not return_lse:
+                return out
+            c = check_scale(self.scale, query.shape[3])
+            return out, biased_lse(query, key, bias, scale=c)
         from .api import plsh_attention  # noqa: PLC0415 (plsh_fast.api imports torch/triton)
 
-        def attend() -> torch.Tensor:
-            out = plsh_attention(
+        def attend() -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            return plsh_attention(
                 query,
                 key,
                 value,
@@ -880,10 +898,10 @@ class PLSHAttention(nn.Module):
                 query_positions=query_positions,
                 key_positions=key_positions,
                 attention_mask=attention_mask,
+                return_lse=return_lse,
                 backend=self.backend,
                 check_finite=self.check_finite,
             )
-            return cast(torch.Tensor, out)  # return_lse=False: the output alone
 
         if torch.compiler.is_compiling():  # the compiled operator keeps plans process-wide
             return attend()
@@ -891,8 +909,28 @@ class PLSHAttention(nn.Module):
             return attend()
 
 
-def _deprecated_positional_positions(args, query_positions, key_positions):
-    """``(query_positions, key_positions)`` from the old positional form (warns)."""
+def _module_call_frames() -> int:
+    """Frames of ``torch.nn.Module.__call__`` between the calling ``forward`` and its caller.
+
+    0 when ``forward`` is called directly. A deprecation warning raised in a ``forward``
+    adds them to its stacklevel so that it names the user's line, not torch's (a
+    DeprecationWarning attributed to torch is hidden by Python's default filters).
+    """
+    frame: FrameType | None = sys._getframe(2)  # 0: here, 1: the forward, 2: its caller
+    count = 0
+    while frame is not None and frame.f_code.co_filename == _MODULE_CALL_FILE:
+        count += 1
+        frame = frame.f_back
+    return count
+
+
+#: the file of ``torch.nn.Module.__call__`` (``_call_impl``, ``_wrapped_call_impl``)
+_MODULE_CALL_FILE = nn.Module.__call__.__code__.co_filename
+
+
+def _deprecated_positional_positions(args, query_positions, key_positions, frames: int = 0):
+    """``(query_positions, key_positions)`` from the old positional form (warns; ``frames``:
+    :func:`_module_call_frames` of the forward)."""
     if len(args) > 2 or query_positions is not None or key_positions is not None:
         raise TypeError(
             "query_positions: pass positions once, as the keywords query_positions= and "
@@ -903,7 +941,7 @@ def _deprecated_positional_positions(args, query_positions, key_positions):
             "PLSHAttention.forward(query, key, value, query_positions, key_positions) with "
             "positional positions",
             "forward(query, key, value, query_positions=..., key_positions=...)",
-            stacklevel=4,
+            stacklevel=4 + frames,
         )
     return (*args, None)[:2] if len(args) == 1 else tuple(args)
 
@@ -1024,9 +1062,9 @@ class PLSHSelfAttention(nn.Module):
 
     def forward(
         self, x: torch.Tensor, *args: Any, query_positions: ArrayLike | torch.Tensor | None=None, key_positions: ArrayLike | torch.Tensor | None=None, attention_mask: torch.Tensor | None=None,
-        positions: ArrayLike | torch.Tensor | None=None,
-    ) -> torch.Tensor:  # fmt: skip
-        """Self-attention of ``x``.
+        return_lse: bool = False, positions: ArrayLike | torch.Tensor | None=None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        """Self-attention of ``x``, or ``(y, lse)`` with ``return_lse=True`` (SPEC section 5).
 
         Parameters
         ----------
@@ -1041,16 +1079,21 @@ class PLSHSelfAttention(nn.Module):
         attention_mask : torch.Tensor, optional
             Key-padding mask ``(batch, seq_len)``, 1 = keep, 0 = pad (HF convention);
             pad tokens' rows are 0 before ``out_proj`` (see :class:`PLSHAttention`).
+        return_lse : bool
+            Also return the core's LSE (:meth:`PLSHAttention.forward`); the core is then
+            called with ``return_lse=True`` and must return ``(out, lse)``.
 
         Returns
         -------
-        torch.Tensor
+        y : torch.Tensor
             ``(batch, seq_len, embed_dim)``.
+        lse : torch.Tensor
+            Only if ``return_lse``: the core's, ``(batch, num_heads, seq_len)``.
 
         Raises
         ------
         TypeError
-            If ``x`` is not a floating-point ``torch.Tensor``.
+            If ``x`` is not a floating-point ``torch.Tensor``; a non-bool ``return_lse``.
         ValueError
             If ``x`` is not ``(batch, seq_len, embed_dim)``.
         """
@@ -1059,12 +1102,15 @@ class PLSHSelfAttention(nn.Module):
                 raise TypeError("positions: pass positions once, as query_positions=")
             if not torch.compiler.is_compiling():  # Dynamo cannot trace warnings.warn
                 warn_deprecated(
-                    "PLSHSelfAttention.forward(x, positions)", "forward(x, query_positions=...)"
+                    "PLSHSelfAttention.forward(x, positions)",
+                    "forward(x, query_positions=...)",
+                    stacklevel=3 + _module_call_frames(),
                 )
             positions = args[0] if args else positions
             query_positions = positions if query_positions is None else query_positions
         query_positions = key_positions if query_positions is None else query_positions
         key_positions = query_positions if key_positions is None else key_positions
+        return_lse = check_bool("return_lse", return_lse)
         if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
             kind = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
             raise TypeError(f"x: must be a floating-point torch.Tensor, got {kind}")
@@ -1081,5 +1127,9 @@ class PLSHSelfAttention(nn.Module):
         kw = {"query_positions": query_positions, "key_positions": key_positions}
         if attention_mask is not None:
             kw["attention_mask"] = attention_mask
-        y = self.attention(q, k, v, **kw)
-        return self.out_proj(y.transpose(1, 2).reshape(b, n, self.embed_dim))
+        if return_lse:  # only then: a custom core need not know the argument
+            kw["return_lse"] = True
+        result = self.attention(q, k, v, **kw)
+        core_out = result[0] if return_lse else result
+        y = self.out_proj(core_out.transpose(1, 2).reshape(b, n, self.embed_dim))
+        return (y, result[1]) if return_lse else y

@@ -58,11 +58,18 @@ from torch.nn import functional as F
 
 from plsh_ref.alibi import check_slopes, resolve_positions
 from plsh_ref.partition import PartitionSample, check_partition
-from plsh_ref.validation import check_bool, check_int, check_scale, warn_deprecated
+from plsh_ref.validation import (
+    check_bool,
+    check_int,
+    check_scale,
+    keyword_argument,
+    select_return,
+    warn_deprecated,
+)
 
 from . import _validation as V
 from .dense import alibi_bias as dense_alibi_bias
-from .dense import dense_attention, expand_kv, working_dtype
+from .dense import biased_lse, dense_attention, expand_kv, working_dtype
 
 if TYPE_CHECKING:
     from torch.nn.attention.flex_attention import BlockMask
@@ -173,7 +180,8 @@ def sdpa_alibi_attention(
     scale: float | None = None,
     query_positions: ArrayLike | torch.Tensor | None = None,
     key_positions: ArrayLike | torch.Tensor | None = None,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Exact ALiBi attention through ``scaled_dot_product_attention`` with a dense bias.
 
     Parameters
@@ -189,19 +197,27 @@ def sdpa_alibi_attention(
         As :func:`sdpa_alibi_bias` (``slopes`` default :func:`plsh_ref.alibi.alibi_slopes`).
     scale : float, optional
         Default ``1 / sqrt(head_dim)`` (:func:`plsh_ref.validation.check_scale`).
+    return_lse : bool
+        Also return the LSE ``log sum_j exp(scale q_i . k_j + bias_ij)``. SDPA returns
+        none: it is computed by :func:`plsh_fast.dense.biased_lse` from the same bias (one
+        more ``(batch, num_heads, n_q, n_k)`` pass, in float32, float64 for float64 inputs).
 
     Returns
     -------
-    torch.Tensor
+    out : torch.Tensor
         ``(batch, num_heads, n_q, head_dim_v)``, the query's dtype. As SDPA, a row with no
         admissible key gives NaN (:func:`plsh_fast.nn.biased_sdpa` gives 0 there).
+    lse : torch.Tensor
+        Only if ``return_lse``: ``(batch, num_heads, n_q)`` in float32 (float64 for float64
+        inputs); ``-inf`` on rows with no admissible key.
 
     Raises
     ------
     TypeError, ValueError
         As :func:`plsh_fast.plsh_attention` for the tensors; bad slopes, positions or scale;
-        a ``bias`` of the wrong shape.
+        a ``bias`` of the wrong shape; a non-bool ``return_lse``.
     """
+    return_lse = check_bool("return_lse", return_lse)
     V.check_qkv(query, key, value)
     num_heads, n_q, n_k = query.shape[1], query.shape[2], key.shape[2]
     c = check_scale(scale, query.shape[3])
@@ -220,13 +236,14 @@ def sdpa_alibi_attention(
     if not isinstance(bias, torch.Tensor) or tuple(bias.shape[-3:]) != (num_heads, n_q, n_k):
         got = tuple(bias.shape) if isinstance(bias, torch.Tensor) else type(bias).__name__
         raise ValueError(f"bias: must be a tensor (num_heads, n_q, n_k), got {got}")
-    return F.scaled_dot_product_attention(
+    out = F.scaled_dot_product_attention(
         query,
         expand_kv(key, num_heads),
         expand_kv(value, num_heads),
         attn_mask=bias if bias.dim() == 4 else bias[None],
         scale=c,
     )
+    return (out, biased_lse(query, key, bias, scale=c)) if return_lse else out
 
 
 def chunked_alibi_attention(
@@ -613,12 +630,13 @@ def flex_reduction_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    block_mask: BlockMask,
-    num_samples: int,
-    *,
+    *args: Any,
+    block_mask: BlockMask | None = None,
+    num_samples: int | None = None,
     scale: float | None = None,
+    return_lse: bool | None = None,
     flex: Callable[..., Any] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The paper's reduction as one batched FlexAttention call, then the LSE merge.
 
     ``query``, ``key``, ``value`` (batch 1) are repeated ``num_samples`` times along the
@@ -628,37 +646,85 @@ def flex_reduction_attention(
     ``lse = logsumexp_t(lse_t) - log s`` in float32 (float64 for float64 inputs), as
     :func:`reduction_attention`.
 
+    The merge needs every sample's LSE, so the FlexAttention kernel must return it:
+    compiled FlexAttention on the CPU does not (torch 2.13: "torch.compile on CPU only
+    supports inference and `return_lse` is not supported yet"), so on the CPU the default
+    ``flex`` is refused (pass the eager ``flex_attention``); with ``return_lse`` or without,
+    as the output needs the LSEs too.
+
     Parameters
     ----------
     query, key, value : torch.Tensor
         ``(1, num_heads, n, head_dim)`` (self-attention, positions ``0..n-1``).
     block_mask : BlockMask
-        Batch ``num_samples``.
+        Keyword-only and required (the stand-in of ``partition``): batch ``num_samples``.
     num_samples : int
+        Keyword-only and required: the samples ``s >= 1`` of ``block_mask``.
     scale : float, optional
         Default ``1 / sqrt(head_dim)``.
+    return_lse : bool
+        Also return the merged LSE. Not given, the pair is returned for one more release
+        with a :class:`plsh_ref.validation.PLSHDeprecationWarning` (this peer always
+        returned it); the output alone from the next release.
     flex : callable, optional
-        ``flex_attention`` or :func:`compiled_flex_attention` ``()`` (default: compiled).
+        ``flex_attention`` or :func:`compiled_flex_attention` ``()`` (default: compiled;
+        refused on the CPU, see above).
+
+    ``flex_reduction_attention(query, key, value, block_mask, num_samples)`` (positional,
+    the old form) still works for one release, with a ``PLSHDeprecationWarning``, and keeps
+    its old return, the pair.
 
     Returns
     -------
-    (out, lse) : tuple of torch.Tensor
-        ``(1, num_heads, n, head_dim_v)`` in the query's dtype and ``(1, num_heads, n)``.
+    out : torch.Tensor
+        ``(1, num_heads, n, head_dim_v)`` in the query's dtype.
+    lse : torch.Tensor
+        Only if ``return_lse``: ``(1, num_heads, n)`` in float32 (float64 for float64
+        inputs).
 
     Raises
     ------
     TypeError, ValueError
-        As :func:`plsh_fast.plsh_attention` for the tensors; a batch other than 1.
+        As :func:`plsh_fast.plsh_attention` for the tensors; a batch other than 1;
+        ``block_mask`` or ``num_samples`` missing or given twice; a non-bool
+        ``return_lse``; the default ``flex`` on a CPU query (``flex``: no LSE there).
     """
     from torch.nn.attention.flex_attention import AuxRequest  # noqa: PLC0415
 
+    if args:
+        if len(args) > 2 or block_mask is not None or (len(args) == 2 and num_samples is not None):
+            raise TypeError(
+                "block_mask: pass block_mask and num_samples once, as the keywords "
+                "block_mask= and num_samples="
+            )
+        warn_deprecated(
+            "flex_reduction_attention(query, key, value, block_mask, num_samples) with "
+            "positional arguments",
+            "flex_reduction_attention(query, key, value, block_mask=..., num_samples=..., "
+            "return_lse=True)",
+        )
+        block_mask, num_samples = (*args, num_samples)[:2]
+        if return_lse is None:
+            return_lse = True  # the old call form keeps its old return, without a second warning
+    if return_lse is not None:
+        return_lse = check_bool("return_lse", return_lse)
     V.check_qkv(query, key, value)
     if query.shape[0] != 1:
         raise ValueError(
             f"query: batch must be 1 (samples go along the batch), got {query.shape[0]}"
         )
+    if block_mask is None:
+        raise TypeError("block_mask: required (a BlockMask of batch num_samples, keyword)")
+    if num_samples is None:
+        raise TypeError("num_samples: required (the samples of block_mask, keyword)")
     s = check_int("num_samples", num_samples, minimum=1)
     c = check_scale(scale, query.shape[3])
+    if flex is None and query.device.type == "cpu":
+        raise ValueError(
+            "flex: compiled FlexAttention on the CPU returns no LSE, which the reduction's "
+            "merge needs; pass flex=torch.nn.attention.flex_attention.flex_attention (eager) "
+            "on the CPU"
+        )
     flex = compiled_flex_attention() if flex is None else flex
     qs, ks, vs = (t.expand(s, *t.shape[1:]) for t in (query, key, value))
     out_t, aux = flex(qs, ks, vs, block_mask=block_mask, scale=c, return_aux=AuxRequest(lse=True))
@@ -673,7 +739,8 @@ def flex_reduction_attention(
         out += w[t, ..., None] * out_t[t].to(work)
     out = (out / torch.where(empty, 1.0, z)[..., None]).masked_fill(empty[..., None], 0.0)
     lse = torch.where(empty, -math.inf, row_max + torch.log(z) - math.log(s))
-    return out[None].to(query.dtype), lse[None]
+    return select_return((out[None].to(query.dtype), lse[None]), return_lse,
+                         "flex_reduction_attention")  # fmt: skip
 
 
 def reduction_attention(
@@ -739,15 +806,13 @@ def reduction_attention(
     """
     from .api import plsh_attention  # noqa: PLC0415 (api imports this package's kernels)
 
-    if args:
-        if len(args) > 1 or partition is not None:
-            raise TypeError("partition: pass it once, as the keyword partition=")
-        warn_deprecated(
-            "peers.reduction_attention(query, key, value, partition) with a positional partition",
-            "reduction_attention(query, key, value, partition=...)",
-        )
-        partition = args[0]
-
+    partition = keyword_argument(
+        args,
+        "partition",
+        partition,
+        "peers.reduction_attention(query, key, value, partition) with a positional partition",
+        "reduction_attention(query, key, value, partition=...)",
+    )
     return_lse = check_bool("return_lse", return_lse)
     V.check_qkv(query, key, value)
     partition = check_partition(partition, query.shape[1])

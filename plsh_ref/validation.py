@@ -32,6 +32,7 @@ __all__ = [
     "check_bool",
     "MAX_DPS",
     "MAX_NUM_SAMPLES",
+    "PLSHDeprecationWarning",
     "check_dps",
     "check_num_samples",
     "check_int",
@@ -39,6 +40,7 @@ __all__ = [
     "check_probability",
     "check_scale",
     "check_sigma",
+    "keyword_argument",
     "partition_argument",
     "select_return",
     "warn_deprecated",
@@ -265,11 +267,24 @@ def check_scale(scale: Any, head_dim: int) -> float:
     return check_positive_float("scale", scale)
 
 
+class PLSHDeprecationWarning(DeprecationWarning):
+    """The category of every deprecation warning of plsh_ref and plsh_fast.
+
+    A subclass of :class:`DeprecationWarning` (filters and ``pytest.warns`` for that class
+    see it too), so that a user, or the project's own test suite (``pyproject.toml``,
+    ``[tool.pytest.ini_options] filterwarnings``), can turn the project's deprecations into
+    errors without touching those of other libraries::
+
+        warnings.simplefilter("error", PLSHDeprecationWarning)
+    """
+
+
 def warn_deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
     """Warn that ``old`` is deprecated in favour of ``new`` (kept for one release).
 
     The one deprecation helper of plsh_ref and plsh_fast (every shim calls it, so every
-    old spelling warns alike; ``tests/project/test_deprecations.py`` covers each shim).
+    old spelling warns alike, as a :class:`PLSHDeprecationWarning`;
+    ``tests/project/test_deprecations.py`` covers each shim).
 
     Parameters
     ----------
@@ -281,7 +296,7 @@ def warn_deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
     """
     warnings.warn(
         f"{old} is deprecated and will be removed in the next release; use {new}",
-        DeprecationWarning,
+        PLSHDeprecationWarning,
         stacklevel=stacklevel,
     )
 
@@ -361,6 +376,43 @@ def partition_argument(
     if partition is None:
         raise TypeError("partition: required (a PartitionSample, keyword partition=)")
     return partition, return_lse
+
+
+def keyword_argument(args: tuple, name: str, value: Any, old: str, new: str) -> Any:
+    """The value of the keyword-only argument ``name``, its old positional form shimmed.
+
+    A function whose argument ``name`` became keyword-only takes ``*args`` after
+    ``query, key, value``; the old call ``function(query, key, value, x)`` still works for
+    one release, with a :class:`PLSHDeprecationWarning` (``old`` and ``new`` as
+    :func:`warn_deprecated`) naming the caller's line.
+
+    Parameters
+    ----------
+    args : tuple
+        The positional arguments after ``query, key, value`` (at most one, the old form).
+    name : str
+        The argument's name, for the error.
+    value : Any
+        The keyword argument as given (``None``: not given).
+    old, new : str
+        The old and the new call, for the warning.
+
+    Returns
+    -------
+    Any
+        ``value``, or the positional argument.
+
+    Raises
+    ------
+    TypeError
+        More than one positional argument, or the argument given both ways.
+    """
+    if not args:
+        return value
+    if len(args) > 1 or value is not None:
+        raise TypeError(f"{name}: pass it once, as the keyword {name}=")
+    warn_deprecated(old, new, stacklevel=4)
+    return args[0]
 
 
 #: deprecated names of this module (one release): ``name -> (module, new spelling)``

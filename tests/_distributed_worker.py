@@ -40,7 +40,7 @@ def dense(q, k, v, pos, partition, causal, scale, dtype):
     (:func:`plsh_fast.peers.dense_attention`)."""
     q, k, v = (torch.from_numpy(x).to(dtype).requires_grad_() for x in (q, k, v))
     bias = count_bias(counts(partition, pos, pos, causal=causal), partition.num_samples)
-    out, lse = dense_attention(q, k, v, bias, scale=scale, return_lse=True)
+    out, lse = dense_attention(q, k, v, bias=bias, scale=scale, return_lse=True)
     return (q, k, v), out, lse
 
 

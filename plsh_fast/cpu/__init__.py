@@ -95,14 +95,9 @@ thread with torch's usual intra-op threads (:func:`per_thread_limits_available`)
 
 The plan (sorted positions, tiles, block ranges and the tile groups) is built by
 :func:`plan_cpu`; the forward and the backward accept it as ``plan=`` so that
-:mod:`plsh_fast._autograd` computes it once per forward and reuses it in the backward.
-
-
-The plan (sorted positions, tiles, block ranges and the tile groups) is built by
-:func:`plan_cpu`; the forward and the backward accept it as ``plan=`` so that
-:mod:`plsh_fast._autograd` computes it once per forward and reuses it in the backward;
-the compiled backward receives it as a tensor (:func:`plan_to_tensor`,
-:func:`plan_from_tensor`).
+:mod:`plsh_fast._autograd` computes it once per forward and reuses it in the backward
+(the compiled backward too: :mod:`plsh_fast._ops` keeps the forward's groups with their
+plans host-side, under a handle tensor).
 
 The two public functions have the signature of the Triton path
 (:func:`plsh_fast.triton.plsh_forward_triton`,
@@ -126,7 +121,6 @@ Where each step lives (private modules; import from ``plsh_fast.cpu`` only):
 * ``_plan_cache.py``: step 8, the kept-plan cache (:func:`clear_plan_cache`,
   :func:`no_kept_plans`, :func:`kept_plan_bytes`; a layer's own :class:`PlanCache`,
   made active by :func:`use_plan_cache`);
-* ``_plan_tensor.py``: a plan as one tensor for the compiled backward;
 * ``_pool.py``: the worker pool and per-thread thread limits (:func:`executor`,
   :func:`per_thread_limits_available`);
 * ``_forward.py``, ``_backward.py``: :func:`plsh_forward_cpu`, :func:`plsh_backward_cpu`.
@@ -206,7 +200,6 @@ from ._plan_cache import (
     no_kept_plans,
     use_plan_cache,
 )
-from ._plan_tensor import plan_from_tensor, plan_to_tensor
 from ._planning import plan_cpu, tile_size
 from ._pool import executor, per_thread_limits_available
 from ._tiles import fused_tiles_available, tiles_forward
@@ -227,8 +220,6 @@ __all__ = [
     "no_kept_plans",
     "per_thread_limits_available",
     "plan_cpu",
-    "plan_from_tensor",
-    "plan_to_tensor",
     "plsh_backward_cpu",
     "plsh_forward_cpu",
     "tile_size",
@@ -248,8 +239,6 @@ for _public in (
     no_kept_plans,
     per_thread_limits_available,
     plan_cpu,
-    plan_from_tensor,
-    plan_to_tensor,
     plsh_backward_cpu,
     plsh_forward_cpu,
     tile_size,

@@ -46,8 +46,15 @@ def _pytest_args(path: str) -> list[str]:
 
 def _run(args: list[str], storage: str | None = None) -> subprocess.CompletedProcess:
     """Run ``python *args`` in the repository root; ``storage``: Hypothesis's directory (its
-    example database; a fresh one replays nothing from earlier runs)."""
-    env = dict(os.environ, PLSH_EXAMPLE_TINY="1", MPLBACKEND="Agg")
+    example database; a fresh one replays nothing from earlier runs). Every
+    DeprecationWarning is shown, whichever module it is attributed to (by default only
+    those of __main__ are): test_example_runs greps the project's out of the output."""
+    env = dict(
+        os.environ,
+        PLSH_EXAMPLE_TINY="1",
+        MPLBACKEND="Agg",
+        PYTHONWARNINGS="default::DeprecationWarning",
+    )
     if storage is not None:
         env["HYPOTHESIS_STORAGE_DIRECTORY"] = storage
     env["PYTHONPATH"] = os.pathsep.join(

@@ -108,14 +108,25 @@ def test_sdpa_peer_matches_reference(case, dtype):
     n_q, n_k, qp, kp = POSITIONS[case]
     causal = case != "shuffled_repeats"  # SDPA gives NaN on rows without admissible keys
     q, k, v = _qkv((1, 4, n_q, 16), (1, 4, n_k, 16), dtype, seed=1)
-    out = peers.sdpa_alibi_attention(q, k, v, causal=causal, query_positions=qp, key_positions=kp)
-    assert out.dtype == dtype
-    ref, _ = alibi_attention(
+    out, lse = peers.sdpa_alibi_attention(
+        q, k, v, causal=causal, query_positions=qp, key_positions=kp, return_lse=True
+    )
+    assert out.dtype == dtype and lse.dtype == dtype and lse.shape == (1, 4, n_q)
+    ref, ref_lse = alibi_attention(
         *_np(q, k, v), causal=causal, query_positions=qp, key_positions=kp, return_lse=True
     )
     bias = alibi_bias(alibi_slopes(4), *resolve_positions(n_q, n_k, qp, kp), causal=causal)
     name = str(dtype).removeprefix("torch.")
-    _check(out, q, k, v, bias, ref, name)
+    _check(out, q, k, v, bias, ref, name, lse=lse, ref_lse=ref_lse)
+    alone = peers.sdpa_alibi_attention(q, k, v, causal=causal, query_positions=qp, key_positions=kp)
+    assert torch.equal(alone, out)  # return_lse=False (the default): the output alone
+    # negative control: the LSE of another slope set is outside the rule
+    _, other = peers.sdpa_alibi_attention(
+        q, k, v, slopes=alibi_slopes(4) * 2, causal=causal, query_positions=qp,
+        key_positions=kp, return_lse=True,
+    )  # fmt: skip
+    with pytest.raises(AssertionError):
+        _check(out, q, k, v, bias, ref, name, lse=other, ref_lse=ref_lse)
     prebuilt = peers.sdpa_alibi_bias(
         alibi_slopes(4),
         n_q,
@@ -270,9 +281,26 @@ def test_peers_refuse_bad_input():
             ValueError,
             "query",
             lambda: peers.flex_reduction_attention(
-                torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 4, 8), torch.zeros(2, 1, 4, 8), None, 2
-            ),
+                torch.zeros(2, 1, 4, 8),
+                torch.zeros(2, 1, 4, 8),
+                torch.zeros(2, 1, 4, 8),
+                block_mask=None,
+                num_samples=2,
+                return_lse=True,
+            ),  # fmt: skip
         ),
+        (
+            TypeError,
+            "block_mask",
+            lambda: peers.flex_reduction_attention(q[:1], k[:1], v[:1], num_samples=2),
+        ),
+        (
+            TypeError,
+            "return_lse",
+            lambda: peers.flex_reduction_attention(q[:1], k[:1], v[:1], return_lse="yes"),
+        ),
+        (TypeError, "return_lse", lambda: peers.sdpa_alibi_attention(q, k, v, return_lse=1)),
+        (TypeError, "bias", lambda: peers.dense_attention(q, k, v, scale=0.5)),
         (TypeError, "causal", lambda: peers.chunked_alibi_attention(q, k, v, causal="yes")),
         (
             ValueError,
@@ -294,7 +322,7 @@ def test_dense_attention_oracle_matches_reference(case, dtype):
     n_q, n_k, qp, kp = POSITIONS[case]
     q, k, v = _qkv((2, 4, n_q, 8), (2, 2, n_k, 8), dtype, seed=7, dv=3)
     bias = alibi_bias(alibi_slopes(4), *resolve_positions(n_q, n_k, qp, kp), causal=True)
-    out, lse = peers.dense_attention(q, k, v, bias, scale=0.7, return_lse=True)
+    out, lse = peers.dense_attention(q, k, v, bias=bias, scale=0.7, return_lse=True)
     assert out.dtype == dtype and lse.shape == (2, 4, n_q)
     ref, ref_lse = biased_attention(*_np(q, k, v), bias, scale=0.7, return_lse=True)
     base, base_lse = plain_attention_numpy(*_np(q, k, v), bias, scale=0.7, dtype=str(dtype)[6:])
@@ -309,10 +337,10 @@ def test_dense_attention_gradients():
     assert np.all(np.isneginf(bias[:, 0]))  # query 0 sits before every key
 
     def f(a, b, c):
-        return peers.dense_attention(a, b, c, bias, return_lse=True)[0]
+        return peers.dense_attention(a, b, c, bias=bias, return_lse=True)[0]
 
     assert torch.autograd.gradcheck(f, (q, k, v))
-    out, lse = peers.dense_attention(q, k, v, bias, return_lse=True)
+    out, lse = peers.dense_attention(q, k, v, bias=bias, return_lse=True)
     assert torch.all(out[:, :, 0] == 0) and torch.all(torch.isneginf(lse[:, :, 0]))
     weight = torch.zeros_like(out)
     weight[:, :, 0] = 1.0  # loss reads only the empty row
@@ -337,8 +365,15 @@ def test_flex_reduction_peer_matches_reference(mask):
     else:
         bm = peers.block_mask(peers.reduction_mask_mod(b), n, n, num_heads=2, batch=s)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        out, lse = peers.flex_reduction_attention(q, k, v, bm, s, flex=flex_attention)
+        # only eager Flex's notice: a deprecation warning of ours would still fail the test
+        warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+        out, lse = peers.flex_reduction_attention(
+            q, k, v, block_mask=bm, num_samples=s, return_lse=True, flex=flex_attention
+        )
+        alone = peers.flex_reduction_attention(
+            q, k, v, block_mask=bm, num_samples=s, return_lse=False, flex=flex_attention
+        )
+    assert torch.equal(alone, out)
     ref, ref_lse = plsh_attention(
         *_np(q, k, v), partition=partition, method="reduction", return_lse=True
     )
@@ -362,3 +397,15 @@ def test_expand_kv_repeats_groups_and_refuses_non_multiples():
         peers.expand_kv(x, 2.0)
     with pytest.raises(TypeError, match="^x"):
         peers.expand_kv(x.numpy(), 2)
+
+
+def test_flex_reduction_refuses_the_compiled_default_on_cpu():
+    """Compiled FlexAttention on the CPU returns no LSE (torch: "`return_lse` is not
+    supported yet"), which the merge needs: the default ``flex`` is refused by name before
+    any work, whether or not the LSE is asked for (it used to fail inside Inductor)."""
+    q = torch.randn(1, 2, 16, 8)
+    for return_lse in (True, False):
+        with pytest.raises(ValueError, match="^flex: compiled FlexAttention on the CPU"):
+            peers.flex_reduction_attention(
+                q, q, q, block_mask=object(), num_samples=2, return_lse=return_lse
+            )

@@ -1,8 +1,10 @@
 """Every deprecated spelling still works for one release, warns, and gives the same result.
 
-Each shim goes through :func:`plsh_ref.validation.warn_deprecated`; each test below calls
-the old spelling under ``pytest.warns(DeprecationWarning)`` and compares with the new one,
-so a shim that stops warning, stops working or changes the result fails here.
+Each shim goes through :func:`plsh_ref.validation.warn_deprecated` (category
+:class:`plsh_ref.validation.PLSHDeprecationWarning`, an error in this suite outside
+``pytest.warns``); each test below calls the old spelling under
+``pytest.warns(DeprecationWarning)`` and compares with the new one, so a shim that stops
+warning, stops working or changes the result fails here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,20 @@ from plsh_ref.alibi import alibi_slopes
 from plsh_ref.partition import PartitionSample
 
 # ------------------------------------------------------------- plsh_ref.validation
+
+
+def test_shims_warn_with_the_project_category_which_the_suite_makes_an_error():
+    """Every shim warns through warn_deprecated with PLSHDeprecationWarning (a
+    DeprecationWarning); pyproject's filterwarnings turns it into an error, so a test that
+    calls an old spelling outside ``pytest.warns`` fails (the project's own code calls
+    none); inside ``pytest.warns`` it is caught as a warning."""
+    from plsh_ref.validation import PLSHDeprecationWarning, warn_deprecated
+
+    assert issubclass(PLSHDeprecationWarning, DeprecationWarning)
+    with pytest.raises(PLSHDeprecationWarning, match="^old is deprecated .*; use new$"):
+        warn_deprecated("old", "new")
+    with pytest.warns(PLSHDeprecationWarning, match="use new"):
+        warn_deprecated("old", "new")
 
 
 def test_validation_check_slopes_moved_to_alibi():
@@ -205,9 +221,15 @@ def test_nn_forward_positional_positions():
     pos = torch.tensor([0, 2, 3, 5, 8, 9, 11])
     core = PLSHAttention(2, 3, seed=0).eval()
     new = core(q, q, q, query_positions=pos, key_positions=pos)
-    with pytest.warns(DeprecationWarning, match="query_positions="):
+    with pytest.warns(DeprecationWarning, match="query_positions=") as record:
         old = core(q, q, q, pos, pos)
     assert torch.equal(old, new)
+    # the warning names this line, not torch.nn.Module.__call__ (where Python's default
+    # filters would hide it); called as core.forward(...) too
+    assert record[0].filename == __file__
+    with pytest.warns(DeprecationWarning, match="query_positions=") as record:
+        core.forward(q, q, q, pos, pos)
+    assert record[0].filename == __file__
     assert not torch.equal(core(q, q, q), new)  # the positions matter: a real comparison
 
 
@@ -220,8 +242,9 @@ def test_nn_self_attention_positions_renamed_query_positions():
     x = torch.randn(1, 7, 8)
     pos = torch.tensor([0, 2, 3, 5, 8, 9, 11])
     new = layer(x, query_positions=pos)
-    with pytest.warns(DeprecationWarning, match="query_positions="):
+    with pytest.warns(DeprecationWarning, match="query_positions=") as record:
         positional = layer(x, pos)
+    assert record[0].filename == __file__  # the caller's line, not torch's
     with pytest.warns(DeprecationWarning, match="query_positions="):
         keyword = layer(x, positions=pos)
     assert torch.equal(positional, new) and torch.equal(keyword, new)
@@ -236,6 +259,53 @@ def test_peers_reduction_attention_positional_partition():
     part = draw_partition(1.0 / alibi_slopes(2), 3, seed=4)
     q = torch.randn(1, 2, 9, 4, generator=torch.Generator().manual_seed(5))
     new = peers.reduction_attention(q, q, q, partition=part)
-    with pytest.warns(DeprecationWarning, match="partition="):
+    with pytest.warns(DeprecationWarning, match="partition=") as record:
         old = peers.reduction_attention(q, q, q, part)
+    assert record[0].filename == __file__
     assert torch.equal(old, new)
+
+
+def test_peers_dense_attention_positional_bias():
+    torch = pytest.importorskip("torch")
+    from plsh_fast import peers
+    from plsh_fast.dense import dense_attention
+
+    assert peers.dense_attention is dense_attention
+    q = torch.randn(1, 2, 6, 4, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    bias = torch.randn(2, 6, 6, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    new = peers.dense_attention(q, q, q, bias=bias, return_lse=True)
+    with pytest.warns(DeprecationWarning, match="bias=") as record:
+        old = peers.dense_attention(q, q, q, bias, return_lse=True)
+    assert record[0].filename == __file__  # the warning names the caller's line
+    assert all(torch.equal(a, b) for a, b in zip(old, new))
+    assert not torch.equal(peers.dense_attention(q, q, q, bias=bias * 0), new[0])  # bias matters
+    with pytest.raises(TypeError, match="^bias: pass it once"):
+        peers.dense_attention(q, q, q, bias, bias=bias)
+
+
+def test_peers_flex_reduction_positional_block_mask_and_the_old_pair():
+    torch = pytest.importorskip("torch")
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from plsh_fast import peers
+    from plsh_fast._partition import bins, partition_tensors
+    from plsh_ref.partition import draw_partition
+
+    n, s = 32, 2
+    pitch, offset = partition_tensors(draw_partition(1.0 / alibi_slopes(2), s, seed=8), "cpu")
+    block_mask = peers.reduction_block_mask(bins(pitch, offset, torch.arange(n)).transpose(0, 1)
+                                            .contiguous(), block=16)  # fmt: skip
+    q = torch.randn(1, 2, n, 4, generator=torch.Generator().manual_seed(9))
+    kw = {"flex": flex_attention}
+    new = peers.flex_reduction_attention(
+        q, q, q, block_mask=block_mask, num_samples=s, return_lse=True, **kw
+    )
+    with pytest.warns(DeprecationWarning, match="block_mask=") as record:
+        old = peers.flex_reduction_attention(q, q, q, block_mask, s, **kw)
+    assert sum(issubclass(r.category, DeprecationWarning) for r in record) == 1
+    assert isinstance(old, tuple) and all(torch.equal(a, b) for a, b in zip(old, new))
+    with pytest.warns(DeprecationWarning, match="return_lse=True"):
+        pair = peers.flex_reduction_attention(q, q, q, block_mask=block_mask, num_samples=s, **kw)
+    assert isinstance(pair, tuple) and all(torch.equal(a, b) for a, b in zip(pair, new))
+    with pytest.raises(TypeError, match="^block_mask: pass"):
+        peers.flex_reduction_attention(q, q, q, block_mask, s, block_mask=block_mask, **kw)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from plsh_ref import validation as V
-from plsh_ref.alibi import alibi_slopes
-from plsh_ref.partition import PartitionSample
+from plsh_ref.alibi import alibi_slopes, check_slopes
+from plsh_ref.partition import PartitionSample, check_partition
 
 TINY = 5e-324  # the smallest positive binary64 number
 
@@ -321,26 +321,26 @@ def test_default_scale_and_its_edge():
 
 
 def test_check_slopes():
-    np.testing.assert_array_equal(V.check_slopes(None, 6), alibi_slopes(6))
-    given = V.check_slopes([0.5, TINY], 2)
+    np.testing.assert_array_equal(check_slopes(None, 6), alibi_slopes(6))
+    given = check_slopes([0.5, TINY], 2)
     assert given.dtype == np.float64
     np.testing.assert_array_equal(given, [0.5, TINY])
     with pytest.raises(ValueError, match=r"^slopes: must have shape \(3,\), got \(2,\)$"):
-        V.check_slopes([0.5, 0.25], 3)
+        check_slopes([0.5, 0.25], 3)
     with pytest.raises(ValueError, match=r"^slopes: every entry must be > 0"):
-        V.check_slopes([0.5, 0.0], 2)
+        check_slopes([0.5, 0.0], 2)
     with pytest.raises(TypeError, match=r"^slopes: must be a real numeric array"):
-        V.check_slopes(["a", "b"], 2)
+        check_slopes(["a", "b"], 2)
 
 
 def test_check_partition():
     partition = PartitionSample(np.ones((2, 3)), np.zeros((2, 3)))
-    assert V.check_partition(partition) is partition
-    assert V.check_partition(partition, 2) is partition
+    assert check_partition(partition) is partition
+    assert check_partition(partition, 2) is partition
     with pytest.raises(ValueError, match=r"^partition: has 2 heads, query has 3$"):
-        V.check_partition(partition, 3)
+        check_partition(partition, 3)
     with pytest.raises(TypeError, match=r"^partition: must be a PartitionSample, got tuple$"):
-        V.check_partition((np.ones((2, 3)), np.zeros((2, 3))), 2)
+        check_partition((np.ones((2, 3)), np.zeros((2, 3))), 2)
 
 
 def test_type_errors_name_the_type_and_value():

@@ -96,7 +96,7 @@ def test_gradcheck_float64_full_jacobian(causal):
 def dense_reference(problem, dtype):
     """Autograd of dense softmax(scale q k^T + log M~) v in ``dtype`` (GQA expanded)."""
     q, k, v = (torch.from_numpy(x).to(dtype).requires_grad_() for x in problem.numpy64())
-    return q, k, v, dense_attention(q, k, v, problem.log_weight(), scale=problem.scale)
+    return q, k, v, dense_attention(q, k, v, bias=problem.log_weight(), scale=problem.scale)
 
 
 @settings(max_examples=15)

@@ -379,30 +379,6 @@ def test_each_layer_keeps_its_plan_in_its_own_cache(counted, monkeypatch):
             pass
 
 
-def test_a_kept_plan_travels_to_the_compiled_backward_as_its_tiles():
-    """A kept plan's items no longer hold their ranges: its tensor form (for the compiled
-    backward) is ``[-3, heads, tiles, band flags]``; decoded while the plan is kept it is
-    the kept plan, decoded after an eviction it plans the same items with those tiles."""
-    q, k, v = _qkv(n=300)
-    pitch, offset = _partition()
-    pos = torch.arange(300)
-    full = cpu.plan_cpu(pitch, offset, pos, pos, True, torch.float32)
-    full_specs = cpu._planning.chunk_specs(full, 1)
-    _kept(q, k, v, pitch, offset, pos)
-    plan = cpu.plan_cpu(pitch, offset, pos, pos, True, torch.float32)
-    blob = cpu.plan_to_tensor(plan)
-    assert blob.tolist() == [-3, 4, *plan.tiles, *plan.band]
-    assert cpu.plan_from_tensor(blob, pitch, offset, pos, pos, True, torch.float32) is plan
-    cpu.clear_plan_cache()
-    back = cpu.plan_from_tensor(blob, pitch, offset, pos, pos, True, torch.float32)
-    assert back is not plan and back.tiles == plan.tiles and back.band == plan.band
-    specs = cpu._planning.chunk_specs(back, 1)
-    assert len(specs) == len(full_specs)
-    for a, b in zip(specs, full_specs):
-        assert a[:3] == b[:3]
-        assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a[3:], b[3:]))
-
-
 def test_a_model_of_layers_keeps_one_plan_per_layer(counted, monkeypatch):
     """PLSHAttention layers keep their plans in their own caches: with a budget that holds
     one plan, four layers called in turn plan twice each (to be kept), then never again;

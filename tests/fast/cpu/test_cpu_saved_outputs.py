@@ -68,7 +68,9 @@ def dense(problem, dtype, grad_out, grad_lse) -> dict:
     """Dense autograd of ``softmax(scale q k^T + log M~) v`` and its LSE in ``dtype``,
     the same seeded cotangents (the float64 reference and the plain-dtype yardstick)."""
     q, k, v = (torch.from_numpy(x).to(dtype).requires_grad_() for x in problem.numpy64())
-    out, lse = dense_attention(q, k, v, problem.log_weight(), scale=problem.scale, return_lse=True)
+    out, lse = dense_attention(
+        q, k, v, bias=problem.log_weight(), scale=problem.scale, return_lse=True
+    )
     finite = torch.isfinite(lse)
     loss = (out * grad_out.to(dtype)).sum() + (torch.where(finite, lse, 0.0) * grad_lse).sum()
     loss.backward()

@@ -135,7 +135,7 @@ def test_emulated_dots_error_sizes():
 
 def _dense_grads(q, k, v, grad_out, bias, scale, dtype):
     q, k, v = (t.detach().to(dtype).requires_grad_(True) for t in (q, k, v))
-    out = dense_attention(q, k, v, bias, scale=scale)
+    out = dense_attention(q, k, v, bias=bias, scale=scale)
     (out * grad_out.to(dtype)).sum().backward()
     return q.grad, k.grad, v.grad
 
