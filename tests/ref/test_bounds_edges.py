@@ -247,6 +247,136 @@ def test_spectral_required_samples_is_the_smallest():
         B.spectral_required_samples(n, sigma, 0.0, delta)
 
 
+def _gamma2_truncation_mp(n, sigma, s, k, lnorm):
+    """(P(max pitch > k), bias bound, range R0) of the truncated Bernstein step, in mpmath,
+    for Gamma(2, sigma) pitches (``proofs_notes/spectral_bound.md``)."""
+    if k >= n:
+        return mp.mpf(0), mp.mpf(0), max(mp.mpf(n), lnorm)
+    K, S = mp.mpf(k), mp.mpf(sigma)
+    tail = mp.e ** (-K / S)
+    p_one = (1 + K / S) * tail
+    moment = tail * (K * K / S + 2 * K + 2 * S) + p_one
+    return 1 - (1 - p_one) ** s, min(n * p_one, moment + lnorm * p_one), max(K, lnorm)
+
+
+def _spectral_tail_mp(n, sigma, s, eps, v):
+    """The documented minimum over k = n and ceil(sigma x), x = 40 geometric points in
+    [0.5, 200], of p_k + 2 n exp(-s tau^2 / (2 (v + R tau / 3))), tau = eps - bias > 0."""
+    lnorm = min(mp.mpf(n), mp.mpf(kms_spectral_norm_limit(sigma)))
+    grid = [mp.mpf("0.5") * mp.mpf(400) ** (mp.mpf(i) / 39) for i in range(40)]
+    levels = {n} | {max(1, min(n, int(mp.ceil(sigma * x)))) for x in grid}
+    best, best_k = mp.mpf(1), None
+    for k in sorted(levels):
+        p_trunc, bias, r0 = _gamma2_truncation_mp(n, sigma, s, k, lnorm)
+        tau = eps - bias
+        if tau <= 0:
+            continue
+        value = p_trunc + 2 * n * mp.e ** (-s * tau**2 / (2 * (v + (r0 + bias) * tau / 3)))
+        if value < best:
+            best, best_k = value, k
+    return best, best_k
+
+
+@pytest.mark.parametrize(
+    "n, sigma, s, eps, level",
+    [
+        (64, 2.3, 400, 1.5, 46),  # the best level truncates (k = ceil(2.3 x) < n)
+        (30, 0.7, 300, 0.8, 17),
+        (64, 2.3, 400, 3.0, 64),  # no truncation wins
+        (8, 2.3, 4000, 1.0, 8),  # a bound far below 1e-100
+    ],
+)
+def test_spectral_tail_bound_is_its_minimum(n, sigma, s, eps, level):
+    v = B.spectral_error_bound(n, sigma, s, 0.1).variance_proxy  # the default proxy
+    want, best_k = _spectral_tail_mp(n, sigma, s, eps, mp.mpf(v))
+    assert best_k == level and 0 < want < 1
+    assert close(B.spectral_tail_bound(n, sigma, s, eps), want, rtol=1e-13)
+    # a given proxy is used as given
+    want_given, _ = _spectral_tail_mp(n, sigma, s, eps, mp.mpf(2 * v))
+    assert close(B.spectral_tail_bound(n, sigma, s, eps, variance=2 * v), want_given, rtol=1e-13)
+
+
+def _kernel_spectral_mp(n, kernel, s, delta, sf, kvals, first_moment):
+    """kernel_spectral_error_bound's documented recipe, independently: levels n and the
+    1 - f delta quantiles of the largest pitch (mpmath roots of the pitch tail ``sf``),
+    ||K|| by eigvalsh of ``kvals(|i - j|)``, the truncated Bernstein step in mpmath. The
+    proxy v and ||K|| carry the function's relative 1e-12 margin against rounding."""
+    from plsh_ref.kernels import variance_proxy
+
+    pos = np.arange(n)
+    kmat = kvals(np.abs(pos[:, None] - pos[None, :]).astype(float))
+    lnorm = mp.mpf(float(np.linalg.eigvalsh(kmat)[-1])) * (1 + mp.mpf(1e-12))
+    v = mp.mpf(variance_proxy(kernel, n)) * (1 + mp.mpf(1e-12))
+    levels = {n}
+    for frac in ("0.5", "0.3", "0.1", "0.03", "0.01", "0.001"):
+        target = 1 - (1 - mp.mpf(frac) * mp.mpf(delta)) ** (mp.mpf(1) / s)  # P(delta > q)
+        q = mp.findroot(lambda b, t=target: mp.log(sf(b)) - mp.log(t), mp.mpf(10), solver="secant")
+        levels.add(int(max(1, min(n, math.ceil(float(q))))))
+    best = None
+    for k in sorted(levels):
+        K = mp.mpf(k)
+        if k >= n:
+            p_trunc, bias, r0 = mp.mpf(0), mp.mpf(0), max(mp.mpf(n), lnorm)
+        else:
+            p_one = sf(K)
+            bias = min(n * p_one, first_moment(K) + p_one + lnorm * p_one)
+            p_trunc, r0 = 1 - (1 - p_one) ** s, max(K, lnorm)
+        if p_trunc >= delta:
+            continue
+        ell = mp.log(2 * n / (mp.mpf(delta) - p_trunc))
+        a = ell * (r0 + bias) / (3 * s)
+        tau = a + mp.sqrt(a * a + 2 * ell * v / s)
+        if best is None or tau + bias < best[0]:
+            best = (tau + bias, k, p_trunc, r0 + bias, bias, tau, v)
+    return best, sorted(levels)
+
+
+def _kerple_log_mp(r1, r2):
+    r1, r2 = mp.mpf(r1), mp.mpf(r2)
+    return lambda b: (1 + r2 * b) ** (-r1 - 1) * (1 + (r1 + 1) * r2 * b)
+
+
+@pytest.mark.parametrize(
+    "case, levels, level",
+    [
+        ("exponential_3", [29, 31, 34, 38, 42, 49, 64], 29),
+        ("exponential_8", [83, 87, 97, 107, 117, 136, 256], 83),
+        ("kerple_log_heavy", [20, 34, 105, 128], 20),  # r1 = 1: no mean, bias n P(delta > k)
+        ("kerple_log_untruncated", [128], 128),
+    ],
+)
+def test_kernel_spectral_error_bound_is_its_recipe(case, levels, level):
+    from plsh_ref.kernels import Exponential, KerpleLog
+
+    sig = {"exponential_3": 3.0, "exponential_8": 8.0}.get(case)
+    if sig is not None:
+        S = mp.mpf(sig)
+        n, s, delta, kernel = (64, 32, 0.05, None) if sig == 3.0 else (256, 64, 0.05, None)
+        kernel = Exponential(sig)
+        sf = lambda b: (1 + b / S) * mp.e ** (-b / S)  # noqa: E731
+        kvals = lambda r: np.exp(-r / sig)  # noqa: E731
+        moment = lambda k: mp.e ** (-k / S) * (k * k / S + 2 * k + 2 * S)  # noqa: E731
+    else:
+        r1, r2 = (1.0, 5.0) if case == "kerple_log_heavy" else (0.7, 0.5)
+        n, s, delta = (128, 8, 0.3) if case == "kerple_log_heavy" else (128, 32, 5e-8)
+        kernel = KerpleLog(r1, r2)
+        sf = _kerple_log_mp(r1, r2)
+        kvals = lambda r: (1 + r2 * r) ** (-r1)  # noqa: E731
+        moment = lambda k: mp.inf  # noqa: E731
+    best, got_levels = _kernel_spectral_mp(n, kernel, s, delta, sf, kvals, moment)
+    assert got_levels == levels and best[1] == level
+    out = B.kernel_spectral_error_bound(n, kernel, s, delta)
+    eps, k, p_trunc, r, bias, tau, v = best
+    assert out.truncation == k and out.probability == delta and out.num_samples == s
+    assert close(out.eps, eps, rtol=1e-12) and close(out.bernstein, tau, rtol=1e-12)
+    assert close(out.range_bound, r, rtol=1e-13) and close(out.variance_proxy, v, rtol=1e-14)
+    if k < n:
+        assert close(out.bias, bias, rtol=1e-12)
+        assert close(out.truncation_probability, p_trunc, rtol=1e-12)
+    else:
+        assert out.bias == 0.0 and out.truncation_probability == 0.0
+
+
 def test_spectral_tail_bound_edges():
     assert B.spectral_tail_bound(8, 2.0, 4, 1e-9) == 1.0  # nothing below the bias
     small = B.spectral_tail_bound(8, 2.0, 10_000, 2.0)
