@@ -489,6 +489,26 @@ def test_output_bound_is_its_formula(causal):
     eps_g = B.max_norm_error_bound(n, 8, 0.05, sampler="shared", group_size=2)
     assert eps_g > eps
     assert np.all(grouped >= got) and np.any(grouped > got)
+    # a group size other than the default (2 for s = 8) is the one used
+    grouped4 = B.output_error_bound(
+        q,
+        k,
+        v,
+        8,
+        0.1,
+        slopes=slopes,
+        causal=causal,
+        scale=0.7,
+        query_positions=qpos,
+        key_positions=kpos,
+        sampler="shared",
+        group_size=4,
+    )
+    eps_4 = B.max_norm_error_bound(n, 8, 0.05, sampler="shared", group_size=4)
+    assert eps_4 > eps_g
+    want_4 = vrange * (eps_4 * np.sum(a, -1) / np.sum(a * lstar, -1))[..., None]
+    want_4 = np.where((eps_4 >= lmax)[None, :, :, None], np.maximum(want_4, vabs), want_4)
+    np.testing.assert_allclose(grouped4, want_4, rtol=1e-12, atol=0)
 
 
 def test_output_bound_vanishing_rows_get_max_abs_value():
@@ -508,3 +528,9 @@ def test_output_bound_vanishing_rows_get_max_abs_value():
         B.output_error_bound(q, k, v, 0, 0.1)
     with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
         B.output_error_bound(q, k, v, 4, 1.0)
+    # the scalar arguments are refused before any work on the tensors (a query of the
+    # wrong rank would be refused second)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        B.output_error_bound(q[0], k, v, 0, 0.1)
+    with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
+        B.output_error_bound(q[0], k, v, 4, 0.0)
