@@ -402,13 +402,21 @@ def _weights(q, k, slopes, causal, qpos, kpos, scale):
     return a, lstar, adm
 
 
+@pytest.mark.parametrize("positions", ["default", "given"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_output_certificate_is_its_formula(causal):
+def test_output_certificate_is_its_formula(causal, positions):
     q, k, v = _problem()
     part = PartitionSample(np.array([[2.0, 3.0, 1.5], [4.0, 1.0, 2.5]]), np.zeros((2, 3)) + 0.25)
     slopes = [0.5, 0.25]
-    qpos, kpos = np.arange(1, 5), np.arange(5)
-    got = B.output_error_certificate(q, k, v, part, slopes=slopes, causal=causal, scale=0.7)
+    if positions == "default":  # aligned at the end
+        qpos, kpos = np.arange(1, 5), np.arange(5)
+        given = {}
+    else:  # both given, neither the default
+        qpos, kpos = np.array([3, 4, 6, 9]), np.array([0, 2, 4, 6, 7])
+        given = {"query_positions": qpos, "key_positions": kpos}
+    got = B.output_error_certificate(
+        q, k, v, part, slopes=slopes, causal=causal, scale=0.7, **given
+    )
     a, lstar, adm = _weights(q, k, slopes, causal, qpos, kpos, 0.7)
     from plsh_ref.partition import counts
 
@@ -418,7 +426,14 @@ def test_output_certificate_is_its_formula(causal):
     vv = np.broadcast_to(v[:, :, None], (1, 2, 4, 5, 2))
     adm5 = adm[None, None, :, :, None]
     vrange = np.max(np.where(adm5, vv, -np.inf), 3) - np.min(np.where(adm5, vv, np.inf), 3)
-    np.testing.assert_allclose(got, vrange * ratio[..., None], rtol=1e-12, atol=0)
+    want = vrange * ratio[..., None]
+    # a row whose PLSH weights all vanish (Z~ = 0, possible off the aligned positions)
+    # gets max |v| over its admissible keys
+    vanished = np.sum(a * mt, -1) == 0
+    assert vanished.any() == (positions == "given")
+    vabs = np.max(np.where(adm5, np.abs(vv), 0.0), 3)
+    want = np.where(vanished[..., None], vabs, want)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
 
 
 def test_output_certificate_rows_without_weight():
@@ -509,6 +524,60 @@ def test_output_bound_is_its_formula(causal):
     want_4 = vrange * (eps_4 * np.sum(a, -1) / np.sum(a * lstar, -1))[..., None]
     want_4 = np.where((eps_4 >= lmax)[None, :, :, None], np.maximum(want_4, vabs), want_4)
     np.testing.assert_allclose(grouped4, want_4, rtol=1e-12, atol=0)
+
+
+def _slope_with_kernel_value(target):
+    """A slope whose L* at distance 1 is exactly ``target`` (a search over nearby doubles)."""
+    from plsh_ref.alibi import kernel_matrix
+
+    base = -math.log(target)
+    for k in range(-64, 65):
+        slope = base * (1 + k * 2.0**-52)
+        if kernel_matrix(1.0 / slope, np.array([1]), np.array([0]))[0, 0] == target:
+            return slope
+    raise AssertionError("no slope found")
+
+
+def test_output_bound_vanishing_row_at_equality():
+    # L* = eps exactly: on the event M~ >= L* - eps = 0, so the row may vanish and gets
+    # max |v| (one key: the range is 0, so the bound is max |v| or nothing)
+    eps = B.max_norm_error_bound(2, 4, 0.1)
+    slope = _slope_with_kernel_value(eps)
+    q = np.ones((1, 1, 1, 2))
+    v = np.array([[[[3.0, -5.0]]]])
+    got = B.output_error_bound(
+        q, q, v, 4, 0.1, slopes=[slope], query_positions=[1], key_positions=[0]
+    )
+    np.testing.assert_array_equal(got, [[[[3.0, 5.0]]]])
+    below = B.output_error_bound(  # L* just above eps: the row cannot vanish
+        q, q, v, 4, 0.1, slopes=[slope * 0.999], query_positions=[1], key_positions=[0]
+    )
+    np.testing.assert_array_equal(below, np.zeros((1, 1, 1, 2)))
+
+
+def test_output_bound_rows_without_weight_and_inadmissible_keys():
+    import warnings
+
+    q = np.ones((1, 1, 2, 2))
+    k = np.ones((1, 1, 3, 2))
+    v = np.array([[[[3.0, -1.0], [-5.0, 2.0], [7.0, 7.0]]]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the 0/0 and x/0 rows are handled, not warned
+        got = B.output_error_bound(
+            q, k, v, 4, 0.1, slopes=[1.0], query_positions=[-1, 2000], key_positions=[0, 1, 4000]
+        )
+    # query -1 (causal): no admissible key, bound 0. Query 2000: keys 0 and 1 admissible,
+    # L* = e^-2000 = 0 (Z* = 0): the ratio is 0 and the row may vanish, so max |v| over
+    # them (not the range 8), and key 4000 (inadmissible) does not count.
+    np.testing.assert_array_equal(got, [[[[0.0, 0.0], [5.0, 2.0]]]])
+    # an inadmissible key does not stop a row from vanishing: query 30 with keys 0 and 40
+    far = B.output_error_bound(
+        q[:, :, :1], k[:, :, :2], v[:, :, :2], 4, 0.1, slopes=[1.0],
+        query_positions=[30], key_positions=[0, 40],
+    )  # fmt: skip
+    eps = B.max_norm_error_bound(3, 4, 0.1)
+    assert math.exp(-30.0) <= eps
+    assert far[0, 0, 0].tolist() == [3.0, 1.0]
 
 
 def test_output_bound_vanishing_rows_get_max_abs_value():
