@@ -571,13 +571,15 @@ def test_output_bound_rows_without_weight_and_inadmissible_keys():
     # them (not the range 8), and key 4000 (inadmissible) does not count.
     np.testing.assert_array_equal(got, [[[[0.0, 0.0], [5.0, 2.0]]]])
     # an inadmissible key does not stop a row from vanishing: query 30 with keys 0 and 40
+    # (values below 1 in magnitude: the inadmissible key's |v| = 2 must not count either)
+    small = np.array([[[[0.5, -0.25], [2.0, -2.0]]]])
     far = B.output_error_bound(
-        q[:, :, :1], k[:, :, :2], v[:, :, :2], 4, 0.1, slopes=[1.0],
+        q[:, :, :1], k[:, :, :2], small, 4, 0.1, slopes=[1.0],
         query_positions=[30], key_positions=[0, 40],
     )  # fmt: skip
     eps = B.max_norm_error_bound(3, 4, 0.1)
     assert math.exp(-30.0) <= eps
-    assert far[0, 0, 0].tolist() == [3.0, 1.0]
+    assert far[0, 0, 0].tolist() == [0.5, 0.25]
 
 
 def test_output_bound_vanishing_rows_get_max_abs_value():
