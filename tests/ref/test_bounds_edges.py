@@ -436,6 +436,37 @@ def test_output_certificate_is_its_formula(causal, positions):
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
 
 
+def test_output_certificate_when_the_alibi_weights_underflow():
+    import warnings
+
+    from plsh_ref import alibi_attention, plsh_attention
+
+    # query 2000, keys 0 and 1, slope 1: every L* = e^-2000 underflows (Z* = 0), but
+    # alibi_attention (log-space) still weighs key 1 by 1 / (1 + e^-1); one huge bin puts
+    # the three positions together, so PLSH averages the two keys equally
+    q, k = np.ones((1, 1, 1, 2)), np.ones((1, 1, 2, 2))
+    v = np.array([[[[3.0, -1.0], [-5.0, 2.0]]]])
+    part = PartitionSample(np.array([[1e6]]), np.array([[0.0]]))
+    kw = {"causal": True, "query_positions": [2000], "key_positions": [0, 1]}
+    error = np.abs(
+        plsh_attention(q, k, v, partition=part, return_lse=False, **kw)
+        - alibi_attention(q, k, v, slopes=[1.0], return_lse=False, **kw)
+    )
+    assert error[0, 0, 0, 0] > 1.8  # was certified 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the 0/0 row is handled, not warned
+        got = B.output_error_certificate(q, k, v, part, slopes=[1.0], **kw)
+    np.testing.assert_array_equal(got, [[[[8.0, 3.0]]]])  # the range of the values
+    assert np.all(got >= error)
+    # no admissible key: 0 (and no warning either)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        none = B.output_error_certificate(
+            q, k, v, part, slopes=[1.0], causal=True, query_positions=[-1], key_positions=[0, 1]
+        )
+    np.testing.assert_array_equal(none, np.zeros((1, 1, 1, 2)))
+
+
 def test_output_certificate_rows_without_weight():
     # one key far away: L* > 0 but PLSH puts query and key in different bins
     q = np.ones((1, 1, 1, 2))
@@ -567,9 +598,10 @@ def test_output_bound_rows_without_weight_and_inadmissible_keys():
             q, k, v, 4, 0.1, slopes=[1.0], query_positions=[-1, 2000], key_positions=[0, 1, 4000]
         )
     # query -1 (causal): no admissible key, bound 0. Query 2000: keys 0 and 1 admissible,
-    # L* = e^-2000 = 0 (Z* = 0): the ratio is 0 and the row may vanish, so max |v| over
-    # them (not the range 8), and key 4000 (inadmissible) does not count.
-    np.testing.assert_array_equal(got, [[[[0.0, 0.0], [5.0, 2.0]]]])
+    # L* = e^-2000 = 0 (Z* = 0): the range (8, 3) of their values (both outputs are
+    # averages of them; was max |v| = (5, 2), below the error the certificate test shows),
+    # and key 4000 (inadmissible) does not count.
+    np.testing.assert_array_equal(got, [[[[0.0, 0.0], [8.0, 3.0]]]])
     # an inadmissible key does not stop a row from vanishing: query 30 with keys 0 and 40
     # (values below 1 in magnitude: the inadmissible key's |v| = 2 must not count either)
     small = np.array([[[[0.5, -0.25], [2.0, -2.0]]]])
