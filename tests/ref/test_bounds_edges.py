@@ -467,6 +467,33 @@ def test_output_certificate_when_the_alibi_weights_underflow():
     np.testing.assert_array_equal(none, np.zeros((1, 1, 1, 2)))
 
 
+def test_output_bounds_with_logits_beyond_the_exponent_range():
+    # logits +-1800 and +-1200: unshifted exp overflows, and one shift for all rows
+    # underflows the negative row; each row is scaled by its own maximum (softmax)
+    from scipy.special import softmax
+
+    from plsh_ref.partition import counts
+
+    q = np.array([[[[30.0, 30.0], [-30.0, -30.0]]]])
+    k = np.array([[[[30.0, 30.0], [20.0, 20.0]]]])
+    v = np.array([[[[1.0, -2.0], [4.0, 0.5]]]])
+    part = PartitionSample(np.array([[3.0, 5.0]]), np.array([[0.5, 1.0]]))
+    kw = {"slopes": [0.5], "causal": False, "scale": 1.0}
+    kw |= {"query_positions": [0, 1], "key_positions": [0, 1]}
+    a = softmax(np.einsum("bhid,bhjd->bhij", q, k), axis=-1)
+    lstar = np.exp(-0.5 * np.abs(np.arange(2)[:, None] - np.arange(2)[None, :]))
+    mt = counts(part, np.arange(2), np.arange(2)) / 2
+    vrange = (v.max(axis=2) - v.min(axis=2))[:, :, None, :]
+    ratio = np.sum(a * np.abs(mt - lstar), -1) / np.sum(a * lstar, -1)
+    got = B.output_error_certificate(q, k, v, part, **kw)
+    np.testing.assert_allclose(got, vrange * ratio[..., None], rtol=1e-12, atol=0)
+    eps = B.max_norm_error_bound(2, 64, 0.1)
+    assert eps < lstar.min()  # no row may vanish
+    prior = B.output_error_bound(q, k, v, 64, 0.1, **kw)
+    ratio = eps * np.sum(a, -1) / np.sum(a * lstar, -1)
+    np.testing.assert_allclose(prior, vrange * ratio[..., None], rtol=1e-12, atol=0)
+
+
 def test_output_certificate_rows_without_weight():
     # one key far away: L* > 0 but PLSH puts query and key in different bins
     q = np.ones((1, 1, 1, 2))
