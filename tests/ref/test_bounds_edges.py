@@ -106,7 +106,17 @@ def test_tail_and_error_bounds_are_inverse():
 
 @pytest.mark.parametrize(
     "n, eps, delta",
-    [(2, 0.5, 0.5), (10, 0.1, 0.05), (1000, 0.01, 1e-6), (3, 0.9, 0.9), (50, 0.2, 0.3)],
+    [
+        (2, 0.5, 0.5),
+        (10, 0.1, 0.05),
+        (1000, 0.01, 1e-6),
+        (3, 0.9, 0.9),
+        (50, 0.2, 0.3),
+        # delta = the tail at s = 1 (to rounding): the estimate ceil(log(2(n-1)/delta) /
+        # (2 eps^2)) rounds up to 2 and the guard must step down to 1
+        (2, 0.6141945387851184, 0.9405197016631046),
+        (3, 0.9711244904247763, 0.6066087915429754),
+    ],
 )
 def test_required_samples_is_the_smallest(n, eps, delta):
     s = B.required_samples(n, eps, delta)
@@ -152,6 +162,16 @@ def test_required_samples_limit_at_two_to_the_53():
     below = eps_edge * (1 + 1e-6)
     s = B.required_samples(n, below, delta)
     assert 2.0**52 < s <= 2.0**53
+    # the refusal says how many samples, to the nearest power of ten
+    eps = 1e-10
+    about = round(float(mp.log10(mp.log(2 * (n - 1) / mp.mpf(delta)) / (2 * mp.mpf(eps) ** 2))))
+    assert about == 20
+    with pytest.raises(ValueError) as info:
+        B.required_samples(n, eps, delta)
+    assert str(info.value) == (
+        "eps: 1e-10 needs about 1e20 samples, beyond 2**53 where a sample count is exact "
+        "in floating point; use a larger eps"
+    )
 
 
 @pytest.mark.parametrize(
