@@ -129,6 +129,30 @@ def test_required_samples_is_the_smallest(n, eps, delta):
     assert type(s) is int
 
 
+@pytest.mark.parametrize(
+    "n, eps, delta, estimate",
+    [
+        (10, 0.3, 1.3657903141304475e-16, 220),  # the estimate one too high
+        (3, 0.3, 7.46511579071838e-17, 215),
+        (10, 0.1, 0.07504793456227399, 274),  # the estimate one too low
+        (3, 0.1, 0.03100193556454676, 243),
+    ],
+)
+def test_required_samples_rounding_guards(n, eps, delta, estimate):
+    """delta within an ulp of the tail at some s: ceil(log(2(n-1)/delta) / (2 eps^2))
+    rounds to the wrong side, and the two guard loops must correct it. At such a delta
+    float and exact tails can disagree, so the oracle here is the condition in binary64,
+    searched from s = 1."""
+    assert max(1, math.ceil(math.log(2.0 * (n - 1) / delta) / (2.0 * eps * eps))) == estimate
+
+    def tail(k):
+        return 2.0 * (n - 1) * math.exp(-2.0 * k * eps * eps)
+
+    want = next(k for k in range(1, 10**6) if tail(k) <= delta)
+    assert abs(want - estimate) == 1
+    assert B.required_samples(n, eps, delta) == want
+
+
 def test_required_samples_edges():
     assert B.required_samples(1, 0.5, 0.5) == 1
     # 2 (n - 1) exp(-2 eps^2) <= delta already at s = 1
