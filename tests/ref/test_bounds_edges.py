@@ -153,6 +153,19 @@ def test_required_samples_rounding_guards(n, eps, delta, estimate):
     assert B.required_samples(n, eps, delta) == want
 
 
+def test_max_norm_error_bound_refusals_name_the_argument_first():
+    # each refused by its own check, before the later arguments are looked at
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        B.max_norm_error_bound(0, 4, 2.0)
+    with pytest.raises(TypeError, match=r"^n: must be an integer"):
+        B.max_norm_error_bound(2.5, 4, 0.1)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.max_norm_error_bound(5, 0, 2.0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got -3$"):
+        B.max_norm_error_bound(5, -3, 0.1, sampler="stratified")
+    assert B.max_norm_error_bound(1, 1, 0.5) == 0.0
+
+
 def test_required_samples_edges():
     assert B.required_samples(1, 0.5, 0.5) == 1
     # 2 (n - 1) exp(-2 eps^2) <= delta already at s = 1
