@@ -341,6 +341,8 @@ def _spectral_tail_mp(n, sigma, s, eps, v):
         (30, 0.7, 300, 0.8, 17),
         (64, 2.3, 400, 3.0, 64),  # no truncation wins
         (8, 2.3, 4000, 1.0, 8),  # a bound far below 1e-100
+        (64, 0.05, 100, 0.1, 1),  # sigma x < 1: the level clipped up to 1 wins
+        (1, 2.0, 1, 0.5, 1),  # one position, one sample
     ],
 )
 def test_spectral_tail_bound_is_its_minimum(n, sigma, s, eps, level):
@@ -432,6 +434,20 @@ def test_kernel_spectral_error_bound_is_its_recipe(case, levels, level):
         assert close(out.truncation_probability, p_trunc, rtol=1e-12)
     else:
         assert out.bias == 0.0 and out.truncation_probability == 0.0
+
+
+def test_spectral_tail_bound_refusals_name_the_argument():
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        B.spectral_tail_bound(0, 2.0, 4, 0.5)
+    with pytest.raises(TypeError, match=r"^n: must be an integer"):
+        B.spectral_tail_bound(2.5, 2.0, 4, 0.5)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        B.spectral_tail_bound(8, 0.0, 4, 0.5)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.spectral_tail_bound(8, 2.0, 0, 0.5)
+    with pytest.raises(TypeError, match=r"^num_samples: must be an integer"):
+        B.spectral_tail_bound(8, 2.0, 4.5, 0.5)
+    assert 0.0 < B.spectral_tail_bound(8, 2.0, 1, 5.0) <= 1.0  # s = 1 is valid
 
 
 def test_spectral_tail_bound_edges():
