@@ -153,6 +153,17 @@ def test_required_samples_rounding_guards(n, eps, delta, estimate):
     assert B.required_samples(n, eps, delta) == want
 
 
+@pytest.mark.parametrize("sampler", ["iid", "stratified", "shared"])
+def test_max_norm_error_bound_with_a_log_term_below_one(sampler):
+    # n = 2, delta = 0.9: log(n (n - 1) / delta) = log(2 / 0.9) = 0.80 (and the iid
+    # log(2 (n - 1) / delta) the same): the square root of a term below 1, not clipped
+    n, s, delta = 2, 4, 0.9
+    groups = 4 if sampler == "iid" else 2
+    want = mp.sqrt(mp.log(mp.mpf(2) / mp.mpf(delta)) / (2 * groups))
+    kw = {} if sampler == "iid" else {"sampler": sampler, "group_size": 2}
+    assert close(B.max_norm_error_bound(n, s, delta, **kw), want)
+
+
 def test_max_norm_error_bound_refusals_name_the_argument_first():
     # each refused by its own check, before the later arguments are looked at
     with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
