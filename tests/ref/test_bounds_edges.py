@@ -401,6 +401,22 @@ def _kernel_spectral_mp(n, kernel, s, delta, sf, kvals, first_moment):
     return best, sorted(levels)
 
 
+def test_kernel_spectral_error_bound_refusals_and_smallest_inputs():
+    from plsh_ref.kernels import Exponential
+
+    kern = Exponential(2.0)
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        B.kernel_spectral_error_bound(0, kern, 4, 0.1)
+    with pytest.raises(ValueError, match=r"^n: must be <= 1024, got 1025$"):
+        B.kernel_spectral_error_bound(1025, kern, 4, 0.1)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.kernel_spectral_error_bound(8, kern, 0, 0.1)
+    with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
+        B.kernel_spectral_error_bound(8, kern, 4, 1.0)
+    one = B.kernel_spectral_error_bound(1, kern, 1, 0.5)  # n = 1 and s = 1 are valid
+    assert one.truncation == 1 and one.num_samples == 1 and math.isfinite(one.eps)
+
+
 def _kerple_log_mp(r1, r2):
     r1, r2 = mp.mpf(r1), mp.mpf(r2)
     return lambda b: (1 + r2 * b) ** (-r1 - 1) * (1 + (r1 + 1) * r2 * b)
