@@ -413,6 +413,11 @@ def test_kernel_spectral_error_bound_refusals_and_smallest_inputs():
         B.kernel_spectral_error_bound(8, kern, 0, 0.1)
     with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
         B.kernel_spectral_error_bound(8, kern, 4, 1.0)
+    # in argument order, before the later arguments are looked at
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        B.kernel_spectral_error_bound(0, kern, 0, 1.0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.kernel_spectral_error_bound(8, kern, 0, 1.0)
     one = B.kernel_spectral_error_bound(1, kern, 1, 0.5)  # n = 1 and s = 1 are valid
     assert one.truncation == 1 and one.num_samples == 1 and math.isfinite(one.eps)
 
@@ -474,6 +479,8 @@ def test_spectral_tail_bound_refusals_name_the_argument():
         B.spectral_tail_bound(8, 2.0, 0, 0.5)
     with pytest.raises(TypeError, match=r"^num_samples: must be an integer"):
         B.spectral_tail_bound(8, 2.0, 4.5, 0.5)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.spectral_tail_bound(8, 2.0, 0, 0.0)  # before eps is looked at
     assert 0.0 < B.spectral_tail_bound(8, 2.0, 1, 5.0) <= 1.0  # s = 1 is valid
 
 
