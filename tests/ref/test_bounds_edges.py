@@ -164,6 +164,13 @@ def test_max_norm_error_bound_with_a_log_term_below_one(sampler):
     assert close(B.max_norm_error_bound(n, s, delta, **kw), want)
 
 
+def test_max_norm_tail_bound_refuses_num_samples_before_eps():
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.max_norm_tail_bound(5, 0, 2.0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got -1$"):
+        B.max_norm_tail_bound(5, -1, 0.5, sampler="shared")
+
+
 def test_max_norm_error_bound_refusals_name_the_argument_first():
     # each refused by its own check, before the later arguments are looked at
     with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
