@@ -475,6 +475,13 @@ def test_kernel_spectral_error_bound_is_its_recipe(case, levels, level):
         assert out.bias == 0.0 and out.truncation_probability == 0.0
 
 
+def test_spectral_error_bound_refuses_num_samples_before_delta():
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.spectral_error_bound(8, 2.0, 0, 1.0)
+    with pytest.raises(TypeError, match=r"^num_samples: must be an integer"):
+        B.spectral_error_bound(8, 2.0, 2.5, 0.1)
+
+
 def test_spectral_tail_bound_refusals_name_the_argument():
     with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
         B.spectral_tail_bound(0, 2.0, 4, 0.5)
