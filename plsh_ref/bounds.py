@@ -722,7 +722,9 @@ def output_error_certificate(
     where ``range_k(V_i)`` is ``max - min`` of ``v_jk`` over the keys admissible for query
     ``i``. A row whose PLSH weights all vanish (``Z~_i = 0``, impossible for aligned
     self-attention) outputs 0 and gets the bound ``max_j |v_jk|``; a row with no
-    admissible key gets 0. The version with the signed sum ``|sum_j E_ij|`` is false
+    admissible key gets 0; a row whose ``Z*_i`` underflows to 0 although it has admissible
+    keys (every ``A_ij L*_ij`` below the smallest double, keys ~750 / slope away) gets the
+    range: both outputs are averages of its values. The version with the signed sum ``|sum_j E_ij|`` is false
     (``tests/ref/test_bounds.py`` exhibits a counterexample).
 
     Parameters
@@ -761,10 +763,13 @@ def output_error_certificate(
     z_tilde = np.sum(a * mt[None], axis=-1)
     err = np.sum(a * np.abs(mt - lstar)[None], axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(z_star > 0, err / z_star, 0.0)
+        # Z* = 0 with admissible keys (every A_ij L*_ij underflows): both outputs are still
+        # averages of the row's values, so the range bounds their difference
+        ratio = np.where(z_star > 0, err / z_star, 1.0)
     vrange, vabs = _value_range(v, admissible)
     bound = vrange * ratio[..., None]
-    return np.where((z_tilde == 0)[..., None] & (z_star > 0)[..., None], vabs, bound)
+    has_key = np.any(admissible, axis=-1)[None, None, :, None]
+    return np.where((z_tilde == 0)[..., None] & has_key, vabs, bound)
 
 
 def output_error_bound(
@@ -791,6 +796,8 @@ def output_error_bound(
     ``max |M~ - L*| <= eps`` does not involve Q/K/V, so the bound holds for all inputs at
     once (the "uniform" form of Theorem 2.2). On the event a row can lose all its PLSH
     weight only if every admissible ``L*_ij <= eps``; such rows get ``max(bound, max_j |v_jk|)``.
+    A row whose ``Z*_i`` underflows to 0 gets the range in place of the ratio (as in
+    :func:`output_error_certificate`).
 
     Parameters
     ----------
@@ -829,7 +836,8 @@ def output_error_bound(
     eps = max_norm_error_bound(n, s, delta / a.shape[1], sampler=sampler, group_size=group_size)
     z_star = np.sum(a * lstar[None], axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.where(z_star > 0, eps * np.sum(a, axis=-1) / z_star, 0.0)
+        # Z* = 0 with admissible keys: the range, as in output_error_certificate
+        ratio = np.where(z_star > 0, eps * np.sum(a, axis=-1) / z_star, 1.0)
     vrange, vabs = _value_range(v, admissible)
     bound = vrange * ratio[..., None]
     # On the event, M~_ij >= L*_ij - eps > 0 wherever L*_ij > eps; a row can vanish (and

@@ -26,7 +26,7 @@ import math
 import mpmath
 import numpy as np
 from numpy.typing import ArrayLike
-from scipy.special import gammainc, lambertw
+from scipy.special import gammainc, gammaincinv, lambertw
 
 from .alibi import kernel_matrix
 from .validation import (
@@ -615,7 +615,11 @@ def largest_pitch_quantile(q: float, sigma: float, num_samples: int) -> float:
     """The ``q``-quantile of the largest of ``s`` independent Gamma(2, sigma) pitches.
 
     Solves ``(1 + x) e^(-x) = t`` with ``t = 1 - q^(1/s)`` and ``x = b / sigma``:
-    ``x = -1 - W_{-1}(-t / e)`` (lower real branch of Lambert W).
+    ``x = -1 - W_{-1}(-t / e)`` (lower real branch of Lambert W) when ``q^(1/s) > 1/2``;
+    below, where ``-t / e`` is within rounding of the branch point ``-1/e``, ``x`` is the
+    inverse of the Gamma(2, 1) CDF ``1 - (1 + x) e^(-x)`` at ``q^(1/s)``
+    (``scipy.special.gammaincinv``), which keeps full relative precision down to the
+    smallest ``q``.
 
     Parameters
     ----------
@@ -643,9 +647,14 @@ def largest_pitch_quantile(q: float, sigma: float, num_samples: int) -> float:
     q = check_probability("q", q)
     sigma = check_positive_float("sigma", sigma)
     s = check_int("num_samples", num_samples, minimum=1)
-    t = -math.expm1(math.log(q) / s)  # single-pitch tail probability
-    w = lambertw(-t / math.e, k=-1)
-    x = -1.0 - float(w.real)
+    u = math.exp(math.log(q) / s)  # single-pitch CDF: P(delta <= b) = q^(1/s)
+    if u <= 0.5:
+        # t = 1 - u rounds towards 1 and -t/e onto the branch point, where W_{-1} loses
+        # every digit (NaN below u ~ 1e-17); the Gamma(2) CDF's inverse keeps them
+        x = float(gammaincinv(2.0, u))
+    else:
+        t = -math.expm1(math.log(q) / s)  # single-pitch tail probability
+        x = -1.0 - float(lambertw(-t / math.e, k=-1).real)
     return sigma * max(x, 0.0)
 
 

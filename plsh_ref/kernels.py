@@ -980,7 +980,7 @@ def entry_variance(
     TypeError, ValueError
         Bad kernel, distance, ``num_samples``, ``sampler`` or ``group_size``.
     """
-    from .samplers import resolve_group_size
+    from .samplers import group_moments, resolve_group_size
 
     kernel = _check_kernel(kernel)
     r = _distance("distance", distance)
@@ -995,12 +995,7 @@ def entry_variance(
         lo, hi, weight = edges[:-1], edges[1:], float(m)
     else:
         lo, hi, weight = np.array([0.0]), np.array([np.inf]), 1.0
-    x = r[..., None]
-    gk = weight * _partial_collision(kernel, lo, hi, x)
-    second = gk.copy()
-    for j in range(1, g):
-        second += 2.0 * (j / g) * weight * _partial_collision(kernel, lo, hi, x * g / j)
-    second /= g
+    gk, second = group_moments(lambda x: _partial_collision(kernel, lo, hi, x), r, g, weight)
     var = (
         np.sum(second - gk**2, axis=-1) / m**2
         if sampler == "stratified"

@@ -76,8 +76,9 @@ class PartitionSample:
     Raises
     ------
     ValueError
-        If the arrays are not two-dimensional with equal shapes, if a pitch is not
-        finite and > 0, or an offset is not finite; an unknown ``sampler``.
+        If the arrays are not two-dimensional with equal shapes and at least one head and
+        one sample, if a pitch is not finite and > 0, or an offset is not finite; an
+        unknown ``sampler``.
     TypeError
         If they are not real numeric arrays, or ``sampler`` is not a str.
     """
@@ -95,6 +96,8 @@ class PartitionSample:
         offset = as_float_array("offset", self.offset, ndim=2)
         if pitch.shape != offset.shape:
             raise ValueError(f"offset: shape {offset.shape} differs from pitch shape {pitch.shape}")
+        if pitch.shape[0] < 1:
+            raise ValueError("pitch: needs at least one head (num_heads >= 1)")
         if pitch.shape[1] < 1:
             raise ValueError("pitch: needs at least one sample (num_samples >= 1)")
         if np.any(pitch <= 0):
@@ -117,8 +120,19 @@ class PartitionSample:
         return self.pitch.shape[1]
 
     def heads(self, start: int, stop: int | None = None) -> PartitionSample:
-        """The sub-sample for heads ``start..stop-1`` (as :func:`draw_partition` with ``head_start``)."""
+        """The sub-sample for heads ``start..stop-1`` (as :func:`draw_partition` with ``head_start``).
+
+        Raises
+        ------
+        ValueError
+            If ``start`` is not in ``[0, num_heads)`` or ``stop`` not in
+            ``(start, num_heads]`` (a slice without heads).
+        TypeError
+            If ``start`` or ``stop`` is not an integer.
+        """
         start = check_int("start", start, minimum=0)
+        if start >= self.num_heads:
+            raise ValueError(f"start: must be < num_heads={self.num_heads}, got {start}")
         stop = self.num_heads if stop is None else check_int("stop", stop, minimum=start + 1)
         if stop > self.num_heads:
             raise ValueError(f"stop: must be <= num_heads={self.num_heads}, got {stop}")
@@ -132,8 +146,18 @@ class PartitionSample:
         hash of every sampler is marginally a paper hash, so any sub-sample is unbiased;
         a sub-sample of a ``"stratified"`` draw is *not* a stratified draw of that size
         (it keeps ``sampler`` and the dependence, not the variance reduction).
+
+        Raises
+        ------
+        ValueError
+            If ``start`` is not in ``[0, num_samples)`` or ``stop`` not in
+            ``(start, num_samples]`` (a slice without samples).
+        TypeError
+            If ``start`` or ``stop`` is not an integer.
         """
         start = check_int("start", start, minimum=0)
+        if start >= self.num_samples:
+            raise ValueError(f"start: must be < num_samples={self.num_samples}, got {start}")
         stop = self.num_samples if stop is None else check_int("stop", stop, minimum=start + 1)
         if stop > self.num_samples:
             raise ValueError(f"stop: must be <= num_samples={self.num_samples}, got {stop}")
@@ -249,7 +273,7 @@ def draw_partition(
     Raises
     ------
     ValueError
-        If ``sigma <= 0`` or non-finite (or an empty kernel list), ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``
+        If ``sigma <= 0`` or non-finite, or empty (no head; or an empty kernel list), ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``
         (500 000, :data:`plsh_ref.validation.MAX_NUM_SAMPLES`), ``seed < 0``,
         ``head_start < 0``, an unknown ``sampler``, or ``group_size`` not a divisor of ``num_samples`` (not 1 for
         ``"iid"``).
@@ -287,6 +311,8 @@ def draw_partition(
         if sig.ndim != 1:
             raise ValueError(f"sigma: must be one-dimensional (num_heads,), got shape {sig.shape}")
         num_heads = sig.shape[0]
+        if num_heads < 1:
+            raise ValueError("sigma: needs at least one head (num_heads >= 1), got an empty array")
     s = check_num_samples(num_samples)
     head_start = check_int("head_start", head_start, minimum=0)
     if seed is None:

@@ -31,6 +31,7 @@ only). Derivations, continuum limits and counterexamples: ``proofs_notes/sampler
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -46,6 +47,7 @@ __all__ = [
     "entry_variance",
     "frobenius_error_square",
     "gamma2_quantile",
+    "group_moments",
     "largest_pitch_quantile_of",
     "largest_pitch_sf_of",
     "optimal_group_size",
@@ -277,16 +279,54 @@ def _design(sampler, sigma, num_samples, group_size):
     return sigma, m, g, np.array([0.0]), np.array([np.inf]), 1.0
 
 
+def group_moments(
+    partial_collision: Callable[[np.ndarray], np.ndarray],
+    distance: np.ndarray,
+    group_size: int,
+    weight: float,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(G_k(r), E[A_k^2])``: the collision probability and the second moment of a group mean.
+
+    For ``s'`` hashes sharing one pitch with systematically spaced offsets, the group mean
+    ``A_k`` at distance ``r`` has ``E[A_k^2] = (1/s') [G_k(r) + 2 sum_{j=1}^{s'-1} (j/s')
+    G_k(r s'/j)]`` with ``G_k(x) = weight * partial_collision(x)`` (module docstring;
+    ``proofs_notes/samplers.md``, section "Exact variance"). One definition for every
+    pitch law: :func:`entry_variance` passes the Gamma(2, sigma) integrals,
+    :func:`plsh_ref.kernels.entry_variance` those of a general kernel.
+
+    Parameters
+    ----------
+    partial_collision : callable
+        ``x -> int_{max(lo_k, x)}^{hi_k} (1 - x/delta) dF(delta)`` for each stratum ``k``:
+        takes float64 distances of shape ``(..., 1)`` and returns float64 ``(..., m)``
+        (strata on the last axis; ``m = 1`` and the whole line without strata).
+    distance : numpy.ndarray
+        float64 ``r >= 0`` tokens, any shape (not checked: the callers check it).
+    group_size : int
+        ``s' >= 1``.
+    weight : float
+        ``m`` for equal-probability strata (``G_k`` is the probability given stratum
+        ``k``), 1 without strata.
+
+    Returns
+    -------
+    tuple of numpy.ndarray
+        ``(G_k(r), E[A_k^2])``, float64, shape ``distance.shape + (m,)``.
+    """
+    x = distance[..., None]
+    gk = weight * partial_collision(x)
+    second = gk.copy()
+    for j in range(1, group_size):
+        second += 2.0 * (j / group_size) * weight * partial_collision(x * group_size / j)
+    second /= group_size
+    return gk, second
+
+
 def _group_moments(distance, sampler, sigma, num_samples, group_size):
     """``(m, G_k(r), E[A_k^2])`` with strata on the last axis."""
     r = np.abs(as_float_array("distance", distance))
     sigma, m, g, lo, hi, weight = _design(sampler, sigma, num_samples, group_size)
-    x = r[..., None]
-    lk = weight * _partial_collision(lo, hi, x, sigma)
-    second = lk.copy()
-    for j in range(1, g):
-        second += 2.0 * (j / g) * weight * _partial_collision(lo, hi, x * g / j, sigma)
-    second /= g
+    lk, second = group_moments(lambda x: _partial_collision(lo, hi, x, sigma), r, g, weight)
     return sampler, m, lk, second
 
 

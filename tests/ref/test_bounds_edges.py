@@ -106,7 +106,17 @@ def test_tail_and_error_bounds_are_inverse():
 
 @pytest.mark.parametrize(
     "n, eps, delta",
-    [(2, 0.5, 0.5), (10, 0.1, 0.05), (1000, 0.01, 1e-6), (3, 0.9, 0.9), (50, 0.2, 0.3)],
+    [
+        (2, 0.5, 0.5),
+        (10, 0.1, 0.05),
+        (1000, 0.01, 1e-6),
+        (3, 0.9, 0.9),
+        (50, 0.2, 0.3),
+        # delta = the tail at s = 1 (to rounding): the estimate ceil(log(2(n-1)/delta) /
+        # (2 eps^2)) rounds up to 2 and the guard must step down to 1
+        (2, 0.6141945387851184, 0.9405197016631046),
+        (3, 0.9711244904247763, 0.6066087915429754),
+    ],
 )
 def test_required_samples_is_the_smallest(n, eps, delta):
     s = B.required_samples(n, eps, delta)
@@ -117,6 +127,61 @@ def test_required_samples_is_the_smallest(n, eps, delta):
     assert tail(s) <= delta
     assert s == 1 or tail(s - 1) > delta
     assert type(s) is int
+
+
+@pytest.mark.parametrize(
+    "n, eps, delta, estimate",
+    [
+        (10, 0.3, 1.3657903141304475e-16, 220),  # the estimate one too high
+        (3, 0.3, 7.46511579071838e-17, 215),
+        (10, 0.1, 0.07504793456227399, 274),  # the estimate one too low
+        (3, 0.1, 0.03100193556454676, 243),
+    ],
+)
+def test_required_samples_rounding_guards(n, eps, delta, estimate):
+    """delta within an ulp of the tail at some s: ceil(log(2(n-1)/delta) / (2 eps^2))
+    rounds to the wrong side, and the two guard loops must correct it. At such a delta
+    float and exact tails can disagree, so the oracle here is the condition in binary64,
+    searched from s = 1."""
+    assert max(1, math.ceil(math.log(2.0 * (n - 1) / delta) / (2.0 * eps * eps))) == estimate
+
+    def tail(k):
+        return 2.0 * (n - 1) * math.exp(-2.0 * k * eps * eps)
+
+    want = next(k for k in range(1, 10**6) if tail(k) <= delta)
+    assert abs(want - estimate) == 1
+    assert B.required_samples(n, eps, delta) == want
+
+
+@pytest.mark.parametrize("sampler", ["iid", "stratified", "shared"])
+def test_max_norm_error_bound_with_a_log_term_below_one(sampler):
+    # n = 2, delta = 0.9: log(n (n - 1) / delta) = log(2 / 0.9) = 0.80 (and the iid
+    # log(2 (n - 1) / delta) the same): the square root of a term below 1, not clipped
+    n, s, delta = 2, 4, 0.9
+    groups = 4 if sampler == "iid" else 2
+    want = mp.sqrt(mp.log(mp.mpf(2) / mp.mpf(delta)) / (2 * groups))
+    kw = {} if sampler == "iid" else {"sampler": sampler, "group_size": 2}
+    assert close(B.max_norm_error_bound(n, s, delta, **kw), want)
+
+
+def test_max_norm_tail_bound_refuses_num_samples_before_eps():
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.max_norm_tail_bound(5, 0, 2.0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got -1$"):
+        B.max_norm_tail_bound(5, -1, 0.5, sampler="shared")
+
+
+def test_max_norm_error_bound_refusals_name_the_argument_first():
+    # each refused by its own check, before the later arguments are looked at
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        B.max_norm_error_bound(0, 4, 2.0)
+    with pytest.raises(TypeError, match=r"^n: must be an integer"):
+        B.max_norm_error_bound(2.5, 4, 0.1)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.max_norm_error_bound(5, 0, 2.0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got -3$"):
+        B.max_norm_error_bound(5, -3, 0.1, sampler="stratified")
+    assert B.max_norm_error_bound(1, 1, 0.5) == 0.0
 
 
 def test_required_samples_edges():
@@ -152,6 +217,16 @@ def test_required_samples_limit_at_two_to_the_53():
     below = eps_edge * (1 + 1e-6)
     s = B.required_samples(n, below, delta)
     assert 2.0**52 < s <= 2.0**53
+    # the refusal says how many samples, to the nearest power of ten
+    eps = 1e-10
+    about = round(float(mp.log10(mp.log(2 * (n - 1) / mp.mpf(delta)) / (2 * mp.mpf(eps) ** 2))))
+    assert about == 20
+    with pytest.raises(ValueError) as info:
+        B.required_samples(n, eps, delta)
+    assert str(info.value) == (
+        "eps: 1e-10 needs about 1e20 samples, beyond 2**53 where a sample count is exact "
+        "in floating point; use a larger eps"
+    )
 
 
 @pytest.mark.parametrize(
@@ -247,6 +322,182 @@ def test_spectral_required_samples_is_the_smallest():
         B.spectral_required_samples(n, sigma, 0.0, delta)
 
 
+def _gamma2_truncation_mp(n, sigma, s, k, lnorm):
+    """(P(max pitch > k), bias bound, range R0) of the truncated Bernstein step, in mpmath,
+    for Gamma(2, sigma) pitches (``proofs_notes/spectral_bound.md``)."""
+    if k >= n:
+        return mp.mpf(0), mp.mpf(0), max(mp.mpf(n), lnorm)
+    K, S = mp.mpf(k), mp.mpf(sigma)
+    tail = mp.e ** (-K / S)
+    p_one = (1 + K / S) * tail
+    moment = tail * (K * K / S + 2 * K + 2 * S) + p_one
+    return 1 - (1 - p_one) ** s, min(n * p_one, moment + lnorm * p_one), max(K, lnorm)
+
+
+def _spectral_tail_mp(n, sigma, s, eps, v):
+    """The documented minimum over k = n and ceil(sigma x), x = 40 geometric points in
+    [0.5, 200], of p_k + 2 n exp(-s tau^2 / (2 (v + R tau / 3))), tau = eps - bias > 0."""
+    lnorm = min(mp.mpf(n), mp.mpf(kms_spectral_norm_limit(sigma)))
+    grid = [mp.mpf("0.5") * mp.mpf(400) ** (mp.mpf(i) / 39) for i in range(40)]
+    levels = {n} | {max(1, min(n, int(mp.ceil(sigma * x)))) for x in grid}
+    best, best_k = mp.mpf(1), None
+    for k in sorted(levels):
+        p_trunc, bias, r0 = _gamma2_truncation_mp(n, sigma, s, k, lnorm)
+        tau = eps - bias
+        if tau <= 0:
+            continue
+        value = p_trunc + 2 * n * mp.e ** (-s * tau**2 / (2 * (v + (r0 + bias) * tau / 3)))
+        if value < best:
+            best, best_k = value, k
+    return best, best_k
+
+
+@pytest.mark.parametrize(
+    "n, sigma, s, eps, level",
+    [
+        (64, 2.3, 400, 1.5, 46),  # the best level truncates (k = ceil(2.3 x) < n)
+        (30, 0.7, 300, 0.8, 17),
+        (64, 2.3, 400, 3.0, 64),  # no truncation wins
+        (8, 2.3, 4000, 1.0, 8),  # a bound far below 1e-100
+        (64, 0.05, 100, 0.1, 1),  # sigma x < 1: the level clipped up to 1 wins
+        (1, 2.0, 1, 0.5, 1),  # one position, one sample
+    ],
+)
+def test_spectral_tail_bound_is_its_minimum(n, sigma, s, eps, level):
+    v = B.spectral_error_bound(n, sigma, s, 0.1).variance_proxy  # the default proxy
+    want, best_k = _spectral_tail_mp(n, sigma, s, eps, mp.mpf(v))
+    assert best_k == level and 0 < want < 1
+    assert close(B.spectral_tail_bound(n, sigma, s, eps), want, rtol=1e-13)
+    # a given proxy is used as given
+    want_given, _ = _spectral_tail_mp(n, sigma, s, eps, mp.mpf(2 * v))
+    assert close(B.spectral_tail_bound(n, sigma, s, eps, variance=2 * v), want_given, rtol=1e-13)
+
+
+def _kernel_spectral_mp(n, kernel, s, delta, sf, kvals, first_moment):
+    """kernel_spectral_error_bound's documented recipe, independently: levels n and the
+    1 - f delta quantiles of the largest pitch (mpmath roots of the pitch tail ``sf``),
+    ||K|| by eigvalsh of ``kvals(|i - j|)``, the truncated Bernstein step in mpmath. The
+    proxy v and ||K|| carry the function's relative 1e-12 margin against rounding."""
+    from plsh_ref.kernels import variance_proxy
+
+    pos = np.arange(n)
+    kmat = kvals(np.abs(pos[:, None] - pos[None, :]).astype(float))
+    lnorm = mp.mpf(float(np.linalg.eigvalsh(kmat)[-1])) * (1 + mp.mpf(1e-12))
+    v = mp.mpf(variance_proxy(kernel, n)) * (1 + mp.mpf(1e-12))
+    levels = {n}
+    for frac in ("0.5", "0.3", "0.1", "0.03", "0.01", "0.001"):
+        target = 1 - (1 - mp.mpf(frac) * mp.mpf(delta)) ** (mp.mpf(1) / s)  # P(delta > q)
+        q = mp.findroot(lambda b, t=target: mp.log(sf(b)) - mp.log(t), mp.mpf(10), solver="secant")
+        levels.add(int(max(1, min(n, math.ceil(float(q))))))
+    best = None
+    for k in sorted(levels):
+        K = mp.mpf(k)
+        if k >= n:
+            p_trunc, bias, r0 = mp.mpf(0), mp.mpf(0), max(mp.mpf(n), lnorm)
+        else:
+            p_one = sf(K)
+            bias = min(n * p_one, first_moment(K) + p_one + lnorm * p_one)
+            p_trunc, r0 = 1 - (1 - p_one) ** s, max(K, lnorm)
+        if p_trunc >= delta:
+            continue
+        ell = mp.log(2 * n / (mp.mpf(delta) - p_trunc))
+        a = ell * (r0 + bias) / (3 * s)
+        tau = a + mp.sqrt(a * a + 2 * ell * v / s)
+        if best is None or tau + bias < best[0]:
+            best = (tau + bias, k, p_trunc, r0 + bias, bias, tau, v)
+    return best, sorted(levels)
+
+
+def test_kernel_spectral_error_bound_refusals_and_smallest_inputs():
+    from plsh_ref.kernels import Exponential
+
+    kern = Exponential(2.0)
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        B.kernel_spectral_error_bound(0, kern, 4, 0.1)
+    with pytest.raises(ValueError, match=r"^n: must be <= 1024, got 1025$"):
+        B.kernel_spectral_error_bound(1025, kern, 4, 0.1)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.kernel_spectral_error_bound(8, kern, 0, 0.1)
+    with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
+        B.kernel_spectral_error_bound(8, kern, 4, 1.0)
+    # in argument order, before the later arguments are looked at
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        B.kernel_spectral_error_bound(0, kern, 0, 1.0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.kernel_spectral_error_bound(8, kern, 0, 1.0)
+    one = B.kernel_spectral_error_bound(1, kern, 1, 0.5)  # n = 1 and s = 1 are valid
+    assert one.truncation == 1 and one.num_samples == 1 and math.isfinite(one.eps)
+
+
+def _kerple_log_mp(r1, r2):
+    r1, r2 = mp.mpf(r1), mp.mpf(r2)
+    return lambda b: (1 + r2 * b) ** (-r1 - 1) * (1 + (r1 + 1) * r2 * b)
+
+
+@pytest.mark.parametrize(
+    "case, levels, level",
+    [
+        ("exponential_3", [29, 31, 34, 38, 42, 49, 64], 29),
+        ("exponential_8", [83, 87, 97, 107, 117, 136, 256], 83),
+        ("kerple_log_heavy", [20, 34, 105, 128], 20),  # r1 = 1: no mean, bias n P(delta > k)
+        ("kerple_log_untruncated", [128], 128),
+    ],
+)
+def test_kernel_spectral_error_bound_is_its_recipe(case, levels, level):
+    from plsh_ref.kernels import Exponential, KerpleLog
+
+    sig = {"exponential_3": 3.0, "exponential_8": 8.0}.get(case)
+    if sig is not None:
+        S = mp.mpf(sig)
+        n, s, delta, kernel = (64, 32, 0.05, None) if sig == 3.0 else (256, 64, 0.05, None)
+        kernel = Exponential(sig)
+        sf = lambda b: (1 + b / S) * mp.e ** (-b / S)  # noqa: E731
+        kvals = lambda r: np.exp(-r / sig)  # noqa: E731
+        moment = lambda k: mp.e ** (-k / S) * (k * k / S + 2 * k + 2 * S)  # noqa: E731
+    else:
+        r1, r2 = (1.0, 5.0) if case == "kerple_log_heavy" else (0.7, 0.5)
+        n, s, delta = (128, 8, 0.3) if case == "kerple_log_heavy" else (128, 32, 5e-8)
+        kernel = KerpleLog(r1, r2)
+        sf = _kerple_log_mp(r1, r2)
+        kvals = lambda r: (1 + r2 * r) ** (-r1)  # noqa: E731
+        moment = lambda k: mp.inf  # noqa: E731
+    best, got_levels = _kernel_spectral_mp(n, kernel, s, delta, sf, kvals, moment)
+    assert got_levels == levels and best[1] == level
+    out = B.kernel_spectral_error_bound(n, kernel, s, delta)
+    eps, k, p_trunc, r, bias, tau, v = best
+    assert out.truncation == k and out.probability == delta and out.num_samples == s
+    assert close(out.eps, eps, rtol=1e-12) and close(out.bernstein, tau, rtol=1e-12)
+    assert close(out.range_bound, r, rtol=1e-13) and close(out.variance_proxy, v, rtol=1e-14)
+    if k < n:
+        assert close(out.bias, bias, rtol=1e-12)
+        assert close(out.truncation_probability, p_trunc, rtol=1e-12)
+    else:
+        assert out.bias == 0.0 and out.truncation_probability == 0.0
+
+
+def test_spectral_error_bound_refuses_num_samples_before_delta():
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.spectral_error_bound(8, 2.0, 0, 1.0)
+    with pytest.raises(TypeError, match=r"^num_samples: must be an integer"):
+        B.spectral_error_bound(8, 2.0, 2.5, 0.1)
+
+
+def test_spectral_tail_bound_refusals_name_the_argument():
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        B.spectral_tail_bound(0, 2.0, 4, 0.5)
+    with pytest.raises(TypeError, match=r"^n: must be an integer"):
+        B.spectral_tail_bound(2.5, 2.0, 4, 0.5)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        B.spectral_tail_bound(8, 0.0, 4, 0.5)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.spectral_tail_bound(8, 2.0, 0, 0.5)
+    with pytest.raises(TypeError, match=r"^num_samples: must be an integer"):
+        B.spectral_tail_bound(8, 2.0, 4.5, 0.5)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.spectral_tail_bound(8, 2.0, 0, 0.0)  # before eps is looked at
+    assert 0.0 < B.spectral_tail_bound(8, 2.0, 1, 5.0) <= 1.0  # s = 1 is valid
+
+
 def test_spectral_tail_bound_edges():
     assert B.spectral_tail_bound(8, 2.0, 4, 1e-9) == 1.0  # nothing below the bias
     small = B.spectral_tail_bound(8, 2.0, 10_000, 2.0)
@@ -272,13 +523,21 @@ def _weights(q, k, slopes, causal, qpos, kpos, scale):
     return a, lstar, adm
 
 
+@pytest.mark.parametrize("positions", ["default", "given"])
 @pytest.mark.parametrize("causal", [True, False])
-def test_output_certificate_is_its_formula(causal):
+def test_output_certificate_is_its_formula(causal, positions):
     q, k, v = _problem()
     part = PartitionSample(np.array([[2.0, 3.0, 1.5], [4.0, 1.0, 2.5]]), np.zeros((2, 3)) + 0.25)
     slopes = [0.5, 0.25]
-    qpos, kpos = np.arange(1, 5), np.arange(5)
-    got = B.output_error_certificate(q, k, v, part, slopes=slopes, causal=causal, scale=0.7)
+    if positions == "default":  # aligned at the end
+        qpos, kpos = np.arange(1, 5), np.arange(5)
+        given = {}
+    else:  # both given, neither the default
+        qpos, kpos = np.array([3, 4, 6, 9]), np.array([0, 2, 4, 6, 7])
+        given = {"query_positions": qpos, "key_positions": kpos}
+    got = B.output_error_certificate(
+        q, k, v, part, slopes=slopes, causal=causal, scale=0.7, **given
+    )
     a, lstar, adm = _weights(q, k, slopes, causal, qpos, kpos, 0.7)
     from plsh_ref.partition import counts
 
@@ -288,7 +547,72 @@ def test_output_certificate_is_its_formula(causal):
     vv = np.broadcast_to(v[:, :, None], (1, 2, 4, 5, 2))
     adm5 = adm[None, None, :, :, None]
     vrange = np.max(np.where(adm5, vv, -np.inf), 3) - np.min(np.where(adm5, vv, np.inf), 3)
+    want = vrange * ratio[..., None]
+    # a row whose PLSH weights all vanish (Z~ = 0, possible off the aligned positions)
+    # gets max |v| over its admissible keys
+    vanished = np.sum(a * mt, -1) == 0
+    assert vanished.any() == (positions == "given")
+    vabs = np.max(np.where(adm5, np.abs(vv), 0.0), 3)
+    want = np.where(vanished[..., None], vabs, want)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+
+
+def test_output_certificate_when_the_alibi_weights_underflow():
+    import warnings
+
+    from plsh_ref import alibi_attention, plsh_attention
+
+    # query 2000, keys 0 and 1, slope 1: every L* = e^-2000 underflows (Z* = 0), but
+    # alibi_attention (log-space) still weighs key 1 by 1 / (1 + e^-1); one huge bin puts
+    # the three positions together, so PLSH averages the two keys equally
+    q, k = np.ones((1, 1, 1, 2)), np.ones((1, 1, 2, 2))
+    v = np.array([[[[3.0, -1.0], [-5.0, 2.0]]]])
+    part = PartitionSample(np.array([[1e6]]), np.array([[0.0]]))
+    kw = {"causal": True, "query_positions": [2000], "key_positions": [0, 1]}
+    error = np.abs(
+        plsh_attention(q, k, v, partition=part, return_lse=False, **kw)
+        - alibi_attention(q, k, v, slopes=[1.0], return_lse=False, **kw)
+    )
+    assert error[0, 0, 0, 0] > 1.8  # was certified 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the 0/0 row is handled, not warned
+        got = B.output_error_certificate(q, k, v, part, slopes=[1.0], **kw)
+    np.testing.assert_array_equal(got, [[[[8.0, 3.0]]]])  # the range of the values
+    assert np.all(got >= error)
+    # no admissible key: 0 (and no warning either)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        none = B.output_error_certificate(
+            q, k, v, part, slopes=[1.0], causal=True, query_positions=[-1], key_positions=[0, 1]
+        )
+    np.testing.assert_array_equal(none, np.zeros((1, 1, 1, 2)))
+
+
+def test_output_bounds_with_logits_beyond_the_exponent_range():
+    # logits +-1800 and +-1200: unshifted exp overflows, and one shift for all rows
+    # underflows the negative row; each row is scaled by its own maximum (softmax)
+    from scipy.special import softmax
+
+    from plsh_ref.partition import counts
+
+    q = np.array([[[[30.0, 30.0], [-30.0, -30.0]]]])
+    k = np.array([[[[30.0, 30.0], [20.0, 20.0]]]])
+    v = np.array([[[[1.0, -2.0], [4.0, 0.5]]]])
+    part = PartitionSample(np.array([[3.0, 5.0]]), np.array([[0.5, 1.0]]))
+    kw = {"slopes": [0.5], "causal": False, "scale": 1.0}
+    kw |= {"query_positions": [0, 1], "key_positions": [0, 1]}
+    a = softmax(np.einsum("bhid,bhjd->bhij", q, k), axis=-1)
+    lstar = np.exp(-0.5 * np.abs(np.arange(2)[:, None] - np.arange(2)[None, :]))
+    mt = counts(part, np.arange(2), np.arange(2)) / 2
+    vrange = (v.max(axis=2) - v.min(axis=2))[:, :, None, :]
+    ratio = np.sum(a * np.abs(mt - lstar), -1) / np.sum(a * lstar, -1)
+    got = B.output_error_certificate(q, k, v, part, **kw)
     np.testing.assert_allclose(got, vrange * ratio[..., None], rtol=1e-12, atol=0)
+    eps = B.max_norm_error_bound(2, 64, 0.1)
+    assert eps < lstar.min()  # no row may vanish
+    prior = B.output_error_bound(q, k, v, 64, 0.1, **kw)
+    ratio = eps * np.sum(a, -1) / np.sum(a * lstar, -1)
+    np.testing.assert_allclose(prior, vrange * ratio[..., None], rtol=1e-12, atol=0)
 
 
 def test_output_certificate_rows_without_weight():
@@ -359,6 +683,83 @@ def test_output_bound_is_its_formula(causal):
     eps_g = B.max_norm_error_bound(n, 8, 0.05, sampler="shared", group_size=2)
     assert eps_g > eps
     assert np.all(grouped >= got) and np.any(grouped > got)
+    # a group size other than the default (2 for s = 8) is the one used
+    grouped4 = B.output_error_bound(
+        q,
+        k,
+        v,
+        8,
+        0.1,
+        slopes=slopes,
+        causal=causal,
+        scale=0.7,
+        query_positions=qpos,
+        key_positions=kpos,
+        sampler="shared",
+        group_size=4,
+    )
+    eps_4 = B.max_norm_error_bound(n, 8, 0.05, sampler="shared", group_size=4)
+    assert eps_4 > eps_g
+    want_4 = vrange * (eps_4 * np.sum(a, -1) / np.sum(a * lstar, -1))[..., None]
+    want_4 = np.where((eps_4 >= lmax)[None, :, :, None], np.maximum(want_4, vabs), want_4)
+    np.testing.assert_allclose(grouped4, want_4, rtol=1e-12, atol=0)
+
+
+def _slope_with_kernel_value(target):
+    """A slope whose L* at distance 1 is exactly ``target`` (a search over nearby doubles)."""
+    from plsh_ref.alibi import kernel_matrix
+
+    base = -math.log(target)
+    for k in range(-64, 65):
+        slope = base * (1 + k * 2.0**-52)
+        if kernel_matrix(1.0 / slope, np.array([1]), np.array([0]))[0, 0] == target:
+            return slope
+    raise AssertionError("no slope found")
+
+
+def test_output_bound_vanishing_row_at_equality():
+    # L* = eps exactly: on the event M~ >= L* - eps = 0, so the row may vanish and gets
+    # max |v| (one key: the range is 0, so the bound is max |v| or nothing)
+    eps = B.max_norm_error_bound(2, 4, 0.1)
+    slope = _slope_with_kernel_value(eps)
+    q = np.ones((1, 1, 1, 2))
+    v = np.array([[[[3.0, -5.0]]]])
+    got = B.output_error_bound(
+        q, q, v, 4, 0.1, slopes=[slope], query_positions=[1], key_positions=[0]
+    )
+    np.testing.assert_array_equal(got, [[[[3.0, 5.0]]]])
+    below = B.output_error_bound(  # L* just above eps: the row cannot vanish
+        q, q, v, 4, 0.1, slopes=[slope * 0.999], query_positions=[1], key_positions=[0]
+    )
+    np.testing.assert_array_equal(below, np.zeros((1, 1, 1, 2)))
+
+
+def test_output_bound_rows_without_weight_and_inadmissible_keys():
+    import warnings
+
+    q = np.ones((1, 1, 2, 2))
+    k = np.ones((1, 1, 3, 2))
+    v = np.array([[[[3.0, -1.0], [-5.0, 2.0], [7.0, 7.0]]]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the 0/0 and x/0 rows are handled, not warned
+        got = B.output_error_bound(
+            q, k, v, 4, 0.1, slopes=[1.0], query_positions=[-1, 2000], key_positions=[0, 1, 4000]
+        )
+    # query -1 (causal): no admissible key, bound 0. Query 2000: keys 0 and 1 admissible,
+    # L* = e^-2000 = 0 (Z* = 0): the range (8, 3) of their values (both outputs are
+    # averages of them; was max |v| = (5, 2), below the error the certificate test shows),
+    # and key 4000 (inadmissible) does not count.
+    np.testing.assert_array_equal(got, [[[[0.0, 0.0], [8.0, 3.0]]]])
+    # an inadmissible key does not stop a row from vanishing: query 30 with keys 0 and 40
+    # (values below 1 in magnitude: the inadmissible key's |v| = 2 must not count either)
+    small = np.array([[[[0.5, -0.25], [2.0, -2.0]]]])
+    far = B.output_error_bound(
+        q[:, :, :1], k[:, :, :2], small, 4, 0.1, slopes=[1.0],
+        query_positions=[30], key_positions=[0, 40],
+    )  # fmt: skip
+    eps = B.max_norm_error_bound(3, 4, 0.1)
+    assert math.exp(-30.0) <= eps
+    assert far[0, 0, 0].tolist() == [0.5, 0.25]
 
 
 def test_output_bound_vanishing_rows_get_max_abs_value():
@@ -378,3 +779,9 @@ def test_output_bound_vanishing_rows_get_max_abs_value():
         B.output_error_bound(q, k, v, 0, 0.1)
     with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
         B.output_error_bound(q, k, v, 4, 1.0)
+    # the scalar arguments are refused before any work on the tensors (a query of the
+    # wrong rank would be refused second)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
+        B.output_error_bound(q[0], k, v, 0, 0.1)
+    with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
+        B.output_error_bound(q[0], k, v, 4, 0.0)

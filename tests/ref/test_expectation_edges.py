@@ -219,6 +219,40 @@ def test_largest_pitch_quantile_inverts_the_cdf(q, sigma, s):
     assert close((1 - (1 + x) * mp.e ** (-x)) ** s, q, rtol=1e-9)
 
 
+def _largest_pitch_quantile_mp(q, sigma, s):
+    """The root of ``1 - (1 + x) e^(-x) = q^(1/s)`` by mpmath, times ``sigma``, with enough
+    digits for the cancellation (``x^2 / 2 ~ q^(1/s)`` loses ``-log10 q^(1/s)`` of them)."""
+    u = mp.mpf(q) ** (mp.mpf(1) / s)
+    with mp.workdps(60 + int(-mp.log10(u))):
+        if u < mp.mpf("0.1"):  # start from the series 1 - (1 + x) e^-x = x^2/2 - x^3/3 + ...
+            x0 = mp.sqrt(2 * u)
+        else:  # and from Lambert W's solution elsewhere
+            x0 = -1 - mp.lambertw(-(1 - u) / mp.e, -1).real
+        x = mp.findroot(lambda x: (1 - (1 + x) * mp.exp(-x)) / u - 1, x0)
+        return sigma * x
+
+
+@pytest.mark.parametrize(
+    "q, sigma, s",
+    [
+        (1e-300, 1.0, 1),  # was NaN: -t/e rounded onto the branch point of W_{-1}
+        (5e-324, 2.0, 1),  # the smallest double
+        (1e-17, 1.0, 1),
+        (1e-10, 3.0, 1),  # was 3.0e-10 in place of 1.414e-5 * 3 (W_{-1} near -1/e)
+        (1e-100, 1.0, 7),
+        (0.25, 1.0, 1),
+        (0.5, 1.0, 1),  # u = 1/2, where the two formulas meet
+        (0.5000001, 1.0, 1),
+        (0.9, 4.0, 2),
+        (1 - 2**-53, 1.0, 1000),  # u within 1e-19 of 1: only W_{-1} of t keeps the digits
+    ],
+)
+def test_largest_pitch_quantile_full_precision(q, sigma, s):
+    b = E.largest_pitch_quantile(q, sigma, s)
+    assert math.isfinite(b) and b > 0
+    assert close(b, _largest_pitch_quantile_mp(q, sigma, s), rtol=1e-13)
+
+
 def test_largest_pitch_quantile_refusals():
     with pytest.raises(ValueError, match=r"^q: must lie in the open interval"):
         E.largest_pitch_quantile(1.0, 1.0, 1)

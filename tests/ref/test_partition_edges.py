@@ -103,6 +103,15 @@ def test_fresh_entropy_differs_between_calls():
     assert not np.array_equal(a.pitch, b.pitch)
 
 
+def test_draw_refuses_no_heads():
+    # was a PartitionSample with zero heads
+    with pytest.raises(ValueError, match=r"^sigma: needs at least one head \(num_heads >= 1\)"):
+        P.draw_partition([], 4, seed=0)
+    with pytest.raises(ValueError, match=r"^sigma: needs at least one head"):
+        P.draw_partition(np.zeros(0), 4, seed=0, sampler="stratified", group_size=2)
+    assert P.draw_partition([1.0], 4, seed=0).num_heads == 1
+
+
 # --- PartitionSample -------------------------------------------------------------------
 
 
@@ -115,6 +124,8 @@ def test_sample_refusals_at_their_edges():
         ValueError, match=r"^pitch: needs at least one sample \(num_samples >= 1\)$"
     ):
         _sample(np.zeros((2, 0)), np.zeros((2, 0)))
+    with pytest.raises(ValueError, match=r"^pitch: needs at least one head \(num_heads >= 1\)$"):
+        _sample(np.zeros((0, 3)), np.zeros((0, 3)))
     with pytest.raises(
         ValueError, match=r"^offset: shape \(1, 2\) differs from pitch shape \(1, 3\)$"
     ):
@@ -156,6 +167,10 @@ def test_heads_and_samples_slices_at_their_edges():
         part.heads(1, 1)
     with pytest.raises(ValueError, match=r"^start: must be >= 0, got -1$"):
         part.heads(-1)
+    with pytest.raises(ValueError, match=r"^start: must be < num_heads=3, got 3$"):
+        part.heads(3)  # was a sample with zero heads
+    with pytest.raises(ValueError, match=r"^start: must be < num_heads=3, got 7$"):
+        part.heads(7)
     tail = part.samples(3, 4)
     np.testing.assert_array_equal(tail.pitch, part.pitch[:, 3:4])
     np.testing.assert_array_equal(tail.offset, part.offset[:, 3:4])
@@ -167,6 +182,8 @@ def test_heads_and_samples_slices_at_their_edges():
         part.samples(2, 2)
     with pytest.raises(ValueError, match=r"^start: must be >= 0, got -2$"):
         part.samples(-2)
+    with pytest.raises(ValueError, match=r"^start: must be < num_samples=4, got 4$"):
+        part.samples(4)
 
 
 def test_equality_and_repr():

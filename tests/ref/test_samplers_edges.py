@@ -130,6 +130,35 @@ def test_variance_arrays_and_distance_zero():
     assert w.shape == b.shape == (3,) and w[0] == 0.0 and b[0] == 0.0
 
 
+@pytest.mark.parametrize("g", [1, 2, 3, 5])
+def test_group_moments_is_the_group_mean_formula(g):
+    """E[A^2] = (1/g) [G(r) + 2 sum_{j<g} (j/g) G(r g/j)] with G = weight * integral, here
+    for a made-up two-stratum integral, summed independently in mpmath."""
+    r = np.array([0.0, 0.4, 3.0])
+    weight = 2.0
+
+    def partial(x):  # (..., 1) -> (..., 2): two "strata" that differ
+        return np.concatenate([np.exp(-x), 1.0 / (1.0 + x * x)], axis=-1)
+
+    def partial_mp(x):
+        return [mp.e ** (-x), 1 / (1 + x * x)]
+
+    gk, second = S.group_moments(partial, r, g, weight)
+    assert gk.shape == second.shape == (3, 2)
+    for i, ri in enumerate(r):
+        ri = mp.mpf(ri)
+        want_g = [weight * v for v in partial_mp(ri)]
+        want_2 = [mp.mpf(v) for v in want_g]
+        for j in range(1, g):
+            for k, v in enumerate(partial_mp(ri * g / j)):
+                want_2[k] += 2 * mp.mpf(j) / g * weight * v
+        for k in range(2):
+            assert gk[i, k] == pytest.approx(float(want_g[k]), rel=1e-15)
+            assert second[i, k] == pytest.approx(float(want_2[k] / g), rel=1e-14)
+    if g == 1:  # one hash per pitch: A = the hash, A^2 = A
+        np.testing.assert_array_equal(second, gk)
+
+
 def test_frobenius_error_square_sums_the_entries():
     n, sigma, s = 6, 3.0, 4
     for sampler, g in (("iid", None), ("stratified", 2), ("shared", 4)):
