@@ -83,7 +83,7 @@ def reachable_keys(key_bins: torch.Tensor, reference_bins: torch.Tensor) -> torc
     TypeError
         Bins that are not int64 tensors.
     ValueError
-        Bins of different ranks, or ones with fewer than 3 dimensions.
+        Bins of different ranks, or ones with fewer than 2 dimensions.
 
     References
     ----------

@@ -1,6 +1,6 @@
 """Deprecated alias of :mod:`plsh_ref.validation` (kept for one release; import that instead).
 
-Nothing in ``plsh_ref`` or ``plsh_fast`` imports this module (``tests/test_imports.py``
+Nothing in ``plsh_ref`` or ``plsh_fast`` imports this module (``tests/project/test_private_imports.py``
 enforces it).
 """
 
