@@ -941,7 +941,9 @@ def _partial_collision(kernel, lo, hi, x):
             np.asarray(kernel.pitch_sf(a)) - np.asarray(kernel.pitch_sf(hi)),
         )
         dk_hi = np.where(np.isinf(hi), 0.0, np.asarray(kernel.dk(np.where(np.isinf(hi), 1.0, hi))))
-        out = mass - x * (dk_hi - np.asarray(kernel.dk(a)))
+        # x = 0: no x [k'] term (k'(0) may be -inf, as for KERPLE-power: 0 * inf is not 0)
+        slope_term = np.where(x == 0, 0.0, x * (dk_hi - np.asarray(kernel.dk(a))))
+        out = mass - slope_term
     return np.where(a < hi, out, 0.0)
 
 

@@ -678,3 +678,18 @@ def test_stratified_largest_pitch_is_the_top_stratum():
     # negative control: the iid law of the largest of m pitches is a different quantile
     b_iid = largest_pitch_quantile(kern, 0.3, m)
     assert abs(np.mean(top <= b_iid) - 0.3) > Z * math.sqrt(0.21 / reps)
+
+
+@pytest.mark.parametrize("sampler", ["iid", "stratified", "shared"])
+@pytest.mark.parametrize(
+    "kernel",
+    [Exponential(4.0), KerpleLog(0.7, 0.25), KerplePower(0.4, 0.5), KerplePower(1.0, 1.0)],
+    ids=repr,
+)
+def test_entry_variance_vanishes_at_distance_zero(kernel, sampler):
+    # M~_ii = 1 in every draw, so Var = 0 at r = 0, and the variance is continuous there;
+    # KERPLE-power with p < 1 has k'(0) = -inf, where 0 * k'(0) once gave NaN
+    var = np.asarray(entry_variance(kernel, [0.0, 1e-9], 16, sampler=sampler), dtype=float)
+    assert np.all(np.isfinite(var)), var
+    assert abs(var[0]) <= 1e-15
+    assert 0.0 <= var[1] <= 1e-5
