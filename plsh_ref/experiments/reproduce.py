@@ -293,15 +293,43 @@ def _add_kernel_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--r1",
         type=float,
-        default=0.7,
-        help="KERPLE-log power r1 > 0 (default 0.7: heavy-tailed pitch, infinite mean)",
+        default=None,
+        help="KERPLE-log power r1 > 0, with --kernel kerple-log only (default 0.7: "
+        "heavy-tailed pitch, infinite mean)",
     )
     parser.add_argument(
         "--p",
         type=float,
-        default=0.5,
-        help="KERPLE-power exponent p in (0, 1] (default 0.5)",
+        default=None,
+        help="KERPLE-power exponent p in (0, 1], with --kernel kerple-power only (default 0.5)",
     )
+
+
+#: the kernel options, the --kernel they belong to, and their defaults
+KERNEL_OPTIONS = {"r1": ("kerple-log", 0.7), "p": ("kerple-power", 0.5)}
+
+
+def resolve_kernel_options(args: argparse.Namespace) -> None:
+    """Refuse a kernel option given for another ``--kernel``; fill in the defaults.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed ``plsh reproduce`` arguments with ``kernel``, ``r1`` and ``p`` (``None``:
+        not given); ``r1`` and ``p`` are set to their defaults in place.
+
+    Raises
+    ------
+    ValueError
+        ``--r1`` without ``--kernel kerple-log``, or ``--p`` without ``--kernel
+        kerple-power`` (the option would be ignored).
+    """
+    kind = getattr(args, "kernel", "alibi")
+    for name, (owner, default) in KERNEL_OPTIONS.items():
+        value = getattr(args, name, None)
+        if value is not None and kind != owner:
+            raise ValueError(f"--{name}: applies to --kernel {owner} only, got --kernel {kind}")
+        setattr(args, name, default if value is None else value)
 
 
 def memory_estimate(
@@ -935,6 +963,7 @@ def _check_args(args: argparse.Namespace) -> dict:
         check_int("--group-size", args.group_size, minimum=1)
     check_int("--fit-min-samples", args.fit_min_samples, minimum=1)
     kind = getattr(args, "kernel", "alibi")
+    resolve_kernel_options(args)
     try:  # the kernel classes name their parameter ("p: ..."): the option is "--p"
         kernels = kernel_heads(kind, args.sigmas, r1=args.r1, p=args.p)
     except (ValueError, TypeError) as exc:

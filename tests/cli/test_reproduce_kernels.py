@@ -111,3 +111,22 @@ def test_stratified_rate_line_labels_kerple_power_by_its_parameters():
     assert "kernel=KERPLE-power (p=0.5), n=1024" in line and "sigma" not in line
     with pytest.raises(ValueError, match="^kernels: 2 kernels for 1 slopes"):
         stratified_rate_line({"4": -0.7}, heads, 1024, "KERPLE-power (p=0.5)")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--r1", "0.5"], "--r1: applies to --kernel kerple-log only, got --kernel alibi"),
+        (["--kernel", "kerple-power", "--r1", "0.5"], "--r1: applies to --kernel kerple-log"),
+        (["--p", "0.5"], "--p: applies to --kernel kerple-power only, got --kernel alibi"),
+        (["--kernel", "kerple-log", "--p", "0.5"], "--p: applies to --kernel kerple-power"),
+    ],
+)
+def test_a_kernel_option_for_another_kernel_is_refused(argv, message, tmp_path, capsys):
+    # the option would be ignored: one line naming it, exit 2, no output folder
+    out = tmp_path / "out"
+    code = main(["reproduce", *ARGS, *argv, "--out", str(out)])
+    assert code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+    assert not out.exists()
