@@ -89,7 +89,11 @@ def output_part(samples, reps, seed, max_tokens=None):
             for r in range(reps):
                 part = draw_partition(sigma, s, seed + 1000 * r + 1, sampler=sampler)
                 res, _ = biased_attention(
-                    q, k, v, count_bias(counts(part, pos, pos, causal=True), s), return_lse=True
+                    q,
+                    k,
+                    v,
+                    bias=count_bias(counts(part, pos, pos, causal=True), s),
+                    return_lse=True,
                 )
                 rel[j, r] = np.linalg.norm(res - ref) / np.linalg.norm(ref)
                 mx[j, r] = np.abs(res - ref).max()

@@ -60,6 +60,7 @@ from plsh_ref.validation import (
     check_int,
     check_positive_float,
     check_scale,
+    keyword_argument,
     warn_deprecated,
 )
 
@@ -122,8 +123,8 @@ def biased_sdpa(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    bias: torch.Tensor,
-    *,
+    *args: Any,
+    bias: torch.Tensor | np.ndarray | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
     """``softmax(scale q k^T + bias) v`` through ``scaled_dot_product_attention``.
@@ -138,6 +139,8 @@ def biased_sdpa(
         ``(batch, num_heads_kv, n_k, head_dim_v)``; key/value heads are repeated for
         grouped-query attention (query head ``h`` uses kv head ``h // group``).
     bias : torch.Tensor or numpy.ndarray
+        Keyword-only and required (passed positionally, the old form, it works for one
+        release with a :class:`plsh_ref.validation.PLSHDeprecationWarning`):
         ``(num_heads, n_q, n_k)`` or ``(batch or 1, num_heads, n_q, n_k)``. Additive bias
         (``-inf`` masks a pair); cast to the query's dtype and device. NaN and ``+inf``
         (also after the cast) are refused in eager mode (the check reads the values; it
@@ -158,6 +161,15 @@ def biased_sdpa(
         See :func:`check_attention_inputs`; a bias of the wrong shape or holding NaN or
         ``+inf`` (argument name ``bias``).
     """
+    bias = keyword_argument(
+        args,
+        "bias",
+        bias,
+        "biased_sdpa(query, key, value, bias) with a positional bias",
+        "biased_sdpa(query, key, value, bias=...)",
+    )
+    if bias is None:
+        raise TypeError("bias: required (a tensor (num_heads, n_q, n_k), keyword bias=)")
     check_attention_inputs(query, key, value)
     num_heads, n_q, n_k = query.shape[1], query.shape[2], key.shape[2]
     bias = torch.as_tensor(bias).to(device=query.device, dtype=query.dtype)
@@ -880,7 +892,7 @@ class PLSHAttention(nn.Module):
             else:
                 bias = _log_count_bias(*self._forward_partition(), qpos, kpos, self.causal)
             bias = _mask_bias(bias, mask, n_q, n_k)
-            out = biased_sdpa(query, key, value, bias, scale=self.scale)
+            out = biased_sdpa(query, key, value, bias=bias, scale=self.scale)
             if not return_lse:
                 return out
             c = check_scale(self.scale, query.shape[3])

@@ -46,6 +46,7 @@ from .validation import (
     check_bool,
     check_int,
     check_scale,
+    keyword_argument,
     partition_argument,
     select_return,
     warn_deprecated,
@@ -243,8 +244,8 @@ def biased_attention(
     query: ArrayLike,
     key: ArrayLike,
     value: ArrayLike,
-    bias: ArrayLike,
-    *,
+    *args: Any,
+    bias: ArrayLike | None = None,
     scale: float | None = None,
     return_lse: bool | None = None,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -255,7 +256,9 @@ def biased_attention(
     query, key, value : array_like
         See :func:`validate_qkv`.
     bias : array_like, ``(num_heads, n_q, n_k)`` or ``(batch, num_heads, n_q, n_k)``
-        float64; ``-inf`` marks inadmissible pairs (NaN and ``+inf`` are refused).
+        Keyword-only and required: float64; ``-inf`` marks inadmissible pairs (NaN and
+        ``+inf`` are refused). Passed positionally, the old form, it still works for one
+        release, with a :class:`plsh_ref.validation.PLSHDeprecationWarning`.
     scale : float, optional
         Logit scale, default ``1 / sqrt(head_dim)``.
     return_lse : bool, optional
@@ -278,6 +281,15 @@ def biased_attention(
     ----------
     ``proofs_notes/softmax_bias_identity.md``.
     """
+    bias = keyword_argument(
+        args,
+        "bias",
+        bias,
+        "biased_attention(query, key, value, bias) with a positional bias",
+        "biased_attention(query, key, value, bias=...)",
+    )
+    if bias is None:
+        raise TypeError("bias: required (an array (num_heads, n_q, n_k), keyword bias=)")
     q, k, v = validate_qkv(query, key, value)
     b = as_float_array("bias", bias, ndim=(3, 4), finite=False)
     if np.any(np.isnan(b)) or np.any(b == np.inf):

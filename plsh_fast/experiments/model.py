@@ -89,7 +89,7 @@ class _MaskAttention(nn.Module):
         if self.causal:
             allowed = allowed & (kpos[None, None, :] <= qpos[None, :, None])
         bias = torch.from_numpy(np.where(allowed, 0.0, -np.inf))
-        return biased_sdpa(query, key, value, bias)
+        return biased_sdpa(query, key, value, bias=bias)
 
 
 class NoBiasAttention(_MaskAttention):

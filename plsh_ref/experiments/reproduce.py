@@ -561,7 +561,7 @@ def _reference_output(query, key, value, kernels=None):
     mask = _expected_mask(kernels, np.arange(n_k - n_q, n_k), np.arange(n_k), causal=True)
     with np.errstate(divide="ignore"):
         bias = np.log(mask)
-    return biased_attention(query, key, value, bias, return_lse=False)
+    return biased_attention(query, key, value, bias=bias, return_lse=False)
 
 
 def output_error_experiment(
@@ -648,7 +648,7 @@ def output_error_experiment(
         )
         for k, (s, cnt) in enumerate(draws):
             bias = count_bias(cnt, s)
-            out, _ = biased_attention(query, key, value, bias, return_lse=True)
+            out, _ = biased_attention(query, key, value, bias=bias, return_lse=True)
             result["plsh_max_abs"][k, r], result["plsh_rel_fro"][k, r] = _output_errors(out, ref)
             if progress is not None:
                 progress()

@@ -243,7 +243,7 @@ def sign_flipped_alibi(
         query, key, np.asarray(slopes), causal, query_positions, key_positions, attention_mask
     )
     bias = np.where(np.isfinite(bias), -bias, bias)
-    out, _ = biased_attention(query, key, value, bias, scale=scale, return_lse=True)
+    out, _ = biased_attention(query, key, value, bias=bias, scale=scale, return_lse=True)
     return out.astype(query.dtype)
 
 
@@ -311,7 +311,7 @@ def averaged_plsh(
     for t in range(partition.num_samples):
         one = partition.samples(t, t + 1)
         log_w = count_bias(counts(one, qpos, kpos, causal=causal), 1)
-        outs.append(biased_attention(query, key, value, log_w, scale=scale, return_lse=False))
+        outs.append(biased_attention(query, key, value, bias=log_w, scale=scale, return_lse=False))
     return np.mean(outs, axis=0).astype(query.dtype)
 
 
@@ -334,7 +334,7 @@ def mask_only_plsh(
     qpos, kpos = _positions(query, key, query_positions, key_positions)
     c = counts(partition, qpos, kpos, causal=causal)
     bias = np.where(c > 0, 0.0, -np.inf)
-    out, lse = biased_attention(query, key, value, bias, scale=scale, return_lse=True)
+    out, lse = biased_attention(query, key, value, bias=bias, scale=scale, return_lse=True)
     return out.astype(query.dtype), lse
 
 

@@ -285,13 +285,13 @@ def test_fixed_block_refuses_bad_block_size():
 
 def test_biased_attention_refuses_bad_bias():
     good = np.zeros((2, 3, 3))
-    _expect(ValueError, "bias", biased_attention, Q, K, V, _with(good, (0, 0, 0), np.nan))
-    _expect(ValueError, "bias", biased_attention, Q, K, V, _with(good, (0, 0, 0), np.inf))
-    _expect(ValueError, "bias", biased_attention, Q, K, V, np.zeros((2, 3, 2)))
-    _expect(ValueError, "bias", biased_attention, Q, K, V, np.zeros((3, 2, 3, 3)))
-    _expect(ValueError, "bias", biased_attention, Q, K, V, np.zeros(3))
+    _expect(ValueError, "bias", biased_attention, Q, K, V, bias=_with(good, (0, 0, 0), np.nan))
+    _expect(ValueError, "bias", biased_attention, Q, K, V, bias=_with(good, (0, 0, 0), np.inf))
+    _expect(ValueError, "bias", biased_attention, Q, K, V, bias=np.zeros((2, 3, 2)))
+    _expect(ValueError, "bias", biased_attention, Q, K, V, bias=np.zeros((3, 2, 3, 3)))
+    _expect(ValueError, "bias", biased_attention, Q, K, V, bias=np.zeros(3))
     # -inf is how a pair is masked: accepted
-    biased_attention(Q, K, V, _with(good, (0, 0, 0), -np.inf), return_lse=True)
+    biased_attention(Q, K, V, bias=_with(good, (0, 0, 0), -np.inf), return_lse=True)
 
 
 @pytest.mark.parametrize(

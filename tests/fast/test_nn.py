@@ -201,9 +201,9 @@ def test_empty_rows_give_zero_output_and_zero_gradient():
 def test_biased_sdpa_equals_reference_biased_attention():
     q, k, v = _qkv(n=9, heads=4, heads_kv=2, n_k=11)
     bias = np.random.default_rng(0).normal(size=(4, 9, 11))
-    ref, _ = plsh_ref.biased_attention(*_np(q, k, v), bias, return_lse=True)
+    ref, _ = plsh_ref.biased_attention(*_np(q, k, v), bias=bias, return_lse=True)
     np.testing.assert_allclose(
-        biased_sdpa(q, k, v, torch.from_numpy(bias)).numpy(), ref, rtol=0, atol=1e-12
+        biased_sdpa(q, k, v, bias=torch.from_numpy(bias)).numpy(), ref, rtol=0, atol=1e-12
     )
 
 

@@ -212,7 +212,7 @@ def test_exact_method_is_exact_attention_with_the_kernel_bias(name, causal):
         bias = np.log(
             np.stack([kernel_matrix(c, qpos, kpos, causal=causal) for c in KERNELS[name]])
         )
-    ref = biased_attention(*_np(q, k, v), bias, return_lse=False)
+    ref = biased_attention(*_np(q, k, v), bias=bias, return_lse=False)
     base, _ = plain_attention_numpy(*_np(q, k, v), bias, scale=None, dtype="float32")
     assert_close_to_reference(out.numpy(), ref, base, "float32")
     # float64: the closed-form log k equals log of the reference's k to rounding

@@ -234,7 +234,7 @@ def test_flex_window_peer_matches_reference(causal):
     bias = np.where(inside, alibi_bias(alibi_slopes(4), qpos, kpos, causal=False), -np.inf)
     from plsh_ref.attention import biased_attention
 
-    ref, _ = biased_attention(*_np(q, k, v), bias, return_lse=True)
+    ref, _ = biased_attention(*_np(q, k, v), bias=bias, return_lse=True)
     _check(out, q, k, v, bias, ref, "float32")
     # negative control: a window of every key is exact ALiBi, a narrower one is not
     exact, _ = alibi_attention(*_np(q, k, v), causal=causal, return_lse=True)
@@ -324,7 +324,7 @@ def test_dense_attention_oracle_matches_reference(case, dtype):
     bias = alibi_bias(alibi_slopes(4), *resolve_positions(n_q, n_k, qp, kp), causal=True)
     out, lse = peers.dense_attention(q, k, v, bias=bias, scale=0.7, return_lse=True)
     assert out.dtype == dtype and lse.shape == (2, 4, n_q)
-    ref, ref_lse = biased_attention(*_np(q, k, v), bias, scale=0.7, return_lse=True)
+    ref, ref_lse = biased_attention(*_np(q, k, v), bias=bias, scale=0.7, return_lse=True)
     base, base_lse = plain_attention_numpy(*_np(q, k, v), bias, scale=0.7, dtype=str(dtype)[6:])
     assert_close_to_reference(out, ref, base, str(dtype)[6:])
     assert_close_to_reference(lse, ref_lse, base_lse, str(dtype)[6:], name="lse")

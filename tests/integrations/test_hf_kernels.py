@@ -143,7 +143,7 @@ def test_alibi_implementation_with_kernels_is_exact_attention_with_their_bias():
     pos = np.arange(10)
     with np.errstate(divide="ignore"):
         bias = np.log(np.stack([kernel_matrix(c, pos, pos, causal=True) for c in KERNELS]))
-    ref = biased_attention(q.numpy(), k.numpy(), v.numpy(), bias, return_lse=False)
+    ref = biased_attention(q.numpy(), k.numpy(), v.numpy(), bias=bias, return_lse=False)
     # float32 bias (as the ALiBi bias of this function), float64 attention
     np.testing.assert_allclose(out.transpose(1, 2).numpy(), ref, rtol=0, atol=1e-5)
     alibi = hf.set_alibi_attention(_llama(), "alibi", seed=0)  # negative control

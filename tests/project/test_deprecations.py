@@ -102,7 +102,7 @@ def test_reference_without_return_lse_returns_the_old_pair(name):
     extra = {
         "plsh_attention": ((), {"partition": part}),
         "fixed_block_attention": ((3,), {}),
-        "biased_attention": ((np.zeros((2, 5, 5)),), {}),
+        "biased_attention": ((), {"bias": np.zeros((2, 5, 5))}),
     }.get(name, ((), {}))
     fn = getattr(A, name)
     out, lse = fn(q, k, v, *extra[0], **extra[1], return_lse=True)
@@ -281,6 +281,41 @@ def test_peers_dense_attention_positional_bias():
     assert not torch.equal(peers.dense_attention(q, q, q, bias=bias * 0), new[0])  # bias matters
     with pytest.raises(TypeError, match="^bias: pass it once"):
         peers.dense_attention(q, q, q, bias, bias=bias)
+
+
+def test_biased_attention_positional_bias():
+    from plsh_ref.attention import biased_attention
+
+    q, k, v, _part = _ref_case()
+    bias = np.random.default_rng(8).normal(size=(q.shape[1], q.shape[2], k.shape[2]))
+    new = biased_attention(q, k, v, bias=bias, return_lse=True)
+    with pytest.warns(DeprecationWarning, match="bias=") as record:
+        old = biased_attention(q, k, v, bias, return_lse=True)
+    assert len(record) == 1 and record[0].filename == __file__  # names the caller's line
+    assert all(np.array_equal(a, b) for a, b in zip(old, new))
+    assert not np.array_equal(biased_attention(q, k, v, bias=0 * bias, return_lse=False), new[0])
+    with pytest.raises(TypeError, match="^bias: pass it once"):
+        biased_attention(q, k, v, bias, bias=bias)
+    with pytest.raises(TypeError, match="^bias: required"):
+        biased_attention(q, k, v, return_lse=True)
+
+
+def test_biased_sdpa_positional_bias():
+    torch = pytest.importorskip("torch")
+    from plsh_fast.nn import biased_sdpa
+
+    q = torch.randn(1, 2, 6, 4, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    bias = torch.randn(2, 6, 6, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    new = biased_sdpa(q, q, q, bias=bias)
+    with pytest.warns(DeprecationWarning, match="bias=") as record:
+        old = biased_sdpa(q, q, q, bias)
+    assert len(record) == 1 and record[0].filename == __file__
+    assert torch.equal(old, new)
+    assert not torch.equal(biased_sdpa(q, q, q, bias=bias * 0), new)  # bias matters
+    with pytest.raises(TypeError, match="^bias: pass it once"):
+        biased_sdpa(q, q, q, bias, bias=bias)
+    with pytest.raises(TypeError, match="^bias: required"):
+        biased_sdpa(q, q, q)
 
 
 def test_peers_flex_reduction_positional_block_mask_and_the_old_pair():

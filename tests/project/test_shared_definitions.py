@@ -66,7 +66,7 @@ def test_reference_plsh_attention_uses_count_bias():
     partition = draw_partition(np.array([2.0, 9.0]), 5, seed=1)
     pos = np.arange(24)
     bias = count_bias(counts(partition, pos, pos, causal=True), 5)
-    out, lse = biased_attention(q, k, v, bias, return_lse=True)
+    out, lse = biased_attention(q, k, v, bias=bias, return_lse=True)
     ref, ref_lse = plsh_attention(q, k, v, partition=partition, return_lse=True)
     np.testing.assert_array_equal(out, ref)
     np.testing.assert_array_equal(lse, ref_lse)
@@ -197,7 +197,7 @@ def test_biased_sdpa_refuses_nan_and_plus_inf_bias(fill):
     else:
         bias[0, 0, 0] = 1e6  # finite in float64, +inf in float16
     with pytest.raises(ValueError, match="^bias: contains NaN or"):
-        biased_sdpa(q, k, v, bias)
+        biased_sdpa(q, k, v, bias=bias)
 
 
 def test_biased_sdpa_still_gives_zero_rows_for_fully_masked_rows():
@@ -209,7 +209,7 @@ def test_biased_sdpa_still_gives_zero_rows_for_fully_masked_rows():
     q, k, v = (torch.randn(1, 2, 3, 4, generator=gen) for _ in range(3))
     bias = torch.zeros(2, 3, 3)
     bias[1, 0] = -math.inf
-    out = biased_sdpa(q, k, v, bias)
+    out = biased_sdpa(q, k, v, bias=bias)
     assert torch.all(out[0, 1, 0] == 0) and torch.isfinite(out).all()
     assert not torch.all(out[0, 0, 0] == 0)
 

@@ -158,7 +158,7 @@ def test_biased_attention_equals_dense_formula(prob, seed, per_batch):
     bias = rng.normal(size=shape) * 3
     bias[rng.random(shape) < 0.3] = -np.inf  # masked pairs; whole rows may be masked
     got = biased_attention(
-        prob.query, prob.key, prob.value, bias, scale=prob.scale, return_lse=True
+        prob.query, prob.key, prob.value, bias=bias, scale=prob.scale, return_lse=True
     )
     _close(
         got, dense_weighted_attention(prob.query, prob.key, prob.value, np.exp(bias), _scale(prob))
@@ -351,7 +351,7 @@ def test_left_padding_with_explicit_positions(pad):
             with np.errstate(divide="ignore"):
                 bias[b] = np.log(weight_of(pos)) + np.where(_causal(pos, pos), 0.0, -np.inf)
         bias[0, :, :, :pad] = -np.inf  # padding keys of sequence 0
-        out_b, lse_b = biased_attention(qb, kb, vb, bias, return_lse=True)
+        out_b, lse_b = biased_attention(qb, kb, vb, bias=bias, return_lse=True)
         w_a = weight_of(real) * _causal(real, real)
         w_b = weight_of(pos_b) * _causal(pos_b, pos_b)
         ref_a = dense_weighted_attention(q, k, v, w_a, 0.5)
