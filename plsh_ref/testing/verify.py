@@ -220,6 +220,7 @@ def _add_ci_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--junitxml",
         default=None,
+        type=output_file,
         metavar="PATH",
         help="also write a JUnit XML report (one testcase per case) for CI dashboards",
     )
@@ -260,10 +261,31 @@ def _add_restriction_arguments(parser: argparse.ArgumentParser) -> None:
         "them and battery cases that need them are listed as not covered (adds to the "
         f"kernel's `supports` attribute): {', '.join(CAPABILITIES)}",
     )
-    parser.add_argument("--max-seq-len", type=int, default=16, help="default: 16")
-    parser.add_argument("--max-heads", type=int, default=16, help="default: 16")
-    parser.add_argument("--max-head-dim", type=int, default=8, help="default: 8")
-    parser.add_argument("--max-batch", type=int, default=2, help="default: 2")
+    parser.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=16,
+        help="longest query and key length (n_q, n_k) of the random cases, the long cases "
+        "aside (default: 16)",
+    )
+    parser.add_argument(
+        "--max-heads",
+        type=int,
+        default=16,
+        help="largest number of query heads (num_heads) of the random cases (default: 16)",
+    )
+    parser.add_argument(
+        "--max-head-dim",
+        type=int,
+        default=8,
+        help="largest head_dim of query/key and of value in the random cases (default: 8)",
+    )
+    parser.add_argument(
+        "--max-batch",
+        type=int,
+        default=2,
+        help="largest batch size of the random cases (default: 2)",
+    )
     parser.add_argument(
         "--max-samples",
         type=int,
@@ -346,8 +368,9 @@ def parse_slopes(text: str) -> tuple[str, float]:
     return mode, max_bias
 
 
-def _custom_specs(values, kind: str) -> list[ProblemSpec]:
-    """The ``--spec`` cases: ProblemSpec fields as JSON, or ``@FILE``."""
+def _custom_specs(values, kind: str, max_memory: float) -> list[ProblemSpec]:
+    """The ``--spec`` cases: ProblemSpec fields as JSON, or ``@FILE`` (each within
+    ``--max-memory``)."""
     specs = []
     fields = {f.name for f in dataclasses.fields(ProblemSpec)}
     for text in values:
@@ -375,22 +398,29 @@ def _custom_specs(values, kind: str) -> list[ProblemSpec]:
                 specs.append(ProblemSpec(**{"kind": kind, **item}))
             except (TypeError, ValueError) as exc:
                 raise KernelContractError(f"--spec: {exc}") from None
+            _check_spec_memory(f"custom_{len(specs) - 1}", specs[-1], max_memory)
     return specs
 
 
-def case_memory_estimate(batch: int, heads: int, seq_len: int, head_dim: int) -> int:
+def case_memory_estimate(
+    batch: int, heads: int, seq_len: int, head_dim: int, *, n_k: int | None = None
+) -> int:
     """Bytes of one case's arrays (an estimate, not a measurement), for ``plsh verify
     --max-memory``.
 
-    Counted: six dense float64 ``(batch, heads, seq_len, seq_len)`` arrays of the
-    reference (counts or bias, logits, probabilities and their temporaries) and eight
-    float64 ``(batch, heads, seq_len, head_dim)`` inputs and outputs.
+    Counted: six dense float64 ``(batch, heads, seq_len, n_k)`` arrays of the reference
+    (counts or bias, logits, probabilities and their temporaries) and eight float64
+    ``(batch, heads, max(seq_len, n_k), head_dim)`` inputs and outputs.
 
     Parameters
     ----------
     batch, heads, seq_len, head_dim : int
         The case's sizes (the largest ones ``--max-batch``, ``--max-heads``,
-        ``--max-seq-len``, ``--max-head-dim`` allow).
+        ``--max-seq-len``, ``--max-head-dim`` allow); ``seq_len`` is the number of
+        queries ``n_q``.
+    n_k : int, optional
+        The number of keys (default: ``seq_len``, a square problem); a ``--spec`` case
+        may have ``n_q != n_k``.
 
     Returns
     -------
@@ -398,7 +428,24 @@ def case_memory_estimate(batch: int, heads: int, seq_len: int, head_dim: int) ->
         Bytes. Nothing is checked or raised here; ``plsh verify`` compares the result with
         ``--max-memory`` (:func:`plsh_ref.experiments.options.check_memory`).
     """
-    return 8 * batch * heads * seq_len * (6 * seq_len + 8 * head_dim)
+    n_k = seq_len if n_k is None else n_k
+    return 8 * batch * heads * (6 * seq_len * n_k + 8 * max(seq_len, n_k) * head_dim)
+
+
+def _check_spec_memory(name: str, spec: ProblemSpec, max_memory: float) -> None:
+    # before the case is built: a --spec of n_q = n_k = 10**8 ignored --max-memory and
+    # started allocating
+    need = case_memory_estimate(
+        spec.batch,
+        max(spec.num_heads, spec.num_heads_kv),
+        spec.n_q,
+        max(spec.head_dim, spec.head_dim_v),
+        n_k=spec.n_k,
+    )
+    try:
+        check_memory("--spec", f"{name} ({spec.summary()})", need, max_memory)
+    except ValueError as exc:
+        raise KernelContractError(str(exc)) from None
 
 
 def _check_case_memory(args) -> None:
@@ -679,6 +726,8 @@ class _Plan:
 def _setup(args) -> _Setup:
     unsupported = _options(args)
     mode, max_bias = parse_slopes(args.slopes)
+    # before the kernel is imported or called: a --spec too large for --max-memory
+    custom = _custom_specs(args.spec, args.kind, args.max_memory)
     kernel = load_kernel(args.kernel)
     slopes = mode if mode != "auto" else slope_mode(kernel)
     if args.kind == "plsh":
@@ -688,6 +737,7 @@ def _setup(args) -> _Setup:
     takes_mask = check_signature(kernel, args.kind, slopes)
     caps = effective_capabilities(kernel, unsupported, slopes=slopes)
     caps["attention_mask"] = caps["attention_mask"] and takes_mask
+    _check_causal(args, caps, unsupported)
     framework = args.framework
     if framework == "auto" and args.device != "cpu":
         framework = "torch"  # numpy kernels run on the CPU only
@@ -695,10 +745,37 @@ def _setup(args) -> _Setup:
         framework = detect_framework(kernel, args.kind, slopes, takes_mask, args.timeout)
     dtypes = _dtypes(args, framework)
     bounds = _bounds(args, dtypes, slopes)
-    custom = _custom_specs(args.spec, args.kind)
     return _Setup(
         kernel, slopes, max_bias, framework, dtypes, bounds, caps, unsupported, takes_mask, custom
     )
+
+
+def _check_causal(args, caps: dict, unsupported: dict) -> None:
+    # before any case: `--causal yes --unsupported causal` ran the battery's bidirectional
+    # cases only and passed, though it asked for causal cases and declared them unsupported
+    def source(name: str) -> str:
+        if name in unsupported:
+            return f"--unsupported {name}"
+        return f"the kernel's supports[{name!r}] = False"
+
+    wanted = {"yes": "causal", "no": "bidirectional"}.get(args.causal)
+    if wanted is not None and not caps[wanted]:
+        raise KernelContractError(
+            f"--causal {args.causal}: asks for {wanted} problems only, but {source(wanted)} "
+            f"declares them unsupported; drop one of the two"
+        )
+    if not caps["causal"] and not caps["bidirectional"]:
+        given = [n for n in ("causal", "bidirectional") if n in unsupported]
+        if len(given) == 2:
+            first = "--unsupported: causal and bidirectional together leave"
+        elif given:
+            other = "causal" if given == ["bidirectional"] else "bidirectional"
+            first = f"--unsupported {given[0]}: together with {source(other)} it leaves"
+        else:
+            first = "supports: causal and bidirectional both False leave"
+        raise KernelContractError(
+            f"{first} no problem to check (every problem is causal or bidirectional)"
+        )
 
 
 def _opaque(kernel) -> bool:
@@ -942,9 +1019,18 @@ def _print_not_covered(args, plan: _Plan, records) -> None:
             print(f"  {_label(name)}: {r.message}  {spec.summary()}")
         if len(skipped) > max(args.worst, 10):
             print(f"  ... and {len(skipped) - max(args.worst, 10)} more")
-    if plan.not_covered and args.case is None:
-        print(f"battery cases not covered ({len(plan.not_covered)}; excluded by):")
-        for nc in plan.not_covered:
+    if args.case is not None:
+        return
+    # opt-in conventions apart: the verdict's "N battery cases not covered" leaves them out
+    counted = [nc for nc in plan.not_covered if nc.name not in _OPT_IN]
+    opt_in = [nc for nc in plan.not_covered if nc.name in _OPT_IN]
+    if counted:
+        print(f"battery cases not covered ({len(counted)}; excluded by):")
+        for nc in counted:
+            print(f"  {nc.name}: {nc.reason}")
+    if opt_in:
+        print(f"opt-in conventions not covered ({len(opt_in)}; not counted in the verdict):")
+        for nc in opt_in:
             print(f"  {nc.name}: {nc.reason}")
 
 
@@ -1020,6 +1106,8 @@ def _verdict(args, setup, plan, records, not_run) -> tuple[int, str]:
     notes = []
     if skipped:
         notes.append(f"{len(skipped)} skipped")
+    # the count of the summary's "battery cases not covered (N; ...)" line (opt-in
+    # conventions are listed apart there): it once counted them, "5" against "PASS (4 ...)"
     not_covered = [nc for nc in plan.not_covered if nc.name not in _OPT_IN]
     if not_covered:
         notes.append(f"{len(not_covered)} battery cases not covered")
@@ -1043,13 +1131,15 @@ def _write_reports(args, setup, plan, records, axes, status, elapsed, findings):
         "not_covered": [dataclasses.asdict(nc) for nc in plan.not_covered],
         "precision_findings": findings,
     }
+    option = "--json"
     try:
         if args.json:
             _json_report(args.json, header, records, axes, status)
+        option = "--junitxml"
         if args.junitxml:
             _junit_report(args.junitxml, args, records, plan, elapsed)
     except OSError as exc:
-        return _fail(f"--json/--junitxml: cannot write a report: {exc}")
+        return _fail(f"{option}: cannot write the report: {exc}")
     return status
 
 

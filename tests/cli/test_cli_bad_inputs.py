@@ -215,6 +215,14 @@ def _special_cases():
         ("verify", ["--json", "/proc/plsh-report.json"], "--json:"),
         ("verify", ["--json", "{tmp}"], "--json: '{tmp}' is a folder"),
         ("verify", ["--json", "{file}/report.json"], "--json:"),
+        ("verify", ["--junitxml", "/proc/plsh-report.xml"], "--junitxml: folder '/proc'"),
+        ("verify", ["--junitxml", "{tmp}"], "--junitxml: '{tmp}' is a folder"),
+        # a --spec case past --max-memory, refused before it is built
+        (
+            "verify",
+            ["--max-memory", "0.001", "--spec", '{"n_q": 1000, "n_k": 1000}'],
+            "--spec: custom_0 (alibi float32 B=1 H=2 n_q=1000 n_k=1000",
+        ),
         # conflicting options
         (
             "reproduce",
@@ -225,6 +233,22 @@ def _special_cases():
         ("train-lm", ["--d-model", "10", "--heads", "3"], "--d-model: 10 not divisible by --heads"),
         ("train-lm", ["--eval-lengths", "4", "--eval-tokens", "16"], "--eval-tokens:"),
         ("verify", ["--framework", "numpy", "--device", "cuda"], "--device:"),
+        # asking for causal (bidirectional) problems only while declaring them unsupported
+        (
+            "verify",
+            ["--causal", "yes", "--unsupported", "causal"],
+            "--causal yes: asks for causal problems only, but --unsupported causal",
+        ),
+        (
+            "verify",
+            ["--causal", "no", "--unsupported", "bidirectional"],
+            "--causal no: asks for bidirectional problems only, but --unsupported bidirectional",
+        ),
+        (
+            "verify",
+            ["--unsupported", "causal,bidirectional"],
+            "--unsupported: causal and bidirectional together leave no problem",
+        ),
     ]
     for command, extra, text in cases:
         yield pytest.param(command, extra, text, id=f"{command} {' '.join(extra)!r}")

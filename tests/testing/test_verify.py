@@ -216,3 +216,21 @@ def test_torch_framework_with_plsh_fast(capsys):
         "12",
     )
     assert code == 0, out + err
+
+
+def test_every_option_has_a_description():
+    # --max-seq-len, --max-heads, --max-head-dim, --max-batch showed only "default: N"
+    import argparse
+
+    from plsh_ref.testing.verify import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    bare = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        words = re.sub(r"\(?default: [^)]*\)?", "", action.help or "").strip(" .;,")
+        if len(words.split()) < 3:
+            bare.append(action.option_strings or action.dest)
+    assert not bare, bare

@@ -378,8 +378,16 @@ def test_a_run_where_every_case_is_skipped_fails(capsys):
 
 
 def test_cli_run_where_no_case_can_run_is_inconclusive(capsys):
+    # (--unsupported causal,bidirectional is refused as bad input now: exit 2)
     code, out, _ = verify(
-        capsys, f"{EX}:numpy_alibi", "--unsupported", "causal,bidirectional", "--cases", "5"
+        capsys,
+        f"{EX}:numpy_alibi",
+        "--unsupported",
+        "float64",
+        "--dtypes",
+        "float64",
+        "--cases",
+        "5",
     )
     assert code == 3 and "INCONCLUSIVE: no case ran" in out
 
@@ -402,3 +410,41 @@ def test_verify_slopes_load_errors_name_the_function(capsys, target, rest):
     err = capsys.readouterr().err
     assert err.startswith(f"plsh verify-slopes: error: function: {rest}"), err
     assert "kernel" not in err, err
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--causal", "no"],
+            "--causal no: asks for bidirectional problems only, but the kernel's "
+            "supports['bidirectional'] = False declares them unsupported",
+        ),
+        (
+            ["--unsupported", "causal"],
+            "--unsupported causal: together with the kernel's supports['bidirectional'] = "
+            "False it leaves no problem to check",
+        ),
+    ],
+)
+def test_causal_options_that_leave_nothing_are_refused(
+    capsys, tmp_path, monkeypatch, args, message
+):
+    # "--causal yes --unsupported causal" ran the other cases and passed; the same
+    # conflict with the kernel's own `supports` declaration
+    _module(tmp_path, monkeypatch, KERNELS)
+    code, out, err = verify(capsys, "user_kernels_v2:no_bidirectional", "--cases", "2", *args)
+    assert code == 2 and out == "", out
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+    # negative control: the kernel's causal problems alone are a valid request
+    code, out, err = verify(
+        capsys,
+        "user_kernels_v2:no_bidirectional",
+        "--cases",
+        "2",
+        "--long-cases",
+        "0",
+        "--causal",
+        "yes",
+    )
+    assert code == 0, out + err

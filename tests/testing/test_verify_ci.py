@@ -6,6 +6,7 @@ the floors behind INCONCLUSIVE, --junitxml, --time-budget, custom cases (--spec)
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -310,3 +311,115 @@ def test_shared_positions_only_kernel_still_gets_padded_batches():
     assert [nc.reason for nc in not_covered if nc.name == "per_sequence_positions"] == [
         "batch_positions"
     ]
+
+
+def test_junitxml_path_is_checked_before_any_case(capsys):
+    # "--junitxml /proc/x" ran every case, then failed writing (root may write to /proc
+    # by its permission bits; only a real probe sees it cannot)
+    code, out, err = verify(
+        capsys,
+        f"{EX}:numpy_alibi",
+        "--no-battery",
+        "--cases",
+        "2",
+        "--junitxml",
+        "/proc/plsh-verify.xml",
+    )
+    assert code == 2 and out == "", out
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("plsh verify: error: --junitxml: "), err
+
+
+@pytest.mark.parametrize("option", ["--json", "--junitxml"])
+def test_a_report_that_cannot_be_written_names_its_own_option(
+    capsys, tmp_path, monkeypatch, option
+):
+    # the message said "--json/--junitxml" whichever report failed
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    if option == "--json":
+        monkeypatch.setattr(json, "dump", refuse)
+    else:
+        monkeypatch.setattr(ET.ElementTree, "write", refuse)
+    path = tmp_path / "report"
+    code, _, err = verify(
+        capsys,
+        f"{EX}:numpy_alibi",
+        "--no-battery",
+        "--cases",
+        "1",
+        "--long-cases",
+        "0",
+        "--dtypes",
+        "float64",
+        option,
+        str(path),
+    )
+    assert code == 2, err
+    assert err.startswith(f"plsh verify: error: {option}: cannot write the report: "), err
+    other = "--junitxml" if option == "--json" else "--json"
+    assert other not in err, err
+
+
+def test_spec_past_max_memory_is_refused_before_the_run(capsys):
+    # a --spec case ignored --max-memory and started allocating; --max-seq-len was refused
+    spec = '{"n_q": 1000, "n_k": 2000, "batch": 2}'
+    code, out, err = verify(
+        capsys,
+        f"{EX}:numpy_alibi",
+        "--no-battery",
+        "--cases",
+        "0",
+        "--long-cases",
+        "0",
+        "--max-memory",
+        "0.1",
+        "--spec",
+        spec,
+    )
+    assert code == 2 and out == "", out
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("plsh verify: error: --spec: custom_0 (alibi float32 B=2 H=2 "), err
+    assert "more than --max-memory 0.1 GiB" in err, err
+    # negative control: the same case within the limit runs (its estimate is 0.36 GiB)
+    code, out, err = verify(
+        capsys,
+        f"{EX}:numpy_alibi",
+        "--no-battery",
+        "--cases",
+        "0",
+        "--long-cases",
+        "0",
+        "--max-memory",
+        "0.5",
+        "--spec",
+        spec,
+    )
+    assert code == 0, out + err
+
+
+def test_not_covered_count_of_the_summary_is_the_verdicts(capsys):
+    # the summary counted the opt-in packed_varlen ("not covered (5; ...)"), the verdict
+    # did not ("PASS (4 battery cases not covered)")
+    code, out, _ = verify(
+        capsys,
+        f"{EX}:numpy_alibi",
+        "--unsupported",
+        "gqa",
+        "--cases",
+        "1",
+        "--long-cases",
+        "0",
+        "--dtypes",
+        "float64",
+    )
+    assert code == 0, out
+    listed = re.search(r"^battery cases not covered \((\d+); excluded by\):$", out, re.M)
+    verdict = re.search(r"^PASS \((\d+) battery cases not covered\)$", out, re.M)
+    assert listed and verdict, out
+    assert listed.group(1) == verdict.group(1) == "2", out  # gqa_grouped, gqa_single_kv
+    block = out[listed.end() : out.index("PASS (")]
+    assert "  gqa_grouped: gqa" in block and "  gqa_single_kv: gqa" in block
+    # the opt-in convention is listed apart, not counted
+    assert re.search(r"^opt-in conventions not covered \(1; .*\n  packed_varlen: ", out, re.M)
