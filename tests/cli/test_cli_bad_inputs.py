@@ -455,7 +455,10 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_no_empty_folder(tmp_path):
     assert out.is_dir(), "the run never started computing"
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    # the interrupt is raised when the running numpy/scipy call returns: on a loaded 2-core
+    # machine that took over 60 s once (fresh-clone CI run, 2026-12-02); what this test
+    # checks is the ending (one line, 130, no folder), not how fast it comes
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == cli.INTERRUPTED == 130, err
     assert err.strip() == "plsh reproduce: interrupted", err
     assert not (tmp_path / "runs").exists()
