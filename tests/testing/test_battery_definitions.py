@@ -289,3 +289,145 @@ def test_the_standard_slope_rule_takes_the_max_bias():
     cases, _ = _plan(slopes="standard", max_bias=4.0)
     assert all(s.max_bias == 4.0 for s in cases.values())
     assert all(s.max_bias == 8.0 for s in _plan()[0].values())
+
+
+#: cases whose bug class concerns no optional capability (slope rules, lengths, head_dim,
+#: batch, default scale, low precision): any kernel that takes their dtype must run them
+_UNIVERSAL = (
+    *(f"heads_{h}" for h in (6, 12, 20, 40)),
+    "heads_16_float32",
+    "heads_16_bfloat16",
+    "sequence_longer_than_256",
+    "sequence_longer_than_256_bfloat16",
+    "sequence_longer_than_256_float16",
+    "head_dim_not_power_of_two",
+    "batch",
+    "default_scale",
+    "random_slopes",
+    "peaked_softmax_bfloat16",
+)
+
+
+def test_the_cases_about_no_capability_run_unchanged_on_a_minimal_kernel():
+    """A causal, square, one-kv-head-per-head kernel without positions, mask or scale
+    (only the core capabilities) runs every case that targets no capability as it is: a
+    case that needed GQA or unequal lengths would be changed there (its purpose, the slope
+    rule or the length, then tested on another problem than the documented one)."""
+    dtypes = ("bfloat16", "float16", "float32")
+    full = _cases(dtypes=dtypes)
+    off = (
+        "bidirectional",
+        "gqa",
+        "unequal_lengths",
+        "head_dim_v",
+        "scale",
+        "positions",
+        "batch_positions",
+        "attention_mask",
+        "right_padding",
+        "varlen",
+        "head_slice",
+    )
+    cases, missing = _plan(dtypes=dtypes, capabilities=dict.fromkeys(off, False))
+    for name in _UNIVERSAL:
+        assert name not in missing, (name, missing.get(name))
+        assert cases[name] == full[name], name
+        spec = cases[name]
+        assert spec.num_heads_kv == spec.num_heads and spec.n_q == spec.n_k, name
+
+
+def test_battery_defaults_and_restrictions_are_battery_plan_s():
+    """``battery()`` is ``battery_plan()``'s cases with the documented defaults (seed 0)
+    and the same restrictions."""
+    assert battery() == battery_plan()[0] == battery(seed=0)
+    assert [s.data_seed for _, s in battery()] == list(range(len(battery())))
+    for restrictions in (
+        dict(causal=True),
+        dict(causal=False),
+        dict(positions=("default",)),
+        dict(capabilities={"gqa": False}),
+        dict(max_bias=4.0, slopes="standard"),
+    ):
+        assert battery(**restrictions) == battery_plan(**restrictions)[0], restrictions
+        assert battery(**restrictions) != battery(), restrictions
+
+
+#: the capabilities each case is about (its bug class, module docstring): a kernel without
+#: one of them cannot run the case as what it tests
+_TARGETS = {
+    "gqa_grouped": ("gqa",),
+    "gqa_single_kv": ("gqa",),
+    "decode_one_query": ("unequal_lengths",),
+    "decode_chunk": ("unequal_lengths", "prefill"),
+    "longer_queries": ("unequal_lengths", "prefill"),
+    "bidirectional": ("bidirectional",),
+    "bidirectional_decode": ("bidirectional",),
+    "no_keys": ("empty", "empty_rows"),
+    "positions_beyond_256": ("positions",),
+    "positions_beyond_256_bfloat16": ("positions",),
+    "positions_far_from_zero": ("positions",),
+    "positions_far_from_zero_bfloat16": ("positions",),
+    "positions_with_gaps": ("positions",),
+    "decode_cache_offset": ("positions",),
+    "per_sequence_positions": ("positions", "batch_positions"),
+    "left_padding_masked": ("attention_mask",),
+    "padded_decode": ("attention_mask",),
+    "bidirectional_padded": ("attention_mask", "bidirectional"),
+    "right_padding": ("attention_mask", "right_padding"),
+    "tensor_parallel_heads": ("head_slice",),
+    "packed_varlen": ("varlen",),
+    "value_head_dim_differs": ("head_dim_v",),
+    "scale_not_default": ("scale",),
+}
+
+
+def test_each_case_is_excluded_by_the_capabilities_it_targets():
+    """A kernel without a capability does not run the cases about it as a changed problem
+    (a decode case made square, positions dropped from a positions case): each is listed as
+    not covered with that capability; the other cases stay (run, restricted, or the same
+    problem as an earlier case)."""
+    dtypes = ("bfloat16", "float32")
+    everything = _cases(dtypes=dtypes)
+    assert set(_TARGETS) | set(_UNIVERSAL) >= set(everything)
+    for capability in sorted({c for caps in _TARGETS.values() for c in caps}):
+        cases, missing = _plan(dtypes=dtypes, capabilities={capability: False})
+        for name in everything:
+            if capability in _TARGETS.get(name, ()):
+                assert missing.get(name) == capability, (capability, name, missing.get(name))
+            else:
+                reason = missing.get(name, "the same problem as")
+                # a packed batch has no one-query form (restrict returns None)
+                nearest = (name, capability) == ("packed_varlen", "prefill")
+                assert reason.startswith("the same problem as") or nearest, (name, reason)
+        assert "batch" in cases and "heads_6" in cases
+
+
+def test_the_bidirectional_cases_say_causal_false():
+    """``causal`` of a bidirectional case is the bool ``False`` (a kernel is called with
+    ``causal=spec.causal``; ``None`` is not a documented value)."""
+    cases = _cases()
+    for name in ("bidirectional", "bidirectional_decode", "bidirectional_padded"):
+        assert cases[name].causal is False, name
+    assert all(s.causal is True for n, s in cases.items() if not n.startswith("bidirectional"))
+
+
+def test_a_bfloat16_only_kernel_gets_a_bfloat16_battery():
+    """bfloat16 is the last main dtype choice: a kernel that takes only bfloat16 still gets
+    every case, in bfloat16."""
+    cases = _cases(dtypes=("bfloat16",))
+    assert cases and {s.dtype for s in cases.values()} == {"bfloat16"}
+    assert "heads_16_bfloat16" in cases and "batch" in cases
+
+
+def test_a_repeated_problem_names_the_case_it_repeats():
+    """Under ``causal=False`` some causal cases become earlier ones: each is listed by its
+    own name with the name of a case that runs."""
+    cases, not_covered = battery_plan(causal=False)
+    names = [n for n, _ in battery()]
+    repeats = [n for n in not_covered if n.reason.startswith("the same problem as")]
+    assert repeats
+    ran = {n for n, _ in cases}
+    for entry in repeats:
+        assert entry.name in names
+        earlier = entry.reason.removeprefix("the same problem as ").removesuffix(" here")
+        assert earlier in ran and names.index(earlier) < names.index(entry.name), entry
