@@ -128,13 +128,36 @@ test_probe = make_property_suite(kernel, kind="alibi", max_examples=5)
 """
 
 
+# the variables by which Hypothesis decides it runs in CI (hypothesis._settings._CI_VARS);
+# there it loads its "ci" profile, which derandomizes and ignores --hypothesis-seed
+_CI_VARIABLES = (
+    "CI",
+    "__TOX_ENVIRONMENT_VARIABLE_ORIGINAL_CI",
+    "TF_BUILD",
+    "bamboo.buildKey",
+    "BUILDKITE",
+    "CIRCLECI",
+    "CIRRUS_CI",
+    "CODEBUILD_BUILD_ID",
+    "GITHUB_ACTIONS",
+    "GITLAB_CI",
+    "HEROKU_TEST_RUN_ID",
+    "TEAMCITY_VERSION",
+)
+
+
 def test_example_pytest_run_is_reproducible(tmp_path, monkeypatch):
     # a kernel file like examples/test_my_kernel.py, recording the problems it is given:
     # two runs with the example's command line draw the same problems (CI once failed on
-    # a draw no one could replay); a run without the seed draws others (control; the
-    # chance that five random problems repeat is negligible)
+    # a draw no one could replay); a run with another seed draws others (control; the
+    # chance that five random problems repeat is negligible). Outside CI, that is: the
+    # runs here see no CI variable. Where one is set (the second half), Hypothesis
+    # derandomizes: every seed draws the same problems, so a CI run replays anyway (the
+    # control of this test once failed in CI for that reason).
     probe = tmp_path / "test_probe_kernel.py"
     probe.write_text(_PROBE)
+    for variable in _CI_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
 
     def draws(args, name):
         out = tmp_path / name
@@ -143,8 +166,19 @@ def test_example_pytest_run_is_reproducible(tmp_path, monkeypatch):
         assert result.returncode == 0, result.stdout + result.stderr
         return out.read_text()
 
+    def seeded(seed):
+        args = [
+            f"--hypothesis-seed={seed}" if a.startswith("--hypothesis-seed") else a
+            for a in _pytest_args(str(probe))
+        ]
+        assert f"--hypothesis-seed={seed}" in args
+        return args
+
     first = draws(_pytest_args(str(probe)), "first")
     assert first.count("\n") >= 5
     assert draws(_pytest_args(str(probe)), "second") == first
-    unseeded = [a for a in _pytest_args(str(probe)) if not a.startswith("--hypothesis-seed")]
-    assert draws(unseeded, "unseeded") != first
+    assert draws(seeded(HYPOTHESIS_SEED + 1), "reseeded") != first
+
+    monkeypatch.setenv("CI", "true")
+    in_ci = draws(seeded(HYPOTHESIS_SEED), "ci_first")
+    assert draws(seeded(HYPOTHESIS_SEED + 1), "ci_reseeded") == in_ci
