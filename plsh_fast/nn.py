@@ -51,7 +51,7 @@ from plsh_ref.kernels import (
     KerplePower,
     Mixture,
     check_kernels,
-    check_polya,
+    is_builtin,
 )
 from plsh_ref.partition import DEFAULT_NUM_SAMPLES, PartitionSample, derived_seed, draw_partition
 from plsh_ref.samplers import resolve_group_size
@@ -200,16 +200,12 @@ def biased_sdpa(
     return out.masked_fill(empty, 0.0)
 
 
-#: the kernel classes whose constructors guarantee the Pólya conditions (and whose bias
-#: ``log k`` has a torch form in :func:`kernel_bias`)
-_TORCH_FORMS = (Exponential, KerpleLog, KerplePower, Mixture)
-
-
 def has_torch_bias(kernel: DistanceKernel) -> bool:
     """Whether :func:`kernel_bias` has a torch form of ``log k`` for ``kernel``.
 
     True for :class:`plsh_ref.kernels.Exponential`, ``KerpleLog``, ``KerplePower`` (their
-    exact classes, not subclasses, which may redefine ``k``) and a ``Mixture`` of such.
+    exact classes, not subclasses, which may redefine ``k``) and a ``Mixture`` of such:
+    the kernels of :func:`plsh_ref.kernels.is_builtin`, each of which has a torch form.
 
     Parameters
     ----------
@@ -219,9 +215,7 @@ def has_torch_bias(kernel: DistanceKernel) -> bool:
     -------
     bool
     """
-    if type(kernel) is Mixture:
-        return all(has_torch_bias(c) for c in kernel.kernels)
-    return type(kernel) in _TORCH_FORMS
+    return is_builtin(kernel)
 
 
 def check_kernel_heads(
@@ -260,16 +254,7 @@ def check_kernel_heads(
     ----------
     ``proofs_notes/general_kernels.md`` (theorem 1: the conditions).
     """
-    heads = check_kernels(kernels, num_heads, name=name)
-    for h, kernel in enumerate(heads):
-        if has_torch_bias(kernel):
-            continue  # valid by its constructor's checks
-        try:
-            check_polya(kernel)
-        except ValueError as exc:
-            reason = str(exc).removeprefix("kernel: ")
-            raise ValueError(f"{name}: head {h}: {reason}") from None
-    return heads
+    return check_kernels(kernels, num_heads, name=name, polya=True)
 
 
 def _log_kernel(kernel: DistanceKernel, distance: torch.Tensor) -> torch.Tensor:

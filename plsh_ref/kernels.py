@@ -69,6 +69,7 @@ __all__ = [
     "expected_max_extent",
     "expected_window_width",
     "frobenius_error_square",
+    "is_builtin",
     "kernel_matrix",
     "largest_pitch_quantile",
     "largest_pitch_sf",
@@ -735,8 +736,49 @@ def check_polya(kernel: DistanceKernel, *, r_max: float = 1e12, num: int = 4001)
     return kernel
 
 
-def check_kernels(kernels: object, num_heads: int | None = None, *, name: str = "kernels") -> tuple:
+def is_builtin(kernel: DistanceKernel) -> bool:
+    """Whether ``kernel`` is one of this module's kernels, valid by its constructor's checks.
+
+    True for :class:`Exponential`, :class:`KerpleLog` and :class:`KerplePower` (their exact
+    classes: a subclass may redefine ``k``) and a :class:`Mixture` of such; a user's
+    :class:`DistanceKernel` subclass is False (:func:`check_kernels` with ``polya=True``
+    then runs :func:`check_polya` on it).
+
+    Parameters
+    ----------
+    kernel : DistanceKernel
+
+    Returns
+    -------
+    bool
+    """
+    if type(kernel) is Mixture:
+        return all(is_builtin(c) for c in kernel.kernels)
+    return type(kernel) in (Exponential, KerpleLog, KerplePower)
+
+
+def check_kernels(
+    kernels: object, num_heads: int | None = None, *, name: str = "kernels", polya: bool = False
+) -> tuple:
     """A sequence of kernels, one per head, as a tuple (validated).
+
+    Parameters
+    ----------
+    kernels : sequence of DistanceKernel
+        One per head.
+    num_heads : int or None
+        Required length (None: any length >= 1).
+    name : str
+        The argument's name in error messages.
+    polya : bool
+        Also run :func:`check_polya` on every kernel that is not :func:`is_builtin` (a
+        user's subclass): a kernel that is not of Pólya type has no pitch law, and drawing
+        partitions from it would give masks whose mean is not ``k``
+        (``proofs_notes/general_kernels.md``, theorem 1).
+
+    Returns
+    -------
+    tuple of DistanceKernel
 
     Raises
     ------
@@ -744,7 +786,8 @@ def check_kernels(kernels: object, num_heads: int | None = None, *, name: str = 
         ``kernels`` is a single kernel or not a sequence, or an entry is not a
         :class:`DistanceKernel`.
     ValueError
-        Empty, or not ``num_heads`` long.
+        Empty, or not ``num_heads`` long; with ``polya``, a kernel violating a Pólya
+        condition (``"{name}: head {h}: ..."``, the condition named).
     """
     if isinstance(kernels, DistanceKernel) or isinstance(kernels, (str, bytes)):
         raise TypeError(f"{name}: must be a sequence of DistanceKernel, one per head")
@@ -761,6 +804,15 @@ def check_kernels(kernels: object, num_heads: int | None = None, *, name: str = 
             raise TypeError(f"{name}: each must be a DistanceKernel, got {type(c).__name__}")
     if num_heads is not None and len(out) != num_heads:
         raise ValueError(f"{name}: need {num_heads} kernels (one per head), got {len(out)}")
+    if polya:
+        for h, kernel in enumerate(out):
+            if is_builtin(kernel):
+                continue
+            try:
+                check_polya(kernel)
+            except ValueError as exc:
+                reason = str(exc).removeprefix("kernel: ")
+                raise ValueError(f"{name}: head {h}: {reason}") from None
     return out
 
 

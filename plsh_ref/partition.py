@@ -276,7 +276,9 @@ def draw_partition(
         If ``sigma <= 0`` or non-finite, or empty (no head; or an empty kernel list), ``num_samples`` outside ``[1, MAX_NUM_SAMPLES]``
         (500 000, :data:`plsh_ref.validation.MAX_NUM_SAMPLES`), ``seed < 0``,
         ``head_start < 0``, an unknown ``sampler``, or ``group_size`` not a divisor of ``num_samples`` (not 1 for
-        ``"iid"``).
+        ``"iid"``); a kernel of one's own (not :func:`plsh_ref.kernels.is_builtin`) that
+        fails :func:`plsh_ref.kernels.check_polya` (``"sigma: head h: ..."``: it has no
+        pitch law, so no partition has mean ``k``).
     TypeError
         If ``num_samples``, ``seed``, ``head_start`` or ``group_size`` are not integers,
         ``sampler`` is not a str, or ``sigma`` mixes kernels with numbers or is a single
@@ -304,7 +306,7 @@ def draw_partition(
     if isinstance(sigma, DistanceKernel) or (
         isinstance(sigma, (list, tuple)) and any(isinstance(x, DistanceKernel) for x in sigma)
     ):
-        kernels = check_kernels(sigma, name="sigma")
+        kernels = check_kernels(sigma, name="sigma", polya=True)
         num_heads = len(kernels)
     else:
         sig = check_sigma("sigma", sigma)

@@ -35,6 +35,7 @@ from plsh_ref.kernels import (
     expected_mask_square,
     expected_window_width,
     frobenius_error_square,
+    is_builtin,
     kernel_matrix,
     largest_pitch_quantile,
     largest_pitch_sf,
@@ -75,6 +76,22 @@ class Gaussian(DistanceKernel):
     def d2k(self, r):
         r = np.asarray(r, dtype=float)
         return (4 * r**2 - 2) * np.exp(-(r**2))
+
+
+class HandExponential(DistanceKernel):
+    """A user's own ``exp(-r / sigma)``: of Pólya type, but not a built-in class."""
+
+    def __init__(self, sigma):
+        self.sigma = sigma
+
+    def k(self, r):
+        return np.exp(-np.asarray(r, dtype=float) / self.sigma)
+
+    def dk(self, r):
+        return -self.k(r) / self.sigma
+
+    def d2k(self, r):
+        return self.k(r) / self.sigma**2
 
 
 class WrongPitchLog(KerpleLog):
@@ -197,6 +214,33 @@ def test_exponential_quantile_is_the_gamma2_quantile():
 # --------------------------------------------------------------------------------------
 # Refusals
 # --------------------------------------------------------------------------------------
+
+
+def test_is_builtin_names_the_constructor_checked_kernels_only():
+    for kernel in ALL:
+        assert is_builtin(kernel), kernel
+    # a subclass may redefine k; a mixture is built-in only if every component is
+    assert not is_builtin(WrongPitchLog(1.0, 0.5))
+    assert not is_builtin(HandExponential(4.0))
+    assert not is_builtin(Mixture([0.5, 0.5], [Exponential(1.0), HandExponential(4.0)]))
+    assert is_builtin(Mixture([0.5, 0.5], [Exponential(1.0), KerplePower(1.0, 0.5)]))
+
+
+def test_draw_partition_refuses_a_users_kernel_that_is_not_of_polya_type():
+    # the Gaussian has no pitch law: draw_partition used to draw from its "quantile"
+    # anyway; now it is refused before any draw, naming the head and the condition
+    with pytest.raises(ValueError, match=r"^sigma: head 1: Gaussian is not convex"):
+        draw_partition([Exponential(4.0), Gaussian()], num_samples=4, seed=0)
+    with pytest.raises(ValueError, match=r"^kernels: head 0: Gaussian is not convex"):
+        check_kernels([Gaussian()], polya=True)
+    # control: without polya=True the sequence check alone accepts it
+    gaussian = Gaussian()
+    assert check_kernels([gaussian]) == (gaussian,)
+    # a user's valid kernel is accepted and draws pitches of the exponential's law
+    # (Gamma(2, sigma): mean 2 sigma); 4000 draws, mean within 6 standard errors
+    # (sd of the mean sqrt(2) sigma / sqrt(4000); false failure < 1e-8)
+    p = draw_partition([HandExponential(4.0)], num_samples=4000, seed=0)
+    assert abs(p.pitch.mean() - 8.0) <= 6 * math.sqrt(2) * 4.0 / math.sqrt(4000)
 
 
 def test_non_polya_kernels_are_refused_naming_the_condition():
