@@ -584,10 +584,7 @@ def plsh_attention(
     def attend(q, k, v, qpos, kpos):
         if method == "counts":
             cnt = counts(partition, qpos, kpos, causal=causal)
-            w = count_bias(cnt, partition.num_samples)  # validates; log(C / s) in float64
-            if work is not np.float64:
-                with np.errstate(divide="ignore"):  # count_bias's formula, rounded in work
-                    w = np.log(cnt.astype(work) / work(partition.num_samples))
+            w = count_bias(cnt, partition.num_samples, dtype=work)  # log(C / s) in work
             return _softmax_with_log_weight(q, k, v, w[None], c, work)
         return _reduction(q, k, v, partition, qpos, kpos, causal, c, work)
 

@@ -652,7 +652,7 @@ def counts(
     return out
 
 
-def count_bias(counts: ArrayLike, num_samples: int) -> np.ndarray:
+def count_bias(counts: ArrayLike, num_samples: int, *, dtype: Any = np.float64) -> np.ndarray:
     """The additive bias of PLSH attention, ``log(C / s) = log M~`` (``-inf`` where ``C = 0``).
 
     PLSH attention is ``softmax(scale q k^T + count_bias(C, s)) v`` (SPEC section 3 (b));
@@ -667,11 +667,14 @@ def count_bias(counts: ArrayLike, num_samples: int) -> np.ndarray:
         the first ``num_samples`` samples).
     num_samples : int
         ``s >= 1``.
+    dtype : numpy.float64 or numpy.longdouble
+        The type the division and the ``log`` are rounded in (``numpy.longdouble``: the
+        reference's ``precision="extended"``, :func:`plsh_ref.attention.plsh_attention`).
 
     Returns
     -------
     numpy.ndarray
-        float64, the shape of ``counts``: ``log(C / s)``, exactly ``-inf`` where ``C = 0``
+        ``dtype``, the shape of ``counts``: ``log(C / s)``, exactly ``-inf`` where ``C = 0``
         (weight 0, however large the logit), ``0.0`` where ``C = s``.
 
     Raises
@@ -679,18 +682,25 @@ def count_bias(counts: ArrayLike, num_samples: int) -> np.ndarray:
     TypeError
         If ``counts`` is not a real numeric array or ``num_samples`` not an integer.
     ValueError
-        If ``num_samples < 1`` or a count is not an integer in ``[0, num_samples]``.
+        If ``num_samples < 1``, a count is not an integer in ``[0, num_samples]``, or
+        ``dtype`` is neither float64 nor longdouble.
 
     References
     ----------
     Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
     """
     s = check_int("num_samples", num_samples, minimum=1)
-    c = as_float_array("counts", counts)
+    try:
+        work = np.dtype(dtype).type
+    except TypeError:
+        work = None
+    if work not in (np.float64, np.longdouble):
+        raise ValueError(f"dtype: must be numpy.float64 or numpy.longdouble, got {dtype!r}")
+    c = as_float_array("counts", counts)  # counts <= MAX_NUM_SAMPLES: exact in float64
     if c.size and (np.any(c < 0) or np.any(c > s) or np.any(c != np.floor(c))):
         raise ValueError(f"counts: must be integers in [0, num_samples={s}]")
     with np.errstate(divide="ignore"):
-        return np.log(c / s)
+        return np.log(c.astype(work) / work(s))
 
 
 def empirical_mean(

@@ -41,6 +41,33 @@ def test_count_bias_is_log_of_the_empirical_mean():
     assert np.all(np.exp(bias) == c / 7.0) or np.allclose(np.exp(bias), c / 7.0, rtol=1e-15)
 
 
+def test_count_bias_in_longdouble_is_the_same_formula_rounded_wider():
+    # the extended reference (plsh_attention(precision="extended")) forms its weights here
+    partition = draw_partition(np.array([3.0, 11.0]), 7, seed=4)
+    pos = np.arange(40)
+    c = counts(partition, pos, pos, causal=True)
+    wide = count_bias(c, 7, dtype=np.longdouble)
+    assert wide.dtype == np.longdouble and wide.shape == c.shape
+    assert np.all(np.isneginf(wide[c == 0])) and np.all(wide[c == 7] == 0.0)
+    some = c > 0
+    np.testing.assert_array_equal(wide[some], np.log(c[some].astype(np.longdouble) / 7))
+    # rounded to float64 it is the float64 bias up to that one's rounding: the division's
+    # relative error 2^-53 becomes an absolute error of the log, plus the log's own ulp
+    # (and the final rounding of the wide value: one more ulp)
+    narrow = count_bias(c, 7)
+    ulp = np.abs(np.spacing(narrow[some]))
+    gap = np.abs(wide[some].astype(np.float64) - narrow[some])
+    assert np.all(gap <= 2.0**-53 + 2 * ulp)
+    # where longdouble is wider, it is not the float64 formula (control of the dtype)
+    from plsh_ref.attention import EXTENDED_AVAILABLE
+
+    assert np.any(gap > 0) == EXTENDED_AVAILABLE
+    with pytest.raises(ValueError, match=r"^dtype:"):
+        count_bias(c, 7, dtype=np.float32)
+    with pytest.raises(ValueError, match=r"^dtype:"):
+        count_bias(c, 7, dtype="not a dtype")
+
+
 @pytest.mark.parametrize(
     "counts_,s,exc",
     [
