@@ -691,9 +691,10 @@ def _value_range(v: np.ndarray, admissible: np.ndarray):
     """Per row and column: max - min of v over admissible keys, and max |v| (0 if none)."""
     adm = admissible[None, None, :, :, None]
     vv = v[:, :, None, :, :]
-    vmax = np.max(np.where(adm, vv, -np.inf), axis=3)
-    vmin = np.min(np.where(adm, vv, np.inf), axis=3)
-    vabs = np.max(np.where(adm, np.abs(vv), 0.0), axis=3)
+    # initial=: no key at all (n_k = 0) is a row with no admissible key, not a numpy error
+    vmax = np.max(np.where(adm, vv, -np.inf), axis=3, initial=-np.inf)
+    vmin = np.min(np.where(adm, vv, np.inf), axis=3, initial=np.inf)
+    vabs = np.max(np.where(adm, np.abs(vv), 0.0), axis=3, initial=0.0)
     empty = ~np.isfinite(vmax)
     return np.where(empty, 0.0, vmax - vmin), vabs
 
@@ -842,6 +843,6 @@ def output_error_bound(
     bound = vrange * ratio[..., None]
     # On the event, M~_ij >= L*_ij - eps > 0 wherever L*_ij > eps; a row can vanish (and
     # output 0) only if every admissible L*_ij <= eps. Cover those rows by max |v|.
-    lmax = np.max(np.where(admissible[None], lstar, -np.inf), axis=-1)  # (H, n_q)
+    lmax = np.max(np.where(admissible[None], lstar, -np.inf), axis=-1, initial=-np.inf)
     can_vanish = (eps >= lmax)[None, :, :, None] & np.isfinite(lmax)[None, :, :, None]
     return np.where(can_vanish, np.maximum(bound, vabs), bound)

@@ -337,3 +337,27 @@ def test_one_position_has_zero_variance_proxy():
     got = spectral_error_bound(1, 4.0, 16, 0.01)
     assert got.variance_proxy == 0.0
     assert got.eps == spectral_error_bound(1, 4.0, 16, 0.01, variance=0.0).eps
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_output_bounds_without_keys_are_zero_like_the_outputs(causal):
+    # n_k = 0: every row has no admissible key, both outputs are 0 (plsh_ref.attention), so
+    # both bounds are 0 with the output's shape; they used to raise numpy's "zero-size
+    # array to reduction operation maximum" instead. n_q = 0 gives empty bounds.
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 2, 4, 8))
+    k, v = rng.standard_normal((2, 2, 0, 8)), rng.standard_normal((2, 2, 0, 3))
+    partition = draw_partition(np.array([2.0, 4.0]), 16, seed=0)
+    kw = dict(causal=causal, query_positions=np.arange(4), key_positions=np.arange(0))
+    cert = bd.output_error_certificate(q, k, v, partition, **kw)
+    bound = bd.output_error_bound(q, k, v, 16, 0.1, **kw)
+    gap = np.abs(
+        plsh_attention(q, k, v, partition=partition, return_lse=False, **kw)
+        - alibi_attention(q, k, v, return_lse=False, **kw)
+    )
+    for b in (cert, bound):
+        assert b.shape == (2, 2, 4, 3) and np.all(b == 0.0) and np.all(gap <= b)
+    q0 = rng.standard_normal((2, 2, 0, 8))
+    k, v = rng.standard_normal((2, 2, 5, 8)), rng.standard_normal((2, 2, 5, 3))
+    assert bd.output_error_certificate(q0, k, v, partition, causal=causal).shape == (2, 2, 0, 3)
+    assert bd.output_error_bound(q0, k, v, 16, 0.1, causal=causal).shape == (2, 2, 0, 3)
