@@ -75,7 +75,8 @@ def _host_positions(name: str, value) -> torch.Tensor:
             raise ValueError(f"{name}: contains NaN or infinite values")
         if np.any(arr != np.floor(arr)):
             raise TypeError(f"{name}: positions must be integers, got non-integral values")
-        if arr.size and np.max(np.abs(arr)) >= MAX_ABS_POSITION:
+        # compared in float64: 2**53 overflows a float16 (a RuntimeWarning, not a refusal)
+        if arr.size and np.max(np.abs(arr.astype(np.float64))) >= MAX_ABS_POSITION:
             raise ValueError(f"{name}: |position| must be < 2**53 so that float64 is exact")
     elif not np.issubdtype(arr.dtype, np.integer):
         raise TypeError(f"{name}: must hold integers, got dtype {arr.dtype}")

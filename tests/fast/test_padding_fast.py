@@ -307,3 +307,17 @@ def test_triton_backward_reuses_the_forward_plan(monkeypatch):
     out.sum().backward()
     assert calls == [1]  # the backward planned nothing: it used the forward's plan
     assert q.grad is not None and torch.isfinite(q.grad).all()
+
+
+def test_float16_array_like_positions_are_taken_without_a_warning():
+    # the 2**53 magnitude check once ran in float16, where 2**53 overflows: a RuntimeWarning
+    # ("overflow encountered in cast") on every float16 array of positions
+    import warnings
+
+    cpu = torch.device("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = padding.check_positions(
+            "key_positions", np.array([3, -1, 2048], np.float16), 1, 3, cpu
+        )
+    assert got.dtype == torch.int64 and got.tolist() == [3, -1, 2048]
