@@ -172,6 +172,26 @@ def test_row_constant_bias_is_a_precision_finding_not_a_float32_failure(capsys):
     assert "sequence_longer_than_256_float16: half-precision position arithmetic" in out
 
 
+def test_a_gross_error_is_reported_before_any_precision_finding(capsys):
+    """A negated output fails every case; at float16 positions far from zero the
+    rounded-positions yardstick is so coarse that it "explains" even that case. The
+    finding once came first and read as the diagnosis; now the failures come first and
+    the finding says how many failures no rounding explains."""
+    code, out, _ = verify(capsys, "_alibi_kernels:negated_output", *SMALL)
+    assert code == 1
+    lines = out.splitlines()
+    failed = next(i for i, line in enumerate(lines) if line.startswith("battery cases failed"))
+    findings = [i for i, line in enumerate(lines) if line.startswith("precision findings")]
+    assert findings, out  # the coarse yardstick still matches one case (this test's premise)
+    assert findings[0] > failed
+    assert re.search(
+        r"besides these, \d+ failing cases that no rounding explains", lines[findings[0]]
+    )
+    # control: a kernel whose only failures are findings gets no such clause
+    code, out, _ = verify(capsys, "_alibi_kernels:mj_bias_in_input_dtype", *SMALL)
+    assert code == 1 and "precision findings" in out and "no rounding explains" not in out
+
+
 def test_a_correct_kernel_has_no_precision_finding(capsys):
     code, out, _ = verify(capsys, f"{EX}:numpy_alibi_standard_slopes", *SMALL)
     assert code == 0 and "precision findings" not in out
