@@ -32,14 +32,17 @@ import importlib.metadata
 import importlib.util
 import os
 import re
+import signal
 import sys
-from types import ModuleType
+import threading
+from types import FrameType, ModuleType
 from typing import NoReturn
 
 __all__ = [
     "DEFAULT_COMMAND",
     "GROUP",
     "INTERRUPTED",
+    "TERMINATED",
     "OneLineArgumentParser",
     "command_summary",
     "commands",
@@ -56,6 +59,17 @@ DEFAULT_COMMAND = "reproduce"
 
 #: exit status after Ctrl-C (128 + SIGINT, as a shell reports it)
 INTERRUPTED = 130
+
+#: exit status after SIGTERM (128 + SIGTERM), e.g. a CI job's timeout or ``kill``
+TERMINATED = 143
+
+
+class _Terminated(BaseException):
+    """Raised in the main thread by the SIGTERM handler of a running command."""
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise _Terminated()
 
 
 def commands() -> dict[str, importlib.metadata.EntryPoint]:
@@ -226,7 +240,9 @@ def main(argv: list[str] | None = None) -> int:
 
     A reader of the output that goes away early (``plsh --help | head -3``) ends the
     command with status 1 and no traceback (Python's advice for ``BrokenPipeError``).
-    Ctrl-C ends it with one line on stderr and status :data:`INTERRUPTED` (130).
+    Ctrl-C ends it with one line on stderr and status :data:`INTERRUPTED` (130), SIGTERM
+    while a command runs with one line and :data:`TERMINATED` (143); either way the
+    output folders the run created and left empty are removed.
     """
     try:
         status = _main(argv)
@@ -291,6 +307,12 @@ def _main(argv: list[str] | None) -> int:
 
     created = CreatedFolders(getattr(args, "out", None) or None)
     status = 2
+    # SIGTERM (a CI timeout, ``kill``) ends the command like Ctrl-C: one line, the empty
+    # output folders removed (it used to kill the process and leave them); in the main
+    # thread only, where Python runs signal handlers
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         status = int(module.run(args) or 0)
         return status
@@ -299,6 +321,10 @@ def _main(argv: list[str] | None) -> int:
             raise
         print(f"\nplsh {command}: interrupted", file=sys.stderr)
         status = INTERRUPTED
+        return status
+    except _Terminated:
+        print(f"\nplsh {command}: terminated", file=sys.stderr)
+        status = TERMINATED
         return status
     except (ValueError, TypeError, ArithmeticError, MemoryError, OSError) as exc:
         # Bad input (an option out of range, an unreadable file, an argument the library
@@ -310,6 +336,8 @@ def _main(argv: list[str] | None) -> int:
         print(f"plsh {command}: error: {text}", file=sys.stderr)
         return 2
     finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
         if status != 0:
             created.remove_empty()
 

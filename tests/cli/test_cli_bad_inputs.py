@@ -440,9 +440,18 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_ctrl_c_is_one_line_exit_130_and_leaves_no_empty_folder(tmp_path):
+@pytest.mark.parametrize(
+    "sig, status, word",
+    [
+        (signal.SIGINT, cli.INTERRUPTED, "interrupted"),
+        (signal.SIGTERM, cli.TERMINATED, "terminated"),
+    ],
+    ids=["ctrl_c", "sigterm"],
+)
+def test_a_stop_signal_is_one_line_and_leaves_no_empty_folder(tmp_path, sig, status, word):
     """``plsh reproduce`` makes its output folder, then computes for minutes; Ctrl-C
-    printed a traceback and left the empty folder."""
+    printed a traceback and left the empty folder; SIGTERM (a CI timeout, ``kill``) left
+    it too. Exit statuses 130 and 143, as a shell reports them."""
     out = tmp_path / "runs" / "interrupted"
     argv = [sys.executable, "-m", "plsh_ref.cli", "reproduce", "--quiet", "--no-plots"]
     proc = subprocess.Popen(
@@ -462,10 +471,10 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_no_empty_folder(tmp_path):
         time.sleep(0.05)
     assert out.is_dir(), "the run never started computing"
     time.sleep(0.3)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == cli.INTERRUPTED == 130, err
-    assert err.strip() == "plsh reproduce: interrupted", err
+    assert proc.returncode == status == 128 + sig, err
+    assert err.strip() == f"plsh reproduce: {word}", err
     assert not (tmp_path / "runs").exists()
 
 
