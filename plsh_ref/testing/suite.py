@@ -59,6 +59,7 @@ __all__ = [
     "check_signature",
     "contract_kwargs",
     "detect_framework",
+    "probe_framework",
     "jax_x64_enabled",
     "load_kernel",
     "row_constant_bias",
@@ -825,10 +826,6 @@ def detect_framework(
     KernelContractError
         If neither works (the message says what each attempt did).
     """
-    problem = ProblemSpec(kind=kind, n_q=4, n_k=4, num_heads=2, num_heads_kv=2).build()
-    kwargs = contract_kwargs(
-        problem, slopes=slopes, attention_mask=attention_mask, inputs=optional_inputs(kernel)
-    )
     tried = []
     candidates = ["numpy"]
     try:
@@ -838,21 +835,53 @@ def detect_framework(
     except ImportError:
         pass
     for framework in candidates:
-        q, k, v, kw = _to_framework(kwargs, problem, framework, "cpu")
-        result, exc, _ = _call(kernel, q, k, v, kw, timeout)
-        if exc is not None:
-            first = str(exc).splitlines()[0] if str(exc) else ""
-            tried.append(f"with {framework} inputs it raised {type(exc).__name__}: {first}")
-            continue
-        out = result[0] if isinstance(result, (tuple, list)) and result else result
-        module = type(out).__module__.split(".")[0]
-        if module == framework:
-            return framework
-        if framework == "numpy" and module in ("jax", "jaxlib"):
-            return "jax"
-        tried.append(f"with {framework} inputs it returned a {type(out).__name__}")
+        found, note = probe_framework(kernel, kind, slopes, attention_mask, framework, timeout)
+        if found is not None:
+            return found
+        tried.append(note)
     raise KernelContractError(
         "framework: cannot tell what the kernel takes ("
         + "; ".join(tried)
         + "); pass --framework numpy, torch or jax"
     )
+
+
+def probe_framework(
+    kernel: Callable[..., Any],
+    kind: str,
+    slopes: str,
+    attention_mask: bool,
+    framework: str,
+    timeout: float | None = None,
+) -> tuple[str | None, str]:
+    """Call ``kernel`` once on a small float32 problem in ``framework``'s arrays (CPU).
+
+    Parameters
+    ----------
+    kernel, kind, slopes, attention_mask, timeout
+        As :func:`detect_framework`.
+    framework : {"numpy", "torch", "jax"}
+        The inputs' framework (torch and jax must be installed for theirs).
+
+    Returns
+    -------
+    (str or None, str)
+        The framework whose arrays came back (``"jax"`` for jax arrays from numpy inputs),
+        or ``None`` and what the call did instead (``"with torch inputs it raised ..."``).
+    """
+    problem = ProblemSpec(kind=kind, n_q=4, n_k=4, num_heads=2, num_heads_kv=2).build()
+    kwargs = contract_kwargs(
+        problem, slopes=slopes, attention_mask=attention_mask, inputs=optional_inputs(kernel)
+    )
+    q, k, v, kw = _to_framework(kwargs, problem, framework, "cpu")
+    result, exc, _ = _call(kernel, q, k, v, kw, timeout)
+    if exc is not None:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return None, f"with {framework} inputs it raised {type(exc).__name__}: {first}"
+    out = result[0] if isinstance(result, (tuple, list)) and result else result
+    module = type(out).__module__.split(".")[0]
+    if module == framework:
+        return framework, ""
+    if framework in ("numpy", "jax") and module in ("jax", "jaxlib"):
+        return "jax", ""
+    return None, f"with {framework} inputs it returned a {type(out).__name__}"

@@ -66,6 +66,7 @@ from .suite import (
     detect_framework,
     jax_x64_enabled,
     load_kernel,
+    probe_framework,
     slope_mode,
 )
 
@@ -743,11 +744,35 @@ def _setup(args) -> _Setup:
         framework = "torch"  # numpy kernels run on the CPU only
     if framework == "auto":
         framework = detect_framework(kernel, args.kind, slopes, takes_mask, args.timeout)
+    elif args.device == "cpu":
+        _check_framework(args, kernel, slopes, takes_mask)
     dtypes = _dtypes(args, framework)
     bounds = _bounds(args, dtypes, slopes)
     return _Setup(
         kernel, slopes, max_bias, framework, dtypes, bounds, caps, unsupported, takes_mask, custom
     )
+
+
+def _check_framework(args, kernel, slopes: str, takes_mask: bool) -> None:
+    """A given ``--framework`` that the kernel refuses while another works: a usage error.
+
+    It once ran every case, each failing with the same exception from the kernel
+    (``0/45 cases passed``), which reads as a broken kernel. A kernel that fails in every
+    framework is left to the cases (they report what it raised)."""
+    found, note = probe_framework(
+        kernel, args.kind, slopes, takes_mask, args.framework, args.timeout
+    )
+    if found is not None:
+        return
+    try:
+        other = detect_framework(kernel, args.kind, slopes, takes_mask, args.timeout)
+    except KernelContractError:
+        return
+    if other != args.framework:
+        raise KernelContractError(
+            f"--framework {args.framework}: the kernel does not take {args.framework} arrays "
+            f"({note}) but runs on {other} arrays; pass --framework {other} (or leave it out)"
+        )
 
 
 def _check_causal(args, caps: dict, unsupported: dict) -> None:

@@ -200,6 +200,23 @@ def test_torch_framework_with_sdpa(capsys):
     assert "framework=torch" in out  # detected: numpy inputs make it raise
 
 
+@pytest.mark.parametrize(
+    "kernel, given, works",
+    [("numpy_alibi", "torch", "numpy"), ("sdpa_alibi", "numpy", "torch")],
+)
+def test_a_wrong_framework_is_refused_naming_the_right_one(capsys, kernel, given, works):
+    # it once ran every case, each failing with the kernel's own exception (0/45 passed)
+    pytest.importorskip("torch")
+    code, out, err = verify(capsys, f"{EX}:{kernel}", "--framework", given, "--cases", "3")
+    assert code == 2 and not out, out + err
+    assert err.strip().count("\n") == 0, err
+    assert f"--framework {given}: the kernel does not take {given} arrays" in err
+    assert f"pass --framework {works}" in err
+    # control: the right one runs
+    code, out, err = verify(capsys, f"{EX}:{kernel}", "--framework", works, "--cases", "3")
+    assert code == 0, out + err
+
+
 def test_torch_framework_with_plsh_fast(capsys):
     pytest.importorskip("torch")
     pytest.importorskip("plsh_fast")
