@@ -59,6 +59,42 @@ def test_padding_mask_exactly_as_long_as_the_keys_is_accepted():
         hf._padding_mask([[1, 1, 1]], 1, 3, "cpu")  # not a tensor
 
 
+def test_padding_mask_is_made_on_the_given_device():
+    # "meta" tells the device apart on a CPU-only machine (a dropped device= gives cpu)
+    assert hf._padding_mask(None, 2, 3, "meta").device.type == "meta"
+    assert hf._padding_mask(torch.tensor([[0, 1, 1]]), 1, 3, "meta").device.type == "meta"
+
+
+def test_padding_mask_refusal_says_what_it_got_and_what_is_supported():
+    four_d = torch.ones(2, 1, 1, 3)
+    expected = (
+        "attention_mask: the 'plsh'/'alibi' attention needs the 2-D padding mask (batch, "
+        "tokens) that its registered mask builder makes, got shape {}; a model that builds "
+        "its own 4-D mask is not supported (see swap_bloom_attention)"
+    )
+    for mask, shape in ((four_d, "torch.Size([2, 1, 1, 3])"), ([[1, 1, 1]], "None")):
+        with pytest.raises(ValueError) as info:
+            hf._padding_mask(mask, 2, 3, "cpu")
+        assert str(info.value) == expected.format(shape)
+
+
+def test_the_registered_mask_builder_covers_every_token_seen():
+    # the 2-D keep-mask of kv_offset + kv_length tokens: all real without a mask; a shorter
+    # mask (a static cache's slots beyond it) padded with absent tokens, a longer one cut
+    build = hf._padding_mask_builder
+    ones = build(2, 1, 3, kv_offset=2, device="meta")
+    assert ones.shape == (2, 5) and ones.dtype == torch.bool and ones.device.type == "meta"
+    assert bool(build(2, 1, 3, kv_offset=2).all())
+    given = torch.tensor([[0, 1, 1], [1, 1, 1]])
+    assert build(2, 1, 3, attention_mask=given).tolist() == [[False, True, True], [True] * 3]
+    padded = build(2, 1, 3, kv_offset=2, attention_mask=given)
+    assert padded.dtype == torch.bool
+    assert padded.tolist() == [[False, True, True, False, False], [True, True, True, False, False]]
+    cut = build(2, 1, 2, attention_mask=given)
+    assert cut.tolist() == [[False, True], [True, True]]
+    assert build(1, 1, 4, q_offset=3, attention_mask=torch.ones(1, 4)).shape == (1, 4)
+
+
 # ----------------------------------------------------------------------------- positions
 
 
