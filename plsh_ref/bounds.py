@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import mpmath
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -213,13 +214,23 @@ def required_samples(n: int, eps: float, delta: float) -> int:
     log_term = math.log(2.0 * (n - 1) / delta)
     # s ~ log_term / (2 eps^2), estimated in log space: eps^2 underflows for eps < 1e-154
     log_s = math.log(log_term) - math.log(2.0) - 2.0 * math.log(eps)
+    too_many = (
+        f"eps: {eps:g} needs about 1e{log_s / math.log(10.0):.0f} samples, beyond 2**53 where "
+        "a sample count is exact in floating point; use a larger eps"
+    )
     if log_s > math.log(2.0**53):
-        about = f"1e{log_s / math.log(10.0):.0f}"
-        raise ValueError(
-            f"eps: {eps:g} needs about {about} samples, beyond 2**53 where a sample count "
-            "is exact in floating point; use a larger eps"
-        )
+        raise ValueError(too_many)
     s = max(1, math.ceil(log_term / (2.0 * eps * eps)))
+    if s > 2**40:
+        # one sample more changes the tail by a factor exp(-2 eps^2), within binary64
+        # rounding of 1 near 2**53 (the loops below were off by a few counts there, and
+        # returned 2**53 for an answer of 2**53 + 1): the exact ceiling at 40 digits
+        with mpmath.workdps(40):
+            t = mpmath.log(2 * (n - 1) / mpmath.mpf(delta)) / (2 * mpmath.mpf(eps) ** 2)
+            s = int(mpmath.ceil(t))
+        if s > 2**53:
+            raise ValueError(too_many)
+        return s
     while s > 1 and 2.0 * (n - 1) * math.exp(-2.0 * (s - 1) * eps * eps) <= delta:
         s -= 1  # guard against rounding up one too many
     while 2.0 * (n - 1) * math.exp(-2.0 * s * eps * eps) > delta:

@@ -237,6 +237,7 @@ def test_required_samples_limit_at_two_to_the_53():
         (100.0, 32, 1e-20, {}),  # delta below 2^-53
         (10.0, 16, 0.01, {"sampler": "stratified", "group_size": 4}),
         (10.0, 16, 0.01, {"sampler": "shared", "group_size": 2}),
+        (3.0, 1, 0.96, {}),  # the answer 1 lies below the first bracket end ceil(sigma) = 3
     ],
 )
 def test_block_size_bound_is_the_smallest(sigma, s, delta, kw):
@@ -245,6 +246,13 @@ def test_block_size_bound_is_the_smallest(sigma, s, delta, kw):
     assert b == 0 or largest_pitch_sf_of(float(b - 1), sigma, s, **kw) > delta
     assert B.block_size_tail_bound(b, sigma, s, **kw) <= delta
     assert B.block_size_tail_bound(b - 1, sigma, s, **kw) > delta
+
+
+def test_block_size_bound_at_a_delta_equal_to_the_tail():
+    """delta equal to the tail at b = 5 (in binary64): 5 tokens are enough (tail <= delta)."""
+    delta = float(largest_pitch_sf(5.0, 2.0, 4))
+    assert B.block_size_bound(2.0, 4, delta) == 5
+    assert float(largest_pitch_sf(4.0, 2.0, 4)) > delta
 
 
 def test_block_size_tail_bound_is_the_largest_pitch_law():
@@ -258,6 +266,8 @@ def test_block_size_tail_bound_is_the_largest_pitch_law():
         B.block_size_bound(0.0, 5, 0.1)
     with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
         B.block_size_bound(1.0, 0, 0.1)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.block_size_bound(1.0, 0, 1.0)  # before delta is looked at
     with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
         B.block_size_bound(1.0, 1, 1.0)
 
@@ -592,6 +602,34 @@ def test_kernel_spectral_error_bound_levels_at_the_edges(n, sigma, s, delta, lev
         assert close(out.truncation_probability, p_trunc, rtol=1e-12)
     else:
         assert out.bias == 0.0 and out.truncation_probability == 0.0
+
+
+@pytest.mark.parametrize(
+    "eps",
+    [
+        8.772388268377445e-09,  # the answer 2**53 - 2; log_s rounds to log(2**53) exactly
+        1e-7,  # about 7e13 samples: one more changes the tail by less than 1e-13
+    ],
+)
+def test_required_samples_near_2_53_is_the_exact_ceiling(eps):
+    """Beyond about 2**40 samples binary64 cannot resolve one sample more: the answer must
+    still be the smallest s with 2 (n - 1) exp(-2 s eps^2) <= delta (mpmath, 40 digits)."""
+    n, delta = 2, 0.5
+    E = mp.mpf(eps)
+    want = int(mp.ceil(mp.log(2 * (n - 1) / mp.mpf(delta)) / (2 * E * E)))
+    assert 2**40 < want <= 2**53
+    assert 2 * (n - 1) * mp.e ** (-2 * want * E * E) <= delta
+    assert 2 * (n - 1) * mp.e ** (-2 * (want - 1) * E * E) > delta
+    assert B.required_samples(n, eps, delta) == want
+
+
+def test_required_samples_refuses_an_answer_just_above_2_53():
+    """eps = 8.772388268377443e-09: the answer is 2**53 + 1 (mpmath), past the limit."""
+    eps = 8.772388268377443e-09
+    E = mp.mpf(eps)
+    assert mp.ceil(mp.log(4) / (2 * E * E)) == 2**53 + 1
+    with pytest.raises(ValueError, match=r"^eps: 8\.77239e-09 needs about 1e16 samples"):
+        B.required_samples(2, eps, 0.5)
 
 
 def test_spectral_error_bound_refuses_num_samples_before_delta():
