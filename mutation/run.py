@@ -108,6 +108,10 @@ def write_config(workdir: Path, module: str, tests: list[str]) -> None:
         # ran them (torch, thread pools) can deadlock on a lock held by a thread it lacks,
         # and mutmut's CPU-time limit never fires on a sleeping process
         'process_isolation = "forkserver"\n'
+        # a mutant's CPU-time limit is 2 * timeout_multiplier * (its tests' time + 1 s):
+        # mutmut's default multiplier 15 lets a looping mutant hold the one worker for 30x
+        # its tests' time; 3 still allows a 6x slowdown before counting it as a timeout
+        "timeout_multiplier = 3.0\n"
     )
     (workdir / "pyproject.toml").write_text(text, "utf-8")
 

@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import mpmath
 import numpy as np
 from numpy.typing import ArrayLike
 
@@ -213,13 +214,23 @@ def required_samples(n: int, eps: float, delta: float) -> int:
     log_term = math.log(2.0 * (n - 1) / delta)
     # s ~ log_term / (2 eps^2), estimated in log space: eps^2 underflows for eps < 1e-154
     log_s = math.log(log_term) - math.log(2.0) - 2.0 * math.log(eps)
+    too_many = (
+        f"eps: {eps:g} needs about 1e{log_s / math.log(10.0):.0f} samples, beyond 2**53 where "
+        "a sample count is exact in floating point; use a larger eps"
+    )
     if log_s > math.log(2.0**53):
-        about = f"1e{log_s / math.log(10.0):.0f}"
-        raise ValueError(
-            f"eps: {eps:g} needs about {about} samples, beyond 2**53 where a sample count "
-            "is exact in floating point; use a larger eps"
-        )
+        raise ValueError(too_many)
     s = max(1, math.ceil(log_term / (2.0 * eps * eps)))
+    if s > 2**40:
+        # one sample more changes the tail by a factor exp(-2 eps^2), within binary64
+        # rounding of 1 near 2**53 (the loops below were off by a few counts there, and
+        # returned 2**53 for an answer of 2**53 + 1): the exact ceiling at 40 digits
+        with mpmath.workdps(40):
+            t = mpmath.log(2 * (n - 1) / mpmath.mpf(delta)) / (2 * mpmath.mpf(eps) ** 2)
+            s = int(mpmath.ceil(t))
+        if s > 2**53:
+            raise ValueError(too_many)
+        return s
     while s > 1 and 2.0 * (n - 1) * math.exp(-2.0 * (s - 1) * eps * eps) <= delta:
         s -= 1  # guard against rounding up one too many
     while 2.0 * (n - 1) * math.exp(-2.0 * s * eps * eps) > delta:
@@ -523,7 +534,7 @@ def kernel_spectral_error_bound(
     ----------
     Tropp (2015), Theorem 6.1.1; ``proofs_notes/general_kernels.md``.
     """
-    from .kernels import kernel_matrix, largest_pitch_quantile, largest_pitch_sf
+    from .kernels import kernel_matrix, largest_pitch_sf
     from .kernels import variance_proxy as kernel_variance_proxy
 
     n = check_int("n", n, minimum=1, maximum=EXACT_VARIANCE_MAX_N)
@@ -534,8 +545,13 @@ def kernel_spectral_error_bound(
     lnorm = float(np.linalg.eigvalsh(kernel_matrix(kernel, pos, pos))[-1]) * (1 + 1e-12)
     levels = {n}
     for frac in (0.5, 0.3, 0.1, 0.03, 0.01, 1e-3):
-        q = largest_pitch_quantile(kernel, 1.0 - frac * delta, s)
-        levels.add(int(max(1, min(n, math.ceil(q)))))
+        # the one-pitch tail u with 1 - (1 - u)^s = frac delta, from the tail itself: the
+        # quantile at 1 - frac delta cannot be asked for once that rounds to 1 (delta below
+        # about 1e-13 for frac = 1e-3)
+        if frac * delta > 0.0:
+            u = -math.expm1(math.log1p(-frac * delta) / s)
+            q = float(kernel.pitch_quantile(np.array(1.0 - u), np.array(u)))
+            levels.add(int(max(1, min(n, math.ceil(q)))))
     best = None
     for k in sorted(levels):
         if k >= n:
@@ -624,7 +640,7 @@ def spectral_required_samples(
     delta : float
         Failure probability in ``(0, 1)``.
     max_samples : int
-        Search limit.
+        Search limit, ``>= 1``: the answer may be ``max_samples`` itself.
 
     Returns
     -------
@@ -633,7 +649,8 @@ def spectral_required_samples(
     Raises
     ------
     ValueError, TypeError
-        As :func:`spectral_error_bound`; ``eps <= 0``; no ``s <= max_samples`` suffices.
+        As :func:`spectral_error_bound`; ``eps <= 0``; ``max_samples < 1``; no
+        ``s <= max_samples`` suffices (message starts with ``eps``).
 
     References
     ----------
@@ -643,6 +660,7 @@ def spectral_required_samples(
     sigma = check_positive_float("sigma", sigma)
     eps = check_positive_float("eps", eps)
     delta = check_probability("delta", delta)
+    max_samples = check_int("max_samples", max_samples, minimum=1)
     v, _ = _spectral_setup(n, sigma, variance)
 
     def ok(s):
@@ -650,10 +668,10 @@ def spectral_required_samples(
 
     hi = 1
     while not ok(hi):
-        hi *= 2
-        if hi > max_samples:
+        if hi >= max_samples:
             raise ValueError(f"eps: not reached with num_samples <= {max_samples}")
-    lo = hi // 2
+        hi = min(2 * hi, max_samples)  # max_samples itself is tried
+    lo = hi // 2  # ok(lo) fails: lo <= the previous hi (or lo = 0)
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if ok(mid):

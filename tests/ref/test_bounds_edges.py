@@ -237,6 +237,7 @@ def test_required_samples_limit_at_two_to_the_53():
         (100.0, 32, 1e-20, {}),  # delta below 2^-53
         (10.0, 16, 0.01, {"sampler": "stratified", "group_size": 4}),
         (10.0, 16, 0.01, {"sampler": "shared", "group_size": 2}),
+        (3.0, 1, 0.96, {}),  # the answer 1 lies below the first bracket end ceil(sigma) = 3
     ],
 )
 def test_block_size_bound_is_the_smallest(sigma, s, delta, kw):
@@ -245,6 +246,13 @@ def test_block_size_bound_is_the_smallest(sigma, s, delta, kw):
     assert b == 0 or largest_pitch_sf_of(float(b - 1), sigma, s, **kw) > delta
     assert B.block_size_tail_bound(b, sigma, s, **kw) <= delta
     assert B.block_size_tail_bound(b - 1, sigma, s, **kw) > delta
+
+
+def test_block_size_bound_at_a_delta_equal_to_the_tail():
+    """delta equal to the tail at b = 5 (in binary64): 5 tokens are enough (tail <= delta)."""
+    delta = float(largest_pitch_sf(5.0, 2.0, 4))
+    assert B.block_size_bound(2.0, 4, delta) == 5
+    assert float(largest_pitch_sf(4.0, 2.0, 4)) > delta
 
 
 def test_block_size_tail_bound_is_the_largest_pitch_law():
@@ -258,6 +266,8 @@ def test_block_size_tail_bound_is_the_largest_pitch_law():
         B.block_size_bound(0.0, 5, 0.1)
     with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
         B.block_size_bound(1.0, 0, 0.1)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        B.block_size_bound(1.0, 0, 1.0)  # before delta is looked at
     with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
         B.block_size_bound(1.0, 1, 1.0)
 
@@ -332,6 +342,79 @@ def _gamma2_truncation_mp(n, sigma, s, k, lnorm):
     p_one = (1 + K / S) * tail
     moment = tail * (K * K / S + 2 * K + 2 * S) + p_one
     return 1 - (1 - p_one) ** s, min(n * p_one, moment + lnorm * p_one), max(K, lnorm)
+
+
+def _spectral_error_mp(n, sigma, s, delta, v):
+    """spectral_error_bound's documented recipe in mpmath: levels n and, for each f in
+    {0.5, 0.3, 0.1, 0.03, 0.01, 0.001}, the smallest integer b with P(max_t delta_t > b)
+    <= f delta (by scanning b), clipped to 1..n; the best truncated Bernstein step."""
+    lnorm = min(mp.mpf(n), mp.mpf(kms_spectral_norm_limit(sigma)))
+    levels = {n}
+    for frac in ("0.5", "0.3", "0.1", "0.03", "0.01", "0.001"):
+        b = 0
+        while _gamma2_truncation_mp(n + b + 1, sigma, s, b, lnorm)[0] > mp.mpf(frac) * delta:
+            b += 1
+        levels.add(max(1, min(n, b)))
+    best = None
+    for k in sorted(levels):
+        p_trunc, bias, r0 = _gamma2_truncation_mp(n, sigma, s, k, lnorm)
+        ell = mp.log(2 * n / (mp.mpf(delta) - p_trunc))
+        a = ell * (r0 + bias) / (3 * s)
+        tau = a + mp.sqrt(a * a + 2 * ell * v / s)
+        if best is None or tau + bias < best[0]:
+            best = (tau + bias, k, p_trunc, r0 + bias, bias)
+    return best
+
+
+def test_spectral_error_bound_level_clipped_to_one():
+    """sigma = 0.05, s = 1, delta = 0.9: every level's tail fraction is met at b <= 1, the
+    level clipped up to 1 is the best (k = 2 would give a larger R)."""
+    n, sigma, s, delta = 8, 0.05, 1, 0.9
+    out = B.spectral_error_bound(n, sigma, s, delta)
+    eps, k, p_trunc, r, bias = _spectral_error_mp(n, sigma, s, delta, mp.mpf(out.variance_proxy))
+    assert k == 1 and out.truncation == 1
+    assert close(out.eps, eps, rtol=1e-12) and close(out.range_bound, r, rtol=1e-13)
+    assert close(out.bias, bias, rtol=1e-12)
+    assert close(out.truncation_probability, p_trunc, rtol=1e-12)
+
+
+def test_spectral_bounds_at_the_smallest_delta():
+    """delta = 5e-324 (the smallest double): every f delta rounds to 0, so no truncation
+    level has a tail to aim at; only the untruncated level n is left (no refusal)."""
+    from plsh_ref.kernels import Exponential
+
+    for out in (
+        B.spectral_error_bound(8, 2.0, 4, 5e-324),
+        B.kernel_spectral_error_bound(8, Exponential(2.0), 4, 5e-324),
+    ):
+        assert out.truncation == 8 and out.probability == 5e-324
+        assert out.truncation_probability == 0.0 and out.bias == 0.0
+
+
+def test_spectral_required_samples_refusals_edges_and_given_variance():
+    n, sigma, delta, eps = 16, 4.0, 0.1, 3.0
+    with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
+        B.spectral_required_samples(0, sigma, eps, delta)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        B.spectral_required_samples(n, 0.0, eps, delta)
+    with pytest.raises(ValueError, match=r"^max_samples: must be >= 1, got 0$"):
+        B.spectral_required_samples(n, sigma, eps, delta, max_samples=0)
+    # n = 1 is valid: the smallest s
+    one = B.spectral_required_samples(1, sigma, 0.5, delta)
+    assert B.spectral_error_bound(1, sigma, one, delta).eps <= 0.5
+    assert one == 1 or B.spectral_error_bound(1, sigma, one - 1, delta).eps > 0.5
+    # the limit itself may be the answer (40 is not a power of two); one below is refused
+    s = B.spectral_required_samples(n, sigma, eps, delta)
+    assert s & (s - 1) != 0
+    assert B.spectral_required_samples(n, sigma, eps, delta, max_samples=s) == s
+    with pytest.raises(ValueError, match=rf"^eps: not reached with num_samples <= {s - 1}$"):
+        B.spectral_required_samples(n, sigma, eps, delta, max_samples=s - 1)
+    # a given variance proxy is the one used (four times the exact one: more samples)
+    v = 4 * B.spectral_error_bound(n, sigma, 1, delta).variance_proxy
+    s4 = B.spectral_required_samples(n, sigma, eps, delta, variance=v)
+    assert s4 > s
+    assert B.spectral_error_bound(n, sigma, s4, delta, variance=v).eps <= eps
+    assert B.spectral_error_bound(n, sigma, s4 - 1, delta, variance=v).eps > eps
 
 
 def _spectral_tail_mp(n, sigma, s, eps, v):
@@ -473,6 +556,80 @@ def test_kernel_spectral_error_bound_is_its_recipe(case, levels, level):
         assert close(out.truncation_probability, p_trunc, rtol=1e-12)
     else:
         assert out.bias == 0.0 and out.truncation_probability == 0.0
+
+
+def _exponential_recipe(n, sigma, s, delta):
+    from plsh_ref.kernels import Exponential
+
+    S = mp.mpf(sigma)
+    return _kernel_spectral_mp(
+        n,
+        Exponential(sigma),
+        s,
+        delta,
+        lambda b: (1 + b / S) * mp.e ** (-b / S),
+        lambda r: np.exp(-r / sigma),
+        lambda k: mp.e ** (-k / S) * (k * k / S + 2 * k + 2 * S),
+    )
+
+
+@pytest.mark.parametrize(
+    "n, sigma, s, delta, level, why",
+    [
+        (16, 0.5, 1, 0.9, 2, "the 1 - 0.3 delta level alone is the best"),
+        (16, 1.0, 32, 0.9, 9, "the 1 - 0.1 delta level alone is the best"),
+        (8, 0.05, 1, 0.9, 1, "every quantile is below 1: level clipped to 1, R = ||K||"),
+        (16, 1.0, 4, 0.9995, None, "delta near 1: 1 - f delta is still a probability"),
+        (64, 3.0, 32, 1e-17, None, "1 - f delta rounds to 1: levels from the tail itself"),
+    ],
+)
+def test_kernel_spectral_error_bound_levels_at_the_edges(n, sigma, s, delta, level, why):
+    """Cases where a single candidate level decides the result (each level of the recipe
+    must be there), the smallest level 1 with ``R = ||K||`` (its 1e-12 margin shows at
+    rtol 1e-13), and ``delta`` at both ends of ``(0, 1)``: the recipe in mpmath."""
+    from plsh_ref.kernels import Exponential
+
+    best, levels = _exponential_recipe(n, sigma, s, delta)
+    eps, k, p_trunc, r, bias, tau, v = best
+    if level is not None:
+        assert k == level, why
+    out = B.kernel_spectral_error_bound(n, Exponential(sigma), s, delta)
+    assert out.truncation == k and out.probability == delta and out.num_samples == s
+    assert close(out.eps, eps, rtol=1e-12) and close(out.bernstein, tau, rtol=1e-12)
+    assert close(out.range_bound, r, rtol=1e-13) and close(out.variance_proxy, v, rtol=1e-14)
+    if k < n:
+        assert close(out.bias, bias, rtol=1e-12)
+        assert close(out.truncation_probability, p_trunc, rtol=1e-12)
+    else:
+        assert out.bias == 0.0 and out.truncation_probability == 0.0
+
+
+@pytest.mark.parametrize(
+    "eps",
+    [
+        8.772388268377445e-09,  # the answer 2**53 - 2; log_s rounds to log(2**53) exactly
+        1e-7,  # about 7e13 samples: one more changes the tail by less than 1e-13
+    ],
+)
+def test_required_samples_near_2_53_is_the_exact_ceiling(eps):
+    """Beyond about 2**40 samples binary64 cannot resolve one sample more: the answer must
+    still be the smallest s with 2 (n - 1) exp(-2 s eps^2) <= delta (mpmath, 40 digits)."""
+    n, delta = 2, 0.5
+    E = mp.mpf(eps)
+    want = int(mp.ceil(mp.log(2 * (n - 1) / mp.mpf(delta)) / (2 * E * E)))
+    assert 2**40 < want <= 2**53
+    assert 2 * (n - 1) * mp.e ** (-2 * want * E * E) <= delta
+    assert 2 * (n - 1) * mp.e ** (-2 * (want - 1) * E * E) > delta
+    assert B.required_samples(n, eps, delta) == want
+
+
+def test_required_samples_refuses_an_answer_just_above_2_53():
+    """eps = 8.772388268377443e-09: the answer is 2**53 + 1 (mpmath), past the limit."""
+    eps = 8.772388268377443e-09
+    E = mp.mpf(eps)
+    assert mp.ceil(mp.log(4) / (2 * E * E)) == 2**53 + 1
+    with pytest.raises(ValueError, match=r"^eps: 8\.77239e-09 needs about 1e16 samples"):
+        B.required_samples(2, eps, 0.5)
 
 
 def test_spectral_error_bound_refuses_num_samples_before_delta():
