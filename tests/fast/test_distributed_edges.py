@@ -54,6 +54,7 @@ class _World:
         self.done = 0
         self.gathers = [0] * size  # all_gather calls, per rank
         self.isend, self.irecv = "isend", "irecv"
+        self.devices: set = set()  # of every tensor handed to a collective
 
     # the torch.distributed functions the module uses -------------------------------------
     def is_available(self):
@@ -73,6 +74,7 @@ class _World:
         return types.SimpleNamespace(op=op, tensor=tensor, group=group, peer=group_peer)
 
     def batch_isend_irecv(self, ops):
+        self.devices.update(op.tensor.device for op in ops)
         for op in ops:
             if op.op == "isend":
                 self.sent[op.group.rank] += op.tensor.numel() * op.tensor.element_size()
@@ -135,6 +137,7 @@ class _World:
         return values
 
     def all_gather(self, out, vec, group):
+        self.devices.update(t.device for t in [vec, *out])
         self.gathers[group.rank] += 1
         for dst, src in zip(out, self._gather(group.rank, vec.clone())):
             dst.copy_(src)
@@ -458,8 +461,23 @@ def test_ranks_that_disagree_all_raise_the_same_error(world, changes, messages):
             (TypeError, r"^check_finite: "),
             r"^group: rank 1 refused its arguments: check_finite: ",
         ),
+        (
+            {0: {"chunk_start": 0.0}, 1: {"chunk_start": 8}},
+            0,
+            (TypeError, r"^chunk_start: must be an integer, got float 0\.0$"),
+            r"^group: rank 0 refused its arguments: chunk_start: must be an integer",
+        ),
     ],
-    ids=["dtype", "key_length", "seed", "start_range", "nan", "causal", "check_finite"],
+    ids=[
+        "dtype",
+        "key_length",
+        "seed",
+        "start_range",
+        "nan",
+        "causal",
+        "check_finite",
+        "start_type",
+    ],
 )
 def test_a_refused_rank_raises_its_error_and_the_others_name_it(world, changes, bad, own, others):
     results = _refused(world, 2, changes)
@@ -468,6 +486,85 @@ def test_a_refused_rank_raises_its_error_and_the_others_name_it(world, changes, 
             assert isinstance(res, own[0]) and re.search(own[1], str(res)), (rank, res)
         else:
             assert isinstance(res, ValueError) and re.search(others, str(res)), (rank, res)
+
+
+@pytest.mark.parametrize(
+    "changes, got",
+    [
+        ({"query": lambda a: _wide(a[0]), "key": lambda a: _wide(a[1])}, 257),
+        ({"value": lambda a: _wide(a[2])}, 257),
+    ],
+    ids=["head_dim", "head_dim_v"],
+)
+def test_the_triton_head_dim_limit_is_checked_on_both_head_dims(world, monkeypatch, changes, got):
+    # the Triton backend on CPU tensors is the interpreter: allowed with TRITON_INTERPRET=1
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    results = _refused(world, 2, {1: {"backend": "triton", **changes}})
+    own = rf"^backend: head_dim up to 256 on the Triton path, got {got}$"
+    assert isinstance(results[1], ValueError) and re.search(own, str(results[1])), results[1]
+    others = r"^group: rank 1 refused its arguments: backend: head_dim up to 256"
+    assert isinstance(results[0], ValueError) and re.search(others, str(results[0])), results[0]
+
+
+def _wide(x):
+    """``x`` with 257 features (one past the Triton path's head_dim limit)."""
+    return torch.zeros(*x.shape[:3], 257, dtype=x.dtype)
+
+
+def test_an_explicit_chunk_start_of_zero_is_position_zero(world):
+    partition = draw_partition([5.0, 9.0], 4, seed=4)
+    q, k, v, _, _ = _inputs(20, heads=2, heads_kv=2)
+    want = plsh_attention(q, k, v, partition=partition, backend="cpu")
+    w = world(2)
+    cuts = [0, 11, 20]
+
+    def work(rank):
+        sl = slice(cuts[rank], cuts[rank + 1])
+        return sl, D.context_parallel_plsh_attention(
+            q[:, :, sl],
+            k[:, :, sl],
+            v[:, :, sl],
+            partition=partition,
+            chunk_start=cuts[rank],  # 0 on rank 0
+            group=_group(rank),
+        )
+
+    for rank, res in enumerate(_run(w, work)):
+        assert not isinstance(res, BaseException), f"rank {rank}: {res!r}"
+        sl, out = res
+        _close(out, want[:, :, sl], f"rank {rank}")
+
+
+def test_the_collectives_buffers_are_on_the_inputs_device(world, monkeypatch):
+    """NCCL takes only tensors on the rank's GPU: the metadata vector and the receive
+    buffers are made on the inputs' device, not on the default one. Here the default device
+    is ``meta`` while they are made (the CPU inputs stand for CUDA inputs); a buffer made
+    there holds no data and is seen by the stand-in."""
+    for name in ("_gather_meta", "_point_to_point"):
+        real = getattr(D, name)
+
+        def under_meta(*args, _real=real, **kwargs):
+            with torch.device("meta"):
+                return _real(*args, **kwargs)
+
+        monkeypatch.setattr(D, name, under_meta)
+    partition = draw_partition([4.0, 30.0], 4, seed=6)
+    q, k, v, _, _ = _inputs(24, heads=2, heads_kv=2)
+    want = plsh_attention(q, k, v, partition=partition, backend="cpu")
+    w = world(2)
+
+    def work(rank):
+        sl = slice(12 * rank, 12 * rank + 12)
+        return D.context_parallel_plsh_attention(
+            q[:, :, sl], k[:, :, sl], v[:, :, sl], partition=partition, group=_group(rank)
+        )
+
+    results = _run(w, work)
+    assert w.devices == {torch.device("cpu")}
+    for rank, out in enumerate(results):
+        assert not isinstance(out, BaseException), f"rank {rank}: {out!r}"
+        _close(out, want[:, :, 12 * rank : 12 * rank + 12], f"rank {rank}")
+    assert sum(w.sent) > 0  # the halo was exchanged
 
 
 def test_a_chunk_start_at_the_edge_of_the_range_is_accepted(world):
