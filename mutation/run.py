@@ -57,6 +57,24 @@ def load_targets() -> dict[str, list[str]]:
     return {module: list(entry["tests"]) for module, entry in data["modules"].items()}
 
 
+def load_scope(module: str) -> list[str]:
+    """The ``functions`` patterns of ``module``'s entry (``[]``: the whole module).
+
+    A module of which only some functions are the subject of its tests (``hf.py``: the
+    position derivation and the evicting cache layer) lists them as ``fnmatch`` patterns
+    of mutmut's mangled names (``x__positions``, ``xǁPLSHCacheLayerǁ*``); the report
+    scores those and counts the others as out of scope."""
+    data = tomllib.loads(TARGETS.read_text("utf-8"))
+    return list(data["modules"][module].get("functions", []))
+
+
+def in_scope(name: str, scope: list[str]) -> bool:
+    """Whether mutant ``name`` belongs to a function matched by ``scope`` (all if empty)."""
+    import fnmatch
+
+    return not scope or any(fnmatch.fnmatchcase(function_of(name), p) for p in scope)
+
+
 def report_path(module: str) -> Path:
     """``plsh_ref/testing/tolerance.py`` -> ``mutation/reports/plsh_ref.testing.tolerance.md``."""
     return REPORTS / (module.removesuffix(".py").replace("/", ".") + ".md")
@@ -219,9 +237,17 @@ def git_describe() -> str:
 
 
 def write_report(
-    module: str, tests: list[str], rows: list[tuple[str, str, str]], runs: dict
+    module: str,
+    tests: list[str],
+    rows: list[tuple[str, str, str]],
+    runs: dict,
+    scope: list[str] | None = None,
 ) -> dict[str, int]:
-    """Write ``mutation/reports/<module>.md``; returns the counts."""
+    """Write ``mutation/reports/<module>.md``; returns the counts (of the mutants in
+    ``scope``, :func:`load_scope`)."""
+    scope = scope or []
+    out_of_scope = [row for row in rows if not in_scope(row[0], scope)]
+    rows = [row for row in rows if in_scope(row[0], scope)]
     equivalents = load_equivalents(module)
     used = set()
     killed, survived, equivalent, other, unchecked = [], [], [], [], []
@@ -279,6 +305,16 @@ def write_report(
         f"- report written (UTC): {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}",
         f"- code: commit {git_describe()}; mutmut {_mutmut_version()}; Python {platform.python_version()}",
         "- tests run against the mutants: " + ", ".join(f"`{t}`" for t in tests),
+        *(
+            [
+                "- scope (`functions` in `mutation/targets.toml`): "
+                + ", ".join(f"`{p}`" for p in scope)
+                + f"; {len(out_of_scope)} mutants of the module's other functions are out of"
+                " scope (not counted below)",
+            ]
+            if scope
+            else []
+        ),
         "",
         "| mutants | killed | survived | equivalent | other | not checked | score (killed / checked non-equivalent) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
@@ -375,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not rows:
         raise SystemExit(f"{module}: no mutmut results in {workdir}")
-    counts = write_report(module, tests, rows, load_runs(workdir))
+    counts = write_report(module, tests, rows, load_runs(workdir), load_scope(module))
     print(
         f"{module}: {counts['total']} mutants, {counts['killed']} killed, "
         f"{counts['survived']} survived, {counts['equivalent']} equivalent, "

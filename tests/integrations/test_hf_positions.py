@@ -65,19 +65,6 @@ def test_padding_mask_is_made_on_the_given_device():
     assert hf._padding_mask(torch.tensor([[0, 1, 1]]), 1, 3, "meta").device.type == "meta"
 
 
-def test_padding_mask_refusal_says_what_it_got_and_what_is_supported():
-    four_d = torch.ones(2, 1, 1, 3)
-    expected = (
-        "attention_mask: the 'plsh'/'alibi' attention needs the 2-D padding mask (batch, "
-        "tokens) that its registered mask builder makes, got shape {}; a model that builds "
-        "its own 4-D mask is not supported (see swap_bloom_attention)"
-    )
-    for mask, shape in ((four_d, "torch.Size([2, 1, 1, 3])"), ([[1, 1, 1]], "None")):
-        with pytest.raises(ValueError) as info:
-            hf._padding_mask(mask, 2, 3, "cpu")
-        assert str(info.value) == expected.format(shape)
-
-
 def test_the_registered_mask_builder_covers_every_token_seen():
     # the 2-D keep-mask of kv_offset + kv_length tokens: all real without a mask; a shorter
     # mask (a static cache's slots beyond it) padded with absent tokens, a longer one cut
@@ -90,6 +77,9 @@ def test_the_registered_mask_builder_covers_every_token_seen():
     padded = build(2, 1, 3, kv_offset=2, attention_mask=given)
     assert padded.dtype == torch.bool
     assert padded.tolist() == [[False, True, True, False, False], [True, True, True, False, False]]
+    # more sequences than tokens: the mask's length is its last axis, not its first
+    wide = build(4, 1, 3, attention_mask=torch.ones(4, 2))
+    assert wide.tolist() == [[True, True, False]] * 4
     cut = build(2, 1, 2, attention_mask=given)
     assert cut.tolist() == [[False, True], [True, True]]
     assert build(1, 1, 4, q_offset=3, attention_mask=torch.ones(1, 4)).shape == (1, 4)
@@ -298,3 +288,77 @@ def test_the_position_refusals_say_what_to_do_instead():
         "tokens) that its registered mask builder makes, got shape torch.Size([1, 1, 1, 3]); "
         "a model that builds its own 4-D mask is not supported (see swap_bloom_attention)"
     )
+    with pytest.raises(ValueError) as err:
+        hf._padding_mask([[1, 1, 1]], 1, 3, "cpu")  # no shape at all
+    assert "makes, got shape None; a model" in str(err.value)
+    key = torch.zeros(1, 1, 3, 1)
+    key.plsh_partition = _part(4.0)
+    with pytest.raises(ValueError) as err:
+        hf._check_not_evicting(key)
+    assert str(err.value) == (
+        "key: comes from a PLSHCache, whose evicted keys exact ALiBi still weights; "
+        "use DynamicCache with the 'alibi' attention"
+    )
+    layer = hf.PLSHCacheLayer(_part())
+    with pytest.raises(ValueError) as err:
+        layer.update(_kv(1, 2), _kv(1, 2), kwargs={})
+    assert str(err.value) == (
+        "position_ids: PLSHCache needs the new tokens' position_ids in the attention kwargs "
+        "(models built on AttentionInterface pass them)"
+    )
+    _step(layer, [[0, 1]])
+    with pytest.raises(ValueError) as err:
+        layer.update(_kv(1, 1), _kv(1, 1), kwargs={"position_ids": torch.tensor([[1]])})
+    assert str(err.value) == (
+        "position_ids: decode step out of order (new positions must follow the cached ones)"
+    )
+    with pytest.raises(TypeError) as err:
+        hf.PLSHCacheLayer("not a partition")
+    assert str(err.value) == "partition: must be a PartitionSample, got str"
+
+
+def test_the_layer_tags_its_keys_and_attends_with_the_default_scale_of_head_dim():
+    # 2 heads of head_dim 4: the default scale is 1 / sqrt(head_dim) = 1/2 (not of the head
+    # count); the outputs are the full-sequence PLSH attention's on the layer's partition
+    from plsh_fast import plsh_attention
+
+    part = draw_partition([3.0, 9.0], num_samples=4, seed=1)
+    layer = hf.PLSHCacheLayer(part)
+    assert layer.partition is part
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    positions = torch.arange(6, dtype=torch.int32)[None]  # int32: tagged as int64
+    keys, values = layer.update(k, v, kwargs={"position_ids": positions})
+    assert keys.plsh_partition is part and keys.plsh_cache_layer is layer
+    assert keys.plsh_positions.dtype == torch.int64
+    assert keys.plsh_positions.tolist() == [list(range(6))]
+    out = layer.attend(q, keys, values)
+    ref = plsh_attention(q, k, v, partition=part, causal=True)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    # control: the scale of the head count (1 / sqrt(2)) gives other outputs
+    other = plsh_attention(q, k, v, partition=part, causal=True, scale=2**-0.5)
+    assert float((other - ref).abs().max()) > 1e-3
+    assert layer.error_bound() == layer.error_bound(0.05)
+    assert layer.error_bound() != layer.error_bound(0.5)
+
+
+def test_keep_from_a_models_own_4d_mask_reads_the_newest_query_row():
+    # BLOOM/Falcon/MPT swaps get the model's 4-D mask: bool (True = keep) or additive (kept
+    # above the dtype's minimum); the newest query's row tells which keys are real
+    keep = hf._keep_from_additive_mask
+    lo = torch.finfo(torch.float32).min
+    additive = torch.tensor([[[[0.0, lo, lo], [0.0, 0.0, lo], [lo, 0.0, 0.0]]]])
+    assert keep(additive, 1, 3, None, 0, "cpu").tolist() == [[False, True, True]]
+    boolean = torch.tensor([[[[True, False], [False, True]]]])
+    assert keep(boolean, 1, 2, None, 0, "cpu").tolist() == [[False, True]]
+    # without a mask: every token seen so far (the cache's) and the new ones
+    ones = keep(None, 2, 3, None, 0, "meta")
+    assert ones.shape == (2, 3) and ones.dtype == torch.bool and ones.device.type == "meta"
+
+    class Past:
+        def get_seq_length(self, layer_idx):
+            return 5 if layer_idx == 1 else 0
+
+    assert keep(None, 1, 2, Past(), 1, "cpu").shape == (1, 7)
+    assert bool(keep(None, 1, 2, Past(), 1, "cpu").all())
+    assert keep(None, 1, 2, Past(), 0, "cpu").shape == (1, 2)
