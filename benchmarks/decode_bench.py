@@ -79,10 +79,12 @@ def _profile_steps(step, window, start: int, steps: int) -> dict:
 
     Medians, not totals (a profiler's totals on a loaded machine are dominated by the
     steps another process pre-empted): the whole ``update``, and inside it the argument
-    checks, the finiteness check, the ring's plan, its ``attend`` and, inside that,
-    ``torch.searchsorted`` (the counts) and SDPA; ``window`` (the same-size window peer)
-    takes turns with it, and its SDPA is timed alike. Wraps those functions for the
-    duration (they are the package's internals: this probes ``plsh_fast/decoding.py``).
+    checks (on a decode step the ring's comparison of shapes, dtypes and devices with the
+    checked calls), the finiteness check, the ring's plan, its ``attend`` and, inside
+    that, ``torch.repeat_interleave`` (the count bias) and SDPA; ``window`` (the same-size
+    window peer) takes turns with it, and its SDPA is timed alike. Wraps those functions
+    for the duration (they are the package's internals: this probes
+    ``plsh_fast/decoding.py``).
     """
     import functools
 
@@ -107,10 +109,11 @@ def _profile_steps(step, window, start: int, steps: int) -> dict:
     sdpa = torch.nn.functional.scaled_dot_product_attention
     saved = [
         wrap(decoding.PLSHDecodingCache, "_check_call", "argument checks"),
+        wrap(decoding._StepRing, "accepts", "argument checks"),
         wrap(decoding, "_sum_is_finite", "finiteness check"),
         wrap(decoding._StepRing, "plan", "ring plan"),
         wrap(decoding._StepRing, "attend", "ring attend"),
-        wrap(torch, "searchsorted", "searchsorted (counts)"),
+        wrap(torch, "repeat_interleave", "repeat_interleave (count bias)"),
         wrap(torch.nn.functional, "scaled_dot_product_attention", "SDPA"),
     ]
     try:
