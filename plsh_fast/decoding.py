@@ -237,9 +237,15 @@ class PLSHDecodingCache:
     -----
     Positions must increase strictly along each sequence, across calls: the eviction rule
     relies on later queries having larger positions (``proofs_notes/decoding_cache.md``).
-    Each call reads the positions on the host (one device synchronisation) to check this
-    and to evict. Memory: ``num_heads_kv * bound * (head_dim + head_dim_v)`` elements per
-    sequence plus the int64 bins of the cached keys (``num_heads * num_samples * bound``).
+    Each call reads the positions on the host to check this and to evict (one device
+    synchronisation on the general path). A decode step on the ring reads nothing from
+    the device but the three sums of the finiteness check (none with
+    ``check_finite=False``): its positions, bin edges and count bias are planned on the
+    host, up to 64 steps per transfer. Memory: ``num_heads_kv * bound * (head_dim +
+    head_dim_v)`` elements per sequence, plus on the general path the int64 bins of the
+    cached keys (``num_heads * num_samples * bound``), on the ring the int64 positions
+    (``bound``, on the host) and the planned run lengths (at most a quarter of the keys
+    and values).
 
     References
     ----------
@@ -379,7 +385,8 @@ class PLSHDecodingCache:
     def memory_bytes(self) -> int:
         """Bytes held by the cached keys, values, positions and bins, all sequences (while
         decoding one token per call: the ring's ``capacity = bound`` columns of keys,
-        values and positions; it holds no bins)."""
+        values and host positions, and its planned count-bias run lengths; it holds no
+        bins)."""
         if self._buffers is not None:
             return self._buffers.nbytes()
         tensors = self._key + self._value + self._positions + self._bins
@@ -1009,7 +1016,8 @@ class _StepRing:
         moved = new_bins != previous
         edges = np.where(moved, pos[..., None, None], np.iinfo(np.int64).min)
         edges[0] = np.where(moved[0], edges[0], self.edges)
-        edges = np.maximum.accumulate(edges, axis=0)
+        for i in range(1, size):  # the running maximum (np.maximum.accumulate along the
+            np.maximum(edges[i - 1], edges[i], out=edges[i])  # first axis is 10x slower)
         return self._block_of(pos, edges, new_bins)
 
     def _block_of(self, pos: np.ndarray, edges: np.ndarray, new_bins: np.ndarray):
@@ -1036,9 +1044,12 @@ class _StepRing:
                 return None
             pos, edges, new_bins, first = pos[:size], edges[:size], new_bins[:size], first[:size]
         old = self.host_positions[:, (self.head + np.arange(capacity)) % capacity]
-        below = np.empty(edges.shape, dtype=np.int64)
+        below = np.empty(edges.shape[1:], dtype=np.int64)  # #{old < L} of the first step
         for b in range(batch):  # oldest first, each sequence's positions increase
-            below[:, b] = np.searchsorted(old[b], edges[:, b], side="left")
+            below[b] = np.searchsorted(old[b], edges[0, b], side="left")
+        # a later step's L is the first step's or a position of the block, above every
+        # old one (a run of consecutive steps moves L only to its own positions)
+        below = np.where(edges == edges[:1], below, capacity)
         steps = np.arange(1, size + 1)[:, None, None, None]
         e = np.maximum(below - steps, 0) + np.clip(edges - pos[:1, :, None, None], 0, steps)
         e.sort(axis=-1)
@@ -1050,7 +1061,7 @@ class _StepRing:
         front = np.maximum(np.minimum(high, split) - low, 0)  # columns r..capacity-1
         repeats = np.concatenate([tail, front], axis=-1).reshape(size, -1)
         repeats_t = torch.from_numpy(repeats).to(self.key.device)
-        return _Block(pos, first, edges, new_bins, list(repeats_t.unbind(0)), repeats_t)
+        return _Block(pos, first, edges, new_bins, repeats_t)
 
     def attend(self, query, key, value, scale: float, return_lse: bool):
         """Take the planned step: write the new tokens, attend every column (no host reads)."""
@@ -1071,13 +1082,14 @@ class _StepRing:
         ).view(self.bias_shape)
         batch, num_heads_kv = self.bias_shape[:2]
         # grouped-query heads share their kv head: the group is SDPA's query axis
-        q = query.reshape(batch, num_heads_kv, self.group, -1)
+        q = query if self.group == 1 else query.reshape(batch, num_heads_kv, self.group, -1)
         k, v = self.key, self.value
         work = self.levels.dtype
         if k.dtype != work:  # float16/bfloat16 inputs compute in float32
             q, k, v = q.to(work), k.to(work), v.to(work)
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
-        out = out.reshape(query.shape[0], query.shape[1], 1, -1)
+        if self.group != 1:
+            out = out.reshape(query.shape[0], query.shape[1], 1, -1)
         if out.dtype != query.dtype:
             out = out.to(query.dtype)
         if not return_lse:
@@ -1107,7 +1119,7 @@ class _StepRing:
         and the bias levels and run lengths of the planned block."""
         tensors = [self.key, self.value, self.levels]
         if self._block is not None:
-            tensors.append(self._block.repeats_all)
+            tensors.append(self._block.repeats)
         held = sum(t.numel() * t.element_size() for t in tensors)
         return int(held + self.host_positions.nbytes)
 
@@ -1117,17 +1129,16 @@ class _Block:
     """Planned decode steps of a :class:`_StepRing` (host arrays indexed by step ``i``).
 
     ``pos`` ``(K, B)`` positions, ``first`` ``(K, B)`` their ``min L``, ``edges`` ``(K, B,
-    H, s)`` their ``L``, ``bins`` ``(K, B, H, s)`` their bins; ``repeats`` the ``K``
-    device rows of run lengths (:meth:`_StepRing._block_of`) of ``repeats_all``; ``next``
-    the next step to take.
+    H, s)`` their ``L``, ``bins`` ``(K, B, H, s)`` their bins; ``repeats`` the int64 run
+    lengths ``(K, B * H * 2 (s + 1))`` on the device (:meth:`_StepRing._block_of`);
+    ``next`` the next step to take.
     """
 
     pos: np.ndarray
     first: np.ndarray
     edges: np.ndarray
     bins: np.ndarray
-    repeats: list
-    repeats_all: torch.Tensor
+    repeats: torch.Tensor
     next: int = 0
 
     @property

@@ -378,7 +378,7 @@ def test_a_count_bias_one_step_stale_fails_the_reference_check(monkeypatch, one_
     def stale(self, pos, edges, new_bins):
         block = make(self, pos, edges, new_bins)
         if block is not None and block.size > 1:
-            block.repeats = [block.repeats[0], *block.repeats[:-1]]
+            block.repeats = torch.cat([block.repeats[:1], block.repeats[:-1]])
         return block
 
     monkeypatch.setattr(decoding._StepRing, "_block_of", stale)
