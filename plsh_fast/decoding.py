@@ -557,7 +557,7 @@ class PLSHDecodingCache:
             and positions is None
             and partition is None
             and key_positions is None
-            and attention_mask is None
+            and (attention_mask is None or ring.all_real(attention_mask))
             and type(return_lse) is bool
             and type(check_finite) is bool
             and ring.accepts(query, key, value)
@@ -928,6 +928,7 @@ class _StepRing:
         self.column_index = list(torch.arange(capacity, device=k0.device)[:, None].unbind(0))
         #: shapes of explicit step positions: shared, per sequence, shared as a row
         self.position_shapes = ((1,), (batch, 1), (1, 1))
+        self.mask_shape = (batch, 1)
         self.default_scale = check_scale(None, k0.shape[2])
 
     def accepts(self, query, key, value) -> bool:
@@ -952,6 +953,18 @@ class _StepRing:
             and query.device == device
             and key.device == device
             and value.device == device
+        )
+
+    def all_real(self, attention_mask) -> bool:
+        """Whether ``attention_mask`` is a bool CPU tensor ``(batch, 1)`` of real tokens only
+        (as :class:`plsh_fast.hf.PLSHCache` passes on a decode step): then the step is the
+        one without a mask. Anything else gets the general checks."""
+        return (
+            isinstance(attention_mask, torch.Tensor)
+            and attention_mask.dtype is torch.bool
+            and attention_mask.device.type == "cpu"
+            and attention_mask.shape == self.mask_shape
+            and bool(attention_mask.all())
         )
 
     def _bins(self, pos: np.ndarray) -> np.ndarray:

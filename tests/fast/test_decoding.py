@@ -424,6 +424,10 @@ def test_refused_decode_steps_leave_the_ring_unchanged():
         (ValueError, "^key_positions: must equal", (qs, ks, vs),
          {"query_positions": [40], "key_positions": [41]}),
         (TypeError, "^return_lse", (qs, ks, vs), {"return_lse": 1}),
+        (ValueError, "^attention_mask", (qs, ks, vs),
+         {"attention_mask": torch.ones(2, 2, dtype=torch.bool)}),
+        (ValueError, "^attention_mask", (qs, ks, vs),
+         {"attention_mask": torch.full((2, 1), 2)}),
     ]  # fmt: skip
     for error, match, args, kwargs in refused:
         with pytest.raises(error, match=match):
@@ -431,9 +435,13 @@ def test_refused_decode_steps_leave_the_ring_unchanged():
     assert cache.ring_steps == 10 and cache.last_positions().tolist() == [39, 39]
     forms = [None, torch.tensor([40 + 1]), torch.tensor([[42], [42]]), torch.tensor([[43]])]
     forms += [torch.tensor([44], dtype=torch.int32), [45]]  # the general checks, same step
-    for i, form in enumerate(forms):
+    masks = [None, torch.ones(2, 1, dtype=torch.bool), None, torch.ones(2, 1, dtype=torch.int64)]
+    masks += [None, torch.ones(2, 1, dtype=torch.bool)]  # all real: the step without a mask
+    for i, (form, mask) in enumerate(zip(forms, masks)):
         j = slice(40 + i, 41 + i)
-        got = cache.update(q[:, :, j], k[:, :, j], v[:, :, j], query_positions=form)
+        got = cache.update(
+            q[:, :, j], k[:, :, j], v[:, :, j], query_positions=form, attention_mask=mask
+        )
         want = twin.update(q[:, :, j], k[:, :, j], v[:, :, j])
         assert torch.equal(got, want), form
     assert cache.ring_steps == twin.ring_steps == 16
