@@ -79,7 +79,7 @@ def _interleaved_rates(fns: dict, steps: int) -> tuple[dict, dict]:
     return medians, means
 
 
-def _profile_steps(step, window, start: int, steps: int) -> dict:
+def _profile_steps(step, window, start: int, steps: int, cache=None) -> dict:
     """Median time of the pieces of the PLSH decode step over ``steps`` more steps.
 
     Medians, not totals (a profiler's totals on a loaded machine are dominated by the
@@ -89,7 +89,9 @@ def _profile_steps(step, window, start: int, steps: int) -> dict:
     that, ``torch.repeat_interleave`` (the count bias) and SDPA; ``window`` (the same-size
     window peer) takes turns with it, and its SDPA is timed alike. Wraps those functions
     for the duration (they are the package's internals: this probes
-    ``plsh_fast/decoding.py``).
+    ``plsh_fast/decoding.py``). With ``cache``, also the median time of planning one block
+    of steps on the host (the ring's ``_consecutive``, which changes nothing), and that
+    per step: the step medians leave it out, as it runs once per block.
     """
     import functools
 
@@ -133,10 +135,18 @@ def _profile_steps(step, window, start: int, steps: int) -> dict:
             setattr(owner, name, fn)
     assert torch.nn.functional.scaled_dot_product_attention is sdpa
     pieces = {label: 1e6 * statistics.median(t) for label, t in sorted(times.items())}
-    if "plsh: ring plan" in times:  # the median misses the steps that plan a block
-        pieces["plsh: ring plan, mean (with the block planning)"] = 1e6 * statistics.mean(
-            times["plsh: ring plan"]
+    ring = None if cache is None else cache._buffers
+    if ring is not None:  # the step medians miss the steps that plan a block: time it apart
+        plans = []
+        for _ in range(16):  # planning reads the ring's state and changes nothing
+            t0 = time.perf_counter()
+            block = ring._consecutive()
+            plans.append(time.perf_counter() - t0)
+        size = block.size if block is not None else ring.block_size
+        pieces[f"plsh: planning one block of {size} steps (median of 16)"] = 1e6 * (
+            statistics.median(plans)
         )
+        pieces["plsh: block planning per step"] = 1e6 * statistics.median(plans) / size
     return pieces
 
 
@@ -208,7 +218,9 @@ def bench(context: int, batch: int, args) -> dict:
     row["plsh_over_window"] = rates["plsh"] / rates["alibi_window"]
     row["plsh_over_window_mean"] = mean_rates["plsh"] / mean_rates["alibi_window"]
     if args.profile:
-        row["step_pieces_us"] = _profile_steps(plsh_step, window_step, args.steps + 1, args.steps)
+        row["step_pieces_us"] = _profile_steps(
+            plsh_step, window_step, args.steps + 1, args.steps, cache=cache
+        )
     row["plsh_cached_at_end"] = int(cache.cached_tokens().max())
     row["plsh_cache_bytes"] = cache.memory_bytes()
     row["alibi_full_cache_bytes"] = batch * 2 * H * (context + args.steps) * d * 4
