@@ -57,11 +57,14 @@ def _alibi_step(q, k, v, slopes_t, pos_q, pos_k):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias[None])
 
 
-def _interleaved_rates(fns: dict, steps: int) -> dict:
-    """Tokens/s of each method: median over steps, the methods taking turns at every step.
+def _interleaved_rates(fns: dict, steps: int) -> tuple[dict, dict]:
+    """Steps/s of each method, from the median and from the mean step time over steps, the
+    methods taking turns at every step.
 
     Taking turns makes a load from other processes hit every method alike, so the ratios
-    between methods stay meaningful on a shared machine.
+    between methods stay meaningful on a shared machine. The median ignores the steps
+    another process pre-empted, and also work done once every few steps (the PLSH cache
+    plans up to 64 steps at once); the mean counts both.
     """
     times = {name: [] for name in fns}
     for fn in fns.values():
@@ -71,18 +74,24 @@ def _interleaved_rates(fns: dict, steps: int) -> dict:
             t0 = time.perf_counter()
             fn(i)
             times[name].append(time.perf_counter() - t0)
-    return {name: 1.0 / statistics.median(t) for name, t in times.items()}
+    medians = {name: 1.0 / statistics.median(t) for name, t in times.items()}
+    means = {name: 1.0 / statistics.mean(t) for name, t in times.items()}
+    return medians, means
 
 
-def _profile_steps(step, window, start: int, steps: int) -> dict:
+def _profile_steps(step, window, start: int, steps: int, cache=None) -> dict:
     """Median time of the pieces of the PLSH decode step over ``steps`` more steps.
 
     Medians, not totals (a profiler's totals on a loaded machine are dominated by the
     steps another process pre-empted): the whole ``update``, and inside it the argument
-    checks, the finiteness check, the ring's plan, its ``attend`` and, inside that,
-    ``torch.searchsorted`` (the counts) and SDPA; ``window`` (the same-size window peer)
-    takes turns with it, and its SDPA is timed alike. Wraps those functions for the
-    duration (they are the package's internals: this probes ``plsh_fast/decoding.py``).
+    checks (on a decode step the ring's comparison of shapes, dtypes and devices with the
+    checked calls), the finiteness check, the ring's plan, its ``attend`` and, inside
+    that, ``torch.repeat_interleave`` (the count bias) and SDPA; ``window`` (the same-size
+    window peer) takes turns with it, and its SDPA is timed alike. Wraps those functions
+    for the duration (they are the package's internals: this probes
+    ``plsh_fast/decoding.py``). With ``cache``, also the median time of planning one block
+    of steps on the host (the ring's ``_consecutive``, which changes nothing), and that
+    per step: the step medians leave it out, as it runs once per block.
     """
     import functools
 
@@ -107,10 +116,11 @@ def _profile_steps(step, window, start: int, steps: int) -> dict:
     sdpa = torch.nn.functional.scaled_dot_product_attention
     saved = [
         wrap(decoding.PLSHDecodingCache, "_check_call", "argument checks"),
+        wrap(decoding._StepRing, "accepts", "argument checks"),
         wrap(decoding, "_sum_is_finite", "finiteness check"),
         wrap(decoding._StepRing, "plan", "ring plan"),
         wrap(decoding._StepRing, "attend", "ring attend"),
-        wrap(torch, "searchsorted", "searchsorted (counts)"),
+        wrap(torch, "repeat_interleave", "repeat_interleave (count bias)"),
         wrap(torch.nn.functional, "scaled_dot_product_attention", "SDPA"),
     ]
     try:
@@ -124,7 +134,20 @@ def _profile_steps(step, window, start: int, steps: int) -> dict:
         for owner, name, fn in saved:
             setattr(owner, name, fn)
     assert torch.nn.functional.scaled_dot_product_attention is sdpa
-    return {label: 1e6 * statistics.median(t) for label, t in sorted(times.items())}
+    pieces = {label: 1e6 * statistics.median(t) for label, t in sorted(times.items())}
+    ring = None if cache is None else cache._buffers
+    if ring is not None:  # the step medians miss the steps that plan a block: time it apart
+        plans = []
+        for _ in range(16):  # planning reads the ring's state and changes nothing
+            t0 = time.perf_counter()
+            block = ring._consecutive()
+            plans.append(time.perf_counter() - t0)
+        size = block.size if block is not None else ring.block_size
+        pieces[f"plsh: planning one block of {size} steps (median of 16)"] = 1e6 * (
+            statistics.median(plans)
+        )
+        pieces["plsh: block planning per step"] = 1e6 * statistics.median(plans) / size
+    return pieces
 
 
 def bench(context: int, batch: int, args) -> dict:
@@ -189,12 +212,15 @@ def bench(context: int, batch: int, args) -> dict:
     if not with_full:
         del fns["alibi_full"]
         row["alibi_full_tokens_per_s"] = None  # not measured (--full-max-context)
-    rates = _interleaved_rates(fns, args.steps)
+    rates, mean_rates = _interleaved_rates(fns, args.steps)
     for name, rate in rates.items():
         row[f"{name}_tokens_per_s"] = batch * rate
     row["plsh_over_window"] = rates["plsh"] / rates["alibi_window"]
+    row["plsh_over_window_mean"] = mean_rates["plsh"] / mean_rates["alibi_window"]
     if args.profile:
-        row["step_pieces_us"] = _profile_steps(plsh_step, window_step, args.steps + 1, args.steps)
+        row["step_pieces_us"] = _profile_steps(
+            plsh_step, window_step, args.steps + 1, args.steps, cache=cache
+        )
     row["plsh_cached_at_end"] = int(cache.cached_tokens().max())
     row["plsh_cache_bytes"] = cache.memory_bytes()
     row["alibi_full_cache_bytes"] = batch * 2 * H * (context + args.steps) * d * 4
@@ -260,19 +286,22 @@ def main(argv=None) -> int:
         f"load average per row: {load}). {args.num_heads} heads (standard slopes), head_dim "
         f"{args.head_dim}, float32, s = {args.num_samples}; tokens/s = batch x steps/s, the "
         f"median over {args.steps} one-token steps, the three methods taking turns at every "
-        "step (the ratios hold under the load, absolute numbers do not). PLSH cache with "
+        'step (the ratios hold under the load, absolute numbers do not); "means": the '
+        "ratio of mean step times instead (it counts the steps other processes pre-empted, "
+        "and the PLSH cache's planning once per block of steps). PLSH cache with "
         f"check_finite=True. Command: `{meta['command']}`.",
         "",
         "| context | batch | PLSH cache tok/s | full ALiBi tok/s | window ALiBi tok/s | PLSH / window "
-        "| PLSH cache (tokens after prefill / end / bound) | PLSH cache MB | full cache MB | "
-        "window cache MB |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| PLSH / window, means | PLSH cache (tokens after prefill / end / bound) | PLSH cache MB "
+        "| full cache MB | window cache MB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['context']} | {r['batch']} | {r['plsh_tokens_per_s']:.0f} | "
             f"{_rate(r['alibi_full_tokens_per_s'])} | {r['alibi_window_tokens_per_s']:.0f} | "
-            f"{r['plsh_over_window']:.2f} | {r['plsh_cached_after_prefill']} / "
+            f"{r['plsh_over_window']:.2f} | {r['plsh_over_window_mean']:.2f} | "
+            f"{r['plsh_cached_after_prefill']} / "
             f"{r['plsh_cached_at_end']} / {r['bound']} | {r['plsh_cache_bytes'] / 2**20:.2f} | "
             f"{r['alibi_full_cache_bytes'] / 2**20:.1f} | {r['alibi_window_cache_bytes'] / 2**20:.2f} |"
         )

@@ -237,9 +237,15 @@ class PLSHDecodingCache:
     -----
     Positions must increase strictly along each sequence, across calls: the eviction rule
     relies on later queries having larger positions (``proofs_notes/decoding_cache.md``).
-    Each call reads the positions on the host (one device synchronisation) to check this
-    and to evict. Memory: ``num_heads_kv * bound * (head_dim + head_dim_v)`` elements per
-    sequence plus the int64 bins of the cached keys (``num_heads * num_samples * bound``).
+    Each call reads the positions on the host to check this and to evict (one device
+    synchronisation on the general path). A decode step on the ring reads nothing from
+    the device but the three sums of the finiteness check (none with
+    ``check_finite=False``): its positions, bin edges and count bias are planned on the
+    host, up to 64 steps per transfer. Memory: ``num_heads_kv * bound * (head_dim +
+    head_dim_v)`` elements per sequence, plus on the general path the int64 bins of the
+    cached keys (``num_heads * num_samples * bound``), on the ring the int64 positions
+    (``bound``, on the host) and the planned run lengths (at most a quarter of the keys
+    and values).
 
     References
     ----------
@@ -379,7 +385,8 @@ class PLSHDecodingCache:
     def memory_bytes(self) -> int:
         """Bytes held by the cached keys, values, positions and bins, all sequences (while
         decoding one token per call: the ring's ``capacity = bound`` columns of keys,
-        values and positions; it holds no bins)."""
+        values and host positions, and its planned count-bias run lengths; it holds no
+        bins)."""
         if self._buffers is not None:
             return self._buffers.nbytes()
         tensors = self._key + self._value + self._positions + self._bins
@@ -411,9 +418,10 @@ class PLSHDecodingCache:
         :func:`plsh_ref.bounds.max_norm_error_bound`, :func:`plsh_ref.bounds.output_error_bound`.
         """
         delta = check_probability("delta", delta)
-        if self._span is None:
+        span = self._seen()
+        if span is None:
             raise ValueError("delta: no positions decoded yet (call update first)")
-        n = self._span[1] - self._span[0] + 1
+        n = span[1] - span[0] + 1
         heads, s = self.partition.num_heads, self.partition.num_samples
         eps = max_norm_error_bound(n, s, delta / heads, sampler=self.partition.sampler)
         return DecodingErrorBound(eps, delta, n, s, heads)
@@ -542,6 +550,23 @@ class PLSHDecodingCache:
         ----------
         ``proofs_notes/decoding_cache.md``; SPEC section 3.
         """
+        ring = self._buffers
+        if (  # a decode step like the ones before: the checks reduce to comparisons
+            ring is not None
+            and not args
+            and positions is None
+            and partition is None
+            and key_positions is None
+            and (attention_mask is None or ring.all_real(attention_mask))
+            and type(return_lse) is bool
+            and type(check_finite) is bool
+            and ring.accepts(query, key, value)
+        ):
+            pos = self._step_positions(ring, query_positions)
+            if pos is not False:
+                if check_finite and not _sum_is_finite(query, key, value):
+                    V.check_finite(query, key, value)  # names the argument (or passes)
+                return self._step(query, key, value, pos, return_lse)
         positions = self._deprecated_positions(args, positions, query_positions, key_positions)
         for flag, value_ in (("return_lse", return_lse), ("check_finite", check_finite)):
             if not isinstance(value_, bool):
@@ -558,7 +583,8 @@ class PLSHDecodingCache:
             V.check_finite(query, key, value)  # names the argument (or passes: overflow)
         scale = check_scale(None, shape[2]) if self.scale is None else self.scale
         if self._can_step(m, mask):
-            return self._step(query, key, value, positions, scale, return_lse)
+            pos = None if positions is None else positions[:, 0].numpy().astype(np.int64)
+            return self._step(query, key, value, pos, return_lse)
         self._unbuffer()  # the general path below works on per-sequence tensors
         new_pos = self._new_positions(batch, m, mask, positions)  # checks order, no change yet
         for _, pos in new_pos:
@@ -708,15 +734,45 @@ class PLSHDecodingCache:
         else:
             self._span = (min(self._span[0], low), max(self._span[1], high))
 
+    def _seen(self) -> tuple[int, int] | None:
+        """The smallest and largest position seen. The ring's steps only raise the
+        largest (a step's positions follow each sequence's newest), read from the ring."""
+        span, ring = self._span, self._buffers
+        if ring is not None and span is not None:
+            span = (span[0], max(span[1], int(ring.last.max())))
+        return span
+
     def _unbuffer(self) -> None:
         """Move the cache back into per-sequence tensors (the general path's form)."""
         if self._buffers is not None:
+            self._span = self._seen()
             self._buffers.write_back(self)
             self._buffers = None
 
-    def _step(self, query, key, value, positions, scale: float, return_lse: bool):
+    def _step_positions(self, ring: _StepRing, query_positions):
+        """The explicit positions of a decode step as int64 ``(batch,)`` on the host,
+        ``None`` for the default ones, or ``False`` when they are not a plain int64 CPU
+        tensor of an accepted shape within ``|p| < 2**53`` (the caller then runs every
+        check of :meth:`_check_call`)."""
+        if query_positions is None:
+            return None
+        if (
+            not isinstance(query_positions, torch.Tensor)
+            or query_positions.dtype is not torch.int64
+            or query_positions.device.type != "cpu"
+            or query_positions.shape not in ring.position_shapes
+        ):
+            return False
+        pos = query_positions.numpy().reshape(-1)
+        if not (-padding.MAX_ABS_POSITION < pos.min() and pos.max() < padding.MAX_ABS_POSITION):
+            return False
+        return np.broadcast_to(pos, ring.last.shape) if pos.size == 1 else pos
+
+    def _step(self, query, key, value, pos: np.ndarray | None, return_lse: bool):
         """One decode step of every sequence, batched: no per-sequence loop, no host
-        synchronisation, no allocation beyond the step's logits (:class:`_StepRing`).
+        synchronisation, no allocation beyond the step's bias and logits
+        (:class:`_StepRing`). ``pos``: int64 ``(batch,)`` explicit positions on the host,
+        or ``None`` (each sequence's next).
 
         The same function as the general path. Falls back to it when the ring cannot take
         the step exactly (a block edge out of the checked range, or no dead column: only
@@ -725,10 +781,7 @@ class PLSHDecodingCache:
         if self._buffers is None:
             self._buffers = _StepRing(self)
         ring = self._buffers
-        if positions is None:
-            pos = ring.last + 1
-        else:
-            pos = positions[:, 0].numpy().astype(np.int64)
+        if pos is not None:
             behind = pos <= ring.last
             if behind.any():
                 b = int(behind.nonzero()[0][0])
@@ -736,23 +789,24 @@ class PLSHDecodingCache:
                     f"query_positions: decode step out of order for sequence {b}: position "
                     f"{int(pos[b])} after {int(ring.last[b])}"
                 )
-        # explicit positions that continue every sequence by one (generate()'s
-        # position_ids) take the planned run of consecutive steps, as no positions do
-        consecutive = positions is None or bool((pos == ring.last + 1).all())
-        self._see(int(pos.min()), int(pos.max()))
-        plan = ring.plan(pos, consecutive=consecutive)
-        if plan is None:  # not exactly representable by the ring: the general path
+            # explicit positions that continue every sequence by one (generate()'s
+            # position_ids) take the planned run of consecutive steps, as no positions do
+            if (pos == ring.last + 1).all():
+                pos = None
+        if not ring.plan(pos):  # not exactly representable by the ring: the general path
+            given = ring.last + 1 if pos is None else pos
             self._unbuffer()
             self._general_only = True
             try:
                 return self.update(
-                    query, key, value, query_positions=torch.from_numpy(pos)[:, None],
+                    query, key, value, query_positions=torch.from_numpy(given.copy())[:, None],
                     return_lse=return_lse, check_finite=False,
                 )  # fmt: skip
             finally:
                 self._general_only = False
         self.ring_steps += 1
-        return ring.attend(query, key, value, plan, scale, return_lse)
+        scale = ring.default_scale if self.scale is None else self.scale
+        return ring.attend(query, key, value, scale, return_lse)
 
     def _attend(self, q, k, v, qpos, kpos, qbins, kbins, scale):
         """One sequence: new queries ``(H, m, d)`` against keys ``(H_kv, L, d)``."""
@@ -790,34 +844,43 @@ class PLSHDecodingCache:
         return out.view(num_heads, m, -1), lse.view(num_heads, m)
 
 
-def _sum_is_finite(*tensors) -> bool:
+def _sum_is_finite(query, key, value) -> bool:
     """A decode step's finiteness check, one reduction per tensor: a NaN or inf anywhere
     makes a sum non-finite (finite sums prove every element finite); a non-finite sum
     (also one that merely overflowed) sends the caller to the element-wise check."""
-    return math.isfinite(sum(float(t.sum()) for t in tensors))
+    return math.isfinite(float(query.sum()) + float(key.sum()) + float(value.sum()))
 
 
 class _StepRing:
     """The decode-step form of :class:`PLSHDecodingCache`: a ring of ``capacity`` columns.
 
-    Keys ``(B, H_kv, capacity, d)``, values, and positions ``(B, H, capacity)`` (one row
-    per query head, for :func:`torch.searchsorted`) on the device, positions ``(B,
+    Keys ``(B, H_kv, capacity, d)`` and values on the device, their positions ``(B,
     capacity)`` on the host. Attention does not depend on the order of the keys, so the
     columns are a FIFO ring: a step writes its new token into column ``head`` (for every
-    sequence the oldest held key, or an unused column), advances ``head`` and attends
-    all ``capacity`` columns. No bins are stored: key ``j`` shares the bin of sample
-    ``t`` with the newest query ``p`` (both ``<= p``) iff ``p_j >= L_t``, the first
-    integer position of ``p``'s bin, so the count of a key is ``#{t : p_j >= L_t}``, one
-    ``searchsorted`` against the sorted ``L`` of each head; ``L`` is found exactly on the
-    host from the binary64 bins (:meth:`plan`). A key is dead iff ``p_j < min L``; the
-    oldest key is dead whenever any is, and unused columns hold a position below every
-    ``L`` (count 0). ``capacity`` is the cache bound: memory does not grow, and the
-    overwritten key is always dead within ``|p| + pitch <= 2**50`` (else the step goes
-    to the general path). After a step exactly the keys the general path holds are live.
+    sequence the oldest held key, or an unused column), advances ``head`` and attends all
+    ``capacity`` columns. No bins are stored: key ``j`` shares the bin of sample ``t``
+    with the newest query ``p`` (both ``<= p``) iff ``p_j >= L_t``, the first integer
+    position of ``p``'s bin, so the count of a key is ``#{t : p_j >= L_t}``; ``L`` is found
+    exactly on the host from the binary64 bins (:meth:`_edges`, :meth:`_consecutive`). A
+    key is dead iff ``p_j < min L``; the oldest key is dead whenever any is, and unused
+    columns hold a position below every ``L`` (count 0). ``capacity`` is the cache bound:
+    memory does not grow, and the overwritten key is always dead within ``|p| + pitch <=
+    2**50`` (else the step goes to the general path). After a step exactly the keys the
+    general path holds are live.
+
+    The count bias of a step is built without reading any position on the device. Taken
+    oldest first, the positions of the columns increase, so along that order the count
+    of head ``h`` is a staircase: ``k``-th oldest column has count ``#{t : e_t <= k}``, with
+    ``e_t`` the number of columns below ``L_t``. The bias row is then ``log(c / s)`` for
+    ``c = 0..s`` repeated ``e_(c+1) - e_(c)`` times (``e`` sorted, ``e_(0) = 0``,
+    ``e_(s+1) = capacity``), turned from oldest-first into column order (one split at
+    the ring's head): one :func:`torch.repeat_interleave` per step. The run lengths of up
+    to ``_BLOCK`` steps are computed on the host at once (:meth:`_block_of`) and moved to
+    the device in one transfer.
     """
 
     _UNUSED = -(2**62)  # position of an unused column: below every L
-    _BLOCK = 64  # consecutive steps planned at once (:meth:`_block_plan`)
+    _BLOCK = 64  # steps planned at once (:meth:`_block_of`)
 
     def __init__(self, cache) -> None:
         lengths = [p.numel() for p in cache._positions]
@@ -832,8 +895,6 @@ class _StepRing:
             self.key[b, :, capacity - n :] = cache._key[b]
             self.value[b, :, capacity - n :] = cache._value[b]
             self.host_positions[b, capacity - n :] = cache._positions[b].cpu().numpy()
-        rows = torch.from_numpy(self.host_positions.copy()).to(k0.device)
-        self.positions = rows[:, None, :].repeat(1, num_heads, 1)
         self.head = 0
         self.last = np.array(cache._last, dtype=np.int64)
         self.pitch = np.asarray(cache.partition.pitch, dtype=np.float64)
@@ -843,16 +904,73 @@ class _StepRing:
         self.first = np.array([int(p[0]) for p in cache._positions], dtype=np.int64)
         self.edges = self._edges(self.last)  # L of the newest queries, or None
         self.last_bins = self._bins(self.last)
-        self._block = None  # plans of a run of consecutive steps (:meth:`_block_plan`)
+        self._block: _Block | None = None  # the planned steps (:meth:`_block_of`)
         work = working_dtype(k0.dtype)
-        self.log_counts = count_bias(
-            torch.arange(num_samples + 1, device=k0.device), num_samples, dtype=work
+        levels = count_bias(torch.arange(num_samples + 1, device=k0.device), num_samples, work)
+        # repeat_interleave's values: per (sequence, head) row the levels twice (the
+        # columns from the head on, then those before it)
+        self.levels = levels.repeat(2 * batch * num_heads)
+        self.group = num_heads // k0.shape[0]
+        self.bias_shape = (batch, k0.shape[0], self.group, capacity)
+        self.bias_numel = batch * num_heads * capacity
+        # the run lengths of a block never take more than a quarter of the keys and values
+        per_step = 2 * batch * num_heads * (num_samples + 1) * 8
+        ring_bytes = self.key.numel() * self.key.element_size() * (1 + v0.shape[2] / k0.shape[2])
+        self.block_size = max(1, min(self._BLOCK, capacity, int(ring_bytes / 4 // per_step)))
+        # the exact shapes a decode step's tensors have (a call with these was checked)
+        self.step_shapes = (
+            (batch, num_heads, 1, k0.shape[2]),
+            (batch, k0.shape[0], 1, k0.shape[2]),
+            (batch, v0.shape[0], 1, v0.shape[2]),
+        )
+        self.dtype, self.device = cache._shape[4], cache._shape[5]
+        #: one-element column indices for index_copy_ (made once, not per step)
+        self.column_index = list(torch.arange(capacity, device=k0.device)[:, None].unbind(0))
+        #: shapes of explicit step positions: shared, per sequence, shared as a row
+        self.position_shapes = ((1,), (batch, 1), (1, 1))
+        self.mask_shape = (batch, 1)
+        self.default_scale = check_scale(None, k0.shape[2])
+
+    def accepts(self, query, key, value) -> bool:
+        """Whether ``query, key, value`` are a decode step of this ring: tensors of the
+        shapes, dtype, device and layout of the calls already checked (then every check of
+        :meth:`PLSHDecodingCache._check_call` passes; otherwise the caller runs them)."""
+        qs, ks, vs = self.step_shapes
+        dtype, device = self.dtype, self.device
+        return (
+            isinstance(query, torch.Tensor)
+            and isinstance(key, torch.Tensor)
+            and isinstance(value, torch.Tensor)
+            and query.shape == qs
+            and key.shape == ks
+            and value.shape == vs
+            and query.dtype is dtype
+            and key.dtype is dtype
+            and value.dtype is dtype
+            and query.layout is torch.strided
+            and key.layout is torch.strided
+            and value.layout is torch.strided
+            and query.device == device
+            and key.device == device
+            and value.device == device
+        )
+
+    def all_real(self, attention_mask) -> bool:
+        """Whether ``attention_mask`` is a bool CPU tensor ``(batch, 1)`` of real tokens only
+        (as :class:`plsh_fast.hf.PLSHCache` passes on a decode step): then the step is the
+        one without a mask. Anything else gets the general checks."""
+        return (
+            isinstance(attention_mask, torch.Tensor)
+            and attention_mask.dtype is torch.bool
+            and attention_mask.device.type == "cpu"
+            and attention_mask.shape == self.mask_shape
+            and bool(attention_mask.all())
         )
 
     def _bins(self, pos: np.ndarray) -> np.ndarray:
-        """Bins ``(B, H, s)`` of one position per sequence, binary64 (SPEC section 2; as
+        """Bins ``(..., H, s)`` of positions ``(...)``, binary64 (SPEC section 2; as
         float64 integers): ``floor((float64(p) - offset) / pitch)``."""
-        return np.floor((pos.astype(np.float64)[:, None, None] - self.offset) / self.pitch)
+        return np.floor((pos.astype(np.float64)[..., None, None] - self.offset) / self.pitch)
 
     def _edges(self, pos: np.ndarray):
         """``L`` ``(B, H, s)`` int64: the first integer position of each position's bin,
@@ -873,110 +991,124 @@ class _StepRing:
             return None
         return x0 - 2 + ok.argmax(axis=-1)
 
-    def plan(self, pos: np.ndarray, consecutive: bool):
-        """``(pos, L sorted, min L, L, bins, pos and sorted L on the device)`` of the step,
-        or ``None`` (general path).
+    def plan(self, pos: np.ndarray | None) -> bool:
+        """Make the next step ready: ``True``, or ``False`` if the ring cannot take it
+        exactly (then the general path runs it; the ring is unchanged).
 
-        For the next position of every sequence (``consecutive``: ``p + 1``), ``L``
-        follows from the previous one: unchanged where the bin is unchanged, else
-        ``p + 1`` itself (its bin is then above ``p``'s, so no integer before it shares
-        it): :meth:`_block_plan`. Otherwise :meth:`_edges`.
-        """
-        if consecutive and self.edges is not None:
-            return self._block_plan()
-        self._block = None
-        new_bins = self._bins(pos)
-        edges = self._edges(pos)
-        if edges is None:
-            return None
-        first = edges.reshape(edges.shape[0], -1).min(axis=1)
-        if not (self.host_positions[:, self.head] < first).all():
-            return None  # the oldest key is still live: more than capacity keys
-        ordered = np.sort(edges, axis=-1)
-        device = self.key.device
-        pos_t, sorted_t = torch.from_numpy(pos).to(device), torch.from_numpy(ordered).to(device)
-        return pos, ordered, first, edges, new_bins, pos_t, sorted_t
-
-    def _block_plan(self):
-        """:meth:`plan` of the next step of a run of consecutive steps, computed for up
-        to ``_BLOCK`` steps at once (host arrays, one device transfer per block).
-
-        Along positions ``p + 1, p + 2, ...`` each ``L`` is the last position at which
-        its bin changed (before the run: the current ``L``), a running maximum; the
-        columns the run will overwrite are checked dead in one comparison, and the run
-        stops before the first step that would overwrite a live key (that step goes to
-        the general path).
+        ``pos`` ``None``: the next position of every sequence (``p + 1``), from the planned
+        block of consecutive steps (:meth:`_consecutive`, a new block when it is used up).
+        Otherwise explicit positions, and ``p + 1`` when the edges of ``p`` are not known: a
+        block of that one step, its edges found by :meth:`_edges`.
         """
         block = self._block
-        if block is None or block["next"] == block["size"]:
-            block = self._block = self._make_block()
-            if block is None:
-                return None
-        i = block["next"]
-        block["next"] = i + 1
-        return (block["pos"][i], block["sorted"][i], block["first"][i], block["edges"][i],
-                block["bins"][i], block["pos_t"][i], block["sorted_t"][i])  # fmt: skip
+        if pos is None:
+            if block is not None and block.next < block.size:
+                return True
+            if self.edges is not None:
+                self._block = self._consecutive()
+                return self._block is not None
+            pos = self.last + 1
+        self._block = None
+        edges = self._edges(pos)
+        if edges is None:
+            return False
+        self._block = self._block_of(pos[None], edges[None], self._bins(pos)[None])
+        return self._block is not None
 
-    def _make_block(self):
-        capacity = self.key.shape[2]
-        size = min(self._BLOCK, capacity)
+    def _consecutive(self):
+        """The block of the next ``block_size`` consecutive steps ``p + 1, p + 2, ...``.
+
+        Along them each ``L`` follows from the previous one: unchanged where the bin is
+        unchanged, else the new position itself (its bin is then above the previous
+        position's, so no integer before it shares it); a running maximum over the block.
+        """
+        size = self.block_size
         pos = self.last[None, :] + 1 + np.arange(size)[:, None]  # (K, B)
-        new_bins = np.floor((pos.astype(np.float64)[..., None, None] - self.offset) / self.pitch)
+        new_bins = self._bins(pos)  # (K, B, H, s)
         previous = np.concatenate([self.last_bins[None], new_bins[:-1]])
         moved = new_bins != previous
         edges = np.where(moved, pos[..., None, None], np.iinfo(np.int64).min)
         edges[0] = np.where(moved[0], edges[0], self.edges)
-        edges = np.maximum.accumulate(edges, axis=0)
-        first = edges.reshape(size, pos.shape[1], -1).min(axis=2)  # (K, B)
+        for i in range(1, size):  # the running maximum (np.maximum.accumulate along the
+            np.maximum(edges[i - 1], edges[i], out=edges[i])  # first axis is 10x slower)
+        return self._block_of(pos, edges, new_bins)
+
+    def _block_of(self, pos: np.ndarray, edges: np.ndarray, new_bins: np.ndarray):
+        """The :class:`_Block` of steps at positions ``pos`` ``(K, B)`` (consecutive when
+        ``K > 1``) with edges ``L`` ``(K, B, H, s)``, cut before the first step that would
+        overwrite a live key (``None`` if that is the first).
+
+        The run lengths of step ``i``: the columns oldest first are the ring's old ones
+        after the ``i + 1`` overwritten, then the new positions ``pos[0..i]``; ``e_t``, the
+        number of them below ``L_t``, is ``max(0, #{old < L_t} - (i + 1)) + clip(L_t -
+        pos[0], 0, i + 1)``. Column order starts at the oldest column ``r = head + i + 1``
+        (mod capacity), so columns ``0..r-1`` hold the oldest-first indices ``[capacity - r,
+        capacity)`` and columns ``r..capacity-1`` the indices ``[0, capacity - r)``: the
+        runs clipped to the first range, then to the second.
+        """
+        capacity = self.key.shape[2]
+        size, batch = pos.shape
+        first = edges.reshape(size, batch, -1).min(axis=2)  # (K, B)
         columns = (self.head + np.arange(size)) % capacity
         dead = (self.host_positions[:, columns].T < first).all(axis=1)  # (K,)
         if not dead.all():
             size = int(np.argmin(dead))  # steps before the first one that cannot run
             if size == 0:
                 return None
-        ordered = np.sort(edges[:size], axis=-1)
-        device = self.key.device
-        return {
-            "next": 0,
-            "size": size,
-            "pos": pos[:size],
-            "sorted": ordered,
-            "first": first[:size],
-            "edges": edges[:size],
-            "bins": new_bins[:size],
-            "pos_t": torch.from_numpy(pos[:size]).to(device),
-            "sorted_t": torch.from_numpy(ordered).to(device),
-        }
+            pos, edges, new_bins, first = pos[:size], edges[:size], new_bins[:size], first[:size]
+        old = self.host_positions[:, (self.head + np.arange(capacity)) % capacity]
+        below = np.empty(edges.shape[1:], dtype=np.int64)  # #{old < L} of the first step
+        for b in range(batch):  # oldest first, each sequence's positions increase
+            below[b] = np.searchsorted(old[b], edges[0, b], side="left")
+        # a later step's L is the first step's or a position of the block, above every
+        # old one (a run of consecutive steps moves L only to its own positions)
+        below = np.where(edges == edges[:1], below, capacity)
+        steps = np.arange(1, size + 1)[:, None, None, None]
+        e = np.maximum(below - steps, 0) + np.clip(edges - pos[:1, :, None, None], 0, steps)
+        e.sort(axis=-1)
+        zero = np.zeros(e.shape[:-1] + (1,), dtype=np.int64)
+        bounds = np.concatenate([zero, e, zero + capacity], axis=-1)  # (K, B, H, s + 2)
+        low, high = bounds[..., :-1], bounds[..., 1:]
+        split = capacity - (self.head + steps) % capacity
+        tail = np.maximum(high - np.maximum(low, split), 0)  # columns 0..r-1
+        front = np.maximum(np.minimum(high, split) - low, 0)  # columns r..capacity-1
+        repeats = np.concatenate([tail, front], axis=-1).reshape(size, -1)
+        repeats_t = torch.from_numpy(repeats).to(self.key.device)
+        return _Block(pos, first, edges, new_bins, repeats_t)
 
-    def attend(self, query, key, value, plan, scale: float, return_lse: bool):
-        """Write the new tokens, attend every column, remember the step (no host reads)."""
-        pos, _, self.first, self.edges, self.last_bins, pos_t, edges_t = plan
-        batch, num_heads = query.shape[:2]
+    def attend(self, query, key, value, scale: float, return_lse: bool):
+        """Take the planned step: write the new tokens, attend every column (no host reads)."""
+        block = cast(_Block, self._block)
+        i = block.next
+        block.next = i + 1
         col = self.head
-        self.key[:, :, col] = key[:, :, 0]
-        self.value[:, :, col] = value[:, :, 0]
-        self.positions[:, :, col] = pos_t[:, None]
+        index = self.column_index[col]
+        self.key.index_copy_(2, index, key)
+        self.value.index_copy_(2, index, value)
+        pos = block.pos[i]
         self.host_positions[:, col] = pos
-        self.last = pos
-        capacity = self.key.shape[2]
-        self.head = (col + 1) % capacity
-        counts = torch.searchsorted(edges_t, self.positions, right=True)
-        num_heads_kv = self.key.shape[1]
-        group = num_heads // num_heads_kv
-        bias = self.log_counts.index_select(0, counts.view(-1))
-        bias = bias.view(batch, num_heads_kv, group, capacity)
-        work = self.log_counts.dtype
+        self.last, self.first, self.edges = pos, block.first[i], block.edges[i]
+        self.last_bins = block.bins[i]
+        self.head = (col + 1) % self.key.shape[2]
+        bias = torch.repeat_interleave(
+            self.levels, block.repeats[i], output_size=self.bias_numel
+        ).view(self.bias_shape)
+        batch, num_heads_kv = self.bias_shape[:2]
         # grouped-query heads share their kv head: the group is SDPA's query axis
-        q = query.reshape(batch, num_heads_kv, group, -1)
+        q = query if self.group == 1 else query.reshape(batch, num_heads_kv, self.group, -1)
         k, v = self.key, self.value
+        work = self.levels.dtype
         if k.dtype != work:  # float16/bfloat16 inputs compute in float32
             q, k, v = q.to(work), k.to(work), v.to(work)
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale)
-        out = out.reshape(batch, num_heads, 1, -1).to(query.dtype)
+        if self.group != 1:
+            out = out.reshape(query.shape[0], query.shape[1], 1, -1)
+        if out.dtype != query.dtype:
+            out = out.to(query.dtype)
         if not return_lse:
             return out
         logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(bias)
-        return out, torch.logsumexp(logits, dim=-1).reshape(batch, num_heads, 1)
+        return out, torch.logsumexp(logits, dim=-1).reshape(query.shape[0], query.shape[1], 1)
 
     def lengths(self) -> list[int]:
         """Keys held (live) per sequence."""
@@ -996,6 +1128,32 @@ class _StepRing:
             cache._last[b] = int(self.last[b])
 
     def nbytes(self) -> int:
-        """Bytes of the ring (all ``capacity`` columns: keys, values, device positions)."""
-        tensors = (self.key, self.value, self.positions)
-        return int(sum(t.numel() * t.element_size() for t in tensors))
+        """Bytes of the ring: all ``capacity`` columns of keys, values and (host) positions,
+        and the bias levels and run lengths of the planned block."""
+        tensors = [self.key, self.value, self.levels]
+        if self._block is not None:
+            tensors.append(self._block.repeats)
+        held = sum(t.numel() * t.element_size() for t in tensors)
+        return int(held + self.host_positions.nbytes)
+
+
+@dataclass
+class _Block:
+    """Planned decode steps of a :class:`_StepRing` (host arrays indexed by step ``i``).
+
+    ``pos`` ``(K, B)`` positions, ``first`` ``(K, B)`` their ``min L``, ``edges`` ``(K, B,
+    H, s)`` their ``L``, ``bins`` ``(K, B, H, s)`` their bins; ``repeats`` the int64 run
+    lengths ``(K, B * H * 2 (s + 1))`` on the device (:meth:`_StepRing._block_of`);
+    ``next`` the next step to take.
+    """
+
+    pos: np.ndarray
+    first: np.ndarray
+    edges: np.ndarray
+    bins: np.ndarray
+    repeats: torch.Tensor
+    next: int = 0
+
+    @property
+    def size(self) -> int:
+        return self.pos.shape[0]

@@ -324,3 +324,132 @@ def test_cache_right_after_a_prefill_holds_only_keys_the_newest_query_reaches():
     kb = _bins_of(part, np.arange(300))
     expected = int((kb == kb[..., -1:]).any(dim=1).any(dim=0).sum())
     assert int(cache.cached_tokens()[0]) == expected < cache.bound < 300
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the long decodes below: on a machine with more processes than
+    cores, two threads wait on each other at every tiny kernel (12 s instead of 0.7 s for
+    300 steps); the results do not depend on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _ring_run(part, q, k, v, prefill, mask):
+    """Prefill (left-padded by ``mask``), then one token per call; rows and ring steps."""
+    cache = PLSHDecodingCache(part)
+    out, _ = _decode(cache, q, k, v, prefill=prefill, mask=mask)
+    return cache, out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_many_ring_steps_past_several_evictions_equal_the_float64_reference(dtype, one_thread):
+    """Over six times the bound of decode steps (every step on the ring, which wraps six
+    times and evicts every key it held several times over), a left-padded GQA batch
+    decodes the rows of the float64 reference PLSH attention (SPEC section 6 rule)."""
+    part = draw_partition(0.1 / alibi_slopes(4), num_samples=8, seed=2)
+    bound = cache_bound(part)  # 119
+    prefill, n, pad = 40, 40 + 6 * bound, 15
+    q, k, v = _inputs(2, 4, 2, n, 16, dtype, seed=6)
+    mask = torch.ones(2, n, dtype=torch.bool)
+    mask[1, :pad] = False  # sequence 1 numbers its real tokens from 0: other positions
+    cache, out = _ring_run(part, q, k, v, prefill, mask)
+    assert cache.ring_steps == n - prefill  # every decode step ran on the ring
+    # the oldest key held is far past the prompt: the ring evicted its keys many times over
+    assert int(cache.cached_positions(0)[0]) > n - bound - 1 > 5 * bound
+    name = str(dtype).split(".")[1]
+    for b, first in ((0, 0), (1, pad)):
+        real = slice(first, n)
+        rows = [t[b : b + 1, :, real] for t in (q, k, v)]
+        ref, base = _reference_rows(*rows, part, np.arange(n - first))
+        assert_close_to_reference(out[b : b + 1, :, real].double().numpy(), ref, base, name)
+
+
+def test_a_count_bias_one_step_stale_fails_the_reference_check(monkeypatch, one_thread):
+    """Negative control of the test above: a ring whose count bias lags one step (each
+    step attends with the previous step's run lengths, a plausible off-by-one) no longer
+    meets the SPEC section 6 rule, so that test can fail."""
+    from plsh_fast import decoding
+
+    make = decoding._StepRing._block_of
+
+    def stale(self, pos, edges, new_bins):
+        block = make(self, pos, edges, new_bins)
+        if block is not None and block.size > 1:
+            block.repeats = torch.cat([block.repeats[:1], block.repeats[:-1]])
+        return block
+
+    monkeypatch.setattr(decoding._StepRing, "_block_of", stale)
+    part = draw_partition(0.1 / alibi_slopes(4), num_samples=8, seed=2)
+    n = 40 + 6 * cache_bound(part)
+    q, k, v = _inputs(2, 4, 2, n, 16, torch.float64, seed=6)
+    cache, out = _ring_run(part, q, k, v, 40, None)
+    assert cache.ring_steps == n - 40
+    ref, base = _reference_rows(q[:1], k[:1], v[:1], part, np.arange(n))
+    with pytest.raises(AssertionError):
+        assert_close_to_reference(out[:1].numpy(), ref, base, "float64")
+
+
+def test_refused_decode_steps_leave_the_ring_unchanged():
+    """After the ring runs, every refused decode step (each wrong in one way) names its
+    argument, and the next good steps give exactly the rows of a cache that never saw them;
+    explicit positions of every accepted form give the default positions' rows."""
+    part = draw_partition(0.25 / alibi_slopes(2), num_samples=4, seed=1)
+    q, k, v = _inputs(2, 2, 1, 60, 8, torch.float32, seed=3)
+    caches = [PLSHDecodingCache(part) for _ in range(2)]
+    for cache in caches:
+        cache.update(q[:, :, :30], k[:, :, :30], v[:, :, :30])
+        for j in range(30, 40):
+            cache.update(q[:, :, j : j + 1], k[:, :, j : j + 1], v[:, :, j : j + 1])
+    cache, twin = caches
+    assert cache.ring_steps == 10
+    j = slice(40, 41)
+    qs, ks, vs = q[:, :, j], k[:, :, j], v[:, :, j]
+    bad_key = ks.clone()
+    bad_key[1, 0, 0, 3] = float("inf")
+    refused = [
+        (ValueError, "^key: contains NaN or infinite", (qs, bad_key, vs), {}),
+        (ValueError, "^query", (qs.double(), ks.double(), vs.double()), {}),
+        (ValueError, "^query: batch", (qs[:1], ks[:1], vs[:1]), {}),
+        (ValueError, "^query", (qs[..., :4], ks[..., :4], vs), {}),
+        (TypeError, "^query", (qs.numpy(), ks, vs), {}),
+        (ValueError, "^query_positions: decode step out of order", (qs, ks, vs),
+         {"query_positions": torch.tensor([39])}),
+        (ValueError, "^query_positions: decode step out of order", (qs, ks, vs),
+         {"query_positions": torch.tensor([[40], [39]])}),
+        (ValueError, "^query_positions: \\|position\\| must be < 2\\*\\*53", (qs, ks, vs),
+         {"query_positions": torch.tensor([2**53])}),
+        (ValueError, "^key_positions: must equal", (qs, ks, vs),
+         {"query_positions": [40], "key_positions": [41]}),
+        (TypeError, "^return_lse", (qs, ks, vs), {"return_lse": 1}),
+        (ValueError, "^attention_mask", (qs, ks, vs),
+         {"attention_mask": torch.ones(2, 2, dtype=torch.bool)}),
+        (ValueError, "^attention_mask", (qs, ks, vs),
+         {"attention_mask": torch.full((2, 1), 2)}),
+    ]  # fmt: skip
+    for error, match, args, kwargs in refused:
+        with pytest.raises(error, match=match):
+            cache.update(*args, **kwargs)
+    assert cache.ring_steps == 10 and cache.last_positions().tolist() == [39, 39]
+    forms = [None, torch.tensor([40 + 1]), torch.tensor([[42], [42]]), torch.tensor([[43]])]
+    forms += [torch.tensor([44], dtype=torch.int32), [45]]  # the general checks, same step
+    masks = [None, torch.ones(2, 1, dtype=torch.bool), None, torch.ones(2, 1, dtype=torch.int64)]
+    masks += [None, torch.ones(2, 1, dtype=torch.bool)]  # all real: the step without a mask
+    for i, (form, mask) in enumerate(zip(forms, masks)):
+        j = slice(40 + i, 41 + i)
+        got = cache.update(
+            q[:, :, j], k[:, :, j], v[:, :, j], query_positions=form, attention_mask=mask
+        )
+        want = twin.update(q[:, :, j], k[:, :, j], v[:, :, j])
+        assert torch.equal(got, want), form
+    assert cache.ring_steps == twin.ring_steps == 16
+    # negative control: a step the twin did not take changes the rows
+    j = slice(46, 47)
+    cache.update(q[:, :, j], k[:, :, j], v[:, :, j])
+    j = slice(47, 48)
+    assert not torch.equal(
+        cache.update(q[:, :, j], k[:, :, j], v[:, :, j]),
+        twin.update(q[:, :, j], k[:, :, j], v[:, :, j]),
+    )
