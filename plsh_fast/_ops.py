@@ -8,6 +8,8 @@ running them, with symbolic sequence lengths (one compiled graph serves every le
 and ``register_autograd`` connects the two. :func:`plsh_fast.plsh_attention` calls the
 operator when :func:`torch.compiler.is_compiling` is true and the eager
 :class:`plsh_fast._autograd.PLSHAttentionFunction` otherwise; the results are the same.
+``torch.ops.plsh.dense_counts`` (:func:`cached_dense_counts`) is the dense route's count
+lookup in :class:`plsh_fast.dense.DenseCountCache`, opaque to Dynamo for the same reason.
 
 Everything the kernels need is a tensor or a constant: the partition's ``pitch`` and
 ``offset`` (float64 tensors on the query's device), the positions (int64 ``(n,)`` or
@@ -45,13 +47,14 @@ import torch
 
 from ._autograd import attention_backward as _backward_impl
 from ._autograd import attention_forward as _forward_impl
-from .dense import working_dtype
+from .dense import active_dense_cache, dense_count_dtype, working_dtype
 
 __all__ = [
     "KEPT_GROUPS",
     "KERNEL_LAWS",
     "attention",
     "attention_backward",
+    "cached_dense_counts",
     "kernel_law_id",
     "training_partition",
 ]
@@ -246,6 +249,40 @@ def _backward(ctx, grad_out, grad_lse, _grad_stats, _grad_plans):
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("plsh::dense_counts", mutates_args=())
+def cached_dense_counts(
+    pitch: torch.Tensor,
+    offset: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    causal: bool,
+) -> torch.Tensor:
+    """The dense counts of :func:`plsh_fast.dense.partition_counts`, looked up in (or kept
+    in) the active :class:`plsh_fast.dense.DenseCountCache`, as an operator.
+
+    What :func:`plsh_fast.dense.cached_partition_counts` calls under ``torch.compile``: the
+    cache lookup reads the positions' values, so it cannot be traced; as an operator with a
+    fake implementation (the shape ``(batch or 1, num_heads, n_q, n_k)`` and
+    :func:`plsh_fast.dense.dense_count_dtype`, symbolic in the lengths) it runs inside the
+    compiled graph at every call, without a graph break or a recompile per length. Returns
+    a copy of the kept counts (an operator's output may not be a tensor that outlives the
+    call in a cache: the compiled graph could reuse its memory). No gradient (counts).
+    """
+    count = active_dense_cache().counts(
+        (pitch, offset), query_positions, key_positions, causal=causal
+    )
+    return count.clone(memory_format=torch.contiguous_format)
+
+
+@cached_dense_counts.register_fake
+def _cached_dense_counts_fake(pitch, offset, query_positions, key_positions, causal):
+    batch_q = query_positions.shape[0] if query_positions.dim() == 2 else 1
+    batch_k = key_positions.shape[0] if key_positions.dim() == 2 else 1
+    (batch,) = torch.broadcast_shapes((batch_q,), (batch_k,))
+    shape = (batch, pitch.shape[0], query_positions.shape[-1], key_positions.shape[-1])
+    return pitch.new_empty(shape, dtype=dense_count_dtype(pitch.shape[1]))
 
 
 #: the per-head kernel tuples that modules draw their training partitions from, indexed by the
