@@ -20,7 +20,10 @@ value).
 Also the forward alone (no gradient) of the dense route with its kept ``uint8`` counts
 (``log(C / s)`` looked up per call) against the same attention fed a kept float32 bias
 (what keeping the bias itself would cost in time; it takes four times the memory):
-issue 25 item 5 asks for the compact form at <= 10% forward cost.
+issue 25 item 5 asks for the compact form at <= 10% forward cost. ``--compiled-forward``
+adds the same two forwards under ``torch.compile(fullgraph=True)`` (Inductor), where the
+lookup of ``log(C / s)`` is fused into the kernel that writes the bias, as in a compiled
+model.
 
 The model-level goal of issue 25 (a compiled tiny-Llama training step) is
 ``benchmarks/hf_bench.py train``.
@@ -59,7 +62,7 @@ def _biased(q, k, v, bias, scale):
     return out.masked_fill(empty, 0.0)
 
 
-def _attention_calls(n: int, heads: int, head_dim: int, num_samples: int):
+def _attention_calls(n: int, heads: int, head_dim: int, num_samples: int, compiled: bool = False):
     """The forward+backward callables and the forward-only ones on one problem of length
     ``n``."""
     from plsh_fast import dense, plsh_attention
@@ -106,6 +109,32 @@ def _attention_calls(n: int, heads: int, head_dim: int, num_samples: int):
             dense.DENSE_CACHE_BYTES = saved
 
     kept_bias = dense_count_bias((pitch, offset), pos, pos, causal=True, dtype=q.dtype)
+    extra = {}
+    if compiled:
+        inner = torch.compile(
+            lambda a, b, c: dense_plsh_attention(
+                a,
+                b,
+                c,
+                partition=(pitch, offset),
+                causal=True,
+                scale=scale,
+                query_positions=pos,
+                key_positions=pos,
+            ),  # fmt: skip
+            fullgraph=True,
+        )
+
+        def compiled_counts(a, b, c):
+            with dense.use_dense_cache(cache):  # the operator looks up the cache active now
+                return inner(a, b, c)
+
+        compiled_bias = torch.compile(lambda a, b, c: _biased(a, b, c, kept_bias, scale),
+                                      fullgraph=True)  # fmt: skip
+        extra = {
+            "fwd_counts_compiled": forward_of(compiled_counts),
+            "fwd_f32_bias_compiled": forward_of(compiled_bias),
+        }
     calls = {
         "dense": backward_of(dense_call),
         "dense_cold": backward_of(dense_cold),
@@ -115,6 +144,7 @@ def _attention_calls(n: int, heads: int, head_dim: int, num_samples: int):
         "alibi_sdpa": backward_of(lambda a, b, c: sdpa_alibi_attention(a, b, c, causal=True)),
         "fwd_counts": forward_of(dense_call),
         "fwd_f32_bias": forward_of(lambda a, b, c: _biased(a, b, c, kept_bias, scale)),
+        **extra,
     }
     kept = {
         "counts_bytes": lambda: cache.nbytes,
@@ -123,10 +153,10 @@ def _attention_calls(n: int, heads: int, head_dim: int, num_samples: int):
     return calls, kept
 
 
-def crossover(lengths, heads, head_dim, num_samples, repeats) -> list[dict]:
+def crossover(lengths, heads, head_dim, num_samples, repeats, compiled=False) -> list[dict]:
     rows = []
     for n in lengths:
-        calls, kept = _attention_calls(n, heads, head_dim, num_samples)
+        calls, kept = _attention_calls(n, heads, head_dim, num_samples, compiled)
         times = {name: [] for name in calls}
         for _ in range(2):  # warm-up: kept plans and counts from the second call on
             for f in calls.values():
@@ -137,6 +167,10 @@ def crossover(lengths, heads, head_dim, num_samples, repeats) -> list[dict]:
         row = {"n": n, **{f"{name}_ms": 1e3 * statistics.median(t) for name, t in times.items()}}
         row["dense_over_tiled"] = row["dense_ms"] / row["tiled_ms"]
         row["fwd_counts_over_f32_bias"] = row["fwd_counts_ms"] / row["fwd_f32_bias_ms"]
+        if compiled:
+            row["fwd_compiled_counts_over_f32_bias"] = (
+                row["fwd_counts_compiled_ms"] / row["fwd_f32_bias_compiled_ms"]
+            )
         row.update({name: size() for name, size in kept.items()})
         rows.append(row)
         print(row, flush=True)
@@ -180,6 +214,20 @@ def _markdown(result: dict) -> str:
             f"{r['fwd_counts_over_f32_bias']:.2f} | {r['counts_bytes'] / 2**20:.3f} | "
             f"{r['f32_bias_bytes'] / 2**20:.3f} |"
         )
+    if result.get("compiled_forward"):
+        lines += [
+            "",
+            "## Forward alone under `torch.compile(fullgraph=True)` (Inductor)",
+            "",
+            "| n | kept counts (ms) | kept float32 bias (ms) | counts / bias time |",
+            "|---|---|---|---|",
+        ]
+        for r in result["crossover"]:
+            lines.append(
+                f"| {r['n']} | {r['fwd_counts_compiled_ms']:.2f} | "
+                f"{r['fwd_f32_bias_compiled_ms']:.2f} | "
+                f"{r['fwd_compiled_counts_over_f32_bias']:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -197,9 +245,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--compiled-forward", action="store_true", help="also the two forwards compiled"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = crossover(args.n, args.heads, args.head_dim, args.num_samples, args.repeats)
+    rows = crossover(
+        args.n, args.heads, args.head_dim, args.num_samples, args.repeats, args.compiled_forward
+    )
     fits = [r["n"] for r in rows if r["dense_ms"] <= r["tiled_ms"]]
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     result = {
@@ -210,6 +263,7 @@ def main(argv=None) -> dict:
         "head_dim": args.head_dim,
         "num_samples": args.num_samples,
         "repeats": args.repeats,
+        "compiled_forward": args.compiled_forward,
         "crossover": rows,
         "measured": max(fits) if fits else None,
         "shipped": DENSE_CROSSOVER["cpu"],
