@@ -9,7 +9,9 @@ and ``register_autograd`` connects the two. :func:`plsh_fast.plsh_attention` cal
 operator when :func:`torch.compiler.is_compiling` is true and the eager
 :class:`plsh_fast._autograd.PLSHAttentionFunction` otherwise; the results are the same.
 ``torch.ops.plsh.dense_counts`` (:func:`cached_dense_counts`) is the dense route's count
-lookup in :class:`plsh_fast.dense.DenseCountCache`, opaque to Dynamo for the same reason.
+lookup in :class:`plsh_fast.dense.DenseCountCache`, opaque to Dynamo for the same reason;
+``torch.ops.plsh.log_count_table`` (:func:`log_count_table`) gives its ``log(c / s)`` table
+as a buffer.
 
 Everything the kernels need is a tensor or a constant: the partition's ``pitch`` and
 ``offset`` (float64 tensors on the query's device), the positions (int64 ``(n,)`` or
@@ -56,6 +58,7 @@ __all__ = [
     "attention_backward",
     "cached_dense_counts",
     "kernel_law_id",
+    "log_count_table",
     "training_partition",
 ]
 
@@ -283,6 +286,25 @@ def _cached_dense_counts_fake(pitch, offset, query_positions, key_positions, cau
     (batch,) = torch.broadcast_shapes((batch_q,), (batch_k,))
     shape = (batch, pitch.shape[0], query_positions.shape[-1], key_positions.shape[-1])
     return pitch.new_empty(shape, dtype=dense_count_dtype(pitch.shape[1]))
+
+
+@torch.library.custom_op("plsh::log_count_table", mutates_args=())
+def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """``log(c / s)`` for ``c = 0..num_samples``, float64 on ``like``'s device, as an operator.
+
+    What :func:`plsh_fast.dense.log_count_table` calls under ``torch.compile``: an operator's
+    output is a buffer, so the compiled lookup of ``log(C / s)`` reads these ``s + 1``
+    values instead of computing a float64 ``log`` per pair (Inductor inlines a computed
+    table into its consumer). The values of :func:`plsh_fast._partition.count_bias`.
+    """
+    from ._partition import count_bias  # noqa: PLC0415 (imports nothing of this module)
+
+    return count_bias(torch.arange(num_samples + 1, device=like.device), num_samples)
+
+
+@log_count_table.register_fake
+def _log_count_table_fake(like, num_samples):
+    return like.new_empty(num_samples + 1, dtype=torch.float64)
 
 
 #: the per-head kernel tuples that modules draw their training partitions from, indexed by the

@@ -20,7 +20,8 @@ approximates their bias (KERPLE, mixtures) instead of ALiBi's. :func:`swap_bloom
 :func:`swap_falcon_attention` and :func:`swap_mpt_attention` replace the attention of
 models whose ALiBi is built into their attention modules (BLOOM, Falcon's ``alibi=True``
 layout, MPT). Each attention layer keeps its CPU plans in its own
-:class:`plsh_fast.cpu.PlanCache` (:func:`prepare_layer`). :class:`PLSHCache` is a
+:class:`plsh_fast.cpu.PlanCache` and the counts of its short (dense) calls in its own
+:class:`plsh_fast.dense.DenseCountCache` (:func:`prepare_layer`). :class:`PLSHCache` is a
 transformers ``Cache`` for ``generate()`` with one
 :class:`plsh_fast.decoding.PLSHDecodingCache` per layer: it evicts the keys no later query
 can reach (``proofs_notes/decoding_cache.md``), decodes on that cache's ring and reports
