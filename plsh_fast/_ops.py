@@ -50,6 +50,7 @@ import torch
 from ._autograd import attention_backward as _backward_impl
 from ._autograd import attention_forward as _forward_impl
 from .dense import active_dense_cache, dense_count_dtype, working_dtype
+from .dense import log_count_table as dense_log_count_table
 
 __all__ = [
     "KEPT_GROUPS",
@@ -295,11 +296,10 @@ def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
     What :func:`plsh_fast.dense.log_count_table` calls under ``torch.compile``: an operator's
     output is a buffer, so the compiled lookup of ``log(C / s)`` reads these ``s + 1``
     values instead of computing a float64 ``log`` per pair (Inductor inlines a computed
-    table into its consumer). The values of :func:`plsh_fast._partition.count_bias`.
+    table into its consumer). The values of :func:`plsh_fast.dense.log_count_table` (the
+    reference's), copied (an operator's output may not be the kept table).
     """
-    from ._partition import count_bias  # noqa: PLC0415 (imports nothing of this module)
-
-    return count_bias(torch.arange(num_samples + 1, device=like.device), num_samples)
+    return dense_log_count_table(like, num_samples).clone()
 
 
 @log_count_table.register_fake

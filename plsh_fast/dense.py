@@ -661,15 +661,22 @@ def cached_partition_counts(
     return active_dense_cache().counts(partition, query_positions, key_positions, causal=causal)
 
 
+_LOG_COUNT_TABLES: dict = {}  # (num_samples, device) -> float64 table, built once
+
+
 def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
     """``log(c / s)`` for ``c = 0..s`` (``-inf`` for ``c = 0``), float64 ``(s + 1,)``.
 
-    :func:`plsh_fast._partition.count_bias` of ``0..s`` (the reference's operations), on
-    ``like``'s device. Under ``torch.compile`` it is the operator ``plsh::log_count_table``
+    The values of :func:`plsh_ref.partition.count_bias` of ``0..s``, computed by that very
+    function (NumPy's ``log``, position-independent: looked up per pair they equal the
+    reference's ``count_bias`` of any count array bit for bit, tested for every ``s`` up to
+    300), once per ``(s, device)``, on ``like``'s device. ``torch.log`` is not used: its
+    float64 result differs from NumPy's by one unit in the last place for some counts at
+    696 of the sample counts ``s <= 1024`` (``s = 35, 37, 128, ...``; measured on the
+    development CPU). Under ``torch.compile`` it is the operator ``plsh::log_count_table``
     (:func:`plsh_fast._ops.log_count_table`): a compiled graph then reads the ``s + 1``
-    values from memory per pair instead of inlining a float64 ``log`` per pair into the
-    lookup (Inductor fuses a computed table into its consumer; that made the compiled
-    lookup 4 ns per pair on the development CPU).
+    values from memory per pair instead of inlining a ``log`` per pair into the lookup
+    (Inductor fuses a computed table into its consumer).
 
     Parameters
     ----------
@@ -681,7 +688,8 @@ def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
     Returns
     -------
     torch.Tensor
-        float64 ``(num_samples + 1,)``.
+        float64 ``(num_samples + 1,)``; the kept table itself in eager mode (do not modify
+        it).
 
     References
     ----------
@@ -691,9 +699,14 @@ def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
         from ._ops import log_count_table as table_op  # noqa: PLC0415 (_ops imports this module)
 
         return table_op(like, num_samples)
-    from ._partition import count_bias  # noqa: PLC0415 (_partition imports nothing here)
+    key = (int(num_samples), like.device)
+    table = _LOG_COUNT_TABLES.get(key)
+    if table is None:
+        from plsh_ref.partition import count_bias  # noqa: PLC0415 (NumPy, the reference's)
 
-    return count_bias(torch.arange(num_samples + 1, device=like.device), num_samples)
+        values = count_bias(np.arange(key[0] + 1), key[0])
+        table = _LOG_COUNT_TABLES.setdefault(key, torch.from_numpy(values).to(like.device))
+    return table
 
 
 def count_bias_of_counts(

@@ -242,3 +242,41 @@ def test_dense_counts_operator_passes_opcheck_and_copies_the_kept_counts():
     kept = next(iter(cache.entries.values()))[2]
     assert torch.equal(served, kept) and torch.equal(first, kept)
     assert served.data_ptr() != kept.data_ptr()  # a copy: the graph may reuse its memory
+
+
+def test_biases_of_counts_equal_the_reference_bit_for_bit_for_every_s_up_to_300():
+    """``log(C / s)`` looked up in the table equals the reference's ``count_bias(C, s)``
+    for every ``s <= 300`` (``torch.log`` missed by one ulp at s = 35, 37, 128, ...)."""
+    rng = np.random.default_rng(0)
+    like = torch.zeros(3, dtype=torch.uint8)
+    for s in range(1, 301):
+        want = count_bias(np.arange(s + 1), s)  # the reference's log(c / s), -inf at 0
+        np.testing.assert_array_equal(ops.log_count_table(like, s).numpy(), want)
+        np.testing.assert_array_equal(dense.log_count_table(like, s).numpy(), want)
+        c = rng.integers(0, s + 1, size=(1, 2, 7, 9))
+        c[0, 0, 0, :2] = (0, s)
+        got = dense.count_bias_of_counts(torch.from_numpy(c).to(dense.dense_count_dtype(s)), s)
+        np.testing.assert_array_equal(got.numpy(), count_bias(c, s))
+    torch.library.opcheck(torch.ops.plsh.log_count_table.default, (like, 8))
+
+
+def test_rows_without_an_admissible_key_give_zero_output_and_minus_inf_lse():
+    """Pad queries and fully padded rows (no admissible key) give 0 and LSE -inf, never NaN;
+    real rows are unchanged by the padding of other rows."""
+    pt = partition_tensors(_partition(seed=11), "cpu")
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(3, 4, 12, 8, generator=g, dtype=torch.float64)
+    mask = torch.ones(3, 12, dtype=torch.bool)
+    mask[1, :5] = False
+    mask[2, :] = False  # nothing to attend
+    pos = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    kw = dict(partition=pt, causal=True, scale=0.3, query_positions=pos, key_positions=pos)
+    out, lse = dense.dense_plsh_attention(q, q, q, attention_mask=mask, return_lse=True, **kw)
+    assert not out.isnan().any() and not lse.isnan().any()
+    assert torch.equal(out[2], torch.zeros_like(out[2])) and torch.isneginf(lse[2]).all()
+    assert torch.equal(out[1, :, :5], torch.zeros_like(out[1, :, :5]))
+    assert torch.isneginf(lse[1, :, :5]).all() and torch.isfinite(lse[1, :, 5:]).all()
+    alone, _ = dense.dense_plsh_attention(q[:1], q[:1], q[:1], attention_mask=mask[:1],
+                                          return_lse=True, **{**kw, "query_positions": pos[:1],
+                                                              "key_positions": pos[:1]})  # fmt: skip
+    assert torch.equal(alone[0], out[0])
