@@ -280,3 +280,23 @@ def test_rows_without_an_admissible_key_give_zero_output_and_minus_inf_lse():
                                           return_lse=True, **{**kw, "query_positions": pos[:1],
                                                               "key_positions": pos[:1]})  # fmt: skip
     assert torch.equal(alone[0], out[0])
+
+
+def test_plsh_attention_layers_keep_their_counts_and_fresh_draws_keep_none():
+    """``plsh_fast.nn.PLSHAttention`` owns a ``dense_cache``: a fixed partition (eval) hits
+    from the third call on; a partition drawn anew every training forward keeps nothing."""
+    from plsh_fast.nn import PLSHAttention
+
+    layer = PLSHAttention(4, 8, seed=3)
+    q = torch.randn(1, 4, 30, 8, generator=torch.Generator().manual_seed(3))
+    shared = dense.active_dense_cache()
+    before = (shared.hits, shared.misses)
+    layer.eval()
+    outs = [layer(q, q, q) for _ in range(3)]
+    assert (layer.dense_cache.misses, layer.dense_cache.hits) == (2, 1)
+    assert torch.equal(outs[2], outs[0])
+    assert (shared.hits, shared.misses) == before  # the layer's own cache, not the shared one
+    layer.train()  # resample="every_forward": a new partition per forward
+    for _ in range(3):
+        layer(q, q, q)
+    assert layer.dense_cache.hits == 1 and len(layer.dense_cache) == 1  # nothing new kept
