@@ -6,13 +6,24 @@ Run from the repository root::
 
 The crossover, one attention call: forward + backward of PLSH attention on the
 same partition computed densely (:func:`plsh_fast.dense.dense_plsh_attention`: SDPA with the
-bias ``log(C / s)``) and by the tiled CPU path (``backend="cpu"``), next to exact ALiBi
-through SDPA with a dense bias; SPEC section 7's CPU configuration (batch 1, 4 heads with
-the standard slopes, head_dim 64, float32, causal, ``--num-samples``). The methods take
-turns call by call, so load from other processes hits them alike; the median of
-``--repeats`` calls after one warm-up is reported, and the crossover is the largest ``n``
-at which dense is no slower than tiled (``plsh_fast.dense.DENSE_CROSSOVER`` holds the
-shipped value).
+bias ``log(C / s)``; ``dense``: its counts kept across calls in a
+:class:`plsh_fast.dense.DenseCountCache`, as a layer with a fixed partition has them from
+its third call on; ``dense_cold``: built every call) and by the tiled CPU path
+(``backend="cpu"``, its plan kept likewise), next to exact ALiBi through SDPA with a dense
+bias; SPEC section 7's CPU configuration (batch 1, 4 heads with the standard slopes,
+head_dim 64, float32, causal, ``--num-samples``). The methods take turns call by call, so
+load from other processes hits them alike; the median of ``--repeats`` calls after two
+warm-up calls is reported, and the crossover is the largest ``n`` at which dense (kept
+counts) is no slower than tiled (``plsh_fast.dense.DENSE_CROSSOVER`` holds the shipped
+value).
+
+Also the forward alone (no gradient) of the dense route with its kept ``uint8`` counts
+(``log(C / s)`` looked up per call) against the same attention fed a kept float32 bias
+(what keeping the bias itself would cost in time; it takes four times the memory):
+issue 25 item 5 asks for the compact form at <= 10% forward cost. ``--compiled-forward``
+adds the same two forwards under ``torch.compile(fullgraph=True)`` (Inductor), where the
+lookup of ``log(C / s)`` is fused into the kernel that writes the bias, as in a compiled
+model.
 
 The model-level goal of issue 25 (a compiled tiny-Llama training step) is
 ``benchmarks/hf_bench.py train``.
@@ -38,11 +49,25 @@ def _time(fn) -> float:
     return time.perf_counter() - t0
 
 
-def _attention_calls(n: int, heads: int, head_dim: int, num_samples: int):
-    """The three forward+backward callables on one problem of length ``n``."""
-    from plsh_fast import plsh_attention
+def _biased(q, k, v, bias, scale):
+    """The steps of :func:`plsh_fast.dense.dense_plsh_attention` after its bias: SDPA with a
+    given (kept) bias, rows without a key set to 0."""
+    from plsh_fast.dense import expand_kv
+
+    empty = torch.isneginf(bias).all(dim=-1, keepdim=True)
+    k, v = expand_kv(k, q.shape[1]), expand_kv(v, q.shape[1])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=bias.masked_fill(empty, 0.0), scale=scale
+    )
+    return out.masked_fill(empty, 0.0)
+
+
+def _attention_calls(n: int, heads: int, head_dim: int, num_samples: int, compiled: bool = False):
+    """The forward+backward callables and the forward-only ones on one problem of length
+    ``n``."""
+    from plsh_fast import dense, plsh_attention
     from plsh_fast._partition import partition_tensors
-    from plsh_fast.dense import dense_plsh_attention
+    from plsh_fast.dense import dense_count_bias, dense_plsh_attention
     from plsh_fast.peers import sdpa_alibi_attention
     from plsh_ref import alibi_slopes, draw_partition
 
@@ -60,8 +85,33 @@ def _attention_calls(n: int, heads: int, head_dim: int, num_samples: int):
 
         return run
 
-    return {
-        "dense": backward_of(
+    def forward_of(f):
+        def run():
+            with torch.no_grad():
+                f(q, k, v)
+
+        return run
+
+    cache = dense.DenseCountCache()
+
+    def dense_call(a, b, c):
+        with dense.use_dense_cache(cache):
+            return dense_plsh_attention(
+                a, b, c, partition=(pitch, offset), causal=True, scale=scale,
+                query_positions=pos, key_positions=pos,
+            )  # fmt: skip
+
+    def dense_cold(a, b, c):
+        saved, dense.DENSE_CACHE_BYTES = dense.DENSE_CACHE_BYTES, 0
+        try:
+            return dense_call(a, b, c)
+        finally:
+            dense.DENSE_CACHE_BYTES = saved
+
+    kept_bias = dense_count_bias((pitch, offset), pos, pos, causal=True, dtype=q.dtype)
+    extra = {}
+    if compiled:
+        inner = torch.compile(
             lambda a, b, c: dense_plsh_attention(
                 a,
                 b,
@@ -71,27 +121,57 @@ def _attention_calls(n: int, heads: int, head_dim: int, num_samples: int):
                 scale=scale,
                 query_positions=pos,
                 key_positions=pos,
-            )  # fmt: skip
-        ),
+            ),  # fmt: skip
+            fullgraph=True,
+        )
+
+        def compiled_counts(a, b, c):
+            with dense.use_dense_cache(cache):  # the operator looks up the cache active now
+                return inner(a, b, c)
+
+        compiled_bias = torch.compile(lambda a, b, c: _biased(a, b, c, kept_bias, scale),
+                                      fullgraph=True)  # fmt: skip
+        extra = {
+            "fwd_counts_compiled": forward_of(compiled_counts),
+            "fwd_f32_bias_compiled": forward_of(compiled_bias),
+        }
+    calls = {
+        "dense": backward_of(dense_call),
+        "dense_cold": backward_of(dense_cold),
         "tiled": backward_of(
             lambda a, b, c: plsh_attention(a, b, c, partition=(pitch, offset), backend="cpu")
         ),
         "alibi_sdpa": backward_of(lambda a, b, c: sdpa_alibi_attention(a, b, c, causal=True)),
+        "fwd_counts": forward_of(dense_call),
+        "fwd_f32_bias": forward_of(lambda a, b, c: _biased(a, b, c, kept_bias, scale)),
+        **extra,
     }
+    kept = {
+        "counts_bytes": lambda: cache.nbytes,
+        "f32_bias_bytes": lambda: kept_bias.numel() * kept_bias.element_size(),
+    }
+    return calls, kept
 
 
-def crossover(lengths, heads, head_dim, num_samples, repeats) -> list[dict]:
+def crossover(lengths, heads, head_dim, num_samples, repeats, compiled=False) -> list[dict]:
     rows = []
     for n in lengths:
-        calls = _attention_calls(n, heads, head_dim, num_samples)
+        calls, kept = _attention_calls(n, heads, head_dim, num_samples, compiled)
         times = {name: [] for name in calls}
-        for f in calls.values():
-            f()  # warm-up (and the CPU path's kept plan, as in training)
+        for _ in range(2):  # warm-up: kept plans and counts from the second call on
+            for f in calls.values():
+                f()
         for _ in range(repeats):
             for name, f in calls.items():
                 times[name].append(_time(f))
         row = {"n": n, **{f"{name}_ms": 1e3 * statistics.median(t) for name, t in times.items()}}
         row["dense_over_tiled"] = row["dense_ms"] / row["tiled_ms"]
+        row["fwd_counts_over_f32_bias"] = row["fwd_counts_ms"] / row["fwd_f32_bias_ms"]
+        if compiled:
+            row["fwd_compiled_counts_over_f32_bias"] = (
+                row["fwd_counts_compiled_ms"] / row["fwd_f32_bias_compiled_ms"]
+            )
+        row.update({name: size() for name, size in kept.items()})
         rows.append(row)
         print(row, flush=True)
     return rows
@@ -109,16 +189,45 @@ def _markdown(result: dict) -> str:
         f"head_dim {result['head_dim']}, float32, causal, s = {result['num_samples']}), "
         f"median of {result['repeats']}",
         "",
-        "| n | dense PLSH (ms) | tiled PLSH (ms) | dense / tiled | exact ALiBi SDPA (ms) |",
-        "|---|---|---|---|---|",
+        "| n | dense PLSH, kept counts (ms) | dense PLSH, counts built (ms) | tiled PLSH (ms) "
+        "| dense / tiled | exact ALiBi SDPA (ms) |",
+        "|---|---|---|---|---|---|",
     ]
     for r in result["crossover"]:
         lines.append(
-            f"| {r['n']} | {r['dense_ms']:.1f} | {r['tiled_ms']:.1f} | "
+            f"| {r['n']} | {r['dense_ms']:.1f} | {r['dense_cold_ms']:.1f} | {r['tiled_ms']:.1f} | "
             f"{r['dense_over_tiled']:.2f} | {r['alibi_sdpa_ms']:.1f} |"
         )
     lines += ["", f"Measured crossover (largest n with dense <= tiled): {result['measured']}; "
               f"shipped `DENSE_CROSSOVER['cpu']` = {result['shipped']}."]  # fmt: skip
+    lines += [
+        "",
+        "## Forward alone (no gradient): kept uint8 counts against a kept float32 bias",
+        "",
+        "| n | kept counts (ms) | kept float32 bias (ms) | counts / bias time "
+        "| counts MiB | bias MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in result["crossover"]:
+        lines.append(
+            f"| {r['n']} | {r['fwd_counts_ms']:.2f} | {r['fwd_f32_bias_ms']:.2f} | "
+            f"{r['fwd_counts_over_f32_bias']:.2f} | {r['counts_bytes'] / 2**20:.3f} | "
+            f"{r['f32_bias_bytes'] / 2**20:.3f} |"
+        )
+    if result.get("compiled_forward"):
+        lines += [
+            "",
+            "## Forward alone under `torch.compile(fullgraph=True)` (Inductor)",
+            "",
+            "| n | kept counts (ms) | kept float32 bias (ms) | counts / bias time |",
+            "|---|---|---|---|",
+        ]
+        for r in result["crossover"]:
+            lines.append(
+                f"| {r['n']} | {r['fwd_counts_compiled_ms']:.2f} | "
+                f"{r['fwd_f32_bias_compiled_ms']:.2f} | "
+                f"{r['fwd_compiled_counts_over_f32_bias']:.2f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -136,9 +245,14 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument(
+        "--compiled-forward", action="store_true", help="also the two forwards compiled"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    rows = crossover(args.n, args.heads, args.head_dim, args.num_samples, args.repeats)
+    rows = crossover(
+        args.n, args.heads, args.head_dim, args.num_samples, args.repeats, args.compiled_forward
+    )
     fits = [r["n"] for r in rows if r["dense_ms"] <= r["tiled_ms"]]
     date = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
     result = {
@@ -149,6 +263,7 @@ def main(argv=None) -> dict:
         "head_dim": args.head_dim,
         "num_samples": args.num_samples,
         "repeats": args.repeats,
+        "compiled_forward": args.compiled_forward,
         "crossover": rows,
         "measured": max(fits) if fits else None,
         "shipped": DENSE_CROSSOVER["cpu"],

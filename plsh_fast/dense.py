@@ -6,14 +6,22 @@ softmax statistics and the LSE are kept), :func:`alibi_bias` (the torch form of
 :func:`plsh_ref.alibi.alibi_bias`), :func:`dense_counts` (the count matrix ``C`` of
 :func:`plsh_ref.partition.counts` from bins), :func:`dense_attention` (softmax attention
 with an additive bias in plain torch operations) and :func:`biased_lse` (the LSE of the
-paths that attend through SDPA, which returns none). Apart from the torch-side argument checks
-(:mod:`plsh_fast._validation`) nothing here imports another plsh_fast module, so every
+paths that attend through SDPA, which returns none); and the dense PLSH route of
+``backend="auto"`` below :data:`DENSE_CROSSOVER`: :func:`partition_counts` (the counts of a
+partition at given positions), :class:`DenseCountCache` (those counts kept across calls,
+compactly, per layer) and :func:`dense_plsh_attention`. Apart from the torch-side argument
+checks (:mod:`plsh_fast._validation`) nothing here imports another plsh_fast module at import
+time (:mod:`plsh_fast._partition` and :mod:`plsh_fast._ops` only inside functions), so every
 module may import it without an import cycle.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -25,15 +33,24 @@ from plsh_ref.validation import check_bool, check_scale, keyword_argument
 from . import _validation as V
 
 __all__ = [
+    "DENSE_CACHE_BYTES",
     "DENSE_CROSSOVER",
+    "DenseCountCache",
+    "active_dense_cache",
     "alibi_bias",
     "below_crossover",
     "biased_lse",
+    "cached_partition_counts",
+    "count_bias_of_counts",
     "dense_attention",
     "dense_count_bias",
+    "dense_count_dtype",
     "dense_counts",
     "dense_plsh_attention",
     "expand_kv",
+    "log_count_table",
+    "partition_counts",
+    "use_dense_cache",
     "working_dtype",
 ]
 
@@ -344,10 +361,12 @@ def biased_lse(
 
 #: Sequence length ``n`` per device type up to which ``backend="auto"`` computes PLSH
 #: attention densely (:func:`dense_plsh_attention`): a call takes the dense path when
-#: ``n_q * n_k <= n**2``. Measured by ``benchmarks/crossover_bench.py`` (CPU; results in
-#: ``benchmarks/results/crossover_<date>.md``); the CUDA value is an estimate until measured
-#: there (``docs/huggingface.md``). Device types not listed never take the dense path.
-DENSE_CROSSOVER = {"cpu": 128, "cuda": 2048}
+#: ``n_q * n_k <= n**2``. Measured by ``benchmarks/crossover_bench.py`` (CPU, dense with its
+#: counts kept against the tiled path with its plan kept:
+#: ``benchmarks/results/crossover_2026-12-02_kept_counts.md``, largest measured ``n`` with
+#: dense no slower: 256); the CUDA value is an estimate until measured there
+#: (``docs/huggingface.md``). Device types not listed never take the dense path.
+DENSE_CROSSOVER = {"cpu": 256, "cuda": 2048}
 
 
 def below_crossover(n_q: int, n_k: int, device: torch.device) -> bool:
@@ -371,6 +390,372 @@ def below_crossover(n_q: int, n_k: int, device: torch.device) -> bool:
     return limit is not None and n_q * n_k <= limit * limit
 
 
+def dense_count_dtype(num_samples: int) -> torch.dtype:
+    """The integer dtype of the dense counts ``0..num_samples``: ``uint8`` up to 255 samples
+    (one byte per pair, a quarter of a float32 bias), ``int32`` above.
+
+    Parameters
+    ----------
+    num_samples : int or torch.SymInt
+        ``s >= 1``.
+
+    Returns
+    -------
+    torch.dtype
+    """
+    return torch.uint8 if num_samples <= 255 else torch.int32
+
+
+def partition_counts(
+    partition: tuple[torch.Tensor, torch.Tensor],
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    *,
+    causal: bool,
+) -> torch.Tensor:
+    """The counts ``C_ij = #{t : bin_t(p_i) = bin_t(p_j)}`` of a partition, 0 causally.
+
+    The bins are :func:`plsh_fast._partition.bins` (binary64, equal bit for bit to
+    :func:`plsh_ref.partition.bins`), summed one sample at a time by :func:`dense_counts`
+    in :func:`dense_count_dtype`: equal to :func:`plsh_ref.partition.counts` (tested). Cost
+    ``O(batch H s n_q n_k)``; what :class:`DenseCountCache` keeps so that a repeated call
+    skips it. No argument checks and no host synchronisation (traces under
+    ``torch.compile``).
+
+    Parameters
+    ----------
+    partition : (torch.Tensor, torch.Tensor)
+        ``(pitch, offset)`` float64 ``(num_heads, num_samples)``.
+    query_positions, key_positions : torch.Tensor
+        int64 ``(n_q,)``/``(n_k,)`` or ``(batch, n_q)``/``(batch, n_k)``, on the partition's
+        device.
+    causal : bool
+        Count 0 where ``p_j > p_i``.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(batch or 1, num_heads, n_q, n_k)`` in :func:`dense_count_dtype` ``(num_samples)``.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2; SPEC sections 2-3.
+    """
+    from ._partition import bins  # noqa: PLC0415 (_partition imports nothing here)
+
+    pitch, offset = partition
+    num_heads, num_samples = pitch.shape
+    q2 = query_positions if query_positions.dim() == 2 else query_positions[None]
+    k2 = key_positions if key_positions.dim() == 2 else key_positions[None]
+    # (H, s, B|1, n) -> (B|1, H, s, n)
+    qb = bins(pitch, offset, q2.reshape(-1)).view(num_heads, num_samples, *q2.shape)
+    kb = bins(pitch, offset, k2.reshape(-1)).view(num_heads, num_samples, *k2.shape)
+    qb, kb = qb.permute(2, 0, 1, 3), kb.permute(2, 0, 1, 3)
+    return dense_counts(
+        qb, kb, q2[:, None], k2[:, None], causal=causal, dtype=dense_count_dtype(num_samples)
+    )
+
+
+#: Bytes of counts one :class:`DenseCountCache` keeps (least recently used first out); 0
+#: keeps none. The counts of a layer at ``n`` tokens take ``batch * num_heads * n**2`` bytes
+#: (``uint8``), a quarter of the float32 bias they stand for.
+DENSE_CACHE_BYTES = 256 * 2**20
+
+_SEEN_KEYS = 4096
+
+
+class DenseCountCache:
+    """Dense counts (:func:`partition_counts`) kept across calls, per layer.
+
+    The counts depend only on the partition, the positions and ``causal``, which repeat
+    at every step of training or evaluation with a fixed partition (the HF layers'): the
+    dense route of ``backend="auto"`` (:func:`dense_plsh_attention`) looks them up here
+    and then only computes the cheap ``log(C / s)`` of them per call. An entry is keyed
+    like the CPU path's kept plans (:func:`plsh_fast.cpu.cache_key`): the device,
+    ``causal``, the partition's ``pitch`` and ``offset`` values (bytes, compared exactly)
+    and the positions' shapes and content (hashed; compared again with ``torch.equal`` on
+    a hit, so a hash collision is a miss, never a stale entry). Entries are admitted on the
+    second call with their key (:class:`plsh_fast.cpu.PlanCache` does the same), so that
+    one-off calls (a partition drawn anew each training step) keep nothing, and evicted
+    least recently used first beyond :data:`DENSE_CACHE_BYTES`. Counts on devices other
+    than the CPU are not kept (the key would read the positions to the host: a
+    synchronisation per call); they are rebuilt. Thread-safe.
+
+    Each attention layer of :mod:`plsh_fast.hf` (:func:`plsh_fast.hf.prepare_layer`) and
+    each :class:`plsh_fast.nn.PLSHAttention` owns one (eager calls,
+    :func:`use_dense_cache`); otherwise, and under ``torch.compile`` (the operator
+    ``plsh::dense_counts``), one process-wide instance is used.
+
+    Attributes
+    ----------
+    nbytes : int
+        Bytes of the kept counts.
+    hits, misses : int
+        Calls served from the cache and calls that built their counts.
+    """
+
+    def __init__(self) -> None:
+        #: key -> (query_positions, key_positions, counts), least recently used first
+        self.entries: OrderedDict = OrderedDict()
+        #: ``hash`` of the keys of recent calls (admission on the second call)
+        self.seen: OrderedDict = OrderedDict()
+        self.nbytes = 0
+        self.hits = 0
+        self.misses = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __deepcopy__(self, memo) -> DenseCountCache:
+        """An empty cache (a copied layer builds its counts again)."""
+        return DenseCountCache()
+
+    def __reduce__(self):
+        return (DenseCountCache, ())  # pickled empty, like a copy
+
+    def clear(self) -> None:
+        """Forget every kept entry and remembered call (the statistics stay)."""
+        with self._lock:
+            self.entries.clear()
+            self.seen.clear()
+            self.nbytes = 0
+
+    @staticmethod
+    def key(
+        pitch: torch.Tensor, offset: torch.Tensor, query_positions: torch.Tensor,
+        key_positions: torch.Tensor, causal: bool,
+    ) -> tuple | None:  # fmt: skip
+        """The hashable key of a call, or ``None`` when its counts are not kept (a device
+        other than the CPU, or ``DENSE_CACHE_BYTES <= 0``)."""
+        if DENSE_CACHE_BYTES <= 0 or pitch.device.type != "cpu":
+            return None
+
+        def digest(x: torch.Tensor) -> int:
+            return hash(x.detach().contiguous().numpy().tobytes())
+
+        return (
+            bool(causal),
+            tuple(pitch.shape),
+            pitch.detach().contiguous().numpy().tobytes(),
+            offset.detach().contiguous().numpy().tobytes(),
+            tuple(query_positions.shape),
+            tuple(key_positions.shape),
+            digest(query_positions),
+            digest(key_positions),
+        )
+
+    @staticmethod
+    def same_positions(entry: tuple, query_positions, key_positions) -> bool:
+        """Whether a kept ``entry`` was built for exactly these positions."""
+        return torch.equal(entry[0], query_positions) and torch.equal(entry[1], key_positions)
+
+    def counts(
+        self,
+        partition: tuple[torch.Tensor, torch.Tensor],
+        query_positions: torch.Tensor,
+        key_positions: torch.Tensor,
+        *,
+        causal: bool,
+    ) -> torch.Tensor:
+        """:func:`partition_counts` of these arguments, kept or looked up.
+
+        Parameters and returns as :func:`partition_counts`. The result may be the kept
+        tensor itself: do not modify it.
+        """
+        pitch, offset = partition
+        key = self.key(pitch, offset, query_positions, key_positions, causal)
+        admit = False
+        if key is not None:
+            with self._lock:
+                entry = self.entries.get(key)
+                if entry is not None and self.same_positions(entry, query_positions, key_positions):
+                    self.entries.move_to_end(key)
+                    self.hits += 1
+                    return entry[2]
+                digest = hash(key)
+                admit = digest in self.seen
+                self.seen[digest] = None
+                self.seen.move_to_end(digest)
+                while len(self.seen) > _SEEN_KEYS:
+                    self.seen.popitem(last=False)
+        with self._lock:
+            self.misses += 1
+        count = partition_counts(partition, query_positions, key_positions, causal=causal)
+        size = count.numel() * count.element_size()
+        if admit and size <= DENSE_CACHE_BYTES:
+            entry = (query_positions.detach().clone(), key_positions.detach().clone(), count)
+            with self._lock:
+                old = self.entries.pop(key, None)
+                if old is not None:
+                    self.nbytes -= old[2].numel() * old[2].element_size()
+                self.entries[key] = entry
+                self.nbytes += size
+                while self.entries and self.nbytes > DENSE_CACHE_BYTES:
+                    _, dropped = self.entries.popitem(last=False)
+                    self.nbytes -= dropped[2].numel() * dropped[2].element_size()
+        return count
+
+
+_DEFAULT_DENSE_CACHE = DenseCountCache()  # the process-wide instance
+_ACTIVE_DENSE = threading.local()  # use_dense_cache() instance of this thread
+
+
+def active_dense_cache() -> DenseCountCache:
+    """The :class:`DenseCountCache` that dense calls of this thread use: the one of the
+    innermost :func:`use_dense_cache`, else the process-wide one."""
+    cache = getattr(_ACTIVE_DENSE, "cache", None)
+    return _DEFAULT_DENSE_CACHE if cache is None else cache  # not `or`: empty is falsy
+
+
+@contextlib.contextmanager
+def use_dense_cache(cache: DenseCountCache) -> Iterator[DenseCountCache]:
+    """Context manager: dense PLSH calls of this thread keep and reuse counts in ``cache``.
+
+    Parameters
+    ----------
+    cache : DenseCountCache
+        For example a layer's own (:func:`plsh_fast.hf.prepare_layer`).
+
+    Raises
+    ------
+    TypeError
+        ``cache`` is not a :class:`DenseCountCache`.
+
+    Notes
+    -----
+    Thread-local and nesting, like :func:`plsh_fast.cpu.use_plan_cache`; eager calls only
+    (a compiled graph's ``plsh::dense_counts`` uses the cache active when it runs).
+    """
+    if not isinstance(cache, DenseCountCache):
+        raise TypeError(f"cache: must be a DenseCountCache, got {type(cache).__name__}")
+    previous = getattr(_ACTIVE_DENSE, "cache", None)
+    _ACTIVE_DENSE.cache = cache
+    try:
+        yield cache
+    finally:
+        _ACTIVE_DENSE.cache = previous
+
+
+def cached_partition_counts(
+    partition: tuple[torch.Tensor, torch.Tensor],
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    *,
+    causal: bool,
+) -> torch.Tensor:
+    """:func:`partition_counts` through the active :class:`DenseCountCache`.
+
+    Eager: :meth:`DenseCountCache.counts` of :func:`active_dense_cache`. Under
+    ``torch.compile``: the custom operator ``plsh::dense_counts``
+    (:func:`plsh_fast._ops.cached_dense_counts`), opaque to Dynamo (a fake implementation
+    gives the shape, symbolic in the lengths), so the cache lookup runs inside the compiled
+    graph at every call without a graph break or a recompile per length. Parameters and
+    returns as :func:`partition_counts`; the result must not be modified.
+    """
+    if torch.compiler.is_compiling():
+        from ._ops import cached_dense_counts  # noqa: PLC0415 (_ops imports this module)
+
+        pitch, offset = partition
+        return cached_dense_counts(pitch, offset, query_positions, key_positions, causal)
+    return active_dense_cache().counts(partition, query_positions, key_positions, causal=causal)
+
+
+_LOG_COUNT_TABLES: dict = {}  # (num_samples, device) -> float64 table, built once
+
+
+def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """``log(c / s)`` for ``c = 0..s`` (``-inf`` for ``c = 0``), float64 ``(s + 1,)``.
+
+    The values of :func:`plsh_ref.partition.count_bias` of ``0..s``, computed by that very
+    function (NumPy's ``log``, position-independent: looked up per pair they equal the
+    reference's ``count_bias`` of any count array bit for bit, tested for every ``s`` up to
+    300), once per ``(s, device)``, on ``like``'s device. ``torch.log`` is not used: its
+    float64 result differs from NumPy's by one unit in the last place for some counts at
+    696 of the sample counts ``s <= 1024`` (``s = 35, 37, 128, ...``; measured on the
+    development CPU). Under ``torch.compile`` it is the operator ``plsh::log_count_table``
+    (:func:`plsh_fast._ops.log_count_table`): a compiled graph then reads the ``s + 1``
+    values from memory per pair instead of inlining a ``log`` per pair into the lookup
+    (Inductor fuses a computed table into its consumer).
+
+    Parameters
+    ----------
+    like : torch.Tensor
+        Any tensor on the device wanted (for example the counts).
+    num_samples : int or torch.SymInt
+        ``s >= 1``.
+
+    Returns
+    -------
+    torch.Tensor
+        float64 ``(num_samples + 1,)``; the kept table itself in eager mode (do not modify
+        it).
+
+    References
+    ----------
+    SPEC section 3.
+    """
+    if torch.compiler.is_compiling():
+        from ._ops import log_count_table as table_op  # noqa: PLC0415 (_ops imports this module)
+
+        return table_op(like, num_samples)
+    key = (int(num_samples), like.device)
+    table = _LOG_COUNT_TABLES.get(key)
+    if table is None:
+        from plsh_ref.partition import count_bias  # noqa: PLC0415 (NumPy, the reference's)
+
+        values = count_bias(np.arange(key[0] + 1), key[0])
+        table = _LOG_COUNT_TABLES.setdefault(key, torch.from_numpy(values).to(like.device))
+    return table
+
+
+def count_bias_of_counts(
+    count: torch.Tensor,
+    num_samples: int,
+    *,
+    attention_mask: torch.Tensor | None = None,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """``log(C / s)`` of dense counts, ``-inf`` where ``C = 0`` and at pads, in ``dtype``.
+
+    :func:`plsh_fast._partition.count_bias` of ``0..s`` (the reference's operations) looked
+    up per pair and rounded once to ``dtype``: elementwise, ``O(batch H n_q n_k)``, what a
+    call does per step when its counts are kept (:class:`DenseCountCache`).
+
+    Parameters
+    ----------
+    count : torch.Tensor
+        Integer ``(batch or 1, num_heads, n_q, n_k)`` counts in ``0..num_samples``
+        (:func:`partition_counts`).
+    num_samples : int
+        ``s``.
+    attention_mask : torch.Tensor, optional
+        bool ``(batch, n_k)``, True = keep: ``-inf`` at pad keys and on the rows of pad
+        queries (end-aligned key slot ``n_k - n_q + i`` padded, when ``n_q <= n_k``).
+    dtype : torch.dtype
+        Of the result.
+
+    Returns
+    -------
+    torch.Tensor
+        ``(batch or 1, num_heads, n_q, n_k)`` in ``dtype``.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
+    """
+    n_q, n_k = count.shape[-2], count.shape[-1]
+    table = log_count_table(count, num_samples)
+    # log(C / s); -inf where C = 0 (index_select: twice as fast as advanced indexing, eager)
+    flat = count.reshape(-1).to(torch.int32)
+    bias = table.to(dtype).index_select(0, flat).view(count.shape)
+    if attention_mask is not None:
+        bias = bias.masked_fill(~attention_mask[:, None, None, :], -math.inf)
+        if n_q <= n_k:
+            bias = bias.masked_fill(~attention_mask[:, None, n_k - n_q :, None], -math.inf)
+    return bias
+
+
 def dense_count_bias(
     partition: tuple[torch.Tensor, torch.Tensor],
     query_positions: torch.Tensor,
@@ -379,17 +764,16 @@ def dense_count_bias(
     causal: bool,
     attention_mask: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float64,
+    cached: bool = False,
 ) -> torch.Tensor:
     """The dense PLSH bias ``log(C_ij / s)``: ``-inf`` where ``C = 0``, causally and at pads.
 
-    ``C_ij = #{t : bin_t(p_i) = bin_t(p_j)}`` with the bins of
-    :func:`plsh_fast._partition.bins` (binary64, equal bit for bit to
-    :func:`plsh_ref.partition.bins`), summed one sample at a time in ``uint8`` (``int32``
-    above 255 samples); ``log(C / s)`` is :func:`plsh_fast._partition.count_bias` of
-    ``0..s`` (the reference's operations) looked up per pair and rounded once to ``dtype``,
-    so in float64 it equals :func:`plsh_ref.partition.count_bias` of
-    :func:`plsh_ref.partition.counts` bit for bit (tested). No argument checks and no host
-    synchronisation (traces under ``torch.compile``).
+    :func:`count_bias_of_counts` of :func:`partition_counts` (``cached=False``) or of
+    :func:`cached_partition_counts` (``cached=True``: the counts kept in the active
+    :class:`DenseCountCache`, the same values), so in float64 it equals
+    :func:`plsh_ref.partition.count_bias` of :func:`plsh_ref.partition.counts` bit for bit
+    (tested, both routes). No argument checks and no host synchronisation on the uncached
+    route (traces under ``torch.compile``; the cached route is an operator there).
 
     Parameters
     ----------
@@ -405,6 +789,8 @@ def dense_count_bias(
         queries (end-aligned key slot ``n_k - n_q + i`` padded, when ``n_q <= n_k``).
     dtype : torch.dtype
         Of the result.
+    cached : bool
+        Look the counts up in (and keep them in) the active :class:`DenseCountCache`.
 
     Returns
     -------
@@ -415,28 +801,11 @@ def dense_count_bias(
     ----------
     Wolfson & Wagner (2026), Theorem 2.2; SPEC sections 2-3.
     """
-    from ._partition import bins, count_bias  # noqa: PLC0415 (_partition imports nothing here)
-
-    pitch, offset = partition
-    num_heads, num_samples = pitch.shape
-    q2 = query_positions if query_positions.dim() == 2 else query_positions[None]
-    k2 = key_positions if key_positions.dim() == 2 else key_positions[None]
-    n_q, n_k = q2.shape[1], k2.shape[1]
-    # (H, s, B|1, n) -> (B|1, H, s, n)
-    qb = bins(pitch, offset, q2.reshape(-1)).view(num_heads, num_samples, *q2.shape)
-    kb = bins(pitch, offset, k2.reshape(-1)).view(num_heads, num_samples, *k2.shape)
-    qb, kb = qb.permute(2, 0, 1, 3), kb.permute(2, 0, 1, 3)
-    count_dtype = torch.uint8 if num_samples <= 255 else torch.int32
-    count = dense_counts(qb, kb, q2[:, None], k2[:, None], causal=False, dtype=count_dtype)
-    table = count_bias(torch.arange(num_samples + 1, device=pitch.device), num_samples)
-    bias = table.to(dtype)[count.to(torch.int32)]  # log(C / s); -inf where C = 0
-    if causal:
-        bias = bias.masked_fill(k2[:, None, None, :] > q2[:, None, :, None], -math.inf)
-    if attention_mask is not None:
-        bias = bias.masked_fill(~attention_mask[:, None, None, :], -math.inf)
-        if n_q <= n_k:
-            bias = bias.masked_fill(~attention_mask[:, None, n_k - n_q :, None], -math.inf)
-    return bias
+    counts_of = cached_partition_counts if cached else partition_counts
+    count = counts_of(partition, query_positions, key_positions, causal=causal)
+    return count_bias_of_counts(
+        count, partition[0].shape[1], attention_mask=attention_mask, dtype=dtype
+    )
 
 
 def dense_plsh_attention(
@@ -455,15 +824,18 @@ def dense_plsh_attention(
     """PLSH attention computed densely: ``softmax(scale q k^T + log(C / s)) v`` through SDPA.
 
     The same function as :func:`plsh_fast.plsh_attention` on the same partition (the tiled
-    paths skip only pairs with ``C = 0``): the bins are :func:`plsh_fast._partition.bins`
-    (binary64, equal bit for bit to :func:`plsh_ref.partition.bins`), the counts are summed
-    one sample at a time in a small integer dtype, and ``log(C / s)`` is
+    paths skip only pairs with ``C = 0``): the counts are :func:`partition_counts` (bins
+    equal bit for bit to :func:`plsh_ref.partition.bins`), kept across calls in the active
+    :class:`DenseCountCache` (:func:`cached_partition_counts`: a repeated call with the
+    same partition and positions skips building them), and ``log(C / s)`` is
     :func:`plsh_fast._partition.count_bias` of ``0..s`` looked up per pair (the reference's
-    operations, rounded once to the query dtype). Differentiable through torch autograd.
-    Cost ``O(batch H n_q n_k (s + d))`` time and ``O(batch H n_q n_k)`` memory: the path
+    operations, rounded once to the query dtype). Differentiable through torch autograd
+    (the bias takes no gradient). Cost ``O(batch H n_q n_k d)`` time when the counts are
+    kept (``+ O(batch H n_q n_k s)`` when built), ``O(batch H n_q n_k)`` memory: the path
     ``backend="auto"`` takes below :data:`DENSE_CROSSOVER`. Arguments are not checked here
-    (:func:`plsh_fast.plsh_attention` checks them first); no host synchronisation, so it
-    traces under ``torch.compile``.
+    (:func:`plsh_fast.plsh_attention` checks them first); no host synchronisation on the
+    GPU, and it traces under ``torch.compile`` (the lookup is the operator
+    ``plsh::dense_counts``).
 
     Parameters
     ----------
@@ -498,16 +870,18 @@ def dense_plsh_attention(
     ----------
     Wolfson & Wagner (2026), Theorem 2.2 (``softmax(QK^T + log M~)``); SPEC sections 2, 3, 5.
     """
-    batch, num_heads, n_q, _ = query.shape
-    bias = dense_count_bias(
-        partition,
-        query_positions,
-        key_positions,
-        causal=causal,
-        attention_mask=attention_mask,
-        dtype=query.dtype,
+    num_heads = query.shape[1]
+    count = cached_partition_counts(partition, query_positions, key_positions, causal=causal)
+    bias = count_bias_of_counts(
+        count, partition[0].shape[1], attention_mask=attention_mask, dtype=query.dtype
     )
-    empty = torch.isneginf(bias).all(dim=-1, keepdim=True)
+    # rows without an admissible key (bias -inf everywhere), read from the 1-byte counts
+    keep = count != 0
+    if attention_mask is not None:
+        keep = keep & attention_mask[:, None, None, :]
+        if query.shape[2] <= key.shape[2]:
+            keep = keep & attention_mask[:, None, key.shape[2] - query.shape[2] :, None]
+    empty = ~keep.any(dim=-1, keepdim=True)
     k, v = expand_kv(key, num_heads), expand_kv(value, num_heads)
     out = torch.nn.functional.scaled_dot_product_attention(
         query, k, v, attn_mask=bias.masked_fill(empty, 0.0), scale=scale

@@ -20,7 +20,8 @@ approximates their bias (KERPLE, mixtures) instead of ALiBi's. :func:`swap_bloom
 :func:`swap_falcon_attention` and :func:`swap_mpt_attention` replace the attention of
 models whose ALiBi is built into their attention modules (BLOOM, Falcon's ``alibi=True``
 layout, MPT). Each attention layer keeps its CPU plans in its own
-:class:`plsh_fast.cpu.PlanCache` (:func:`prepare_layer`). :class:`PLSHCache` is a
+:class:`plsh_fast.cpu.PlanCache` and the counts of its short (dense) calls in its own
+:class:`plsh_fast.dense.DenseCountCache` (:func:`prepare_layer`). :class:`PLSHCache` is a
 transformers ``Cache`` for ``generate()`` with one
 :class:`plsh_fast.decoding.PLSHDecodingCache` per layer: it evicts the keys no later query
 can reach (``proofs_notes/decoding_cache.md``), decodes on that cache's ring and reports
@@ -59,7 +60,7 @@ from ._partition import partition_tensors
 from .api import plsh_attention
 from .cpu import PlanCache, use_plan_cache
 from .decoding import DecodingErrorBound, PLSHDecodingCache, cache_bound
-from .dense import alibi_bias, expand_kv
+from .dense import DenseCountCache, alibi_bias, expand_kv, use_dense_cache
 from .nn import check_kernel_heads, has_torch_bias, kernel_bias, resolve_seed
 
 try:  # transformers is an optional dependency (extra "hf")
@@ -333,8 +334,10 @@ def prepare_layer(
     :class:`plsh_fast.cpu.PlanCache`, as :class:`plsh_fast.nn.PLSHAttention` owns one):
     eager CPU calls of the layer keep their plans there, each layer within
     ``plsh_fast.cpu.PLAN_CACHE_BYTES``, so that the layers of a model do not evict each
-    other's plans from one shared budget. A new partition empties it. (A traced forward
-    runs the compiled operator, which keeps plans process-wide.)
+    other's plans from one shared budget; and its own dense-count cache,
+    ``module.plsh_dense_cache`` (a :class:`plsh_fast.dense.DenseCountCache`), for the calls
+    below ``plsh_fast.dense.DENSE_CROSSOVER``. A new partition empties both. (A traced
+    forward runs the compiled operators, which keep plans and counts process-wide.)
 
     Parameters
     ----------
@@ -362,9 +365,14 @@ def prepare_layer(
     if not isinstance(plans, PlanCache):
         plans = PlanCache()
         setattr(module, "plsh_plan_cache", plans)  # noqa: B010 (not a module or buffer)
+    counts = getattr(module, "plsh_dense_cache", None)
+    if not isinstance(counts, DenseCountCache):
+        counts = DenseCountCache()
+        setattr(module, "plsh_dense_cache", counts)  # noqa: B010 (not a module or buffer)
     if prepared is None or prepared[0] is not part or prepared[1].device != device:
         if prepared is not None and prepared[0] is not part:
             plans.clear()  # the old partition's plans are never hit again
+            counts.clear()  # nor its counts
         pitch, offset = partition_tensors(part, device)
         prepared = (part, pitch, offset, cache_bound(part))
         setattr(module, "plsh_prepared", prepared)  # noqa: B010 (not a registered buffer)
@@ -372,14 +380,16 @@ def prepare_layer(
 
 
 def _layer_plsh_attention(module, query, key, value, pitch, offset, **kwargs) -> torch.Tensor:
-    """:func:`plsh_fast.plsh_attention` on the layer's partition, keeping CPU plans in the
-    layer's own ``plsh_plan_cache`` (:func:`prepare_layer`) when eager."""
+    """:func:`plsh_fast.plsh_attention` on the layer's partition, keeping CPU plans and dense
+    counts in the layer's own ``plsh_plan_cache`` / ``plsh_dense_cache``
+    (:func:`prepare_layer`) when eager."""
     plans = None if torch.compiler.is_compiling() else getattr(module, "plsh_plan_cache", None)
-    if plans is None:  # traced: the compiled operator keeps plans process-wide
+    counts = getattr(module, "plsh_dense_cache", None) if plans is not None else None
+    if plans is None or counts is None:  # traced: the compiled operators keep them process-wide
         return cast(
             torch.Tensor, plsh_attention(query, key, value, partition=(pitch, offset), **kwargs)
         )
-    with use_plan_cache(plans):
+    with use_plan_cache(plans), use_dense_cache(counts):
         return cast(
             torch.Tensor, plsh_attention(query, key, value, partition=(pitch, offset), **kwargs)
         )

@@ -69,7 +69,7 @@ from . import _validation as V
 from ._partition import bins as torch_bins
 from ._partition import count_bias
 from .cpu import PlanCache, use_plan_cache
-from .dense import alibi_bias, biased_lse, dense_counts, expand_kv
+from .dense import DenseCountCache, alibi_bias, biased_lse, dense_counts, expand_kv, use_dense_cache
 
 __all__ = [
     "PLSHAttention",
@@ -609,6 +609,8 @@ class PLSHAttention(nn.Module):
         # This layer's own kept CPU plans (plsh_fast.cpu.PlanCache): the layers of a model
         # do not evict each other's plans from one shared budget (eager calls).
         self.plan_cache = PlanCache()
+        # ... and its own dense counts (the calls below plsh_fast.dense.DENSE_CROSSOVER)
+        self.dense_cache = DenseCountCache()
 
     # ------------------------------------------------------------------ state
     @property
@@ -900,10 +902,10 @@ class PLSHAttention(nn.Module):
                 check_finite=self.check_finite,
             )
 
-        if torch.compiler.is_compiling():  # the compiled operator keeps plans process-wide
+        if torch.compiler.is_compiling():  # the compiled operators keep them process-wide
             return attend()
-        with use_plan_cache(self.plan_cache):  # this layer's CPU plans
-            return attend()
+        with use_plan_cache(self.plan_cache), use_dense_cache(self.dense_cache):
+            return attend()  # this layer's CPU plans and dense counts
 
 
 def _module_call_frames() -> int:

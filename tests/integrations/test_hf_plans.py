@@ -13,7 +13,7 @@ from transformers import BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCau
 import plsh_fast.hf as hf  # noqa: E402
 from plsh_fast import cpu  # noqa: E402
 
-VOCAB, LAYERS, N = 101, 4, 160  # 160 x 160 pairs: above the dense crossover, the CPU path
+VOCAB, LAYERS, N = 101, 4, 288  # 288 x 288 pairs: above the dense crossover, the CPU path
 
 
 @pytest.fixture
