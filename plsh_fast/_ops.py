@@ -8,10 +8,10 @@ running them, with symbolic sequence lengths (one compiled graph serves every le
 and ``register_autograd`` connects the two. :func:`plsh_fast.plsh_attention` calls the
 operator when :func:`torch.compiler.is_compiling` is true and the eager
 :class:`plsh_fast._autograd.PLSHAttentionFunction` otherwise; the results are the same.
-``torch.ops.plsh.dense_counts`` (:func:`cached_dense_counts`) is the dense route's count
-lookup in :class:`plsh_fast.dense.DenseCountCache`, opaque to Dynamo for the same reason;
-``torch.ops.plsh.log_count_table`` (:func:`log_count_table`) gives its ``log(c / s)`` table
-as a buffer.
+The dense route's operators, ``torch.ops.plsh.dense_counts`` and
+``torch.ops.plsh.log_count_table``, live beside the cache they read, in
+:mod:`plsh_fast.dense` (:func:`plsh_fast.dense.dense_counts_op`,
+:func:`plsh_fast.dense.log_count_table_op`).
 
 Everything the kernels need is a tensor or a constant: the partition's ``pitch`` and
 ``offset`` (float64 tensors on the query's device), the positions (int64 ``(n,)`` or
@@ -49,17 +49,14 @@ import torch
 
 from ._autograd import attention_backward as _backward_impl
 from ._autograd import attention_forward as _forward_impl
-from .dense import active_dense_cache, dense_count_dtype, working_dtype
-from .dense import log_count_table as dense_log_count_table
+from .dense import working_dtype
 
 __all__ = [
     "KEPT_GROUPS",
     "KERNEL_LAWS",
     "attention",
     "attention_backward",
-    "cached_dense_counts",
     "kernel_law_id",
-    "log_count_table",
     "training_partition",
 ]
 
@@ -253,58 +250,6 @@ def _backward(ctx, grad_out, grad_lse, _grad_stats, _grad_plans):
 
 
 attention.register_autograd(_backward, setup_context=_setup_context)
-
-
-@torch.library.custom_op("plsh::dense_counts", mutates_args=())
-def cached_dense_counts(
-    pitch: torch.Tensor,
-    offset: torch.Tensor,
-    query_positions: torch.Tensor,
-    key_positions: torch.Tensor,
-    causal: bool,
-) -> torch.Tensor:
-    """The dense counts of :func:`plsh_fast.dense.partition_counts`, looked up in (or kept
-    in) the active :class:`plsh_fast.dense.DenseCountCache`, as an operator.
-
-    What :func:`plsh_fast.dense.cached_partition_counts` calls under ``torch.compile``: the
-    cache lookup reads the positions' values, so it cannot be traced; as an operator with a
-    fake implementation (the shape ``(batch or 1, num_heads, n_q, n_k)`` and
-    :func:`plsh_fast.dense.dense_count_dtype`, symbolic in the lengths) it runs inside the
-    compiled graph at every call, without a graph break or a recompile per length. Returns
-    a copy of the kept counts (an operator's output may not be a tensor that outlives the
-    call in a cache: the compiled graph could reuse its memory). No gradient (counts).
-    """
-    count = active_dense_cache().counts(
-        (pitch, offset), query_positions, key_positions, causal=causal
-    )
-    return count.clone(memory_format=torch.contiguous_format)
-
-
-@cached_dense_counts.register_fake
-def _cached_dense_counts_fake(pitch, offset, query_positions, key_positions, causal):
-    batch_q = query_positions.shape[0] if query_positions.dim() == 2 else 1
-    batch_k = key_positions.shape[0] if key_positions.dim() == 2 else 1
-    (batch,) = torch.broadcast_shapes((batch_q,), (batch_k,))
-    shape = (batch, pitch.shape[0], query_positions.shape[-1], key_positions.shape[-1])
-    return pitch.new_empty(shape, dtype=dense_count_dtype(pitch.shape[1]))
-
-
-@torch.library.custom_op("plsh::log_count_table", mutates_args=())
-def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
-    """``log(c / s)`` for ``c = 0..num_samples``, float64 on ``like``'s device, as an operator.
-
-    What :func:`plsh_fast.dense.log_count_table` calls under ``torch.compile``: an operator's
-    output is a buffer, so the compiled lookup of ``log(C / s)`` reads these ``s + 1``
-    values instead of computing a float64 ``log`` per pair (Inductor inlines a computed
-    table into its consumer). The values of :func:`plsh_fast.dense.log_count_table` (the
-    reference's), copied (an operator's output may not be the kept table).
-    """
-    return dense_log_count_table(like, num_samples).clone()
-
-
-@log_count_table.register_fake
-def _log_count_table_fake(like, num_samples):
-    return like.new_empty(num_samples + 1, dtype=torch.float64)
 
 
 #: the per-head kernel tuples that modules draw their training partitions from, indexed by the

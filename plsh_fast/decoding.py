@@ -439,7 +439,9 @@ class PLSHDecodingCache:
         assert self._pitch is not None and self._offset is not None  # set by the first call
         return bins(self._pitch, self._offset, positions)
 
-    def _check_call(self, query, key, value, positions, attention_mask, partition):
+    def _check_call(
+        self, query, key, value, positions, attention_mask, partition
+    ) -> tuple[int, int, tuple, torch.Tensor | None, torch.Tensor | None]:
         V.check_qkv(query, key, value)  # types, ranks, dtypes, devices, head counts
         if partition is not None and partition != self.partition:
             raise ValueError(
@@ -576,17 +578,17 @@ class PLSHDecodingCache:
                 "PLSHDecodingCache.update(partition=...)",
                 "the constructor's partition only (PLSHDecodingCache(partition))",
             )
-        batch, m, shape, mask, positions = self._check_call(
+        batch, m, shape, mask, checked = self._check_call(
             query, key, value, positions, attention_mask, partition
         )
         if check_finite and not (m == 1 and _sum_is_finite(query, key, value)):
             V.check_finite(query, key, value)  # names the argument (or passes: overflow)
         scale = check_scale(None, shape[2]) if self.scale is None else self.scale
         if self._can_step(m, mask):
-            pos = None if positions is None else positions[:, 0].numpy().astype(np.int64)
+            pos = None if checked is None else checked[:, 0].numpy().astype(np.int64)
             return self._step(query, key, value, pos, return_lse)
         self._unbuffer()  # the general path below works on per-sequence tensors
-        new_pos = self._new_positions(batch, m, mask, positions)  # checks order, no change yet
+        new_pos = self._new_positions(batch, m, mask, checked)  # checks order, no change yet
         for _, pos in new_pos:
             if pos.numel():
                 self._see(int(pos[0]), int(pos[-1]))

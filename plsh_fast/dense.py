@@ -9,10 +9,11 @@ with an additive bias in plain torch operations) and :func:`biased_lse` (the LSE
 paths that attend through SDPA, which returns none); and the dense PLSH route of
 ``backend="auto"`` below :data:`DENSE_CROSSOVER`: :func:`partition_counts` (the counts of a
 partition at given positions), :class:`DenseCountCache` (those counts kept across calls,
-compactly, per layer) and :func:`dense_plsh_attention`. Apart from the torch-side argument
-checks (:mod:`plsh_fast._validation`) nothing here imports another plsh_fast module at import
-time (:mod:`plsh_fast._partition` and :mod:`plsh_fast._ops` only inside functions), so every
-module may import it without an import cycle.
+compactly, per layer), with its two custom operators for ``torch.compile``
+(:func:`dense_counts_op`, :func:`log_count_table_op`), and :func:`dense_plsh_attention`.
+Apart from the torch-side argument checks (:mod:`plsh_fast._validation`) nothing here
+imports another plsh_fast module at import time (:mod:`plsh_fast._partition` only inside a
+function), so every module may import it without an import cycle.
 """
 
 from __future__ import annotations
@@ -507,11 +508,11 @@ class DenseCountCache:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __deepcopy__(self, memo) -> DenseCountCache:
+    def __deepcopy__(self, memo: dict) -> DenseCountCache:
         """An empty cache (a copied layer builds its counts again)."""
         return DenseCountCache()
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[type[DenseCountCache], tuple[()]]:
         return (DenseCountCache, ())  # pickled empty, like a copy
 
     def clear(self) -> None:
@@ -546,7 +547,9 @@ class DenseCountCache:
         )
 
     @staticmethod
-    def same_positions(entry: tuple, query_positions, key_positions) -> bool:
+    def same_positions(
+        entry: tuple, query_positions: torch.Tensor, key_positions: torch.Tensor
+    ) -> bool:
         """Whether a kept ``entry`` was built for exactly these positions."""
         return torch.equal(entry[0], query_positions) and torch.equal(entry[1], key_positions)
 
@@ -648,16 +651,14 @@ def cached_partition_counts(
 
     Eager: :meth:`DenseCountCache.counts` of :func:`active_dense_cache`. Under
     ``torch.compile``: the custom operator ``plsh::dense_counts``
-    (:func:`plsh_fast._ops.cached_dense_counts`), opaque to Dynamo (a fake implementation
+    (:func:`dense_counts_op`), opaque to Dynamo (a fake implementation
     gives the shape, symbolic in the lengths), so the cache lookup runs inside the compiled
     graph at every call without a graph break or a recompile per length. Parameters and
     returns as :func:`partition_counts`; the result must not be modified.
     """
     if torch.compiler.is_compiling():
-        from ._ops import cached_dense_counts  # noqa: PLC0415 (_ops imports this module)
-
         pitch, offset = partition
-        return cached_dense_counts(pitch, offset, query_positions, key_positions, causal)
+        return dense_counts_op(pitch, offset, query_positions, key_positions, causal)
     return active_dense_cache().counts(partition, query_positions, key_positions, causal=causal)
 
 
@@ -674,7 +675,7 @@ def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
     float64 result differs from NumPy's by one unit in the last place for some counts at
     696 of the sample counts ``s <= 1024`` (``s = 35, 37, 128, ...``; measured on the
     development CPU). Under ``torch.compile`` it is the operator ``plsh::log_count_table``
-    (:func:`plsh_fast._ops.log_count_table`): a compiled graph then reads the ``s + 1``
+    (:func:`log_count_table_op`): a compiled graph then reads the ``s + 1``
     values from memory per pair instead of inlining a ``log`` per pair into the lookup
     (Inductor fuses a computed table into its consumer).
 
@@ -696,9 +697,7 @@ def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
     SPEC section 3.
     """
     if torch.compiler.is_compiling():
-        from ._ops import log_count_table as table_op  # noqa: PLC0415 (_ops imports this module)
-
-        return table_op(like, num_samples)
+        return log_count_table_op(like, num_samples)
     key = (int(num_samples), like.device)
     table = _LOG_COUNT_TABLES.get(key)
     if table is None:
@@ -707,6 +706,58 @@ def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
         values = count_bias(np.arange(key[0] + 1), key[0])
         table = _LOG_COUNT_TABLES.setdefault(key, torch.from_numpy(values).to(like.device))
     return table
+
+
+@torch.library.custom_op("plsh::dense_counts", mutates_args=())
+def dense_counts_op(
+    pitch: torch.Tensor,
+    offset: torch.Tensor,
+    query_positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    causal: bool,
+) -> torch.Tensor:
+    """The dense counts of :func:`partition_counts`, looked up in (or kept
+    in) the active :class:`DenseCountCache`, as an operator.
+
+    What :func:`cached_partition_counts` calls under ``torch.compile``: the
+    cache lookup reads the positions' values, so it cannot be traced; as an operator with a
+    fake implementation (the shape ``(batch or 1, num_heads, n_q, n_k)`` and
+    :func:`dense_count_dtype`, symbolic in the lengths) it runs inside the
+    compiled graph at every call, without a graph break or a recompile per length. Returns
+    a copy of the kept counts (an operator's output may not be a tensor that outlives the
+    call in a cache: the compiled graph could reuse its memory). No gradient (counts).
+    """
+    count = active_dense_cache().counts(
+        (pitch, offset), query_positions, key_positions, causal=causal
+    )
+    return count.clone(memory_format=torch.contiguous_format)
+
+
+@dense_counts_op.register_fake
+def _cached_dense_counts_fake(pitch, offset, query_positions, key_positions, causal):
+    batch_q = query_positions.shape[0] if query_positions.dim() == 2 else 1
+    batch_k = key_positions.shape[0] if key_positions.dim() == 2 else 1
+    (batch,) = torch.broadcast_shapes((batch_q,), (batch_k,))
+    shape = (batch, pitch.shape[0], query_positions.shape[-1], key_positions.shape[-1])
+    return pitch.new_empty(shape, dtype=dense_count_dtype(pitch.shape[1]))
+
+
+@torch.library.custom_op("plsh::log_count_table", mutates_args=())
+def log_count_table_op(like: torch.Tensor, num_samples: int) -> torch.Tensor:
+    """``log(c / s)`` for ``c = 0..num_samples``, float64 on ``like``'s device, as an operator.
+
+    What :func:`log_count_table` calls under ``torch.compile``: an operator's
+    output is a buffer, so the compiled lookup of ``log(C / s)`` reads these ``s + 1``
+    values instead of computing a float64 ``log`` per pair (Inductor inlines a computed
+    table into its consumer). The values of :func:`log_count_table` (the
+    reference's), copied (an operator's output may not be the kept table).
+    """
+    return log_count_table(like, num_samples).clone()
+
+
+@log_count_table_op.register_fake
+def _log_count_table_fake(like, num_samples):
+    return like.new_empty(num_samples + 1, dtype=torch.float64)
 
 
 def count_bias_of_counts(
