@@ -20,6 +20,17 @@ def __getattr__(name: str) -> Any:
     # ``plsh`` command line imports plsh_fast.experiments.train_lm to show ``--help`` and
     # to say that torch is missing, which must work without torch (PEP 562).
     if name == "plsh_attention":
+        try:
+            import torch  # noqa: F401, PLC0415 (checked first: a missing torch is named)
+        except ModuleNotFoundError as error:
+            if error.name != "torch":
+                raise
+            raise ModuleNotFoundError(
+                "plsh_fast needs torch, which is not installed: install it first "
+                "(README, Install; on a CPU-only machine from the PyTorch CPU wheel index, "
+                "pip install torch --index-url https://download.pytorch.org/whl/cpu)",
+                name="torch",
+            ) from None
         from .api import plsh_attention
 
         globals()[name] = plsh_attention

@@ -14,6 +14,7 @@ from numpy.typing import ArrayLike
 from .validation import as_positions, check_bool, check_int, check_sigma
 
 __all__ = [
+    "MAX_HEADS",
     "alibi_bias",
     "alibi_slopes",
     "causal_mask",
@@ -31,6 +32,11 @@ def _power_of_two_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     return np.exp2(-max_bias * h / num_heads)
 
 
+#: the most heads :func:`alibi_slopes` accepts (an input bound: ``alibi_slopes(10**9)`` used
+#: to allocate until the process was killed)
+MAX_HEADS = 2**20
+
+
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     """ALiBi slopes ``m_h`` for ``num_heads`` heads, in head order (never sorted).
 
@@ -43,7 +49,8 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     Parameters
     ----------
     num_heads : int
-        Number of attention heads, ``>= 1``.
+        Number of attention heads, ``1 <= num_heads <=`` :data:`MAX_HEADS` (``2**20``: a
+        bound on input, refused before allocating; models have at most a few hundred).
     max_bias : float
         The maximum bias ``b`` of the rule, finite and ``> 0`` (default 8.0).
 
@@ -57,7 +64,7 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     TypeError
         If ``num_heads`` is not an integer.
     ValueError
-        If ``num_heads < 1``, or ``max_bias`` is not finite and ``> 0``.
+        If ``num_heads < 1`` or ``> MAX_HEADS``, or ``max_bias`` is not finite and ``> 0``.
 
     Examples
     --------
@@ -70,7 +77,7 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     ----------
     Press et al. (2022), section 3 and their reference code; SPEC section 1.
     """
-    num_heads = check_int("num_heads", num_heads, minimum=1)
+    num_heads = check_int("num_heads", num_heads, minimum=1, maximum=MAX_HEADS)
     if isinstance(max_bias, bool) or not isinstance(max_bias, (int, float, np.floating)):
         raise TypeError(f"max_bias: must be a real number, got {type(max_bias).__name__}")
     if not (np.isfinite(max_bias) and max_bias > 0):

@@ -20,8 +20,8 @@ written), :func:`npz_archive` (an existing ``.npz`` file). Their errors name the
 (``--qkv: no such file: 'missing.npz'``). :class:`CreatedFolders` removes the empty
 folders a command created when it fails or is interrupted.
 
-Old spellings (``--output``, ``--samples``, ``--sigmas``, ``--seeds``, ``--no-progress``)
-are accepted until version 0.2 and print a deprecation line on stderr
+Old spellings (``--output`` everywhere; ``--samples``, ``--sigmas`` in ``plsh reproduce``;
+``--seeds``, ``--no-progress`` in ``plsh train-lm``) are accepted until version 0.2 and print a deprecation line on stderr
 (:class:`StoreValue` and friends with ``replacement=``).
 """
 

@@ -274,3 +274,23 @@ def test_review_bad_inputs_are_refused_naming_the_argument():
         plsh_attention(q, q, q, slopes=[1e-320, 0.5], seed=0)
     with pytest.raises(TypeError, match="query: must be a dense"):
         plsh_attention(q.to_sparse(), q, q, seed=0)
+
+
+def test_without_torch_the_import_says_how_to_install_it():
+    """``from plsh_fast import plsh_attention`` without torch was a bare traceback from
+    ``plsh_fast/api.py``; it names torch and the CPU wheel index. Run in a child whose
+    ``torch`` import is blocked (``sys.modules['torch'] = None``)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "try:\n    from plsh_fast import plsh_attention\n"
+        "except ModuleNotFoundError as e:\n    print(e.name, '|', e)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    name, message = done.stdout.strip().split(" | ")
+    assert name == "torch"
+    assert message.startswith("plsh_fast needs torch, which is not installed")
+    assert "https://download.pytorch.org/whl/cpu" in message

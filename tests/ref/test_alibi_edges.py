@@ -289,3 +289,15 @@ def test_refusals_name_the_argument():
         alibi.kernel_matrix(1.0, [0.5], [0])
     with pytest.raises(TypeError, match=r"^key_positions: positions must be integers"):
         alibi.kernel_matrix(1.0, [0], [0.5])
+
+
+def test_num_heads_is_bounded_before_any_allocation():
+    """``alibi_slopes(10**9)`` allocated until the process was killed; the bound is refused
+    by name, and the bound itself is accepted (the slopes of the largest head count are the
+    rule's: the last power-of-two rule slope is ``2**-max_bias``)."""
+    with pytest.raises(ValueError, match=r"^num_heads: must be <= 1048576, got 1048577$"):
+        alibi.alibi_slopes(alibi.MAX_HEADS + 1)
+    with pytest.raises(ValueError, match=r"^num_heads: "):
+        alibi.alibi_slopes(10**9)
+    top = alibi.alibi_slopes(alibi.MAX_HEADS)
+    assert top.shape == (alibi.MAX_HEADS,) and top[-1] == 2.0**-8
