@@ -459,10 +459,20 @@ class PLSHDecodingCache:
             )
         shape = (num_heads, key.shape[1], head_dim, value.shape[3], query.dtype, query.device)
         if self._shape is not None:
-            if shape != self._shape:
-                raise ValueError(
-                    f"query: shapes/dtype/device {shape} differ from the cache's {self._shape}"
-                )
+            fields = (
+                ("query", "num_heads"),
+                ("key", "num_key_value_heads"),
+                ("query", "head_dim"),
+                ("value", "head_dim"),
+                ("query", "dtype"),
+                ("query", "device"),
+            )
+            for (argument, field), got, kept in zip(fields, shape, self._shape):
+                if got != kept:
+                    raise ValueError(
+                        f"{argument}: {field} {got} differs from the cache's {kept} "
+                        "(set by its first call)"
+                    )
             if batch != self.batch_size:
                 raise ValueError(
                     f"query: batch {batch}, the cache holds {self.batch_size} sequences"

@@ -223,3 +223,31 @@ def test_live_keys_that_are_not_a_suffix_are_a_runtime_error(monkeypatch):
     with pytest.raises(RuntimeError) as err:
         cache.update(q, k, v)
     assert str(err.value) == "decoding cache: live keys are not a suffix (positions out of order?)"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (
+            {"dtype": torch.float32},
+            r"^query: dtype torch\.float32 differs from the cache's torch\.float64 ",
+        ),
+        ({"d": 8}, r"^query: head_dim 8 differs from the cache's 4 "),
+        ({"d_v": 8}, r"^value: head_dim 8 differs from the cache's 4 "),
+    ],
+    ids=["dtype", "head_dim", "head_dim_v"],
+)
+def test_a_call_unlike_the_first_names_what_differs(change, message):
+    """A later call whose dtype or head sizes differ from the first call's is refused naming
+    the argument and the field (it printed two bare tuples), and leaves the cache as it was."""
+    cache = PLSHDecodingCache(_part([[3.0, 5.0]]))
+    cache.update(*_qkv(4), query_positions=torch.arange(4))
+    q, k, v = _qkv(1, d=change.get("d", 4), dtype=change.get("dtype", torch.float64))
+    if "d_v" in change:
+        v = torch.zeros(1, 1, 1, change["d_v"], dtype=torch.float64)
+    before = (cache.cached_tokens(), cache.last_positions())
+    with pytest.raises(ValueError, match=message):
+        cache.update(q, k, v, query_positions=torch.tensor([4]))
+    assert torch.equal(cache.cached_tokens(), before[0])
+    assert torch.equal(cache.last_positions(), before[1])
+    cache.update(*_qkv(1, seed=1), query_positions=torch.tensor([4]))  # still serves its shape
