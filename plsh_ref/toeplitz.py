@@ -287,12 +287,26 @@ def kms_angles_mp(n: int, sigma: float | mpmath.mpf, *, dps: int = 50) -> list:
     with mpmath.workdps(dps + 10):
         rho = mpmath.exp(-1 / sig_mp)
         one_minus_rho = -mpmath.expm1(-1 / sig_mp)
+
+        def reduced(t):
+            return _secular_mp(t, n, rho, one_minus_rho) / mpmath.sin(t)
+
+        def first(t):
+            # on (0, pi/(n+1)) g / sin is of the size of its value (1 - rho)(n + 1) at 0:
+            # scaled to O(n), findroot's absolute stopping rule |f| < tol gives dps digits
+            # of theta_1 ~ sqrt(2 / (n sigma)) also for a huge sigma
+            return reduced(t) / one_minus_rho
+
         for k in range(1, n + 1):
-            # k = 1: g also vanishes at 0, so solve g / sin (> 0 near 0) from just inside.
             lo = (k - 1) * mpmath.pi / n if k > 1 else mpmath.pi / (n + 1) * mpmath.mpf(2) ** (-dps)
+            # k = 1: g also vanishes at 0, so solve g / sin (> 0 on (0, theta_1)) from just
+            # inside; for a huge sigma theta_1 lies below pi/(n+1) 2^-dps: move the start
+            # down until it is below the root
+            while k == 1 and not reduced(lo) > 0:
+                lo *= mpmath.mpf(2) ** (-dps)
             hi = k * mpmath.pi / (n + 1)
             root = mpmath.findroot(
-                lambda t: _secular_mp(t, n, rho, one_minus_rho) / mpmath.sin(t),
+                first if k == 1 else reduced,
                 (lo, hi),
                 solver="anderson",
                 tol=mpmath.mpf(10) ** (-(dps + 5)),
