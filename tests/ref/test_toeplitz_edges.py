@@ -173,12 +173,22 @@ def test_mp_angles_refuse_a_zero_mpf_sigma():
         T.kms_angles_mp(3, mp.mpf(0))
 
 
-@pytest.mark.parametrize("n, sigma, dps", [(8, 1e12, 15), (2, 1e8, 15), (8, 1e40, 50)])
-def test_mp_angles_for_a_huge_sigma_match_the_float_angles(n, sigma, dps):
-    # theta_1 ~ sqrt(2 / (n sigma)) lies below the first bracket's start pi/(n+1) 2^-dps:
-    # the solver must start below it, and find it to relative (not absolute) precision
-    got = np.array([float(t) for t in T.kms_angles_mp(n, sigma, dps=dps)])
-    np.testing.assert_allclose(got, T.kms_angles(n, sigma), rtol=1e-14)
+@pytest.mark.parametrize(
+    "n, sigma, dps",
+    [(8, 1e12, 15), (2, 1e8, 15), (8, 1e40, 50), (3, 1e40, 15), (4, 1e100, 20), (2, 1e300, 15)],
+)
+def test_mp_spectrum_for_a_huge_sigma_is_the_matrix_spectrum(n, sigma, dps):
+    # theta_1 ~ sqrt(2 / (n sigma)) lies below the first bracket's start pi/(n+1) 2^-dps and
+    # far below 1 (findroot's stopping rules are absolute); the roots k >= 2 lie within
+    # ~1/sigma of (k-1) pi/n; the eigenvalues ~ 1/sigma but the largest: 1 - rho^2 cancels
+    sig = mp.mpf(sigma)
+    with mp.workdps(dps + 20 + int(math.log10(sigma))):
+        matrix = mp.matrix([[mp.exp(-abs(i - j) / sig) for j in range(n)] for i in range(n)])
+        want = sorted(mp.eigsy(matrix)[0], reverse=True)
+    got = T.kms_eigenvalues_mp(n, sigma, dps=dps)
+    assert all(abs(g / w - 1) < mp.mpf(10) ** (2 - dps) for g, w in zip(got, want)), (got, want)
+    theta_1 = T.kms_angles_mp(n, sigma, dps=dps)[0]
+    assert abs(theta_1 / mp.sqrt(2 / (n * sig)) - 1) < 1 / sig**0.5 + mp.mpf(10) ** (2 - dps)
 
 
 def test_mask_spectrum_names_the_type_it_refuses():
