@@ -284,16 +284,36 @@ def kms_angles_mp(n: int, sigma: float | mpmath.mpf, *, dps: int = 50) -> list:
     if not (mpmath.isfinite(sig_mp) and sig_mp > 0):
         raise ValueError(f"sigma: must be finite and > 0, got {sigma}")
     out = []
-    with mpmath.workdps(dps + 10):
+    # for a huge sigma the roots k >= 2 lie within ~1/sigma of (k-1) pi/n: resolve them
+    # with log10(sigma) more digits (else g/sin at (k-1) pi/n is a rounding error)
+    extra = max(0, int(mpmath.ceil(mpmath.log10(sig_mp))))
+    with mpmath.workdps(dps + 10 + extra):
         rho = mpmath.exp(-1 / sig_mp)
         one_minus_rho = -mpmath.expm1(-1 / sig_mp)
+
+        def reduced(t):
+            return _secular_mp(t, n, rho, one_minus_rho) / mpmath.sin(t)
+
+        def first(t):
+            # on (0, pi/(n+1)) g / sin is of the size of its value (1 - rho)(n + 1) at 0:
+            # scaled to O(n), findroot's absolute stopping rule |f| < tol gives dps digits
+            # of theta_1 ~ sqrt(2 / (n sigma)) also for a huge sigma
+            return reduced(t) / one_minus_rho
+
         for k in range(1, n + 1):
-            # k = 1: g also vanishes at 0, so solve g / sin (> 0 near 0) from just inside.
             lo = (k - 1) * mpmath.pi / n if k > 1 else mpmath.pi / (n + 1) * mpmath.mpf(2) ** (-dps)
             hi = k * mpmath.pi / (n + 1)
-            root = mpmath.findroot(
-                lambda t: _secular_mp(t, n, rho, one_minus_rho) / mpmath.sin(t),
-                (lo, hi),
+            # k = 1: g also vanishes at 0, so solve g / sin (> 0 on (0, theta_1)) from just
+            # inside; for a huge sigma theta_1 lies below pi/(n+1) 2^-dps: move the bracket
+            # down until its start is below the root
+            while k == 1 and not reduced(lo) > 0:
+                lo, hi = lo * mpmath.mpf(2) ** (-dps), lo
+            # k = 1: solve for theta / hi, as findroot's stopping rule on the bracket's
+            # length is absolute (theta_1 can be far below 1)
+            scale = hi if k == 1 else 1
+            root = scale * mpmath.findroot(
+                (lambda u, scale=scale: first(u * scale)) if k == 1 else reduced,
+                (lo / scale, hi / scale),
                 solver="anderson",
                 tol=mpmath.mpf(10) ** (-(dps + 5)),
                 maxsteps=400,
@@ -319,7 +339,12 @@ def kms_eigenvalues_mp(n: int, sigma: float | mpmath.mpf, *, dps: int = 50) -> l
     with mpmath.workdps(dps + 10):
         sig_mp = sigma if isinstance(sigma, mpmath.mpf) else mpmath.mpf(float(sigma))
         rho = mpmath.exp(-1 / sig_mp)
-        vals = [(1 - rho**2) / (1 - 2 * rho * mpmath.cos(t) + rho**2) for t in angles]
+        one_minus_rho = -mpmath.expm1(-1 / sig_mp)
+        # (1 - rho^2) / (1 - 2 rho cos t + rho^2) without cancellation when rho ~ 1
+        vals = [
+            one_minus_rho * (1 + rho) / (one_minus_rho**2 + 4 * rho * mpmath.sin(t / 2) ** 2)
+            for t in angles
+        ]
     with mpmath.workdps(dps):
         return [+v for v in vals]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import warnings
 
 import mpmath as mp
 import numpy as np
@@ -53,7 +54,7 @@ def test_collision_probability_mp_inputs():
     for bad in (True, "1", None, np.bool_(True)):
         with pytest.raises(TypeError, match=r"^distance: must be a real number, got "):
             E.collision_probability_mp(bad, 1.0)
-    with pytest.raises(TypeError, match=r"^sigma: must be a real number"):
+    with pytest.raises(TypeError, match=r"^sigma: must be a real number, got str$"):
         E.collision_probability_mp(1.0, "2")
     with pytest.raises(ValueError, match=r"^distance: must be finite, got inf$"):
         E.collision_probability_mp(math.inf, 1.0)
@@ -118,6 +119,9 @@ def test_expected_mask_square_refusals():
         E.expected_mask_square(1.0, [])
     with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
         E.expected_mask_square(0.0, [1])
+    for second_moment in (E.expected_mask_square, E.expected_error_square):
+        with pytest.raises(ValueError, match=r"^positions: must be one-dimensional"):
+            second_moment(1.0, [[0, 1]])
 
 
 @pytest.mark.parametrize("sigma", [0.01, 0.5, 3.0, 1e4])
@@ -169,6 +173,9 @@ def test_block_law_refusals():
         E.block_extent_sf(True, 1.0)
     with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
         E.block_size_mean(0.0)
+    for law in (E.block_extent_sf, E.block_size_pmf, E.block_size_sf):
+        with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0, got 0.0$"):
+            law(1, 0.0)
     with pytest.raises(ValueError, match=r"^num_samples: must be >= 1"):
         E.expected_reduction_width(1.0, 0)
 
@@ -288,3 +295,43 @@ def test_expected_window_width_refusals():
         E.expected_window_width(1.0, 0)
     with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
         E.expected_window_width(0.0, 1)
+
+
+def test_largest_pitch_sf_at_zero_raises_no_warning():
+    # b = 0: the one-pitch tail is 1 and log1p(-1) = -inf (a division by zero, ignored)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="warn"):
+            assert E.largest_pitch_sf(0.0, 2.0, 3) == 1.0
+            assert E.largest_pitch_sf(np.array([0.0, 1.0]), 2.0, 3)[0] == 1.0
+
+
+def test_largest_pitch_cdf_upper_tail_of_many_samples_is_exact():
+    # (1 - tail)^s with tail = 36 e^-35 ~ 2e-14 and s = 1e9: exp(s log(head)) from the
+    # rounded head = 1 - tail loses 5e-8; exp(s log1p(-tail)) keeps every digit
+    b, s = 35.0, 10**9
+    x = mp.mpf(b)
+    want = (1 - (1 + x) * mp.exp(-x)) ** s
+    assert close(E.largest_pitch_cdf(b, 1.0, s), want)
+
+
+def test_largest_pitch_cdf_at_zero_raises_no_warning():
+    # b = 0: head = P(2, 0) = 0 and log(0) = -inf (a division by zero, ignored)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="warn"):
+            assert E.largest_pitch_cdf(0.0, 2.0, 3) == 0.0
+            assert E.largest_pitch_cdf(np.array([0.0, 1.0]), 2.0, 3)[0] == 0.0
+
+
+def test_pitch_laws_name_a_bad_level():
+    for law in (E.pitch_sf, lambda b, sigma: E.largest_pitch_sf(b, sigma, 2)):
+        with pytest.raises(ValueError, match=r"^b: contains NaN"):
+            law(np.nan, 1.0)
+
+
+def test_collision_probability_mp_default_precision_is_50_digits():
+    # the value is rounded to ``dps`` digits: the default is the dps = 50 value, bit for bit
+    default = E.collision_probability_mp(2.0, 3.0)
+    assert default == E.collision_probability_mp(2.0, 3.0, dps=50)
+    assert default != E.collision_probability_mp(2.0, 3.0, dps=51)

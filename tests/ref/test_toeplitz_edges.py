@@ -6,6 +6,7 @@ on the matrix (numpy at small ``n``, mpmath at 30 digits), and the refusals at t
 from __future__ import annotations
 
 import math
+import warnings
 
 import mpmath as mp
 import numpy as np
@@ -143,3 +144,70 @@ def test_mask_spectrum():
         T.mask_spectrum(part, pos, 0, -1)
     with pytest.raises(TypeError, match=r"^partition: must be a PartitionSample, got NoneType$"):
         T.mask_spectrum(None, pos)
+
+
+def test_secular_returns_a_float_for_a_scalar_angle():
+    assert type(T.kms_secular(0.7, 4, 2.0)) is float
+    assert type(T.kms_secular(np.float64(0.7), 4, 2.0)) is float
+
+
+def test_mp_spectrum_default_precision_is_50_digits():
+    # the result is rounded to ``dps`` digits: the default is the dps = 50 result, bit for bit
+    assert T.kms_angles_mp(3, 1.0) == T.kms_angles_mp(3, 1.0, dps=50)
+    assert T.kms_angles_mp(3, 1.0) != T.kms_angles_mp(3, 1.0, dps=51)
+    assert T.kms_eigenvalues_mp(3, 1.0) == T.kms_eigenvalues_mp(3, 1.0, dps=50)
+    assert T.kms_eigenvalues_mp(3, 1.0) != T.kms_eigenvalues_mp(3, 1.0, dps=51)
+
+
+def test_mp_spectrum_takes_an_mpf_sigma_at_full_precision():
+    # mpf("1.1") is not a binary64 value: rounding it to a float moves the spectrum by ~1e-17
+    n, sigma = 3, mp.mpf("1.1")
+    matrix = mp.matrix([[mp.e ** (-abs(i - j) / sigma) for j in range(n)] for i in range(n)])
+    want = sorted(mp.eigsy(matrix)[0], reverse=True)
+    got = T.kms_eigenvalues_mp(n, sigma, dps=30)
+    assert all(abs(g / w - 1) < mp.mpf(10) ** -28 for g, w in zip(got, want))
+
+
+def test_mp_angles_refuse_a_zero_mpf_sigma():
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0, got 0"):
+        T.kms_angles_mp(3, mp.mpf(0))
+
+
+@pytest.mark.parametrize(
+    "n, sigma, dps",
+    [(8, 1e12, 15), (2, 1e8, 15), (8, 1e40, 50), (3, 1e40, 15), (4, 1e100, 20), (2, 1e300, 15)],
+)
+def test_mp_spectrum_for_a_huge_sigma_is_the_matrix_spectrum(n, sigma, dps):
+    # theta_1 ~ sqrt(2 / (n sigma)) lies below the first bracket's start pi/(n+1) 2^-dps and
+    # far below 1 (findroot's stopping rules are absolute); the roots k >= 2 lie within
+    # ~1/sigma of (k-1) pi/n; the eigenvalues ~ 1/sigma but the largest: 1 - rho^2 cancels
+    sig = mp.mpf(sigma)
+    with mp.workdps(dps + 20 + int(math.log10(sigma))):
+        matrix = mp.matrix([[mp.exp(-abs(i - j) / sig) for j in range(n)] for i in range(n)])
+        want = sorted(mp.eigsy(matrix)[0], reverse=True)
+    got = T.kms_eigenvalues_mp(n, sigma, dps=dps)
+    assert all(abs(g / w - 1) < mp.mpf(10) ** (2 - dps) for g, w in zip(got, want)), (got, want)
+    theta_1 = T.kms_angles_mp(n, sigma, dps=dps)[0]
+    assert abs(theta_1 / mp.sqrt(2 / (n * sig)) - 1) < 1 / sig**0.5 + mp.mpf(10) ** (2 - dps)
+
+
+def test_mask_spectrum_names_the_type_it_refuses():
+    with pytest.raises(TypeError, match=r"^partition: must be a PartitionSample, got str$"):
+        T.mask_spectrum("blocks", [0, 1])
+
+
+def test_angles_raise_no_floating_point_warning():
+    # the first bracket starts at theta = 0, where g / sin is 0 / 0 (replaced by its limit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with np.errstate(all="warn"):
+            T.kms_angles(3, 1.0)
+
+
+@pytest.mark.parametrize("n, sigma", [(1, 0.5), (2, 1.0), (7, 3.0), (40, 0.2)])
+def test_reduced_secular_is_continuous_at_zero(n, sigma):
+    # g / sin at theta = 0 is replaced by its limit (1 - rho)(2n - (1 + rho)(n - 1))
+    rho = math.exp(-1.0 / sigma)
+    at_zero, near_zero = T._reduced_secular_np(np.array([0.0, 1e-7]), n, sigma)
+    assert abs(at_zero / ((1 - rho) * (2 * n - (1 + rho) * (n - 1))) - 1) < 1e-14
+    assert abs(near_zero / at_zero - 1) < 1e-9
