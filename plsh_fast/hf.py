@@ -649,6 +649,11 @@ def _padding_mask_builder(
     total = kv_offset + kv_length  # no int(): symbolic under torch.compile(dynamic=True)
     if attention_mask is None:
         return torch.ones((batch_size, total), dtype=torch.bool, device=device)
+    if attention_mask.dim() != 2:  # (a 4-D mask reaches no builder: transformers keeps it)
+        raise ValueError(
+            "attention_mask: the 'plsh'/'alibi' attention needs the 2-D padding mask (batch, "
+            f"tokens), got shape {tuple(attention_mask.shape)}"
+        )
     mask = attention_mask.to(dtype=torch.bool)
     if mask.shape[-1] < total:  # tokens beyond the given mask (e.g. a static cache) are absent
         mask = torch.nn.functional.pad(mask, (0, total - mask.shape[-1]))
@@ -1353,7 +1358,7 @@ class PLSHCacheLayer(DynamicLayer):
         ----------
         ``proofs_notes/decoding_cache.md``; SPEC section 3.
         """
-        if key is not self._staged:
+        if not isinstance(key, torch.Tensor) or key is not self._staged:  # None: none staged
             raise ValueError("key: not the keys this PLSHCache layer staged last (call update)")
         if not causal:
             raise ValueError("causal: PLSHCache decodes causal attention only")

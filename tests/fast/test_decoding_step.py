@@ -120,3 +120,114 @@ def test_positions_near_two_to_the_fifty_three_take_the_general_path():
     assert held == ref_held
     for (o, _), (ro, _) in zip(outs, ref_outs):
         torch.testing.assert_close(o, ro, rtol=1e-12, atol=1e-12)
+
+
+def _ring_pair(part, q, k, v, prefill, steps):
+    """Two caches fed the same prefill and ``steps`` decode steps (the ring made)."""
+    caches = [PLSHDecodingCache(part) for _ in range(2)]
+    for cache in caches:
+        cache.update(q[:, :, :prefill], k[:, :, :prefill], v[:, :, :prefill])
+        for j in range(prefill, prefill + steps):
+            cache.update(q[:, :, j : j + 1], k[:, :, j : j + 1], v[:, :, j : j + 1])
+    return caches
+
+
+def test_a_decode_step_like_the_checked_ones_skips_the_general_checks(monkeypatch):
+    """The fast gate: once the ring runs, a step of the checked shapes, dtype and device
+    (positions none, the next ones in any accepted form, or a CPU all-real bool mask) is
+    taken without the general checks (here made to fail) and gives the rows of a cache
+    that takes every step the same way."""
+    part = draw_partition(0.25 / alibi_slopes(2), num_samples=4, seed=1)
+    q, k, v = _qkv(2, 2, 1, 60, 8, dtype=torch.float32)
+    cache, twin = _ring_pair(part, q, k, v, 30, 2)
+    assert cache.ring_steps == 2
+
+    def refused(*args, **kwargs):
+        raise AssertionError("the general checks ran")
+
+    for name in ("_check_call", "_deprecated_positions"):
+        monkeypatch.setattr(cache, name, refused)
+    real = torch.ones(2, 1, dtype=torch.bool)
+    calls = [
+        {},
+        {"query_positions": torch.tensor([33])},
+        {"query_positions": torch.tensor([[34], [34]])},
+        {"query_positions": torch.tensor([[35]])},
+        {"attention_mask": real},
+        {"attention_mask": real, "query_positions": torch.tensor([37])},
+        {"return_lse": True},
+        {"check_finite": False},
+    ]
+    for i, kwargs in enumerate(calls):
+        j = slice(32 + i, 33 + i)
+        got = cache.update(q[:, :, j], k[:, :, j], v[:, :, j], **kwargs)
+        want = twin.update(q[:, :, j], k[:, :, j], v[:, :, j], return_lse=kwargs == calls[6])
+        if kwargs == calls[6]:
+            torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+            got, want = got[0], want[0]
+        assert torch.equal(got, want), kwargs
+    assert cache.ring_steps == twin.ring_steps == 2 + len(calls)
+
+
+def test_decode_step_positions_the_gate_does_not_take_get_the_general_refusals():
+    """The gate takes int64 CPU positions of the accepted shapes within ``|p| < 2**53``
+    only; any other (a float tensor, one position per sequence as a flat ``(batch,)``,
+    ``-2**53``, which also precedes every position) gets the general checks' refusal,
+    naming what is wrong; the ring is unchanged."""
+    part = draw_partition(0.25 / alibi_slopes(2), num_samples=4, seed=1)
+    q, k, v = _qkv(2, 2, 1, 40, 8, dtype=torch.float32)
+    cache, _ = _ring_pair(part, q, k, v, 30, 2)
+    j = slice(32, 33)
+    refused = [
+        (TypeError, "^query_positions: must be an integer tensor", torch.tensor([32.0])),
+        (ValueError, "^query_positions: must have length 1, got 2", torch.tensor([32, 32])),
+        (
+            ValueError,
+            "^query_positions: \\|position\\| must be < 2\\*\\*53",
+            torch.tensor([-(2**53)]),
+        ),
+        (ValueError, "^query_positions: \\|position\\| must be < 2\\*\\*53", torch.tensor([2**53])),
+        (ValueError, "^query_positions: decode step out of order", torch.tensor([1 - 2**53])),
+    ]
+    for error, match, positions in refused:
+        with pytest.raises(error, match=match):
+            cache.update(q[:, :, j], k[:, :, j], v[:, :, j], query_positions=positions)
+    assert cache.ring_steps == 2 and cache.last_positions().tolist() == [31, 31]
+
+
+def test_a_step_while_a_sequence_holds_no_key_takes_the_general_path():
+    """A sequence that was all padding so far holds no key: the step that brings its first
+    real token (position 0) runs the general path, and the ring takes the next one; the
+    rows are the general path's."""
+    part = draw_partition(0.25 / alibi_slopes(2), num_samples=4, seed=1)
+    q, k, v = _qkv(2, 2, 1, 12, 8)
+    mask = torch.tensor([[True] * 10, [False] * 10])
+    caches = [PLSHDecodingCache(part) for _ in range(2)]
+    caches[1]._general_only = True
+    rows = []
+    for cache in caches:
+        out = [cache.update(q[:, :, :10], k[:, :, :10], v[:, :, :10], attention_mask=mask)]
+        assert cache.last_positions().tolist() == [9, -1]
+        out.append(cache.update(q[:, :, 10:11], k[:, :, 10:11], v[:, :, 10:11]))
+        assert cache.ring_steps == 0 and cache.last_positions().tolist() == [10, 0]
+        out.append(cache.update(q[:, :, 11:], k[:, :, 11:], v[:, :, 11:]))
+        rows.append(out)
+    assert caches[0].ring_steps == 1 and caches[1].ring_steps == 0
+    for got, want in zip(*rows):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_one_position_for_the_whole_batch_after_a_gap_serves_every_sequence():
+    """A decode step's explicit position given once, ``(1,)`` or ``(1, 1)``, after a gap
+    (so not the planned consecutive run) is every sequence's: the rows equal those of the
+    same position given per sequence, ``(batch, 1)``."""
+    part = draw_partition(0.25 / alibi_slopes(2), num_samples=4, seed=1)
+    q, k, v = _qkv(2, 2, 1, 40, 8)
+    cache, twin = _ring_pair(part, q, k, v, 30, 2)
+    for i, shared in enumerate([torch.tensor([40]), torch.tensor([[45]])]):
+        j = slice(32 + i, 33 + i)
+        got = cache.update(q[:, :, j], k[:, :, j], v[:, :, j], query_positions=shared)
+        each = shared.reshape(1, 1).expand(2, 1).clone()
+        want = twin.update(q[:, :, j], k[:, :, j], v[:, :, j], query_positions=each)
+        assert torch.equal(got, want), shared
+    assert cache.last_positions().tolist() == [45, 45] and cache.ring_steps == 4

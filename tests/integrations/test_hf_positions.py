@@ -85,6 +85,18 @@ def test_the_registered_mask_builder_covers_every_token_seen():
     assert build(1, 1, 4, q_offset=3, attention_mask=torch.ones(1, 4)).shape == (1, 4)
 
 
+def test_the_mask_builder_refuses_a_mask_that_is_not_2d_by_its_own_shape():
+    # transformers hands a 4-D mask to no builder; any other rank is refused with the shape
+    # given (not the shape of a mask padded along another axis)
+    for shape in [(1, 5, 2), (3,)]:
+        with pytest.raises(ValueError) as err:
+            hf._padding_mask_builder(1, 1, 3, attention_mask=torch.ones(shape))
+        assert str(err.value) == (
+            "attention_mask: the 'plsh'/'alibi' attention needs the 2-D padding mask (batch, "
+            f"tokens), got shape {shape}"
+        )
+
+
 # ----------------------------------------------------------------------------- positions
 
 
@@ -187,6 +199,32 @@ def test_the_layer_attends_only_the_keys_it_staged_and_only_causally():
     keys, values = layer.update(_kv(1, 1), _kv(1, 1), kwargs={"position_ids": torch.tensor([2])})
     with pytest.raises(ValueError, match="^scale: 0.25, the cache attends with 0.5"):
         layer.attend(_kv(1, 1), keys, values, scale=0.25)
+
+
+def test_attend_without_staged_keys_is_refused_whatever_the_key():
+    # nothing staged (a new layer, after an attend, after reset): every key is refused,
+    # None included (no staged keys is not a key to match)
+    layer = hf.PLSHCacheLayer(_part())
+    x = _kv(1, 2)
+    for state in ("new", "attended", "reset"):
+        for key in (None, x):
+            with pytest.raises(ValueError, match="^key: not the keys this PLSHCache layer staged"):
+                layer.attend(x, key, x)
+        if state == "new":
+            keys, values = layer.update(x, x, kwargs={"position_ids": torch.arange(2)})
+            layer.attend(x, keys, values)
+        else:
+            layer.reset()
+
+
+def test_the_tagged_positions_are_on_the_keys_device():
+    # position_ids on the host, keys elsewhere ("meta" stands for an accelerator on a
+    # CPU-only machine): the positions the attention compares with are moved to the keys
+    layer = hf.PLSHCacheLayer(_part())
+    k = torch.zeros(1, 1, 2, 1, device="meta")
+    keys, _ = layer.update(k, k, kwargs={"position_ids": torch.arange(2)})
+    assert keys.plsh_positions.device.type == "meta"
+    assert keys.plsh_positions.dtype == torch.int64 and keys.plsh_positions.shape == (1, 2)
 
 
 def test_an_empty_layer_reports_no_slots():
