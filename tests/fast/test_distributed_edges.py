@@ -686,3 +686,73 @@ def test_pack_and_unpack_round_trip_each_kv_heads_ranges():
     D._unpack(buf, k2, v2, ranges, 100, accumulate=True)  # adds: twice the values
     assert torch.equal(k2[:, 0, 2:5], 2 * key[:, 0, 2:5])
     assert torch.equal(v2[:, 2, 7:10], 2 * value[:, 2, 7:10])
+
+
+# --- the pure parts: tiling rule, checksum, plan geometry (no world needed) ----------------
+
+
+def test_not_initialised_names_the_call_to_make(monkeypatch):
+    monkeypatch.setattr(D.dist, "is_initialized", lambda: False)
+    with pytest.raises(
+        ValueError,
+        match=r"^group: torch\.distributed is not initialised; call "
+        r"torch\.distributed\.init_process_group first$",
+    ):
+        D._check_initialized(None)
+
+
+def test_tiling_ignores_empty_chunks_wherever_they_sit():
+    # an empty chunk is not part of the sequence, even at a position far from it
+    D._check_tiling([(0, 0), (3, 6), (6, 9), (100, 100)], "chunk_bounds")
+    D._check_tiling([(6, 9), (5, 5), (3, 6)], "chunk_bounds")
+    plan = D.plan_context_parallel(draw_partition(np.array([4.0]), 2, seed=0), [(0, 0), (3, 9)])
+    assert plan.bounds == ((0, 0), (3, 9))
+
+
+def test_tiling_refusals_name_overlap_and_gap():
+    with pytest.raises(
+        ValueError,
+        match=r"^chunk_bounds: the chunks do not tile the sequence: rank 1 holds positions "
+        r"\[0, 4\) and rank 0 \[3, 8\) \(overlap\)$",
+    ):
+        D._check_tiling([(3, 8), (0, 4)], "chunk_bounds")
+    with pytest.raises(
+        ValueError,
+        match=r"^chunk_start: the chunks do not tile the sequence: rank 0 holds positions "
+        r"\[0, 4\) and rank 1 \[5, 8\) \(gap\)$",
+    ):
+        D._check_tiling([(0, 4), (5, 8)], "chunk_start")
+    with pytest.raises(ValueError, match=r"^chunk_bounds: rank 1 has stop 2 < start 3$"):
+        D._check_tiling([(0, 3), (3, 2)], "chunk_bounds")
+
+
+def test_tiling_positions_below_two_to_the_53():
+    """The first position ``start`` and the last ``stop - 1`` must have magnitude < 2**53,
+    on each side of zero, whichever rank holds them."""
+    big = 2**53
+    message = r"^chunk_bounds: positions must have magnitude < 2\*\*53$"
+    for ok in ([(0, big)], [(-big + 1, 0)], [(5, 9), (9, big)], [(big - 10, big)]):
+        D._check_tiling(ok, "chunk_bounds")
+    for bad in ([(0, big + 1)], [(-big, -big + 5)], [(5, 9), (9, big + 1)], [(-big, 3)]):
+        with pytest.raises(ValueError, match=message):
+            D._check_tiling(bad, "chunk_bounds")
+
+
+def test_partition_checksum_bits():
+    """The checksum is BLAKE2b-64 of the shape (little-endian int64) and the float64 bytes
+    of pitch then offset, read little-endian, shifted right by one bit."""
+    import hashlib
+
+    from plsh_ref.partition import PartitionSample
+
+    part = draw_partition(np.array([2.0, 8.0]), 3, seed=4)
+    digest = hashlib.blake2b(digest_size=8)
+    digest.update(np.array([2, 3], dtype="<i8").tobytes())
+    digest.update(part.pitch.astype("<f8").tobytes())
+    digest.update(part.offset.astype("<f8").tobytes())
+    assert D.partition_checksum(part) == int.from_bytes(digest.digest(), "little") >> 1
+    # the pitch alone changes it (offsets kept)
+    other = PartitionSample(part.pitch * 1.5, part.offset)
+    assert D.partition_checksum(other) != D.partition_checksum(part)
+    with pytest.raises(TypeError, match=r"^partition: must be a PartitionSample, got int$"):
+        D.partition_checksum(3)

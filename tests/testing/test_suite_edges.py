@@ -432,3 +432,594 @@ def test_check_case_refuses_its_arguments_naming_them():
         S.check_case(numpy_alibi, bf16)
     assert S.check_case(numpy_alibi, p, slopes="given").passed
     assert S.check_case(numpy_alibi_standard_slopes, p, slopes="standard").passed
+
+
+# --- loading a kernel from a file --------------------------------------------------------
+
+
+def test_load_kernel_from_a_file_path(tmp_path, monkeypatch):
+    """A ``.py`` path (or one with a folder separator) is loaded as a file: registered in
+    ``sys.modules`` under its base name, its folder on the import path (a sibling module
+    imports), and every failure one line naming the file or module."""
+    sub = tmp_path / "kernels"
+    sub.mkdir()
+    (sub / "helper_mod_for_file_kernel.py").write_text("VALUE = 7\n")
+    (sub / "file_kernel_mod.py").write_text(
+        "import helper_mod_for_file_kernel as h\nANSWER = h.VALUE\nCOUNT = 3\n"
+        "class Opaque:\n    pass\nTHING = Opaque()\n"
+        "def f(q, k, v, **kw):\n    return q\n"
+    )
+    (sub / "exits_at_import.py").write_text("import sys\nsys.exit(3)\n")
+    (sub / "silent_error_mod.py").write_text("raise RuntimeError()\n")
+    (sub / "interrupts_mod.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(S.sys, "path", list(S.sys.path))
+    monkeypatch.setattr(S.sys, "modules", dict(S.sys.modules))
+    f = S.load_kernel("kernels/file_kernel_mod.py:f")
+    assert f.__name__ == "f"
+    module = S.sys.modules["file_kernel_mod"]
+    assert module.ANSWER == 7 and module.f is f
+    assert S.sys.path[0] == str(sub)
+    assert S.load_kernel("./kernels/file_kernel_mod.py:f").__module__ == "file_kernel_mod"
+    with pytest.raises(
+        S.KernelContractError, match=r"^kernel: kernels/file_kernel_mod.py:COUNT is an int, "
+    ):
+        S.load_kernel("kernels/file_kernel_mod.py:COUNT")
+    with pytest.raises(S.KernelContractError, match=r"THING is an Opaque, not a function$"):
+        S.load_kernel("kernels/file_kernel_mod.py:THING")
+    with pytest.raises(S.KernelContractError, match=r"^function: no file 'kernels/missing\.py'$"):
+        S.load_kernel("kernels/missing.py:f", label="function")
+    with pytest.raises(S.KernelContractError, match=r"^kernel: no file 'kernels/file_kernel_mod'$"):
+        S.load_kernel("kernels/file_kernel_mod:f")  # a separator: a path, not a module name
+    with pytest.raises(
+        S.KernelContractError,
+        match=r"^kernel: module 'kernels/exits_at_import.py' called sys.exit\(3\) at import time$",
+    ):
+        S.load_kernel("kernels/exits_at_import.py:f")
+    with pytest.raises(
+        S.KernelContractError,
+        match=r"^kernel: cannot import module 'kernels/silent_error_mod.py': RuntimeError: $",
+    ):
+        S.load_kernel("kernels/silent_error_mod.py:f")
+    with pytest.raises(KeyboardInterrupt):
+        S.load_kernel("kernels/interrupts_mod.py:f")
+    with pytest.raises(
+        S.KernelContractError,
+        match=r"^function: module 'plsh_ref.testing' has no attribute 'nope'$",
+    ):
+        S.load_kernel("plsh_ref.testing:nope", label="function")
+    with pytest.raises(
+        S.KernelContractError, match=r"^function: expected MODULE:FUNCTION, got 'x'$"
+    ):
+        S.load_kernel("x", label="function")
+
+
+def test_load_kernel_puts_the_current_folder_on_the_path_once(tmp_path, monkeypatch):
+    (tmp_path / "cwd_kernel_once.py").write_text("def f(q, k, v, **kw):\n    return q\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(S.sys, "path", [p for p in S.sys.path if p not in ("", str(tmp_path))])
+    S.load_kernel("cwd_kernel_once:f")
+    assert S.sys.path[0] == str(tmp_path)
+    S.load_kernel("cwd_kernel_once:f")
+    assert S.sys.path.count(str(tmp_path)) == 1
+    # "" (the interpreter's current folder) already stands for it: nothing added
+    monkeypatch.setattr(S.sys, "path", ["", *S.sys.path[1:]])
+    S.load_kernel("cwd_kernel_once:f")
+    assert str(tmp_path) not in S.sys.path
+
+
+def test_load_kernel_names_the_type_with_its_article():
+    with pytest.raises(
+        S.KernelContractError,
+        match=r"^kernel: plsh_ref.testing.suite:PRECISION_FINDING is a str, not a function$",
+    ):
+        S.load_kernel("plsh_ref.testing.suite:PRECISION_FINDING")
+    with pytest.raises(
+        S.KernelContractError, match=r"^kernel: plsh_ref.testing.suite:_KWARGS is a dict, not "
+    ):
+        S.load_kernel("plsh_ref.testing.suite:_KWARGS")
+    with pytest.raises(
+        S.KernelContractError, match=r"^kernel: plsh_ref.testing.suite:os is a module, not a "
+    ):
+        S.load_kernel("plsh_ref.testing.suite:os")
+    with pytest.raises(
+        S.KernelContractError,
+        match=r"^kernel: plsh_ref.testing.suite:__spec__ is a ModuleSpec, not a function$",
+    ):
+        S.load_kernel("plsh_ref.testing.suite:__spec__")
+
+
+# --- frameworks: torch and jax inputs --------------------------------------------------
+
+
+def _recording(framework, seen):
+    """A correct kernel taking and returning ``framework``'s arrays, recording what it got."""
+
+    def kernel(query, key, value, **kw):
+        seen.append((query, kw))
+        args = {n: (x if x is None or np.isscalar(x) else np.asarray(x)) for n, x in kw.items()}
+        out, lse = _with_lse(np.asarray(query), np.asarray(key), np.asarray(value), **args)
+        if framework == "torch":
+            import torch
+
+            return torch.from_numpy(out).to(query.dtype), torch.from_numpy(lse)
+        import jax.numpy as jnp
+
+        return jnp.asarray(out, dtype=query.dtype), jnp.asarray(lse)
+
+    return kernel
+
+
+def test_torch_inputs_and_results():
+    torch = pytest.importorskip("torch")
+    seen = []
+    padded = ProblemSpec(
+        dtype="float64", positions="padded", pad=2, batch=2, offset=3, n_q=4, n_k=4
+    ).build()
+    res = S.check_case(_recording("torch", seen), padded, framework="torch")
+    assert res.passed, res.message
+    query, kw = seen[0]
+    assert isinstance(query, torch.Tensor) and query.dtype == torch.float64
+    np.testing.assert_array_equal(query.numpy(), padded.query)
+    for name in ("query_positions", "key_positions", "attention_mask"):
+        assert isinstance(kw[name], torch.Tensor), name
+        np.testing.assert_array_equal(kw[name].numpy(), padded.kernel_kwargs()[name])
+    assert kw["slopes"].dtype == torch.float64
+    np.testing.assert_array_equal(kw["slopes"].numpy(), padded.slopes)
+    assert kw["scale"] is None and kw["causal"] is True
+    seen.clear()
+    p32 = _problem(dtype="float32")
+    res = S.check_case(_recording("torch", seen), p32, framework="torch")
+    assert res.passed and seen[0][0].dtype == torch.float32 and res.lse_error is not None
+    assert res.error <= res.allowed and res.error < 1e-6
+    # a wrong output is measured in float64 on CPU
+    wrong = S.check_case(
+        lambda q, k, v, **kw: torch.zeros(1, 2, 4, 4, dtype=torch.float32), p32, framework="torch"
+    )
+    ref = p32.reference()[0]
+    assert wrong.error == pytest.approx(np.abs(ref).max(), rel=1e-12) and not wrong.passed
+    with pytest.raises(
+        S.KernelContractError,
+        match=r"^kernel: returned output of type ndarray; expected torch.Tensor$",
+    ):
+        S.check_case(
+            lambda q, k, v, **kw: np.zeros((1, 2, 4, 4), np.float32), p32, framework="torch"
+        )
+    with pytest.raises(
+        S.KernelContractError,
+        match=r"^kernel: output has dtype float64, expected the input dtype float32$",
+    ):
+        S.check_case(
+            lambda q, k, v, **kw: torch.zeros(1, 2, 4, 4, dtype=torch.float64),
+            p32,
+            framework="torch",
+        )
+    with pytest.raises(S.KernelContractError, match=r"^kernel: output is on meta, inputs on cpu$"):
+        S.check_case(
+            lambda q, k, v, **kw: torch.zeros(1, 2, 4, 4, device="meta"), p32, framework="torch"
+        )
+
+    def bf16_lse(query, key, value, **kw):
+        args = {n: (x.numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()}
+        q, k, v = (x.float().numpy() for x in (query, key, value))
+        out, lse = _with_lse(q, k, v, **args)
+        return torch.from_numpy(out).to(torch.bfloat16), torch.from_numpy(lse).to(torch.bfloat16)
+
+    res = S.check_case(bf16_lse, ProblemSpec(dtype="bfloat16").build(), framework="torch")
+    assert res.lse_error is not None  # a bfloat16 lse is a floating lse: compared, no refusal
+
+
+def test_detect_framework_tries_numpy_then_torch():
+    torch = pytest.importorskip("torch")
+
+    def torch_only(query, key, value, **kw):
+        if not isinstance(query, torch.Tensor):
+            raise TypeError("tensors please\nsecond line")
+        return torch.zeros(1)
+
+    assert S.detect_framework(torch_only, "alibi", "given", True) == "torch"
+    assert S.probe_framework(torch_only, "alibi", "given", True, "numpy") == (
+        None,
+        "with numpy inputs it raised TypeError: tensors please",
+    )
+    assert S.probe_framework(torch_only, "alibi", "given", True, "torch") == ("torch", "")
+
+    def lists(query, key, value, **kw):
+        return [1.0]
+
+    with pytest.raises(
+        S.KernelContractError,
+        match=r"^framework: cannot tell what the kernel takes \(with numpy inputs it returned a "
+        r"float; with torch inputs it returned a float\); pass --framework numpy, torch or jax$",
+    ):
+        S.detect_framework(lists, "alibi", "given", True)
+
+    def nothing(query, key, value, **kw):
+        return ()
+
+    assert S.probe_framework(nothing, "alibi", "given", True, "numpy") == (
+        None,
+        "with numpy inputs it returned a tuple",
+    )
+
+    def silent(query, key, value, **kw):
+        raise KeyError()
+
+    assert S.probe_framework(silent, "alibi", "given", True, "numpy") == (
+        None,
+        "with numpy inputs it raised KeyError: ",
+    )
+    calls = []
+
+    def shapes(query, key, value, **kw):
+        calls.append((query.shape, key.shape, query.dtype, sorted(kw)))
+        return np.zeros(1)
+
+    assert S.detect_framework(shapes, "plsh", "given", False) == "numpy"
+    assert calls == [
+        (
+            (1, 2, 4, 4),
+            (1, 2, 4, 4),
+            np.float32,
+            ["causal", "key_positions", "partition", "query_positions", "scale"],
+        )
+    ]
+    calls.clear()
+    S.probe_framework(shapes, "alibi", "standard", True, "numpy")
+    assert calls[0][3] == ["attention_mask", "causal", "key_positions", "query_positions", "scale"]
+
+    def slow(query, key, value, **kw):
+        time.sleep(2.0)
+        return np.zeros(1)
+
+    assert S.probe_framework(slow, "alibi", "given", True, "numpy", timeout=0.05) == (
+        None,
+        "with numpy inputs it raised TimeoutError: no result after 0.05 s (--timeout)",
+    )
+
+
+def test_jax_x64_enabled_without_jax(monkeypatch):
+    monkeypatch.setitem(S.sys.modules, "jax", None)  # import jax raises ImportError
+    assert S.jax_x64_enabled() is False
+
+
+# --- precision findings ------------------------------------------------------------------
+
+
+def _expected_row_constant(problem):
+    """``m_h (p_j - p_0)`` written out per element (``p_0``: first real key)."""
+    qpos, kpos, q_keep, k_keep = problem.positions_and_keep()
+    spec = problem.spec
+    out = np.full((spec.batch, spec.num_heads, spec.n_q, spec.n_k), -np.inf)
+    for b in range(spec.batch):
+        real = [int(p) for p, keep in zip(kpos[b], k_keep[b]) if keep]
+        p0 = real[0] if real else 0
+        for h in range(spec.num_heads):
+            for i in range(spec.n_q):
+                for j in range(spec.n_k):
+                    if q_keep[b, i] and k_keep[b, j] and kpos[b, j] <= qpos[b, i]:
+                        out[b, h, i, j] = problem.slopes[h] * (int(kpos[b, j]) - p0)
+    return out
+
+
+def test_row_constant_bias():
+    for spec in (
+        ProblemSpec(dtype="float32", n_q=3, n_k=5, offset=7),
+        ProblemSpec(dtype="float32", positions="padded", pad=2, batch=3, n_q=4, n_k=4, offset=5),
+        ProblemSpec(dtype="float32", positions="left_padding", pad=2, n_q=4, n_k=4),
+    ):
+        problem = spec.build()
+        got = S.row_constant_bias(problem)
+        assert got.shape == (spec.batch, spec.num_heads, spec.n_q, spec.n_k)
+        np.testing.assert_array_equal(got, _expected_row_constant(problem), err_msg=str(spec))
+        # the same softmax as the ALiBi bias: a constant per query row apart
+        w = problem.log_weight()
+        real = ~np.isneginf(w)
+        diff = np.where(real, got - np.where(real, w, 0.0), 0.0)
+        row = np.where(real.any(-1), diff.max(-1), 0.0)
+        np.testing.assert_allclose(
+            np.where(real, diff, row[..., None]), np.broadcast_to(row[..., None], diff.shape)
+        )
+    with pytest.raises(
+        ValueError, match=r"^problem: the row-constant form holds for causal ALiBi problems only$"
+    ):
+        S.row_constant_bias(ProblemSpec(causal=False).build())
+    with pytest.raises(ValueError, match=r"^problem: the row-constant form"):
+        S.row_constant_bias(ProblemSpec(kind="plsh").build())
+
+
+def _expected_rounded(problem):
+    from plsh_ref.testing.problems import round_to_dtype
+
+    qpos, kpos, q_keep, k_keep = problem.positions_and_keep()
+    spec = problem.spec
+    out = np.full((spec.batch, spec.num_heads, spec.n_q, spec.n_k), -np.inf)
+    for b in range(spec.batch):
+        qp = round_to_dtype(qpos[b].astype(np.float64), spec.dtype).astype(np.float64)
+        kp = round_to_dtype(kpos[b].astype(np.float64), spec.dtype).astype(np.float64)
+        for h in range(spec.num_heads):
+            for i in range(spec.n_q):
+                for j in range(spec.n_k):
+                    if not (q_keep[b, i] and k_keep[b, j]):
+                        continue
+                    if spec.causal and kp[j] > qp[i]:
+                        continue
+                    out[b, h, i, j] = -problem.slopes[h] * abs(qp[i] - kp[j])
+    return out
+
+
+def test_rounded_positions_bias():
+    for spec in (
+        # float16 positions near 4100 are multiples of 4: query and key positions merge
+        ProblemSpec(dtype="float16", n_q=3, n_k=6, offset=4097, num_heads=3, num_heads_kv=3),
+        ProblemSpec(dtype="float16", n_q=5, n_k=5, offset=2046, causal=False),
+        ProblemSpec(
+            dtype="bfloat16", positions="padded", pad=2, batch=3, n_q=4, n_k=4, offset=1023
+        ),
+    ):
+        problem = spec.build()
+        got = S._rounded_positions_bias(problem)
+        np.testing.assert_array_equal(got, _expected_rounded(problem), err_msg=str(spec))
+
+
+def _position_rounding_kernel(query, key, value, *, query_positions, key_positions, **kw):
+    """Broken in half precision: positions rounded to the input dtype, then exact ALiBi."""
+    from plsh_ref.testing.problems import round_to_dtype
+
+    def r(p):
+        return round_to_dtype(p.astype(np.float64), str(query.dtype)).astype(np.int64)
+
+    out, lse = _with_lse(
+        query, key, value, query_positions=r(query_positions), key_positions=r(key_positions), **kw
+    )
+    return out.astype(query.dtype)
+
+
+def test_precision_findings_name_the_rounding():
+    import _alibi_kernels as K
+
+    row_constant = K.mj_bias_in_input_dtype
+    long32 = ProblemSpec(dtype="float32", n_q=300, n_k=300, num_heads=8, num_heads_kv=8).build()
+    res = S.check_case(row_constant, long32)
+    assert res.passed and res.error > res.allowed and res.message == ""
+    assert res.finding.startswith(S.PRECISION_FINDING + " (output error ")
+    assert res.finding.endswith("; passes: float32 rounding, see the growth with n)")
+    assert f"> allowed {res.allowed:.3g} at {res.worst_index}" in res.finding
+    strict = S.check_case(row_constant, long32, strict_precision=True)
+    assert not strict.passed and strict.finding == S.PRECISION_FINDING
+    assert strict.message.startswith(S.PRECISION_FINDING + ": output error ")
+    long16 = ProblemSpec(dtype="float16", n_q=300, n_k=300, num_heads=8, num_heads_kv=8).build()
+    res = S.check_case(row_constant, long16)
+    half = (
+        "half-precision position arithmetic (row-constant bias (m * p_j) rounding or "
+        "positions held in float16)"
+    )
+    assert not res.passed and res.finding == half and res.message.startswith(half + ": output ")
+    # positions far from 0 rounded in float16: only the rounded-positions yardstick explains
+    far = ProblemSpec(dtype="float16", n_q=6, n_k=6, offset=8193, num_heads=8, num_heads_kv=8)
+    res = S.check_case(_position_rounding_kernel, far.build())
+    assert res.error > res.allowed and res.finding == half, res
+    # the same kernel is not explained in float32 (no rounded-positions yardstick there)
+    res = S.check_case(
+        _position_rounding_kernel, far.replace(dtype="float32", offset=2**25 + 1).build()
+    )
+    assert not res.passed and res.finding == "" and res.message.startswith("output error ")
+
+
+def test_precision_finding_only_for_causal_alibi_problems():
+    """Called with the error of a correct result (0): explained by any yardstick, so the
+    only "" answers are the problems the row-constant form does not hold for."""
+
+    def finding(spec):
+        problem = spec.build()
+        ref = problem.reference()[0]
+        keep = np.ones(ref.shape[:3], dtype=bool)
+        return S._precision_finding(problem, ref, keep, 0.0, "numpy", "cpu")
+
+    assert finding(ProblemSpec(dtype="float32")) == S.PRECISION_FINDING
+    assert finding(ProblemSpec(dtype="float64")) == S.PRECISION_FINDING
+    assert finding(ProblemSpec(dtype="float16")).startswith("half-precision position arithmetic")
+    assert finding(ProblemSpec(dtype="float32", causal=False)) == ""
+    assert finding(ProblemSpec(dtype="float32", kind="plsh")) == ""
+    assert finding(ProblemSpec(dtype="float32", positions="packed", pad=2)) == ""
+
+
+# --- more of the contract: arrays of the framework, the tolerance on the compared rows ---
+
+
+def test_only_the_frameworks_own_arrays_are_accepted():
+    torch = pytest.importorskip("torch")
+
+    class Detachable:  # has detach, but is no torch tensor
+        shape = (1, 2, 4, 4)
+
+        def detach(self):
+            return self
+
+    p32 = _problem(dtype="float32")
+    for result, kind in ((Detachable(), "Detachable"), (torch.float32, "dtype")):
+        with pytest.raises(
+            S.KernelContractError,
+            match=rf"^kernel: returned output of type {kind}; expected torch.Tensor$",
+        ):
+            S.check_case(lambda q, k, v, r=result, **kw: r, p32, framework="torch")
+
+
+def test_allowed_error_is_the_rule_on_the_compared_rows():
+    """``allowed`` is exactly ``2 max|plain - ref| + floor`` with the problem's own scale and
+    dtype, numpy and torch, and pad query rows are not compared."""
+    torch = pytest.importorskip("torch")
+    from plsh_ref.testing.baseline import plain_attention_numpy, plain_attention_torch
+    from plsh_ref.testing.tolerance import allowed_error
+
+    spec = ProblemSpec(dtype="float32", positions="padded", pad=3, batch=2, n_q=5, n_k=5, scale=0.3)
+    problem = spec.build()
+    q_keep = problem.positions_and_keep()[2][:, None, :, None]
+    assert not q_keep.all()  # some pad query rows
+    ref = np.where(q_keep, problem.reference()[0], 0.0)
+    for framework, plain in (
+        ("numpy", lambda *a, **k: plain_attention_numpy(*a, **k)),
+        ("torch", lambda *a, **k: plain_attention_torch(*a, **k, device="cpu")),
+    ):
+        base = plain(
+            problem.query,
+            problem.key,
+            problem.value,
+            problem.log_weight(),
+            scale=0.3,
+            dtype="float32",
+        )[0]
+        want = allowed_error(ref, np.where(q_keep, base, 0.0), "float32")
+
+        def kernel(query, key, value, fw=framework, **kw):
+            if fw == "torch":
+                out = _with_lse(
+                    *(x.numpy() for x in (query, key, value)),
+                    **{n: (x.numpy() if isinstance(x, torch.Tensor) else x) for n, x in kw.items()},
+                )[0]
+                out = np.where(q_keep, out, 5.0)  # pad query rows: don't care
+                return torch.from_numpy(out.astype(np.float32))
+            out = _with_lse(query, key, value, **kw)[0]
+            return np.where(q_keep, out, 5.0).astype(np.float32)
+
+        res = S.check_case(kernel, problem, framework=framework)
+        assert res.passed and res.finding == "" and res.message == "", (framework, res)
+        assert res.allowed == want, framework
+        assert res.allowed < 1e-5
+
+        def off(query, key, value, fw=framework, **kw):
+            out = kernel(query, key, value, **kw)
+            out[1, 0, 4, 0] += 0.5  # a real query row of the second sequence
+            return out
+
+        res = S.check_case(off, problem, framework=framework)
+        assert not res.passed and res.worst_index == (1, 0, 4, 0), (framework, res)
+        assert res.error == pytest.approx(0.5, abs=1e-6) and res.allowed == want
+
+
+def test_rows_without_keys_are_skipped_for_kernels_declaring_empty_rows_false():
+    p = _problem(n_q=6, n_k=2)  # query rows 0..3 have no admissible key
+
+    def garbage_on_empty(out, lse):
+        out = out.copy()
+        out[0, :, :4] = 3.0
+        return out
+
+    kernel = _kernel(garbage_on_empty)
+    assert not S.check_case(kernel, p).passed
+    res = S.check_case(kernel, p, supports={"empty_rows": False})
+    assert res.passed and res.error < 1e-12 and res.empty_rows == 8, res
+
+    def wrong_real_row(out, lse):
+        out = out.copy()
+        out[0, 1, 5, 2] += 0.25  # query 5 sees both keys
+        return out
+
+    res = S.check_case(_kernel(wrong_real_row), p, supports={"empty_rows": False})
+    assert not res.passed and res.worst_index == (0, 1, 5, 2)
+    assert res.error == pytest.approx(0.25, abs=1e-12)
+    # pad query slots of a padded batch are never compared, with empty_rows False too
+    padded = ProblemSpec(dtype="float64", positions="padded", pad=2, batch=2, n_q=4, n_k=4)
+    problem = padded.build()
+    q_keep = problem.positions_and_keep()[2]
+
+    def garbage_on_pads(out, lse):
+        return np.where(q_keep[:, None, :, None], out, 7.0)
+
+    res = S.check_case(_kernel(garbage_on_pads), problem, supports={"empty_rows": False})
+    assert res.passed and res.error < 1e-12, res
+
+
+def test_a_raising_kernel_fails_with_nothing_allowed():
+    def raising(query, key, value, **kw):
+        raise RuntimeError("no")
+
+    res = S.check_case(raising, _problem())
+    assert res.passed is False and res.allowed == 0.0 and math.isnan(res.error)
+    assert res.status == "FAIL" and res.ratio == INF
+
+
+def test_the_standard_contract_message_has_no_slopes():
+    def no_causal(query, key, value, *, scale, query_positions, key_positions):
+        return None
+
+    with pytest.raises(
+        S.KernelContractError,
+        match=r"does not match the alibi contract f\(query, key, value, \*, causal, scale, "
+        r"query_positions, key_positions\[, attention_mask\]\) \(",
+    ):
+        S.check_signature(no_causal, "alibi", "standard")
+
+
+def test_detect_framework_passes_the_mask_and_the_timeout():
+    calls = []
+
+    def masked(query, key, value, **kw):
+        calls.append(sorted(kw))
+        return np.zeros(1)
+
+    assert S.detect_framework(masked, "alibi", "given", True) == "numpy"
+    assert "attention_mask" in calls[0] and "slopes" in calls[0]
+
+    def slow(query, key, value, **kw):
+        time.sleep(2.0)
+        return np.zeros(1)
+
+    start = time.perf_counter()
+    with pytest.raises(
+        S.KernelContractError,
+        match=r"^framework: cannot tell what the kernel takes \(with numpy inputs it raised "
+        r"TimeoutError: no result after 0.05 s \(--timeout\); with torch inputs",
+    ):
+        S.detect_framework(slow, "alibi", "given", True, timeout=0.05)
+    assert time.perf_counter() - start < 1.5
+
+    def scalar(query, key, value, **kw):
+        return 3.0
+
+    assert S.probe_framework(scalar, "alibi", "given", True, "numpy") == (
+        None,
+        "with numpy inputs it returned a float",
+    )
+    seen = []
+
+    def varlen(query, key, value, *, cu_seqlens="not passed", **kw):
+        seen.append(cu_seqlens)
+        return np.zeros(1)
+
+    assert S.probe_framework(varlen, "alibi", "given", True, "numpy") == ("numpy", "")
+    assert seen == [None]  # the kernel takes cu_seqlens: it is passed (None: one sequence)
+
+
+def test_row_constant_bias_without_keys():
+    p = ProblemSpec(dtype="float32", n_q=3, n_k=0).build()
+    assert S.row_constant_bias(p).shape == (1, 2, 3, 0)
+    # a batch with one sequence of pad keys only: its rows are all masked
+    padded = ProblemSpec(dtype="float32", positions="padded", pad=4, batch=2, n_q=4, n_k=4)
+    problem = padded.build()
+    assert not problem.positions_and_keep()[3].any(axis=1).all()
+    np.testing.assert_array_equal(S.row_constant_bias(problem), _expected_row_constant(problem))
+
+
+def test_an_error_equal_to_the_allowed_one_passes_without_a_finding():
+    """Zero values: the reference, the yardstick and the kernel's output are exactly 0, so
+    error == allowed == 0; not an excess (no precision finding is looked for)."""
+    import dataclasses
+
+    p = _problem()
+    zero = dataclasses.replace(p, value=np.zeros_like(p.value))
+    res = S.check_case(numpy_alibi, zero)
+    assert res.error == 0.0 and res.allowed == 0.0
+    assert res.passed and res.finding == "" and res.message == ""
+
+
+def test_load_kernel_from_a_py_file_in_the_current_folder(tmp_path, monkeypatch):
+    """``name.py:f`` (no folder separator) is a file too, not a module ``name.py``."""
+    (tmp_path / "bare_file_kernel.py").write_text("def f(q, k, v, **kw):\n    return q\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(S.sys, "path", list(S.sys.path))
+    monkeypatch.setattr(S.sys, "modules", dict(S.sys.modules))
+    f = S.load_kernel("bare_file_kernel.py:f")
+    assert f.__module__ == "bare_file_kernel" and S.sys.modules["bare_file_kernel"].f is f
+    with pytest.raises(S.KernelContractError, match=r"^kernel: no file 'absent_kernel\.py'$"):
+        S.load_kernel("absent_kernel.py:f")
