@@ -8,7 +8,7 @@ Every method runs in this one process, side by side, on the same inputs (batch 1
 with the standard slopes, sigma 4/16/64/256, head_dim 64, float32, causal). The peers and
 the float64 exact reference come from :mod:`plsh_fast.peers`:
 
-* ``plsh``: :func:`plsh_fast.plsh_attention` (the CPU path) with a fixed seeded partition,
+* ``plsh``: :func:`plsh_fast.plsh_attention` (the tiled CPU path, ``backend="cpu"``: below ``plsh_fast.dense.DENSE_CROSSOVER`` the default would run the dense route) with a fixed seeded partition,
   as a model layer calls it every step: the plan (tile groups and count biases) is kept
   across calls (``plsh_fast.cpu.PLAN_CACHE_BYTES``, step 8, ``plsh_fast/cpu/_plan_cache.py``),
   like the block mask of the FlexAttention peers, which is built once and reused; ``kept
@@ -388,10 +388,14 @@ def method_fn(name: str, n: int, s: int, inputs, extra=None):
     q, k, v, slopes = inputs
     if name == "plsh":
         partition = partition_for(s)
-        return lambda: plsh_attention(q, k, v, partition=partition, check_finite=False)
+        return lambda: plsh_attention(
+            q, k, v, partition=partition, backend="cpu", check_finite=False
+        )
     if name == "plsh_cold":
         partition = partition_for(s)
-        return cold(lambda: plsh_attention(q, k, v, partition=partition, check_finite=False))
+        return cold(
+            lambda: plsh_attention(q, k, v, partition=partition, backend="cpu", check_finite=False)
+        )
     if name == "sdpa_dense":
         bias = dense_alibi_bias(n, slopes)
         return lambda: peers.sdpa_alibi_attention(q, k, v, bias=bias)
@@ -417,7 +421,7 @@ def backward_fn(name: str, n: int, s: int, inputs):
         partition = partition_for(s)
 
         def run():
-            out = plsh_attention(*leaves, partition=partition, check_finite=False)
+            out = plsh_attention(*leaves, partition=partition, backend="cpu", check_finite=False)
             out.backward(grad)
 
         return run if name == "plsh" else cold(run)
