@@ -236,8 +236,8 @@ def _add_data_arguments(parser: argparse.ArgumentParser) -> None:
         type=npz_archive,
         default=None,
         help="an .npz with arrays query, key, value of shape "
-        "(batch, num_heads, seq_len, head_dim) (see docs); default: the "
-        "shipped all-MiniLM-L6-v2 activations",
+        "(batch, num_heads, seq_len, head_dim), or (num_heads, seq_len, head_dim) for one "
+        "sequence (see docs); default: the shipped all-MiniLM-L6-v2 activations",
     )
     parser.add_argument(
         "--max-tokens",
