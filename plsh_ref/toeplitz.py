@@ -21,6 +21,7 @@ forms and their applications*.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import mpmath
 import numpy as np
@@ -311,8 +312,12 @@ def kms_angles_mp(n: int, sigma: float | mpmath.mpf, *, dps: int = 50) -> list:
             # k = 1: solve for theta / hi, as findroot's stopping rule on the bracket's
             # length is absolute (theta_1 can be far below 1)
             scale = hi if k == 1 else 1
+
+            def scaled(u: Any, scale: Any = scale) -> Any:
+                return first(u * scale)
+
             root = scale * mpmath.findroot(
-                (lambda u, scale=scale: first(u * scale)) if k == 1 else reduced,
+                scaled if k == 1 else reduced,
                 (lo / scale, hi / scale),
                 solver="anderson",
                 tol=mpmath.mpf(10) ** (-(dps + 5)),
