@@ -10,7 +10,8 @@ paths that attend through SDPA, which returns none); and the dense PLSH route of
 ``backend="auto"`` below :data:`DENSE_CROSSOVER`: :func:`partition_counts` (the counts of a
 partition at given positions), :class:`DenseCountCache` (those counts kept across calls,
 compactly, per layer), with its two custom operators for ``torch.compile``
-(:func:`dense_counts_op`, :func:`log_count_table_op`), and :func:`dense_plsh_attention`.
+(``dense_counts_op`` and ``log_count_table_op``: ``torch.ops.plsh.dense_counts`` and
+``torch.ops.plsh.log_count_table``), and :func:`dense_plsh_attention`.
 Apart from the torch-side argument checks (:mod:`plsh_fast._validation`) nothing here
 imports another plsh_fast module at import time (:mod:`plsh_fast._partition` only inside a
 function), so every module may import it without an import cycle.
@@ -472,7 +473,7 @@ class DenseCountCache:
     at every step of training or evaluation with a fixed partition (the HF layers'): the
     dense route of ``backend="auto"`` (:func:`dense_plsh_attention`) looks them up here
     and then only computes the cheap ``log(C / s)`` of them per call. An entry is keyed
-    like the CPU path's kept plans (:func:`plsh_fast.cpu.cache_key`): the device,
+    like the CPU path's kept plans (``plsh_fast.cpu._plan_cache.cache_key``): the device,
     ``causal``, the partition's ``pitch`` and ``offset`` values (bytes, compared exactly)
     and the positions' shapes and content (hashed; compared again with ``torch.equal`` on
     a hit, so a hash collision is a miss, never a stale entry). Entries are admitted on the
@@ -651,7 +652,7 @@ def cached_partition_counts(
 
     Eager: :meth:`DenseCountCache.counts` of :func:`active_dense_cache`. Under
     ``torch.compile``: the custom operator ``plsh::dense_counts``
-    (:func:`dense_counts_op`), opaque to Dynamo (a fake implementation
+    (``dense_counts_op``), opaque to Dynamo (a fake implementation
     gives the shape, symbolic in the lengths), so the cache lookup runs inside the compiled
     graph at every call without a graph break or a recompile per length. Parameters and
     returns as :func:`partition_counts`; the result must not be modified.
@@ -675,7 +676,7 @@ def log_count_table(like: torch.Tensor, num_samples: int) -> torch.Tensor:
     float64 result differs from NumPy's by one unit in the last place for some counts at
     696 of the sample counts ``s <= 1024`` (``s = 35, 37, 128, ...``; measured on the
     development CPU). Under ``torch.compile`` it is the operator ``plsh::log_count_table``
-    (:func:`log_count_table_op`): a compiled graph then reads the ``s + 1``
+    (``log_count_table_op``): a compiled graph then reads the ``s + 1``
     values from memory per pair instead of inlining a ``log`` per pair into the lookup
     (Inductor fuses a computed table into its consumer).
 
