@@ -756,3 +756,261 @@ def test_partition_checksum_bits():
     assert D.partition_checksum(other) != D.partition_checksum(part)
     with pytest.raises(TypeError, match=r"^partition: must be a PartitionSample, got int$"):
         D.partition_checksum(3)
+
+
+# --- key_reach: its contract at the edges (no world needed) --------------------------------
+
+
+def _reach_oracle(partition, start, stop, lo, hi, causal):
+    """First/last key in [lo, hi) with a nonzero count (plsh_ref.partition.counts) for some
+    query in [start, stop), per head."""
+    from plsh_ref.partition import counts
+
+    keys = np.arange(lo, hi)
+    c = counts(partition, np.arange(start, stop), keys, causal=causal).sum(axis=1)
+    first = np.array([keys[np.nonzero(row)[0][0]] for row in c])
+    last = np.array([keys[np.nonzero(row)[0][-1]] for row in c])
+    return first, last
+
+
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize(
+    ("lo", "start", "stop", "hi"),
+    [(-60, 55, 58, 70), (-70, -58, -55, 60), (-3, 0, 1, 4), (-80, -1, 1, 80)],
+)
+def test_key_reach_of_a_sequence_across_position_zero(causal, lo, start, stop, hi):
+    """Negative and positive positions in one sequence (``chunk_start`` may be negative):
+    the reach is the count oracle's, with blocks wider than the distances to zero."""
+    partition = draw_partition(np.array([30.0, 200.0, 3.0]), 4, seed=7)
+    first, last = D.key_reach(
+        partition, start, stop, causal=causal, sequence_start=lo, sequence_stop=hi
+    )
+    want_first, want_last = _reach_oracle(partition, start, stop, lo, hi, causal)
+    np.testing.assert_array_equal(first, want_first)
+    np.testing.assert_array_equal(last, want_last)
+
+
+def test_key_reach_is_int64_and_causal_by_default():
+    partition = draw_partition(np.array([20.0, 60.0]), 4, seed=8)
+    default = D.key_reach(partition, 100, 110, sequence_start=0, sequence_stop=300)
+    causal = D.key_reach(partition, 100, 110, causal=True, sequence_start=0, sequence_stop=300)
+    both = D.key_reach(partition, 100, 110, causal=False, sequence_start=0, sequence_stop=300)
+    for first, last in (default, causal, both):
+        assert first.dtype == np.int64 and last.dtype == np.int64
+        assert first.shape == last.shape == (2,)
+    np.testing.assert_array_equal(default[0], causal[0])
+    np.testing.assert_array_equal(default[1], [109, 109])  # causal: nothing after stop - 1
+    assert np.all(both[1] > 109)  # the blocks of position 109 reach further right
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "error", "match"),
+    [
+        (("pitch", 0, 4), {}, TypeError, r"^partition: must be a PartitionSample, got str$"),
+        ((0, 4), {"causal": "yes"}, TypeError, r"^causal: must be a bool, got str 'yes'$"),
+        ((1.5, 4), {}, TypeError, r"^start: must be an integer, got float 1\.5$"),
+        ((0, 4.0), {}, TypeError, r"^stop: must be an integer, got float 4\.0$"),
+        ((0, 4), {"sequence_start": 0.5}, TypeError, r"^sequence_start: must be an integer"),
+        ((0, 4), {"sequence_stop": "9"}, TypeError, r"^sequence_stop: must be an integer"),
+        ((5, 5), {}, ValueError, r"^stop: must be > start=5, got 5$"),
+        (
+            (5, 9),
+            {"sequence_start": 0, "sequence_stop": 8},
+            ValueError,
+            r"^sequence_start: the sequence \[0, 8\) must contain the chunk \[5, 9\)$",
+        ),
+    ],
+    ids=[
+        "partition",
+        "causal",
+        "start",
+        "stop",
+        "sequence_start",
+        "sequence_stop",
+        "empty",
+        "contain",
+    ],
+)
+def test_key_reach_refusals_name_the_argument(args, kwargs, error, match):
+    partition = draw_partition(np.array([4.0]), 2, seed=0)
+    call = args if args[0] == "pitch" else (partition, *args)
+    with pytest.raises(error, match=match):
+        D.key_reach(*call, **kwargs)
+
+
+def test_key_reach_positions_below_two_to_the_53():
+    """The sequence's first position and its last (``sequence_stop - 1``) must have
+    magnitude < 2**53: accepted at 2**53 - 1 on each side, refused at 2**53."""
+    big = 2**53
+    partition = draw_partition(np.array([4.0, 9.0]), 3, seed=1)
+    message = r"^sequence_start: positions must have magnitude < 2\*\*53$"
+    first, last = D.key_reach(partition, big - 6, big, causal=False)  # last position 2**53 - 1
+    assert np.all(first >= big - 6) and np.all(last == big - 1)
+    first, last = D.key_reach(partition, -big + 1, -big + 7, causal=False)
+    assert np.all(first == -big + 1) and np.all(last <= -big + 6)
+    for start, stop, kwargs in [
+        (big - 6, big, {"sequence_stop": big + 1}),  # last position 2**53
+        (big - 6, big - 1, {"sequence_stop": big + 2}),
+        (-big + 1, -big + 7, {"sequence_start": -big}),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            D.key_reach(partition, start, stop, causal=False, **kwargs)
+
+
+def test_key_reach_refuses_bin_indices_outside_int64_at_the_threshold():
+    """With pitch 2**-11 (offset 0) the bin of position p is p * 2**11, inside int64 iff
+    p < 2**52: a sequence ending at 2**52 - 1 is accepted, one ending at 2**52 refused."""
+    from plsh_ref.partition import PartitionSample
+
+    partition = PartitionSample(np.full((1, 2), 2.0**-11), np.zeros((1, 2)))
+    edge = 2**52
+    first, last = D.key_reach(partition, edge - 4, edge, causal=False)
+    assert first.tolist() == [edge - 4] and last.tolist() == [edge - 1]  # one position a bin
+    with pytest.raises(ValueError, match=r"^partition: bin index"):
+        D.key_reach(partition, edge - 4, edge + 1, causal=False)
+    with pytest.raises(ValueError, match=r"^partition: bin index"):
+        D.key_reach(partition, edge - 4, edge - 2, causal=False, sequence_stop=edge + 1)
+
+
+# --- plan_context_parallel: its contract at the edges ---------------------------------------
+
+
+def test_plan_is_causal_by_default_int64_and_read_only():
+    partition = draw_partition(np.array([20.0, 60.0, 5.0, 9.0]), 4, seed=9)
+    bounds = [(0, 40), (40, 41), (41, 90)]
+    plan = D.plan_context_parallel(partition, bounds, num_heads_kv=2)
+    assert plan.causal is True
+    assert plan.key_ranges.dtype == np.int64 and plan.key_ranges.shape == (3, 2, 2)
+    # causal: every kv head's range ends at the chunk's stop, and starts at the reach
+    for rank, (a, b) in enumerate(bounds):
+        first, _ = D.key_reach(partition, a, b, sequence_start=0, sequence_stop=90)
+        assert plan.key_ranges[rank, :, 1].tolist() == [b, b]
+        assert plan.key_ranges[rank, :, 0].tolist() == [first[:2].min(), first[2:].min()]
+    with pytest.raises(ValueError, match="read-only"):
+        plan.key_ranges[0, 0, 0] = 5  # shared by every rank's exchange: immutable
+    both = D.plan_context_parallel(partition, bounds, causal=False, num_heads_kv=2)
+    assert both.causal is False
+    assert np.all(both.key_ranges[:2, :, 1] > [[40], [41]])  # right halos
+
+
+def test_plan_with_every_chunk_empty():
+    """No rank holds a token: nothing to send, each range is the empty ``(start, start)``."""
+    partition = draw_partition(np.array([4.0]), 2, seed=0)
+    plan = D.plan_context_parallel(partition, [(0, 0), (7, 7)], causal=False)
+    assert plan.key_ranges.tolist() == [[[0, 0]], [[7, 7]]]
+    assert plan.tokens_sent(0) == plan.tokens_received(1) == 0
+    assert plan.key_positions(1).size == 0
+
+
+@pytest.mark.parametrize("empty", [(-50, -50), (90, 90), (40, 40)])
+def test_an_empty_chunk_does_not_extend_the_sequence(empty):
+    """The sequence is the union of the non-empty chunks: an empty chunk elsewhere (before,
+    after, or at a boundary) leaves every other rank's reach as without it."""
+    partition = draw_partition(np.array([30.0, 80.0]), 4, seed=10)
+    bounds = [(0, 40), (40, 60)]
+    want = D.plan_context_parallel(partition, bounds, causal=False)
+    for at in range(3):
+        with_empty = bounds[:at] + [empty] + bounds[at:]
+        plan = D.plan_context_parallel(partition, with_empty, causal=False)
+        got = np.delete(plan.key_ranges, at, axis=0)
+        np.testing.assert_array_equal(got, want.key_ranges)
+        assert plan.key_ranges[at].tolist() == [[empty[0], empty[0]]] * 2
+    # the reach stays inside [0, 60) although the blocks are wider than the chunks
+    assert want.key_ranges.min() == 0 and want.key_ranges.max() == 60
+
+
+@pytest.mark.parametrize(
+    ("bounds", "kwargs", "error", "match"),
+    [
+        (
+            [(0, 4, 8)],
+            {},
+            TypeError,
+            r"^chunk_bounds: must be a sequence of \(start, stop\) pairs$",
+        ),
+        ([5], {}, TypeError, r"^chunk_bounds: must be a sequence of \(start, stop\) pairs$"),
+        (None, {}, TypeError, r"^chunk_bounds: must be a sequence of \(start, stop\) pairs$"),
+        ([(0.5, 4)], {}, TypeError, r"^chunk_bounds: must be an integer, got float 0\.5$"),
+        ([(0, 4.0)], {}, TypeError, r"^chunk_bounds: must be an integer, got float 4\.0$"),
+        ([(0, 4)], {"causal": 1}, TypeError, r"^causal: must be a bool, got int 1$"),
+        ([(0, 4)], {"num_heads_kv": 0}, ValueError, r"^num_heads_kv: must be >= 1, got 0$"),
+        ([(0, 4)], {"num_heads_kv": 1.0}, TypeError, r"^num_heads_kv: must be an integer"),
+        ([(0, 4)], {"num_heads_kv": 3}, ValueError, r"^num_heads_kv: 3 must divide num_heads=2$"),
+        ([], {}, ValueError, r"^chunk_bounds: needs at least one rank$"),
+    ],
+)
+def test_plan_refusals_name_the_argument(bounds, kwargs, error, match):
+    partition = draw_partition(np.array([4.0, 8.0]), 2, seed=0)
+    with pytest.raises(error, match=match):
+        D.plan_context_parallel(partition, bounds, **kwargs)
+
+
+def test_plan_refuses_a_non_partition_by_its_type():
+    with pytest.raises(TypeError, match=r"^partition: must be a PartitionSample, got list$"):
+        D.plan_context_parallel([[4.0]], [(0, 4)])
+
+
+def test_plan_with_one_kv_head_and_one_head_per_kv_head():
+    """``num_heads_kv`` 1 (multi-query) is the union over all heads; ``num_heads`` (the
+    default) is each head's own reach."""
+    partition = draw_partition(np.array([3.0, 50.0, 12.0]), 4, seed=11)
+    bounds = [(0, 30), (30, 70)]
+    first, _ = D.key_reach(partition, 30, 70, sequence_start=0, sequence_stop=70)
+    one = D.plan_context_parallel(partition, bounds, num_heads_kv=1)
+    assert one.key_ranges[1].tolist() == [[first.min(), 70]]
+    own = D.plan_context_parallel(partition, bounds)
+    assert own.key_ranges[1, :, 0].tolist() == first.tolist()
+    assert own.num_heads_kv == 3 and one.num_heads_kv == 1
+
+
+# --- context_parallel_plsh_attention: one rank, and a rank without tensors ------------------
+
+
+@pytest.mark.parametrize("chunk_start", [None, 300])
+def test_a_world_of_one_rank_is_the_single_process_attention(world, chunk_start):
+    """world_size 1: the whole sequence on one rank, no halo; output and LSE are those of
+    plsh_attention at the same positions."""
+    partition = draw_partition(np.array([5.0, 40.0]), 4, seed=12)
+    q, k, v, _, _ = _inputs(17, heads=2, heads_kv=1)
+    origin = chunk_start or 0
+    pos = torch.arange(origin, origin + 17)
+    want, want_lse = plsh_attention(
+        q,
+        k,
+        v,
+        partition=partition,
+        query_positions=pos,
+        key_positions=pos,
+        return_lse=True,
+        backend="cpu",
+    )
+    w = world(1)
+
+    def work(rank):
+        return D.context_parallel_plsh_attention(
+            q,
+            k,
+            v,
+            partition=partition,
+            chunk_start=chunk_start,
+            return_lse=True,
+            backend="cpu",
+            group=_group(rank),
+        )
+
+    (res,) = _run(w, work)
+    assert not isinstance(res, BaseException), repr(res)
+    _close(res[0], want, "output")
+    _close(res[1], want_lse, "lse")
+    assert w.sent == [0]
+
+
+@pytest.mark.parametrize("convert", [np.asarray, torch.Tensor.tolist], ids=["numpy", "list"])
+def test_a_rank_whose_query_is_not_a_tensor_is_refused_like_the_others(world, convert):
+    """A non-tensor query (a numpy array, nested lists: no ``device``) is refused on its rank
+    (TypeError naming ``query``) and named by the others; the metadata of the refused rank
+    is then gathered on the CPU."""
+    results = _refused(world, 2, {1: {"query": lambda a: convert(a[0])}})
+    assert isinstance(results[1], TypeError) and re.search(r"^query: ", str(results[1])), results
+    assert isinstance(results[0], ValueError), results
+    assert re.search(r"^group: rank 1 refused its arguments: query: ", str(results[0])), results
