@@ -259,8 +259,11 @@ def _partial_collision(lo, hi, x, sigma):
 
     def primitive(d):
         with np.errstate(invalid="ignore", over="ignore"):
-            val = np.exp(-d / sigma) * (1.0 + (d - x) / sigma)
-        return np.where(np.isinf(d), 0.0, val)
+            e = np.exp(-d / sigma)
+            val = e * (1.0 + (d - x) / sigma)
+        # e = 0 (d = inf, or d / sigma > 745): the value is below the smallest float, and
+        # 0 * inf where d / sigma overflows
+        return np.where(e == 0.0, 0.0, val)
 
     a = np.maximum(lo, x)
     return np.where(a < hi, primitive(a) - primitive(hi), 0.0)
@@ -425,8 +428,9 @@ def variance_split(
         eg2 = _g_square_by_stratum(r, sigma_f, 1)
         within = (second - eg2)[..., 0] / m
         between = (eg2 - lk**2)[..., 0] / m
-    within = np.maximum(within, 0.0)
-    between = np.maximum(between, 0.0)
+    # r = 0: every hash collides, M~ = 1 exactly; the sums above cancel only up to rounding
+    within = np.where(r == 0, 0.0, np.maximum(within, 0.0))
+    between = np.where(r == 0, 0.0, np.maximum(between, 0.0))
     if np.ndim(within) == 0:
         return float(within), float(between)
     return within, between
@@ -450,7 +454,10 @@ def _g_square_by_stratum(r, sigma, m):
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             e = np.exp(-d / sigma)
             val = -e * (1.0 + d / sigma) + 2.0 * x / sigma * e - (x / sigma) ** 2 * exp1(d / sigma)
-        return np.where(np.isinf(d), 0.0, val)
+        # e = 0 (d = inf, or d / sigma > 745; d >= x, so (x/sigma)^2 E1(d/sigma) <=
+        # (x/sigma) e^(-d/sigma) too): the value is below the smallest float, and inf * 0
+        # where (x / sigma)^2 overflows
+        return np.where(e == 0.0, 0.0, val)
 
     with np.errstate(invalid="ignore"):
         out = np.where(a < hi, primitive(hi) - primitive(a), 0.0)
