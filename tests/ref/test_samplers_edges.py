@@ -476,3 +476,44 @@ def test_causal_window_grows_with_the_query_index(s, g, sigma):
     assert width[0] == 1.0 and np.all(np.diff(width) >= 0.0)
     line = S.window_width(sigma, s, sampler="stratified", group_size=g, causal=True)
     assert close(width[-1], line, rtol=1e-14)
+
+
+def test_gamma2_quantile_names_its_arguments():
+    with pytest.raises(TypeError, match=r"^lower: must be a real numeric array"):
+        S.gamma2_quantile(["a"], [0.5], 1.0)
+    with pytest.raises(TypeError, match=r"^upper: must be a real numeric array"):
+        S.gamma2_quantile([0.5], ["a"], 1.0)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        S.gamma2_quantile([0.5], [0.5], 0.0)
+
+
+def test_gamma2_quantile_branch_at_one_half():
+    """lower < 1/2: gammaincinv(2, lower); lower >= 1/2: gammainccinv(2, upper) (documented),
+    told apart where the caller's upper is 1 - lower only up to rounding."""
+    from scipy.special import gammainccinv, gammaincinv
+
+    below = np.nextafter(0.5, 0.0)
+    at = S.gamma2_quantile([0.5], [below], 1.0)
+    assert at[0] == gammainccinv(2.0, below) != gammaincinv(2.0, 0.5)
+    under = S.gamma2_quantile([below], [0.5], 3.0)
+    assert under[0] == 3.0 * gammaincinv(2.0, below)
+
+
+def test_design_refusals_name_their_arguments():
+    for call in (
+        lambda **kw: S.entry_variance(1.0, **kw),
+        lambda **kw: S.largest_pitch_sf_of(1.0, **kw),
+        lambda **kw: S.largest_pitch_quantile_of(0.5, **kw),
+    ):
+        with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+            call(sigma=0.0, num_samples=4, sampler="stratified", group_size=2)
+        with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+            call(sigma=2.0, num_samples=0, sampler="shared", group_size=2)
+        with pytest.raises(TypeError, match=r"^num_samples: must be an integer"):
+            call(sigma=2.0, num_samples=4.0, sampler="shared", group_size=2)
+    # a group size dividing s = 0 or s < 0 does not make the count valid
+    for s in (0, -4):
+        with pytest.raises(ValueError, match=rf"^num_samples: must be >= 1, got {s}$"):
+            S.resolve_group_size("shared", s, 2)
+    with pytest.raises(TypeError, match=r"^sampler: must be a str, got int$"):
+        S.check_sampler(3)
