@@ -259,8 +259,11 @@ def _partial_collision(lo, hi, x, sigma):
 
     def primitive(d):
         with np.errstate(invalid="ignore", over="ignore"):
-            val = np.exp(-d / sigma) * (1.0 + (d - x) / sigma)
-        return np.where(np.isinf(d), 0.0, val)
+            e = np.exp(-d / sigma)
+            val = e * (1.0 + (d - x) / sigma)
+        # e = 0 (d = inf, or d / sigma > 745): the value is below the smallest float, and
+        # 0 * inf where d / sigma overflows
+        return np.where(e == 0.0, 0.0, val)
 
     a = np.maximum(lo, x)
     return np.where(a < hi, primitive(a) - primitive(hi), 0.0)
@@ -323,11 +326,11 @@ def group_moments(
 
 
 def _group_moments(distance, sampler, sigma, num_samples, group_size):
-    """``(m, G_k(r), E[A_k^2])`` with strata on the last axis."""
+    """``(r, sigma, m, G_k(r), E[A_k^2])`` (checked) with strata on the last axis."""
     r = np.abs(as_float_array("distance", distance))
     sigma, m, g, lo, hi, weight = _design(sampler, sigma, num_samples, group_size)
     lk, second = group_moments(lambda x: _partial_collision(lo, hi, x, sigma), r, g, weight)
-    return sampler, m, lk, second
+    return r, sigma, m, lk, second
 
 
 def entry_variance(
@@ -412,21 +415,19 @@ def variance_split(
     ----------
     ``proofs_notes/samplers.md``.
     """
-    sampler, m, lk, second = _group_moments(distance, sampler, sigma, num_samples, group_size)
+    r, sigma, m, lk, second = _group_moments(distance, sampler, sigma, num_samples, group_size)
     if sampler == "stratified":
         # strata are equally likely: E over the pitch of anything = mean over strata
-        r = np.abs(as_float_array("distance", distance))
-        ek_g2 = _g_square_by_stratum(r, check_positive_float("sigma", sigma), m)
+        ek_g2 = _g_square_by_stratum(r, sigma, m)
         within = np.sum(second - ek_g2, axis=-1) / m**2
         between = np.sum(ek_g2 - lk**2, axis=-1) / m**2
     else:
-        r = np.abs(as_float_array("distance", distance))
-        sigma_f = check_positive_float("sigma", sigma)
-        eg2 = _g_square_by_stratum(r, sigma_f, 1)
+        eg2 = _g_square_by_stratum(r, sigma, 1)
         within = (second - eg2)[..., 0] / m
         between = (eg2 - lk**2)[..., 0] / m
-    within = np.maximum(within, 0.0)
-    between = np.maximum(between, 0.0)
+    # r = 0: every hash collides, M~ = 1 exactly; the sums above cancel only up to rounding
+    within = np.where(r == 0, 0.0, np.maximum(within, 0.0))
+    between = np.where(r == 0, 0.0, np.maximum(between, 0.0))
     if np.ndim(within) == 0:
         return float(within), float(between)
     return within, between
@@ -450,10 +451,13 @@ def _g_square_by_stratum(r, sigma, m):
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
             e = np.exp(-d / sigma)
             val = -e * (1.0 + d / sigma) + 2.0 * x / sigma * e - (x / sigma) ** 2 * exp1(d / sigma)
-        return np.where(np.isinf(d), 0.0, val)
+        # e = 0 (d = inf, or d / sigma > 745; d >= x, so (x/sigma)^2 E1(d/sigma) <=
+        # (x/sigma) e^(-d/sigma) too): the value is below the smallest float, and inf * 0
+        # where (x / sigma)^2 overflows
+        return np.where(e == 0.0, 0.0, val)
 
-    with np.errstate(invalid="ignore"):
-        out = np.where(a < hi, primitive(hi) - primitive(a), 0.0)
+    # primitive(a) is finite (e(a) > 0 bounds x / sigma <= a / sigma <= 745): no inf - inf
+    out = np.where(a < hi, primitive(hi) - primitive(a), 0.0)
     # r = 0: g = 1 everywhere (E1(0) = inf is multiplied by 0)
     out = np.where(x == 0, _stratum_mass(lo, hi, sigma), out)
     return m * out

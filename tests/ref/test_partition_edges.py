@@ -318,3 +318,66 @@ def test_derived_seed():
 
 def test_default_num_samples():
     assert P.DEFAULT_NUM_SAMPLES == 16
+
+
+# --- the draw with a kernel per head, replayed from its documented formula --------------
+
+
+def _kernels():
+    from plsh_ref.kernels import Exponential, KerpleLog
+
+    # Exponential(1e-4): Gamma(2, 1e-4) pitches lie below PITCH_FLOOR = 2^-10 and are raised
+    return [KerpleLog(0.7, 0.5), Exponential(1e-4), KerpleLog(0.7, 0.5), Exponential(3.0)]
+
+
+def test_iid_kernel_draw_is_the_documented_formula():
+    from plsh_ref.kernels import PITCH_FLOOR
+
+    kern = _kernels()
+    part = P.draw_partition(kern, 5, seed=4, head_start=3)
+    assert part.sampler == "iid" and part.pitch.shape == (4, 5)
+    for h, kernel in enumerate(kern):
+        rng = P.head_rng(4, 3 + h)
+        pitch = np.maximum(kernel.sample_pitch(rng, 5), PITCH_FLOOR)
+        np.testing.assert_array_equal(part.pitch[h], pitch)
+        np.testing.assert_array_equal(part.offset[h], pitch * rng.random(5))
+    assert np.all(part.pitch[1] == PITCH_FLOOR)  # every pitch of Exponential(1e-4) raised
+    assert P.draw_partition(tuple(kern), 5, seed=4, head_start=3) == part
+
+
+@pytest.mark.parametrize("sampler, group", [("shared", 2), ("stratified", 2), ("stratified", 3)])
+def test_grouped_kernel_draw_is_the_documented_formula(sampler, group):
+    from plsh_ref.kernels import PITCH_FLOOR
+
+    kern, s = _kernels(), 6
+    m = s // group
+    part = P.draw_partition(kern, s, seed=8, head_start=1, sampler=sampler, group_size=group)
+    assert part.sampler == sampler
+    for h, kernel in enumerate(kern):
+        rng = P.head_rng(8, 1 + h)
+        if sampler == "stratified":
+            uniform, phase, order = rng.random(m), rng.random(m), rng.permutation(m)
+            group_pitch = kernel.stratified_pitch(uniform)
+        else:
+            group_pitch = kernel.sample_pitch(rng, m)
+            phase, order = rng.random(m), np.arange(m)
+        group_pitch = np.maximum(group_pitch, PITCH_FLOOR)
+        for i in range(m):
+            k = order[i]
+            for j in range(group):
+                t = i * group + j
+                assert part.pitch[h, t] == group_pitch[k]
+                assert part.offset[h, t] == group_pitch[k] * ((phase[k] + j / group) % 1.0)
+    assert np.all(part.pitch[1] == PITCH_FLOOR)
+
+
+def test_kernel_draw_refusals():
+    from plsh_ref.kernels import Exponential
+
+    with pytest.raises(TypeError, match=r"^sigma: must be a sequence of DistanceKernel"):
+        P.draw_partition(Exponential(2.0), 4, seed=0)  # one kernel, not a sequence
+    for mixed in ([Exponential(2.0), 3.0], (3.0, Exponential(2.0))):
+        with pytest.raises(TypeError, match=r"^sigma: each must be a DistanceKernel, got float$"):
+            P.draw_partition(mixed, 4, seed=0)
+    with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+        P.draw_partition([Exponential(2.0)], 0, seed=0)

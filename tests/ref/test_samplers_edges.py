@@ -368,3 +368,152 @@ def test_window_width_unbounded_and_iid():
         S.window_width(2.0, 6, causal=None)
     with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
         S.window_width(0.0, 6, sampler="shared", group_size=3)
+
+
+def test_stratified_pitch_zero_uniform_is_two_to_the_minus_54():
+    """U_k = 0 is replaced by 2^-54 (documented): the first pitch is F^-1(2^-54 / m)."""
+    for m in (1, 3):
+        first = S.stratified_pitch(np.zeros(m), 2.0)[0]
+        want = mp.mpf(2) ** -54 / m
+        assert close(mp.gammainc(2, 0, mp.mpf(first) / 2, regularized=True), want, rtol=1e-9)
+    with pytest.raises(TypeError, match=r"^uniform: must be a real numeric array"):
+        S.stratified_pitch(["a"], 1.0)
+
+
+def test_largest_pitch_of_stratified_below_one_token():
+    """The stratified tail at a level b in (0, 1): m P(delta > b), not clipped at b = 1."""
+    sigma, b = 0.1, 0.5  # m = 1 (one group): P(delta > b) = (1 + b/sigma) e^(-b/sigma)
+    got = S.largest_pitch_sf_of(b, sigma, 4, sampler="stratified", group_size=4)
+    x = mp.mpf(b) / mp.mpf(sigma)
+    assert close(got, (1 + x) * mp.e ** (-x), rtol=1e-13)
+    with pytest.raises(TypeError, match=r"^b: must be a real numeric array"):
+        S.largest_pitch_sf_of(["x"], sigma, 4, sampler="stratified", group_size=2)
+
+
+def test_largest_pitch_quantile_of_a_given_group_size():
+    """group_size = 3 of s = 6 (the default would be 2): m = 2 strata."""
+    q, sigma = 0.9, 3.0
+    bq = S.largest_pitch_quantile_of(q, sigma, 6, sampler="stratified", group_size=3)
+    xq = mp.mpf(bq) / sigma
+    assert close((1 + xq) * mp.e ** (-xq), (1 - q) / 2, rtol=1e-10)
+
+
+@pytest.mark.parametrize("sampler", ["iid", "stratified", "shared"])
+def test_variance_at_distance_zero_is_exactly_zero(sampler):
+    """At r = 0 every hash collides: M~_ii = 1, no variance, for every group size."""
+    s = 12
+    for g in [d for d in range(1, s + 1) if s % d == 0] if sampler != "iid" else [1]:
+        for sigma in (0.3, 3.0, 1e3):
+            w, b = S.variance_split(0.0, sigma, s, sampler=sampler, group_size=g)
+            assert w == 0.0 and b == 0.0, (g, sigma)
+            var = S.entry_variance(np.array([0.0, 1.0]), sigma, s, sampler=sampler, group_size=g)
+            assert var[0] == 0.0 and var[1] > 0.0, (g, sigma)
+
+
+def test_frobenius_error_square_two_positions():
+    """n = 2: one off-diagonal pair each way, 2 Var_1, however small Var_1 is."""
+    for sigma in (0.02, 3.0):
+        var1 = S.entry_variance(1.0, sigma, 12, sampler="stratified", group_size=6)
+        got = S.frobenius_error_square(sigma, 2, 12, sampler="stratified", group_size=6)
+        assert var1 > 0.0 and close(got, 2 * var1, rtol=1e-13)
+
+
+@pytest.mark.parametrize("sampler, g", [("stratified", 1), ("stratified", 3), ("shared", 1)])
+def test_window_width_warns_nothing(sampler, g):
+    """No RuntimeWarning (0 * inf at the top stratum's edge, a division by s' - 1 = 0)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        finite = S.window_width(2.0, 6, 9, sampler=sampler, group_size=g)
+        line = S.window_width(2.0, 6, sampler=sampler, group_size=g)
+    assert np.all(np.isfinite(finite)) and math.isfinite(line)
+
+
+@pytest.mark.parametrize("sampler, g", [("iid", 1), ("stratified", 2), ("shared", 2)])
+def test_variance_far_beyond_the_scale_is_zero_and_warns_nothing(sampler, g):
+    """r / sigma past 1e154 (where (r/sigma)^2 overflows) and past the float range: every
+    hash separates the two positions (P(collide) = e^(-r/sigma) underflows), Var = 0."""
+    import warnings
+
+    far = np.array([1e150, 1e160, 1e300])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        var = S.entry_variance(far, 1.0, 4, sampler=sampler, group_size=g)
+        split = S.variance_split(1.0, 1e-300, 4, sampler=sampler, group_size=g)
+        near = S.entry_variance(np.array([1.0, 5.0]), 2.0, 4, sampler=sampler, group_size=g)
+    assert var.tolist() == [0.0, 0.0, 0.0] and split == (0.0, 0.0)
+    assert np.all(near > 0.0)
+    with pytest.raises(ValueError, match=r"^distance: contains NaN or infinite values$"):
+        S.entry_variance([np.nan], 1.0, 4, sampler=sampler, group_size=g)
+
+
+def test_window_width_num_samples_refusals():
+    for n in (None, 5):
+        with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+            S.window_width(2.0, 0, n, sampler="shared")
+    one = S.window_width(2.0, 1, 5, sampler="stratified")  # s = 1: one stratum, one hash
+    np.testing.assert_allclose(one, expected_window_width(2.0, 1, 5), rtol=1e-12)
+
+
+@pytest.mark.parametrize("sigma", [0.04, 0.3])
+def test_window_width_unbounded_at_a_small_scale(sigma):
+    """sigma (log s + 45) between 1 and 2 tokens: the infinite sum still reaches distance
+    1 and 2, P(max R >= 1) ~ e^(-1/sigma), visible next to 1; the middle of a long
+    sequence is the infinite line."""
+    inf = S.window_width(sigma, 1, sampler="stratified")
+    mid = S.window_width(sigma, 1, 41, sampler="stratified")[20]
+    assert inf > 1.0 and close(inf, mid, rtol=1e-14)
+    assert close(inf, expected_window_width(sigma, 1), rtol=1e-12)
+
+
+@pytest.mark.parametrize("s, g, sigma", [(2, 1, 0.3), (4, 2, 0.5), (6, 3, 2.0)])
+def test_causal_window_grows_with_the_query_index(s, g, sigma):
+    """Each earlier key adds a probability in [0, 1]: the causal widths never decrease
+    (also where the stratum probabilities sum to 1 + rounding), up to the line's width."""
+    n = int(60 * sigma) + 5
+    width = S.window_width(sigma, s, n, sampler="stratified", group_size=g, causal=True)
+    assert width[0] == 1.0 and np.all(np.diff(width) >= 0.0)
+    line = S.window_width(sigma, s, sampler="stratified", group_size=g, causal=True)
+    assert close(width[-1], line, rtol=1e-14)
+
+
+def test_gamma2_quantile_names_its_arguments():
+    with pytest.raises(TypeError, match=r"^lower: must be a real numeric array"):
+        S.gamma2_quantile(["a"], [0.5], 1.0)
+    with pytest.raises(TypeError, match=r"^upper: must be a real numeric array"):
+        S.gamma2_quantile([0.5], ["a"], 1.0)
+    with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+        S.gamma2_quantile([0.5], [0.5], 0.0)
+
+
+def test_gamma2_quantile_branch_at_one_half():
+    """lower < 1/2: gammaincinv(2, lower); lower >= 1/2: gammainccinv(2, upper) (documented),
+    told apart where the caller's upper is 1 - lower only up to rounding."""
+    from scipy.special import gammainccinv, gammaincinv
+
+    below = np.nextafter(0.5, 0.0)
+    at = S.gamma2_quantile([0.5], [below], 1.0)
+    assert at[0] == gammainccinv(2.0, below) != gammaincinv(2.0, 0.5)
+    under = S.gamma2_quantile([below], [0.5], 3.0)
+    assert under[0] == 3.0 * gammaincinv(2.0, below)
+
+
+def test_design_refusals_name_their_arguments():
+    for call in (
+        lambda **kw: S.entry_variance(1.0, **kw),
+        lambda **kw: S.largest_pitch_sf_of(1.0, **kw),
+        lambda **kw: S.largest_pitch_quantile_of(0.5, **kw),
+    ):
+        with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
+            call(sigma=0.0, num_samples=4, sampler="stratified", group_size=2)
+        with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
+            call(sigma=2.0, num_samples=0, sampler="shared", group_size=2)
+        with pytest.raises(TypeError, match=r"^num_samples: must be an integer"):
+            call(sigma=2.0, num_samples=4.0, sampler="shared", group_size=2)
+    # a group size dividing s = 0 or s < 0 does not make the count valid
+    for s in (0, -4):
+        with pytest.raises(ValueError, match=rf"^num_samples: must be >= 1, got {s}$"):
+            S.resolve_group_size("shared", s, 2)
+    with pytest.raises(TypeError, match=r"^sampler: must be a str, got int$"):
+        S.check_sampler(3)
