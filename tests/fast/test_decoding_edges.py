@@ -20,6 +20,16 @@ from plsh_fast.decoding import PLSHDecodingCache, binary64_bound, cache_bound, r
 from plsh_ref import PartitionSample, draw_partition
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: on a loaded machine two threads wait on each other at every tiny
+    kernel (several times slower); the results do not depend on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def _part(pitch, offset=None):
     pitch = np.atleast_2d(np.asarray(pitch, dtype=np.float64))
     offset = np.zeros_like(pitch) if offset is None else np.atleast_2d(offset)
