@@ -26,6 +26,13 @@ from plsh_ref.bounds import max_norm_error_bound
 from plsh_ref.partition import bins as ref_bins
 from plsh_ref.partition import counts as ref_counts
 
+# torch's lazy imports on first use, 1-3 s each (torch.testing.assert_close imports
+# torch.distributed.tensor; torch.broadcast_shapes, in dense_counts, torch.fx and sympy):
+# taken when this module is imported, not in its first test (the mutation runner forks each
+# mutant's tests from a process that imported the test modules)
+torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
+torch.broadcast_shapes((1,), (2,))
+
 
 @pytest.fixture(autouse=True)
 def one_thread():
