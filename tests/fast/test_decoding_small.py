@@ -910,3 +910,77 @@ def test_error_bound_spans_every_position_seen():
         with pytest.raises(ValueError, match="^delta"):
             cache.error_bound(delta)
     assert math.isfinite(cache.error_bound(0.5).eps)
+
+
+def test_bin_edges_exact_or_none_where_the_candidates_cannot_bracket_them():
+    """``_edges``: the first integer position of each bin (a brute-force scan back), also
+    for a pitch far above the position; ``None`` where the five candidates around the
+    estimate cannot be binned apart (``|p| ~ 2**60``, binary64 spacing 256), even when
+    another sample's edge is found."""
+    part = PartitionSample(
+        np.array([[1.5, 2.0**62], [0.7, 3.2]]), np.array([[0.25, 3.5], [0.2, 0.0]])
+    )
+    (cache, _), _ = _ring_cache()
+    ring = cache._buffers  # its host partition swapped for this one (no ring of 2**62 keys)
+    ring.pitch, ring.offset = part.pitch, part.offset
+    for p in [4, 5, 17, 1000, 2**40 + 3]:
+        edges = ring._edges(np.array([p]))[0]
+        back = p - np.arange(0, 8)
+        b = ref_bins(part, back)
+        first_other = np.argmin(b == b[..., :1], axis=-1)
+        expected = np.where(part.pitch > 8, 4, p - first_other + 1)  # 2**62: the bin from 3.5
+        assert np.array_equal(edges, expected), p
+    assert ring._edges(np.array([2**60])) is None
+    assert ring._edges(np.array([2**60 + 1000])) is None
+
+
+def test_live_tokens_per_head_for_every_kind_of_sequence():
+    """A sequence without tokens (first in the batch) gets zeros, one holding a single key
+    its count, the rest theirs; int64 throughout, also under another default device (the
+    newest position is made on the bins' device)."""
+    part = PartitionSample(np.array([[1.0, 1.0], [4.0, 1.0]]), np.zeros((2, 2)))
+    q, k, v = _qkv(3, 2, 6, 4)
+    mask = torch.tensor([[False] * 6, [True] * 6, [True] * 6])
+    cache = PLSHDecodingCache(part)
+    cache.update(
+        q,
+        k,
+        v,
+        attention_mask=mask,
+        query_positions=[[0, 1, 2, 3, 4, 5]] * 2 + [[0, 1, 2, 3, 4, 8]],
+    )
+    # head 0 (pitch 1): each bin holds one position; head 1: bins [4, 8) and [8, 12)
+    # the accessors return host tensors under another default device (they were made on
+    # it: live_tokens failed, stacking a meta/CUDA row of zeros with host rows)
+    with torch.device("meta"):
+        live, held, last = cache.live_tokens(), cache.cached_tokens(), cache.last_positions()
+        empty = PLSHDecodingCache(part).live_tokens()
+    for t in (live, held, last, empty):
+        assert t.dtype == torch.int64 and t.device.type == "cpu"
+    assert held.tolist() == [0, 2, 1] and last.tolist() == [-1, 5, 8]
+    assert live.tolist() == [[0, 0], [1, 2], [1, 1]] and empty.shape == (0, 2)
+    cache.update(*(t[:, :, :1] for t in (q, k, v)))  # on the ring
+    with torch.device("meta"):
+        held, last = cache.cached_tokens(), cache.last_positions()
+    assert held.device.type == last.device.type == "cpu"
+    assert last.tolist() == [0, 6, 9]
+
+
+def test_error_bound_uses_the_partitions_sampler():
+    part = PartitionSample(PITCH, OFFSET, sampler="stratified")
+    cache = PLSHDecodingCache(part)
+    cache.update(*_qkv(1, 2, 4, 4), query_positions=[3, 4, 5, 9])
+    expected = max_norm_error_bound(7, 3, 0.05 / 2, sampler="stratified")
+    assert cache.error_bound().eps == expected
+    assert expected != max_norm_error_bound(7, 3, 0.05 / 2)  # negative control
+
+
+def test_non_integer_step_positions_are_refused_on_the_ring():
+    """Float or bool positions of a decode step's shape are refused by the general checks
+    (the gate takes int64 only), naming the argument; the ring is unchanged."""
+    (cache, _), (q, k, v) = _ring_cache()
+    j = slice(8, 9)
+    for positions in (torch.tensor([8.0]), torch.tensor([[8.0], [9.0]]), torch.tensor([True])):
+        with pytest.raises(TypeError, match="^query_positions: must be an integer tensor"):
+            cache.update(q[:, :, j], k[:, :, j], v[:, :, j], query_positions=positions)
+    assert cache.ring_steps == 2 and cache.last_positions().tolist() == [7, 7]
