@@ -295,13 +295,13 @@ class PLSHDecodingCache:
         return len(self._key)
 
     def cached_tokens(self) -> torch.Tensor:
-        """Keys held per sequence, int64 ``(batch,)``; each ``<= bound``."""
+        """Keys held per sequence, int64 ``(batch,)`` on the host; each ``<= bound``."""
         if self._buffers is not None:
-            return torch.tensor(self._buffers.lengths(), dtype=torch.int64)
-        return torch.tensor([p.numel() for p in self._positions], dtype=torch.int64)
+            return torch.tensor(self._buffers.lengths(), dtype=torch.int64, device="cpu")
+        return torch.tensor([p.numel() for p in self._positions], dtype=torch.int64, device="cpu")
 
     def live_tokens(self) -> torch.Tensor:
-        """Keys each query head can still reach, int64 ``(batch, num_heads)``.
+        """Keys each query head can still reach, int64 ``(batch, num_heads)`` on the host.
 
         Key ``j`` is live for head ``h`` iff ``bin_t(j) == bin_t(p)`` in some sample ``t``
         of head ``h``, with ``p`` the newest query position of the sequence. The cache
@@ -312,12 +312,12 @@ class PLSHDecodingCache:
         for b, kb in enumerate(self._bins):
             last = self._last[b]
             if last is None or kb.shape[-1] == 0:
-                rows.append(torch.zeros(self.partition.num_heads, dtype=torch.int64))
+                rows.append(torch.zeros(self.partition.num_heads, dtype=torch.int64, device="cpu"))
                 continue
             qb = self._query_bins(torch.tensor([last], dtype=torch.int64, device=kb.device))
             rows.append((kb == qb).any(dim=1).sum(dim=-1).cpu())
         if not rows:
-            return torch.zeros((0, self.partition.num_heads), dtype=torch.int64)
+            return torch.zeros((0, self.partition.num_heads), dtype=torch.int64, device="cpu")
         return torch.stack(rows)
 
     def cached_positions(self, sequence: int) -> torch.Tensor:
@@ -341,7 +341,9 @@ class PLSHDecodingCache:
         """
         if self._buffers is not None:
             return torch.from_numpy(self._buffers.last.copy())
-        return torch.tensor([-1 if p is None else p for p in self._last], dtype=torch.int64)
+        return torch.tensor(
+            [-1 if p is None else p for p in self._last], dtype=torch.int64, device="cpu"
+        )
 
     def select(self, indices: ArrayLike | torch.Tensor) -> None:
         """Keep the sequences ``indices``, in that order (beam search's reorder).

@@ -19,6 +19,23 @@ from plsh_fast import decoding
 from plsh_fast.decoding import PLSHDecodingCache, binary64_bound, cache_bound, reachable_keys
 from plsh_ref import PartitionSample, draw_partition
 
+# torch's lazy imports on first use, 1-3 s each (torch.testing.assert_close imports
+# torch.distributed.tensor; torch.broadcast_shapes, in dense_counts, torch.fx and sympy):
+# taken when this module is imported, not in its first test (the mutation runner forks each
+# mutant's tests from a process that imported the test modules)
+torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
+torch.broadcast_shapes((1,), (2,))
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread: on a loaded machine two threads wait on each other at every tiny
+    kernel (several times slower); the results do not depend on it."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 def _part(pitch, offset=None):
     pitch = np.atleast_2d(np.asarray(pitch, dtype=np.float64))
