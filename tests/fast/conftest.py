@@ -17,3 +17,15 @@ def _tiled_paths_only(monkeypatch):
     if dense is not None:
         monkeypatch.setattr(dense, "DENSE_CROSSOVER", {})
     yield
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test: tiny kernels run several times slower when two
+    threads wait on each other on a loaded machine; results do not depend on it."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

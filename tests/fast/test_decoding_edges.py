@@ -14,27 +14,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from _torch_lazy import take_lazy_imports
 
 from plsh_fast import decoding
 from plsh_fast.decoding import PLSHDecodingCache, binary64_bound, cache_bound, reachable_keys
 from plsh_ref import PartitionSample, draw_partition
 
-# torch's lazy imports on first use, 1-3 s each (torch.testing.assert_close imports
-# torch.distributed.tensor; torch.broadcast_shapes, in dense_counts, torch.fx and sympy):
-# taken when this module is imported, not in its first test (the mutation runner forks each
-# mutant's tests from a process that imported the test modules)
-torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
-torch.broadcast_shapes((1,), (2,))
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: on a loaded machine two threads wait on each other at every tiny
-    kernel (several times slower); the results do not depend on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+take_lazy_imports()  # once per process (tests/_torch_lazy.py)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/fast/conftest.py
 
 
 def _part(pitch, offset=None):

@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from _torch_lazy import take_lazy_imports
 
 from plsh_fast import decoding, plsh_attention
 from plsh_fast.decoding import DecodingErrorBound, PLSHDecodingCache, cache_bound, reachable_keys
@@ -26,22 +27,8 @@ from plsh_ref.bounds import max_norm_error_bound
 from plsh_ref.partition import bins as ref_bins
 from plsh_ref.partition import counts as ref_counts
 
-# torch's lazy imports on first use, 1-3 s each (torch.testing.assert_close imports
-# torch.distributed.tensor; torch.broadcast_shapes, in dense_counts, torch.fx and sympy):
-# taken when this module is imported, not in its first test (the mutation runner forks each
-# mutant's tests from a process that imported the test modules)
-torch.testing.assert_close(torch.zeros(1), torch.zeros(1))
-torch.broadcast_shapes((1,), (2,))
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One torch thread: these tiny kernels run 10-20x slower when two threads wait on
-    each other on a loaded machine; the results do not depend on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+take_lazy_imports()  # once per process (tests/_torch_lazy.py)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tests/fast/conftest.py
 
 
 # pitches below and above one token, offsets inside the bins: bound ceil(3.2) + 1 = 5
