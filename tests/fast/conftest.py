@@ -22,7 +22,9 @@ def _tiled_paths_only(monkeypatch):
 @pytest.fixture
 def one_torch_thread():
     """One torch thread for the test: tiny kernels run several times slower when two
-    threads wait on each other on a loaded machine; results do not depend on it."""
+    threads wait on each other on a machine with more processes than cores (the 300-step ring
+    decodes of test_decoding.py: 12 s instead of 0.7 s when they were written); results do not
+    depend on it."""
     import torch
 
     threads = torch.get_num_threads()

@@ -326,17 +326,6 @@ def test_cache_right_after_a_prefill_holds_only_keys_the_newest_query_reaches():
     assert int(cache.cached_tokens()[0]) == expected < cache.bound < 300
 
 
-@pytest.fixture
-def one_thread():
-    """One torch thread for the long decodes below: on a machine with more processes than
-    cores, two threads wait on each other at every tiny kernel (12 s instead of 0.7 s for
-    300 steps); the results do not depend on it."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _ring_run(part, q, k, v, prefill, mask):
     """Prefill (left-padded by ``mask``), then one token per call; rows and ring steps."""
     cache = PLSHDecodingCache(part)
@@ -345,7 +334,9 @@ def _ring_run(part, q, k, v, prefill, mask):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_many_ring_steps_past_several_evictions_equal_the_float64_reference(dtype, one_thread):
+def test_many_ring_steps_past_several_evictions_equal_the_float64_reference(
+    dtype, one_torch_thread
+):
     """Over six times the bound of decode steps (every step on the ring, which wraps six
     times and evicts every key it held several times over), a left-padded GQA batch
     decodes the rows of the float64 reference PLSH attention (SPEC section 6 rule)."""
@@ -367,7 +358,7 @@ def test_many_ring_steps_past_several_evictions_equal_the_float64_reference(dtyp
         assert_close_to_reference(out[b : b + 1, :, real].double().numpy(), ref, base, name)
 
 
-def test_a_count_bias_one_step_stale_fails_the_reference_check(monkeypatch, one_thread):
+def test_a_count_bias_one_step_stale_fails_the_reference_check(monkeypatch, one_torch_thread):
     """Negative control of the test above: a ring whose count bias lags one step (each
     step attends with the previous step's run lengths, a plausible off-by-one) no longer
     meets the SPEC section 6 rule, so that test can fail."""
