@@ -40,12 +40,15 @@ lint:
 # kernel alike), so on x86-64 that file runs in a second pytest call with the kernel pinned.
 # Only that file: the pinned kernel makes numpy's GEMMs ~1.8x slower, and every other test
 # passes under any kernel.
-OPENBLAS_CORETYPE ?= $(if $(filter x86_64,$(shell uname -m)),Sandybridge,)
+# The kernel is the Makefile's own variable BLAS_CORETYPE, not OPENBLAS_CORETYPE: a machine
+# whose environment already sets OPENBLAS_CORETYPE (seen 2026-12-02: Haswell) would
+# otherwise override the pin through make's `?=`.
+BLAS_CORETYPE := $(if $(filter x86_64,$(shell uname -m)),Sandybridge,)
 BLAS_PINNED_TESTS := tests/fast/test_gradient_precision.py
 
 tests:
 	$(BIN)/python -m pytest -n 2 --dist loadgroup --durations=20 --ignore=$(BLAS_PINNED_TESTS) tests
-	$(if $(OPENBLAS_CORETYPE),OPENBLAS_CORETYPE=$(OPENBLAS_CORETYPE)) $(BIN)/python -m pytest -n 2 --durations=5 $(BLAS_PINNED_TESTS)
+	$(if $(BLAS_CORETYPE),OPENBLAS_CORETYPE=$(BLAS_CORETYPE)) $(BIN)/python -m pytest -n 2 --durations=5 $(BLAS_PINNED_TESTS)
 
 docs:
 	$(BIN)/python -m sphinx -W --keep-going -n -b html docs docs/_build/html
