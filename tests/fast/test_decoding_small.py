@@ -971,3 +971,128 @@ def test_non_integer_step_positions_are_refused_on_the_ring():
         with pytest.raises(TypeError, match="^query_positions: must be an integer tensor"):
             cache.update(q[:, :, j], k[:, :, j], v[:, :, j], query_positions=positions)
     assert cache.ring_steps == 2 and cache.last_positions().tolist() == [7, 7]
+
+
+def test_an_all_real_mask_on_a_first_decode_step_takes_the_ring():
+    """A decode step whose mask marks every token real (bool or 0/1) is a plain step: the
+    ring takes it, as without a mask, with the same rows."""
+    for mask in (torch.ones((2, 1), dtype=torch.bool), torch.ones((2, 1), dtype=torch.int64)):
+        q, k, v = _qkv(2, 1, 6, 4)
+        cache, plain = PLSHDecodingCache(PART), PLSHDecodingCache(PART)
+        for c in (cache, plain):
+            c.update(*(t[:, :, :5] for t in (q, k, v)))
+        got = cache.update(*(t[:, :, 5:] for t in (q, k, v)), attention_mask=mask)
+        want = plain.update(*(t[:, :, 5:] for t in (q, k, v)))
+        assert cache.ring_steps == plain.ring_steps == 1
+        _assert_same([got], [want])
+
+
+def test_an_empty_batch_decodes_on_the_general_path():
+    """A batch of no sequences (from the start, or after ``select`` of none): its decode
+    steps return empty rows on the general path (the ring needs a sequence)."""
+    q, k, v = _qkv(2, 1, 6, 4)
+    fresh = PLSHDecodingCache(PART)
+    assert fresh.update(*(t[:0, :, :3] for t in (q, k, v))).shape == (0, 2, 3, 5)
+    emptied = PLSHDecodingCache(PART)
+    emptied.update(*(t[:, :, :3] for t in (q, k, v)))
+    emptied.select(np.array([], dtype=np.int64))
+    for cache in (fresh, emptied):
+        out = cache.update(*(t[:0, :, 3:4] for t in (q, k, v)))
+        assert out.shape == (0, 2, 1, 5) and cache.ring_steps == 0 and cache.batch_size == 0
+
+
+def test_a_row_that_reaches_no_key_is_zero_with_lse_minus_inf():
+    """With ``check_finite=False`` an infinite query can give every logit of its row
+    ``-inf`` (here ``+inf`` against keys whose first feature is negative): the row is 0 and
+    its LSE ``-inf``, as a pad row; every row is :func:`plsh_fast.plsh_attention`'s (the
+    CPU kernel's LSE of that row is 0, not compared)."""
+    q, k, v = _qkv(1, 1, 4, 4)
+    k = k.clone()
+    k[..., 0] = -1.0 - k[..., 0].abs()
+    q = q.clone()
+    q[0, 0, 2] = torch.tensor([math.inf, 0.0, 0.0, 0.0])
+    out, lse = PLSHDecodingCache(PART).update(q, k, v, return_lse=True, check_finite=False)
+    assert torch.equal(out[0, 0, 2], torch.zeros(5, dtype=torch.float64))
+    assert torch.isneginf(lse[0, 0, 2]) and not torch.isnan(out).any()
+    full, full_lse = plsh_attention(
+        q, k, v, partition=PART, causal=True, return_lse=True, check_finite=False
+    )
+    torch.testing.assert_close(out, full, **TOL)
+    lse[0, 0, 2] = full_lse[0, 0, 2]
+    torch.testing.assert_close(lse, full_lse, **TOL)
+
+
+def test_a_general_call_at_the_newest_position_is_out_of_order():
+    """A call of two tokens whose first repeats the newest position is refused (equality
+    is out of order, on the general path as on the ring), naming the positions."""
+    cache, (q, k, v) = _two_seq_cache()  # positions 0, 1, 2
+    with pytest.raises(ValueError) as err:
+        cache.update(*(t[:, :, 3:5] for t in (q, k, v)), query_positions=[2, 3])
+    assert str(err.value) == (
+        "query_positions: decode step out of order for sequence 0: position 2 after 2"
+    )
+    assert cache.last_positions().tolist() == [2, 2]
+    cache.update(*(t[:, :, 3:5] for t in (q, k, v)), query_positions=[3, 4])
+    assert cache.last_positions().tolist() == [4, 4]
+
+
+def test_the_span_seen_is_the_lowest_of_any_sequence():
+    """The span of positions seen starts at the lowest position of every sequence, also
+    when a later sequence starts above the first one's newest position."""
+    cache = PLSHDecodingCache(PART)
+    q, k, v = _qkv(2, 1, 4, 4)
+    cache.update(q, k, v, query_positions=[[0, 1, 2, 3], [10, 11, 12, 13]])
+    assert cache.error_bound().num_positions == 14
+
+
+def test_deprecated_positions_warn_at_the_callers_line():
+    """The deprecation warnings of ``update``'s old spellings point at the caller's code
+    (this file), not at the library."""
+    cache, (q, k, v) = _two_seq_cache()
+    for j, kwargs in ((3, {}), (4, {"positions": [7]})):
+        args = ([5],) if not kwargs else ()
+        with pytest.warns(DeprecationWarning) as record:
+            cache.update(*(t[:, :, j : j + 1] for t in (q, k, v)), *args, **kwargs)
+        assert [w.filename for w in record] == [__file__]
+
+
+def test_positions_held_in_the_ring_come_back_int64():
+    """Positions written back from the ring are int64 tensors (the per-sequence path's),
+    bins from them as the reference's."""
+    (cache, _), (q, k, v) = _ring_cache()
+    general = _general()
+    general.update(*(t[:, :, :6] for t in (q, k, v)))
+    for j in (6, 7):
+        general.update(*(t[:, :, j : j + 1] for t in (q, k, v)))
+    positions = cache.cached_positions(0)
+    assert positions.dtype == torch.int64 and cache.ring_steps == 2
+    assert positions.tolist() == general.cached_positions(0).tolist() == [6, 7]
+    assert torch.equal(cache.key_bins(0), torch.from_numpy(ref_bins(PART, positions.numpy())))
+
+
+def test_bin_edges_two_and_three_positions_above_the_estimate():
+    """Beyond ``2**53`` the estimate ``x0 = floor(offset + bin * pitch)`` can lie two or
+    three positions below the first position ``L`` of a bin: two is within the five
+    candidates (``L`` found exactly: its bin is the position's, the one before not), three
+    is not (``None``, as for any candidate set that does not bracket it)."""
+    (cache, _), _ = _ring_cache()
+    ring = cache._buffers
+
+    def binned(x, pitch, offset):
+        return np.floor((np.float64(x) - offset) / pitch)
+
+    # (position, pitch, offset) with L = x0 + 2 and L = x0 + 3 (found by a brute-force scan)
+    two, three = (19945673687093877, 28.25, 2.5), (18556898148119029, 34.5, 15.5)
+    for (p, pitch, offset), found in ((two, True), (three, False)):
+        ring.pitch = np.array([[pitch, 1.5]])
+        ring.offset = np.array([[offset, 0.25]])
+        b = binned(p, pitch, offset)
+        x0 = int(np.floor(offset + b * pitch))
+        first = next(x for x in range(x0 - 5, x0 + 6) if binned(x, pitch, offset) >= b)
+        assert first - x0 == (2 if found else 3)
+        edges = ring._edges(np.array([p]))
+        if not found:
+            assert edges is None
+            continue
+        assert int(edges[0, 0, 0]) == first
+        assert binned(first - 1, pitch, offset) < b <= binned(first, pitch, offset)
