@@ -1045,17 +1045,6 @@ def test_the_span_seen_is_the_lowest_of_any_sequence():
     assert cache.error_bound().num_positions == 14
 
 
-def test_deprecated_positions_warn_at_the_callers_line():
-    """The deprecation warnings of ``update``'s old spellings point at the caller's code
-    (this file), not at the library."""
-    cache, (q, k, v) = _two_seq_cache()
-    for j, kwargs in ((3, {}), (4, {"positions": [7]})):
-        args = ([5],) if not kwargs else ()
-        with pytest.warns(DeprecationWarning) as record:
-            cache.update(*(t[:, :, j : j + 1] for t in (q, k, v)), *args, **kwargs)
-        assert [w.filename for w in record] == [__file__]
-
-
 def test_positions_held_in_the_ring_come_back_int64():
     """Positions written back from the ring are int64 tensors (the per-sequence path's),
     bins from them as the reference's."""
