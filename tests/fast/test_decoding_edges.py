@@ -64,7 +64,6 @@ def test_the_dense_path_serves_up_to_exactly_dense_pairs(full_calls):
     torch.testing.assert_close(full[:, :, :side], dense, rtol=1e-12, atol=1e-12)
 
 
-
 def test_the_full_attention_path_gets_the_scale_positions_and_check_finite(full_calls):
     """A call past ``_DENSE_PAIRS`` (through :func:`plsh_fast.plsh_attention`) with a given
     scale and positions with gaps far from 0: the rows of the same tokens fed in calls of

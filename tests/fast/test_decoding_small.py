@@ -649,6 +649,10 @@ def test_update_refuses_with_its_messages_and_leaves_the_cache_unchanged():
         (TypeError, "update: takes 3 positional arguments after self, got 5", step + [[3], [3]], {}),
         (TypeError, "return_lse: must be a bool, got int", step, {"return_lse": 1}),
         (TypeError, "check_finite: must be a bool, got NoneType", step, {"check_finite": None}),
+        (ValueError, "attention_mask: a meta tensor has no values; pass it on cpu", step,
+         {"attention_mask": torch.ones((2, 1), dtype=torch.bool, device="meta")}),
+        (ValueError, "query_positions: a meta tensor has no values; pass positions on cpu", step,
+         {"query_positions": torch.empty(1, dtype=torch.int64, device="meta")}),
     ]  # fmt: skip
     for error, message, args, kwargs in cases:
         with warnings.catch_warnings():
