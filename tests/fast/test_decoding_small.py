@@ -12,6 +12,7 @@ accounting. The long and statistical decodes are in ``test_decoding.py`` and
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -1049,18 +1050,35 @@ def test_the_span_seen_is_the_lowest_of_any_sequence():
     assert cache.error_bound().num_positions == 14
 
 
-def test_positions_held_in_the_ring_come_back_int64():
-    """Positions written back from the ring are int64 tensors (the per-sequence path's),
-    bins from them as the reference's."""
-    (cache, _), (q, k, v) = _ring_cache()
-    general = _general()
-    general.update(*(t[:, :, :6] for t in (q, k, v)))
-    for j in (6, 7):
-        general.update(*(t[:, :, j : j + 1] for t in (q, k, v)))
-    positions = cache.cached_positions(0)
-    assert positions.dtype == torch.int64 and cache.ring_steps == 2
-    assert positions.tolist() == general.cached_positions(0).tolist() == [6, 7]
-    assert torch.equal(cache.key_bins(0), torch.from_numpy(ref_bins(PART, positions.numpy())))
+def test_a_decode_does_not_depend_on_the_default_device():
+    """Host tensors decoded under another default device (a ``torch.device`` context:
+    meta here, as CUDA would be) give the same rows: a prefill without mask or positions
+    (its positions made on the host), ring steps, a padded step on the general path and
+    the ring again; the accessors return host tensors, also while the ring holds the
+    cache."""
+    q, k, v = _qkv(2, 1, 12, 4)
+    pad = torch.tensor([[True], [False]])
+    calls = [(0, 4, {}), *((j, j + 1, {}) for j in range(4, 8))]
+    calls += [(8, 9, {"attention_mask": pad}), (9, 10, {}), (10, 11, {}), (11, 12, {})]
+    results = []
+    for device in (None, "meta"):
+        cache = PLSHDecodingCache(PART)
+        rows, held = [], []
+        with torch.device(device) if device else contextlib.nullcontext():
+            for a, b, kwargs in calls:
+                rows.append(
+                    cache.update(*(t[:, :, a:b] for t in (q, k, v)), return_lse=True, **kwargs)
+                )
+                held.append(cache.cached_tokens())
+            accessors = [cache.last_positions(), *held]
+            ring_steps = cache.ring_steps
+            accessors += [cache.live_tokens(), cache.cached_positions(0), cache.key_bins(1)]
+        assert all(t.device.type == "cpu" for t in accessors)
+        results.append((rows, [t.tolist() for t in accessors], ring_steps))
+    (rows, accessors, ring_steps), (meta_rows, meta_accessors, meta_ring_steps) = results
+    _assert_same(meta_rows, rows)
+    assert meta_accessors == accessors and meta_ring_steps == ring_steps == 7
+    assert accessors[0] == [11, 10]
 
 
 def test_bin_edges_two_and_three_positions_above_the_estimate():
