@@ -657,13 +657,13 @@ class PLSHDecodingCache:
         last = self._last if self._shape is not None else [None] * batch
         new_pos = []
         for b in range(batch):
-            keep = torch.ones(m, dtype=torch.bool) if mask is None else mask[b]
+            keep = torch.ones(m, dtype=torch.bool, device="cpu") if mask is None else mask[b]
             last_b = last[b]
             if positions is not None:
                 pos = positions[b][keep]
             else:
                 start = 0 if last_b is None else last_b + 1
-                pos = start + torch.arange(int(keep.sum()), dtype=torch.int64)
+                pos = start + torch.arange(int(keep.sum()), dtype=torch.int64, device="cpu")
             if pos.numel() > 1 and bool((pos[1:] <= pos[:-1]).any()):
                 raise ValueError(f"query_positions: must increase strictly along sequence {b}")
             if pos.numel() and last_b is not None and int(pos[0]) <= last_b:

@@ -444,3 +444,19 @@ def test_refused_decode_steps_leave_the_ring_unchanged():
         cache.update(q[:, :, j], k[:, :, j], v[:, :, j]),
         twin.update(q[:, :, j], k[:, :, j], v[:, :, j]),
     )
+
+
+def test_deprecated_positions_warn_at_the_callers_line():
+    """The deprecation warnings of ``update``'s old spellings point at the caller's line
+    (this file), not at the library. Here, not in the files run against decoding.py's
+    mutants: mutmut's trampolines add frames between the caller and the library, so the
+    warning's frame there is mutmut's whatever the stacklevel."""
+    part = PartitionSample(np.array([[1.5, 2.5]]), np.array([[0.3, 1.1]]))
+    q = k = v = torch.ones(1, 1, 2, 4, dtype=torch.float64)
+    cache = PLSHDecodingCache(part)
+    for j, args, kwargs in ((0, ([0],), {}), (1, (), {"positions": [3]})):
+        with pytest.warns(DeprecationWarning) as record:
+            cache.update(
+                q[:, :, j : j + 1], k[:, :, j : j + 1], v[:, :, j : j + 1], *args, **kwargs
+            )
+        assert [w.filename for w in record] == [__file__]

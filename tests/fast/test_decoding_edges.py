@@ -64,6 +64,33 @@ def test_the_dense_path_serves_up_to_exactly_dense_pairs(full_calls):
     torch.testing.assert_close(full[:, :, :side], dense, rtol=1e-12, atol=1e-12)
 
 
+def test_the_full_attention_path_gets_the_scale_positions_and_check_finite(full_calls):
+    """A call past ``_DENSE_PAIRS`` (through :func:`plsh_fast.plsh_attention`) with a given
+    scale and positions with gaps far from 0: the rows of the same tokens fed in calls of
+    the dense path; with ``check_finite=False`` a NaN value is let through (no refusal), to
+    the row of its own token at least."""
+    part = draw_partition([8.0], num_samples=2, seed=0)
+    n = 257
+    q, k, v = _qkv(n)
+    pos = torch.tensor([1000 + 2 * i + (i % 3 == 0) for i in range(n)])
+    once = PLSHDecodingCache(part, scale=0.3).update(q, k, v, query_positions=pos)
+    assert full_calls == [n]
+    chunked = PLSHDecodingCache(part, scale=0.3)
+    cuts = [0, 128, 200, n]
+    rows = [
+        chunked.update(*(t[:, :, a:b] for t in (q, k, v)), query_positions=pos[a:b])
+        for a, b in zip(cuts[:-1], cuts[1:])
+    ]
+    assert full_calls == [n]  # the chunks took the dense path
+    torch.testing.assert_close(once, torch.cat(rows, dim=2), rtol=1e-12, atol=1e-12)
+    bad = v.clone()
+    bad[0, 0, 100, 0] = math.nan
+    out = PLSHDecodingCache(part, scale=0.3).update(
+        q, k, bad, query_positions=pos, check_finite=False
+    )
+    assert full_calls == [n, n] and torch.isnan(out[0, 0, 100]).any()
+
+
 # ----------------------------------------------------------------------- binary64_bound
 
 

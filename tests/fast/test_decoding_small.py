@@ -12,6 +12,7 @@ accounting. The long and statistical decodes are in ``test_decoding.py`` and
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 
@@ -649,6 +650,10 @@ def test_update_refuses_with_its_messages_and_leaves_the_cache_unchanged():
         (TypeError, "update: takes 3 positional arguments after self, got 5", step + [[3], [3]], {}),
         (TypeError, "return_lse: must be a bool, got int", step, {"return_lse": 1}),
         (TypeError, "check_finite: must be a bool, got NoneType", step, {"check_finite": None}),
+        (ValueError, "attention_mask: a meta tensor has no values; pass it on cpu", step,
+         {"attention_mask": torch.ones((2, 1), dtype=torch.bool, device="meta")}),
+        (ValueError, "query_positions: a meta tensor has no values; pass positions on cpu", step,
+         {"query_positions": torch.empty(1, dtype=torch.int64, device="meta")}),
     ]  # fmt: skip
     for error, message, args, kwargs in cases:
         with warnings.catch_warnings():
@@ -971,3 +976,134 @@ def test_non_integer_step_positions_are_refused_on_the_ring():
         with pytest.raises(TypeError, match="^query_positions: must be an integer tensor"):
             cache.update(q[:, :, j], k[:, :, j], v[:, :, j], query_positions=positions)
     assert cache.ring_steps == 2 and cache.last_positions().tolist() == [7, 7]
+
+
+def test_an_all_real_mask_on_a_first_decode_step_takes_the_ring():
+    """A decode step whose mask marks every token real (bool or 0/1) is a plain step: the
+    ring takes it, as without a mask, with the same rows."""
+    for mask in (torch.ones((2, 1), dtype=torch.bool), torch.ones((2, 1), dtype=torch.int64)):
+        q, k, v = _qkv(2, 1, 6, 4)
+        cache, plain = PLSHDecodingCache(PART), PLSHDecodingCache(PART)
+        for c in (cache, plain):
+            c.update(*(t[:, :, :5] for t in (q, k, v)))
+        got = cache.update(*(t[:, :, 5:] for t in (q, k, v)), attention_mask=mask)
+        want = plain.update(*(t[:, :, 5:] for t in (q, k, v)))
+        assert cache.ring_steps == plain.ring_steps == 1
+        _assert_same([got], [want])
+
+
+def test_an_empty_batch_decodes_on_the_general_path():
+    """A batch of no sequences (from the start, or after ``select`` of none): its decode
+    steps return empty rows on the general path (the ring needs a sequence)."""
+    q, k, v = _qkv(2, 1, 6, 4)
+    fresh = PLSHDecodingCache(PART)
+    assert fresh.update(*(t[:0, :, :3] for t in (q, k, v))).shape == (0, 2, 3, 5)
+    emptied = PLSHDecodingCache(PART)
+    emptied.update(*(t[:, :, :3] for t in (q, k, v)))
+    emptied.select(np.array([], dtype=np.int64))
+    for cache in (fresh, emptied):
+        out = cache.update(*(t[:0, :, 3:4] for t in (q, k, v)))
+        assert out.shape == (0, 2, 1, 5) and cache.ring_steps == 0 and cache.batch_size == 0
+
+
+def test_a_row_that_reaches_no_key_is_zero_with_lse_minus_inf():
+    """With ``check_finite=False`` an infinite query can give every logit of its row
+    ``-inf`` (here ``+inf`` against keys whose first feature is negative): the row is 0 and
+    its LSE ``-inf``, as a pad row; every row is :func:`plsh_fast.plsh_attention`'s (the
+    CPU kernel's LSE of that row is 0, not compared)."""
+    q, k, v = _qkv(1, 1, 4, 4)
+    k = k.clone()
+    k[..., 0] = -1.0 - k[..., 0].abs()
+    q = q.clone()
+    q[0, 0, 2] = torch.tensor([math.inf, 0.0, 0.0, 0.0])
+    out, lse = PLSHDecodingCache(PART).update(q, k, v, return_lse=True, check_finite=False)
+    assert torch.equal(out[0, 0, 2], torch.zeros(5, dtype=torch.float64))
+    assert torch.isneginf(lse[0, 0, 2]) and not torch.isnan(out).any()
+    full, full_lse = plsh_attention(
+        q, k, v, partition=PART, causal=True, return_lse=True, check_finite=False
+    )
+    torch.testing.assert_close(out, full, **TOL)
+    lse[0, 0, 2] = full_lse[0, 0, 2]
+    torch.testing.assert_close(lse, full_lse, **TOL)
+
+
+def test_a_general_call_at_the_newest_position_is_out_of_order():
+    """A call of two tokens whose first repeats the newest position is refused (equality
+    is out of order, on the general path as on the ring), naming the positions."""
+    cache, (q, k, v) = _two_seq_cache()  # positions 0, 1, 2
+    with pytest.raises(ValueError) as err:
+        cache.update(*(t[:, :, 3:5] for t in (q, k, v)), query_positions=[2, 3])
+    assert str(err.value) == (
+        "query_positions: decode step out of order for sequence 0: position 2 after 2"
+    )
+    assert cache.last_positions().tolist() == [2, 2]
+    cache.update(*(t[:, :, 3:5] for t in (q, k, v)), query_positions=[3, 4])
+    assert cache.last_positions().tolist() == [4, 4]
+
+
+def test_the_span_seen_is_the_lowest_of_any_sequence():
+    """The span of positions seen starts at the lowest position of every sequence, also
+    when a later sequence starts above the first one's newest position."""
+    cache = PLSHDecodingCache(PART)
+    q, k, v = _qkv(2, 1, 4, 4)
+    cache.update(q, k, v, query_positions=[[0, 1, 2, 3], [10, 11, 12, 13]])
+    assert cache.error_bound().num_positions == 14
+
+
+def test_a_decode_does_not_depend_on_the_default_device():
+    """Host tensors decoded under another default device (a ``torch.device`` context:
+    meta here, as CUDA would be) give the same rows: a prefill without mask or positions
+    (its positions made on the host), ring steps, a padded step on the general path and
+    the ring again; the accessors return host tensors, also while the ring holds the
+    cache."""
+    q, k, v = _qkv(2, 1, 12, 4)
+    pad = torch.tensor([[True], [False]])
+    calls = [(0, 4, {}), *((j, j + 1, {}) for j in range(4, 8))]
+    calls += [(8, 9, {"attention_mask": pad}), (9, 10, {}), (10, 11, {}), (11, 12, {})]
+    results = []
+    for device in (None, "meta"):
+        cache = PLSHDecodingCache(PART)
+        rows, held = [], []
+        with torch.device(device) if device else contextlib.nullcontext():
+            for a, b, kwargs in calls:
+                rows.append(
+                    cache.update(*(t[:, :, a:b] for t in (q, k, v)), return_lse=True, **kwargs)
+                )
+                held.append(cache.cached_tokens())
+            accessors = [cache.last_positions(), *held]
+            ring_steps = cache.ring_steps
+            accessors += [cache.live_tokens(), cache.cached_positions(0), cache.key_bins(1)]
+        assert all(t.device.type == "cpu" for t in accessors)
+        results.append((rows, [t.tolist() for t in accessors], ring_steps))
+    (rows, accessors, ring_steps), (meta_rows, meta_accessors, meta_ring_steps) = results
+    _assert_same(meta_rows, rows)
+    assert meta_accessors == accessors and meta_ring_steps == ring_steps == 7
+    assert accessors[0] == [11, 10]
+
+
+def test_bin_edges_two_and_three_positions_above_the_estimate():
+    """Beyond ``2**53`` the estimate ``x0 = floor(offset + bin * pitch)`` can lie two or
+    three positions below the first position ``L`` of a bin: two is within the five
+    candidates (``L`` found exactly: its bin is the position's, the one before not), three
+    is not (``None``, as for any candidate set that does not bracket it)."""
+    (cache, _), _ = _ring_cache()
+    ring = cache._buffers
+
+    def binned(x, pitch, offset):
+        return np.floor((np.float64(x) - offset) / pitch)
+
+    # (position, pitch, offset) with L = x0 + 2 and L = x0 + 3 (found by a brute-force scan)
+    two, three = (19945673687093877, 28.25, 2.5), (18556898148119029, 34.5, 15.5)
+    for (p, pitch, offset), found in ((two, True), (three, False)):
+        ring.pitch = np.array([[pitch, 1.5]])
+        ring.offset = np.array([[offset, 0.25]])
+        b = binned(p, pitch, offset)
+        x0 = int(np.floor(offset + b * pitch))
+        first = next(x for x in range(x0 - 5, x0 + 6) if binned(x, pitch, offset) >= b)
+        assert first - x0 == (2 if found else 3)
+        edges = ring._edges(np.array([p]))
+        if not found:
+            assert edges is None
+            continue
+        assert int(edges[0, 0, 0]) == first
+        assert binned(first - 1, pitch, offset) < b <= binned(first, pitch, offset)

@@ -46,6 +46,16 @@ def test_collision_probability_mp_is_the_exponential(r, sigma):
     assert abs(got / want - 1) < mp.mpf(10) ** -28
 
 
+@pytest.mark.parametrize("r", [0, 2.5, 1e6])
+def test_collision_probability_mp_accurate_far_below_one_token(r):
+    # sigma = 1e-9: the density lives within nanotokens of r, where break points at the
+    # scale of sigma keep the quadrature at about dps digits (measured: 7e-17 at dps 15;
+    # points at 4 / sigma, 16 / sigma or below r lose 4-7 digits); r / sigma up to 1e15
+    got = E.collision_probability_mp(r, 1e-9, dps=15)
+    want = mp.e ** (-(mp.mpf(r) / mp.mpf(1e-9)))
+    assert abs(got / want - 1) < mp.mpf(10) ** -13
+
+
 def test_collision_probability_mp_inputs():
     big = 2**60 + 1  # an int is taken exactly (float(2**60 + 1) == 2**60)
     got = E.collision_probability_mp(big, mp.mpf(2) ** 60, dps=30)
