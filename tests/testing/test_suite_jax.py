@@ -103,3 +103,17 @@ def test_jax_results_are_read_as_float64(jax_x64):
         got = S._as_float64(jnp.asarray(values, dtype=dtype), "jax")
         assert type(got) is np.ndarray and got.dtype == np.float64, dtype
         np.testing.assert_array_equal(got, values)
+
+
+def test_a_result_type_of_the_jax_package_is_a_jax_result():
+    """jax < 0.4 defined its arrays in ``jax.interpreters.xla`` (today's are jaxlib's): a
+    result whose type comes from the jax package is accepted as a jax array."""
+    device_array = type("DeviceArray", (np.ndarray,), {"__module__": "jax.interpreters.xla"})
+    inner = _recording("jax", [])
+
+    def kernel(query, key, value, **kw):
+        out, lse = inner(query, key, value, **kw)
+        return np.asarray(out).view(device_array), lse
+
+    res = S.check_case(kernel, _problem(dtype="float32"), framework="jax")
+    assert res.passed and res.lse_error is not None, res.message
