@@ -1321,3 +1321,53 @@ def test_a_result_type_from_the_jax_package_is_a_jax_result():
     assert S.probe_framework(
         lambda q, k, v, **kw: torch.zeros(1), "alibi", "given", True, "torch"
     ) == ("torch", "")
+
+
+def test_contract_kwargs_default_to_given_slopes_and_a_mask():
+    padded = ProblemSpec(dtype="float64", positions="padded", pad=2, batch=2, n_q=4, n_k=4).build()
+    kw = S.contract_kwargs(padded)
+    assert sorted(kw) == [
+        "attention_mask",
+        "causal",
+        "key_positions",
+        "query_positions",
+        "scale",
+        "slopes",
+    ]
+    np.testing.assert_array_equal(kw["attention_mask"], padded.attention_mask)
+
+
+def test_torch_kernels_get_cu_seqlens_as_a_tensor():
+    torch = pytest.importorskip("torch")
+    packed = ProblemSpec(dtype="float32", positions="packed", pad=2, n_q=6, n_k=6).build()
+    seen = []
+
+    def varlen(query, key, value, *, cu_seqlens, **kw):
+        seen.append(cu_seqlens)
+        return torch.zeros(1, 2, 6, 4)
+
+    S.check_case(varlen, packed, framework="torch")
+    assert isinstance(seen[0], torch.Tensor) and seen[0].dtype == torch.int64
+    np.testing.assert_array_equal(seen[0].numpy(), packed.cu_seqlens)
+
+
+def test_a_timed_out_kernel_is_left_in_a_named_daemon_thread():
+    """The thread of a kernel still running at the timeout is a daemon (it cannot hold the
+    interpreter's exit) named ``plsh-verify-kernel`` (for thread dumps)."""
+    import threading
+
+    release = threading.Event()
+
+    def blocked(query, key, value, **kw):
+        release.wait(5.0)
+        return np.zeros((1, 2, 4, 4))
+
+    before = set(threading.enumerate())
+    try:
+        res = S.check_case(blocked, _problem(), timeout=0.02)
+        assert res.message.startswith("timed out: ")
+        left = [t for t in threading.enumerate() if t not in before]
+        assert [(t.name, t.daemon) for t in left] == [("plsh-verify-kernel", True)]
+    finally:
+        release.set()
+    left[0].join(5.0)
