@@ -5,6 +5,7 @@ check_case's verdicts and messages for kernels that are wrong in one precise way
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 
@@ -1023,3 +1024,350 @@ def test_load_kernel_from_a_py_file_in_the_current_folder(tmp_path, monkeypatch)
     assert f.__module__ == "bare_file_kernel" and S.sys.modules["bare_file_kernel"].f is f
     with pytest.raises(S.KernelContractError, match=r"^kernel: no file 'absent_kernel\.py'$"):
         S.load_kernel("absent_kernel.py:f")
+
+
+# --- the optional signature inputs, declared capabilities and the arguments' own say ------
+
+
+def test_packed_and_head_slice_problems_need_their_signature_inputs():
+    """A packed problem needs ``cu_seqlens``, a head slice in standard-slopes mode
+    ``head_start, num_heads_total``: a kernel without them is skipped with the reason, one
+    with them gets them (keyword-only and required: the signature check accepts them)."""
+    import _alibi_kernels as K
+
+    packed = ProblemSpec(dtype="float64", positions="packed", pad=2, n_q=6, n_k=6).build()
+    res = S.check_case(numpy_alibi, packed)
+    assert res.skipped and res.passed is False
+    assert res.message == "unsupported: varlen (the kernel takes no cu_seqlens argument)"
+    assert S.check_signature(K.correct_varlen, "alibi") is False  # binds, takes no mask
+    res = S.check_case(K.correct_varlen, packed)
+    assert res.passed and not res.skipped and res.lse_error is not None, res
+    tp = _problem(head_start=2, num_heads_total=4)
+    res = S.check_case(numpy_alibi_standard_slopes, tp)
+    assert res.skipped and res.message == (
+        "unsupported: head_slice (the kernel takes no head_start, num_heads_total arguments)"
+    )
+    assert S.check_case(numpy_alibi, tp).passed  # given slopes: no slice to know about
+    assert S.check_signature(K.correct_tensor_parallel, "alibi", "standard") is True
+    res = S.check_case(K.correct_tensor_parallel, tp)
+    assert res.passed and not res.skipped, res
+
+
+def test_the_declared_mask_and_supports_are_the_kernels_own():
+    """``attention_mask=False`` skips padded problems for a kernel whose signature takes a
+    mask; without ``supports`` the kernel's own ``supports`` attribute decides."""
+    import _alibi_kernels as K
+
+    padded = ProblemSpec(dtype="float64", positions="padded", pad=2, batch=2, n_q=4, n_k=4)
+    res = S.check_case(numpy_alibi, padded.build(), attention_mask=False)
+    assert res.skipped and res.passed is False
+    assert (
+        res.message == "unsupported: attention_mask (the kernel takes no attention_mask argument)"
+    )
+    assert S.check_case(numpy_alibi, padded.build()).passed
+    res = S.check_case(K.correct_causal_only, _problem(causal=False))
+    assert res.skipped and res.message == "unsupported: bidirectional"
+    assert S.check_case(K.correct_causal_only, _problem()).passed
+
+    # a kernel without attention_mask in its signature is not given one
+    def no_mask(query, key, value, *, slopes, causal, scale, query_positions, key_positions):
+        return numpy_alibi(
+            query,
+            key,
+            value,
+            slopes=slopes,
+            causal=causal,
+            scale=scale,
+            query_positions=query_positions,
+            key_positions=key_positions,
+        )
+
+    assert S.check_case(no_mask, _problem()).passed
+
+
+def test_the_lse_of_rows_without_keys_is_compared_as_minus_inf():
+    """Zero queries, one key at position 0 and four queries at -3..0: three rows without a
+    key (lse -inf) and one whose lse is exactly 0 (one key, logit 0), in the reference, the
+    yardstick and a correct kernel alike: lse error and allowed are exactly 0 (the rows
+    without keys are no error, a 0 error is within a 0 allowance)."""
+    import dataclasses
+
+    p = _problem(n_q=4, n_k=1)
+    p = dataclasses.replace(p, query=np.zeros_like(p.query))
+    ref_lse = p.reference()[1]
+    np.testing.assert_array_equal(ref_lse, np.array([[[-INF, -INF, -INF, 0.0]] * 2]))
+    res = S.check_case(_kernel(lambda o, l: (o, l)), p)
+    assert res.passed and res.message == "", res
+    assert res.lse_error == 0.0 and res.lse_allowed == 0.0 and res.empty_rows == 6
+
+    def finite_on_empty(out, lse):
+        return out, np.where(np.isneginf(lse), 0.0, lse)
+
+    res = S.check_case(_kernel(finite_on_empty), p)
+    assert res.message == (
+        "lse must be -inf on rows without admissible keys (6 of them are not; first at "
+        "(0, 0, 0): got 0.0)"
+    )
+    assert res.lse_error == 0.0 and res.lse_allowed == 0.0  # the rows themselves: no error
+
+
+def test_the_lse_allowance_is_the_rule_in_the_problems_dtype():
+    """``lse_allowed`` is exactly ``2 max|plain_lse - ref_lse| + floor(float32)`` over the
+    rows with keys (float32: its floor is not float64's)."""
+    from plsh_ref.testing.baseline import plain_attention_numpy
+    from plsh_ref.testing.tolerance import allowed_error
+
+    p = _problem(dtype="float32", n_q=6, n_k=3)
+    ref_lse = p.reference()[1]
+    neg = np.isneginf(ref_lse)
+    assert neg.any() and not neg.all()
+    plain_lse = plain_attention_numpy(
+        p.query, p.key, p.value, p.log_weight(), scale=None, dtype="float32"
+    )[1]
+    want = allowed_error(np.where(neg, 0.0, ref_lse), np.where(neg, 0.0, plain_lse), "float32")
+    res = S.check_case(_kernel(lambda o, l: (o, l.astype(np.float32))), p)
+    assert res.passed and res.lse_allowed == want, (res, want)
+
+
+def test_judge_messages_in_full():
+    """The located message of an error on a row without keys, and two findings joined."""
+    p = _problem(n_q=6, n_k=2)
+
+    def nonzero_empty(out, lse):
+        out = out.copy()
+        out[0, 0, 0] = 0.5  # no admissible key: expected 0
+        return out, lse
+
+    res = S.check_case(_kernel(nonzero_empty), p)
+    assert res.message == (
+        f"output error 0.5 > allowed {res.allowed:.3g} at (0, 0, 0, 0)"
+        " (a row without admissible keys: expected output 0)"
+    )
+
+    def nan_and_bad_lse(out, lse):
+        out = out.copy()
+        out[0, 1, 5, 0] = np.nan  # a row with keys
+        return out, lse + np.where(np.isneginf(lse), 0.0, 1.0)
+
+    res = S.check_case(_kernel(nan_and_bad_lse), p)
+    first, second = res.message.split("; ")
+    assert first == (
+        "output contains NaN at 1 entries, first (0, 1, 5, 0) (on rows with admissible keys)"
+    )
+    assert second == f"lse error 1 > allowed {res.lse_allowed:.3g}"
+
+
+def test_a_float64_precision_finding_passes():
+    """float64: the row-constant bias ``m * p_j`` rounded in float64 over 128 positions of
+    16 heads (slopes up to 2^-0.5) exceeds the rule (2.3 times) and is explained (the
+    strict verdict is the float32 test's)."""
+    import _alibi_kernels as K
+
+    p = ProblemSpec(dtype="float64", n_q=128, n_k=128, num_heads=16, num_heads_kv=16).build()
+    res = S.check_case(K.mj_bias_in_input_dtype, p)
+    assert res.passed and res.error > res.allowed and res.message == ""
+    assert res.finding.startswith(S.PRECISION_FINDING + " (output error ")
+
+
+@functools.lru_cache(maxsize=1)
+def _yardsticks():
+    """A float32 problem (32 positions, 8 heads), its reference output and the row-constant
+    yardstick's allowance in numpy and in torch, on all rows."""
+    from plsh_ref.testing.tolerance import allowed_error
+
+    problem = ProblemSpec(dtype="float32", n_q=32, n_k=32, num_heads=8, num_heads_kv=8).build()
+    ref = problem.reference()[0]
+    bias = S.row_constant_bias(problem)
+    return (
+        problem,
+        ref,
+        {
+            fw: allowed_error(ref, S._plain(problem, bias, fw, "cpu")[0], problem.spec.dtype)
+            for fw in ("numpy", "torch")
+        },
+    )
+
+
+def test_the_precision_yardstick_is_the_frameworks_at_its_bound():
+    """An error equal to the yardstick's allowance is explained, the next float is not;
+    a torch kernel is measured against the torch yardstick (numpy and torch round
+    differently: an error between their two allowances is explained by one only)."""
+    pytest.importorskip("torch")
+    p, ref, yard = _yardsticks()
+    keep = np.ones(ref.shape[:3], dtype=bool)
+    for fw in ("numpy", "torch"):
+        at = S._precision_finding(p, ref, keep, yard[fw], fw, "cpu")
+        assert at == S.PRECISION_FINDING, fw
+        assert S._precision_finding(p, ref, keep, np.nextafter(yard[fw], INF), fw, "cpu") == ""
+    lo, hi = sorted(yard.values())
+    assert lo < hi, yard  # else nothing tells the two apart
+    between = (lo + hi) / 2
+    explained = between <= yard["torch"]
+    got = S._precision_finding(p, ref, keep, between, "torch", "cpu")
+    assert got == (S.PRECISION_FINDING if explained else ""), (yard, got)
+
+
+def test_a_torch_kernels_finding_uses_the_torch_yardstick():
+    """check_case with a torch kernel whose one wrong element puts the error between the
+    numpy and the torch yardstick's allowances (above the rule's): the finding is the torch
+    yardstick's verdict."""
+    torch = pytest.importorskip("torch")
+    p, ref, yard = _yardsticks()
+    lo, hi = sorted(yard.values())
+    between = (lo + hi) / 2
+    out = ref.astype(np.float32)
+    worst = np.unravel_index(np.argmin(np.abs(ref)), ref.shape)  # finest float32 spacing
+    out[worst] = np.float32(ref[worst] + between)
+
+    def kernel(query, key, value, **kw):
+        return torch.from_numpy(out.copy())
+
+    res = S.check_case(kernel, p, framework="torch")
+    assert res.error > res.allowed and abs(res.error - between) < 1e-3 * (hi - lo), res
+    if between <= yard["torch"]:
+        assert res.passed and res.finding.startswith(S.PRECISION_FINDING + " (output error")
+    else:
+        assert not res.passed and res.finding == "" and res.message.startswith("output error")
+
+
+def test_a_bfloat16_finding_is_a_half_precision_one():
+    pytest.importorskip("torch")
+    p = ProblemSpec(dtype="bfloat16").build()
+    ref = p.reference()[0]
+    keep = np.ones(ref.shape[:3], dtype=bool)
+    assert S._precision_finding(p, ref, keep, 0.0, "torch", "cpu") == (
+        "half-precision position arithmetic (row-constant bias (m * p_j) rounding or "
+        "positions held in bfloat16)"
+    )
+
+
+def test_far_positions_in_float16_are_judged_without_warnings():
+    """Positions near 70000 overflow float16 (its largest value is 65504): the rounded
+    positions are inf, their differences NaN; the judge and its yardsticks say so without a
+    numpy RuntimeWarning (each such computation is under np.errstate)."""
+    import warnings
+
+    far = ProblemSpec(dtype="float16", n_q=4, n_k=4, offset=70000).build()
+
+    def wrong(query, key, value, **kw):
+        return np.full(query.shape, 0.5, query.dtype)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bias = S._rounded_positions_bias(far)
+        res = S.check_case(wrong, far)
+    assert np.isnan(bias).any()
+    assert not res.passed and res.message.startswith("half-precision position arithmetic")
+
+
+def test_as_float64_returns_float64():
+    for dtype in (np.float16, np.float32, np.float64):
+        x = np.array([[1.5, -0.25]], dtype=dtype)
+        got = S._as_float64(x, "numpy")
+        assert got.dtype == np.float64 and got.tolist() == [[1.5, -0.25]]
+
+
+def test_signature_refusals_name_the_kernel_and_hint_only_for_standard_slopes():
+    """The refusal names the kernel by ``__qualname__`` (a callable object without one by
+    its repr) with its signature, and ends with the binding error; only a standard-slopes
+    ALiBi kernel that takes ``slopes`` gets the ``--slopes given`` hint."""
+    import inspect
+
+    def takes_slopes(query, key, value, *, slopes):
+        return None
+
+    for kind, slopes in (("alibi", "given"), ("plsh", "given"), ("plsh", "standard")):
+        with pytest.raises(S.KernelContractError) as info:
+            S.check_signature(takes_slopes, kind, slopes)
+        text = str(info.value)
+        assert text.startswith(
+            f"kernel: {takes_slopes.__qualname__}{inspect.signature(takes_slopes)} does not "
+            f"match the {kind} contract {S._contract(kind, slopes)} ("
+        ), text
+        assert text.endswith(")") and "--slopes" not in text, text
+
+    class KernelObject:
+        def __call__(self, query, key, value):
+            return None
+
+    obj = KernelObject()
+    with pytest.raises(S.KernelContractError) as info:
+        S.check_signature(obj, "alibi")
+    assert str(info.value).startswith(f"kernel: {obj!r}(query, key, value) does not match")
+
+
+def test_a_result_type_from_the_jax_package_is_a_jax_result():
+    """The framework of a result is the top package of its type's module: ``jax`` or
+    ``jaxlib`` for JAX (jax < 0.4 defined its arrays in ``jax.interpreters.xla``), from
+    numpy or jax inputs; anything else is not an answer (no JAX needed here)."""
+    old = type("DeviceArray", (), {"__module__": "jax.interpreters.xla"})
+    new = type("ArrayImpl", (), {"__module__": "jaxlib.xla_extension"})
+    other = type("Tensor", (), {"__module__": "jaxlike.core"})
+    for cls in (old, new):
+        kernel = lambda q, k, v, cls=cls, **kw: cls()  # noqa: E731
+        assert S.probe_framework(kernel, "alibi", "given", True, "numpy") == ("jax", "")
+        kernel2 = lambda q, k, v, cls=cls, **kw: (cls(), cls())  # noqa: E731
+        assert S.detect_framework(kernel2, "alibi", "given", True) == "jax"
+    assert S.probe_framework(lambda q, k, v, **kw: other(), "alibi", "given", True, "numpy") == (
+        None,
+        "with numpy inputs it returned a Tensor",
+    )
+    torch = pytest.importorskip("torch")
+    # a torch kernel given torch inputs is torch; jax arrays from torch inputs are no answer
+    assert S.probe_framework(lambda q, k, v, **kw: old(), "alibi", "given", True, "torch") == (
+        None,
+        "with torch inputs it returned a DeviceArray",
+    )
+    assert S.probe_framework(
+        lambda q, k, v, **kw: torch.zeros(1), "alibi", "given", True, "torch"
+    ) == ("torch", "")
+
+
+def test_contract_kwargs_default_to_given_slopes_and_a_mask():
+    padded = ProblemSpec(dtype="float64", positions="padded", pad=2, batch=2, n_q=4, n_k=4).build()
+    kw = S.contract_kwargs(padded)
+    assert sorted(kw) == [
+        "attention_mask",
+        "causal",
+        "key_positions",
+        "query_positions",
+        "scale",
+        "slopes",
+    ]
+    np.testing.assert_array_equal(kw["attention_mask"], padded.attention_mask)
+
+
+def test_torch_kernels_get_cu_seqlens_as_a_tensor():
+    torch = pytest.importorskip("torch")
+    packed = ProblemSpec(dtype="float32", positions="packed", pad=2, n_q=6, n_k=6).build()
+    seen = []
+
+    def varlen(query, key, value, *, cu_seqlens, **kw):
+        seen.append(cu_seqlens)
+        return torch.zeros(1, 2, 6, 4)
+
+    S.check_case(varlen, packed, framework="torch")
+    assert isinstance(seen[0], torch.Tensor) and seen[0].dtype == torch.int64
+    np.testing.assert_array_equal(seen[0].numpy(), packed.cu_seqlens)
+
+
+def test_a_timed_out_kernel_is_left_in_a_named_daemon_thread():
+    """The thread of a kernel still running at the timeout is a daemon (it cannot hold the
+    interpreter's exit) named ``plsh-verify-kernel`` (for thread dumps)."""
+    import threading
+
+    release = threading.Event()
+
+    def blocked(query, key, value, **kw):
+        release.wait(5.0)
+        return np.zeros((1, 2, 4, 4))
+
+    before = set(threading.enumerate())
+    try:
+        res = S.check_case(blocked, _problem(), timeout=0.02)
+        assert res.message.startswith("timed out: ")
+        left = [t for t in threading.enumerate() if t not in before]
+        assert [(t.name, t.daemon) for t in left] == [("plsh-verify-kernel", True)]
+    finally:
+        release.set()
+    left[0].join(5.0)

@@ -1,10 +1,9 @@
 """plsh_ref.testing.suite with JAX kernels: jax inputs (x64 mode on and off), jax results,
 framework detection of a JAX kernel.
 
-Kept out of ``tests/testing/test_suite_edges.py`` and of ``mutation/targets.toml``: JAX's CPU
-backend starts thread pools whose CPU time exceeds the mutation runner's per-mutant CPU-time
-limit (a run with these tests in the edges file counted most mutants of ``probe_framework``
-and ``_to_jax`` as timeouts, 2026-12-02), so the mutants they kill are checked by hand.
+A file of its own (in ``mutation/targets.toml``'s entry of suite.py): JAX's CPU backend
+costs CPU time in each mutant's run, so only the mutants of the functions these tests call
+run them; ``tests/testing/test_suite_edges.py`` has no JAX.
 """
 
 from __future__ import annotations
@@ -94,3 +93,27 @@ def test_detect_framework_finds_a_jax_kernel():
 
     assert S.detect_framework(jax_kernel, "alibi", "given", True) == "jax"
     assert S.probe_framework(jax_kernel, "alibi", "given", True, "jax") == ("jax", "")
+
+
+def test_jax_results_are_read_as_float64(jax_x64):
+    """A jax result of any dtype (bfloat16 too: through ml_dtypes) is read exactly."""
+    jax_x64(True)
+    values = np.array([[1.5, -0.25, 3.0]])
+    for dtype in (jnp.bfloat16, jnp.float16, jnp.float32, jnp.float64):
+        got = S._as_float64(jnp.asarray(values, dtype=dtype), "jax")
+        assert type(got) is np.ndarray and got.dtype == np.float64, dtype
+        np.testing.assert_array_equal(got, values)
+
+
+def test_a_result_type_of_the_jax_package_is_a_jax_result():
+    """jax < 0.4 defined its arrays in ``jax.interpreters.xla`` (today's are jaxlib's): a
+    result whose type comes from the jax package is accepted as a jax array."""
+    device_array = type("DeviceArray", (np.ndarray,), {"__module__": "jax.interpreters.xla"})
+    inner = _recording("jax", [])
+
+    def kernel(query, key, value, **kw):
+        out, lse = inner(query, key, value, **kw)
+        return np.asarray(out).view(device_array), lse
+
+    res = S.check_case(kernel, _problem(dtype="float32"), framework="jax")
+    assert res.passed and res.lse_error is not None, res.message
