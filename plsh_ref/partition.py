@@ -510,8 +510,8 @@ def blocks(
 ) -> list[np.ndarray]:
     """The blocks of hash ``(head, sample)``: index arrays into ``positions``, one per bin.
 
-    Blocks are listed in increasing bin order; for sorted positions each block is a
-    contiguous run of indices.
+    Blocks are listed in increasing bin order, each block's indices in increasing order
+    (a stable sort); for sorted positions each block is a contiguous run of indices.
 
     Returns
     -------

@@ -437,7 +437,10 @@ def _g_square_by_stratum(r, sigma, m):
     """``E_k[g(delta)^2]`` per stratum (last axis), ``g = (1 - r/delta)_+``.
 
     ``int (delta - 2r + r^2/delta) e^(-delta/sigma) / sigma^2`` over ``delta > r`` in the
-    stratum: exponentials and ``E1`` (scipy.special.exp1).
+    stratum: exponentials and ``E1`` (scipy.special.exp1). For ``r > 0``: at ``r = 0`` the
+    first stratum's entry is NaN (``0 * E1(0)``, ``E1(0) = inf``); the only caller,
+    :func:`variance_split`, sets the variance at ``r = 0`` to exactly 0 (every hash
+    collides) without reading it.
     """
     from scipy.special import exp1
 
@@ -448,7 +451,7 @@ def _g_square_by_stratum(r, sigma, m):
 
     def primitive(d):
         # antiderivative of (d - 2x + x^2/d) e^(-d/sigma) / sigma^2
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+        with np.errstate(invalid="ignore", over="ignore"):
             e = np.exp(-d / sigma)
             val = -e * (1.0 + d / sigma) + 2.0 * x / sigma * e - (x / sigma) ** 2 * exp1(d / sigma)
         # e = 0 (d = inf, or d / sigma > 745; d >= x, so (x/sigma)^2 E1(d/sigma) <=
@@ -456,20 +459,10 @@ def _g_square_by_stratum(r, sigma, m):
         # where (x / sigma)^2 overflows
         return np.where(e == 0.0, 0.0, val)
 
-    # primitive(a) is finite (e(a) > 0 bounds x / sigma <= a / sigma <= 745): no inf - inf
+    # primitive(a) is finite for r > 0 (e(a) > 0 bounds x / sigma <= a / sigma <= 745): no
+    # inf - inf
     out = np.where(a < hi, primitive(hi) - primitive(a), 0.0)
-    # r = 0: g = 1 everywhere (E1(0) = inf is multiplied by 0)
-    out = np.where(x == 0, _stratum_mass(lo, hi, sigma), out)
     return m * out
-
-
-def _stratum_mass(lo, hi, sigma):
-    def sf(d):
-        with np.errstate(invalid="ignore"):
-            val = np.exp(-d / sigma) * (1.0 + d / sigma)
-        return np.where(np.isinf(d), 0.0, val)
-
-    return sf(lo) - sf(hi)
 
 
 def frobenius_error_square(

@@ -381,3 +381,118 @@ def test_kernel_draw_refusals():
             P.draw_partition(mixed, 4, seed=0)
     with pytest.raises(ValueError, match=r"^num_samples: must be >= 1, got 0$"):
         P.draw_partition([Exponential(2.0)], 0, seed=0)
+
+
+# --- each argument named in its refusal, defaults, warnings (partition mutation run) ------
+
+
+def test_refusals_name_the_positions_argument():
+    part = _sample([[2.0]], [[0.5]])
+    with pytest.raises(TypeError, match=r"^positions: positions must be integers"):
+        P.bins(part, [0.5])
+    with pytest.raises(TypeError, match=r"^query_positions: positions must be integers"):
+        P.masks(part, [0.5], [0])
+    with pytest.raises(TypeError, match=r"^key_positions: positions must be integers"):
+        P.counts(part, [0], [0.5])
+
+
+def test_masks_and_counts_are_bidirectional_by_default():
+    part = _sample([[4.0]], [[0.0]])  # positions 0..3 in one bin
+    assert P.masks(part, [0], [0, 3]).tolist() == [[[[True, True]]]]
+    assert P.counts(part, [0], [0, 3]).tolist() == [[[1, 1]]]
+    assert P.masks(part, [0], [0, 3], causal=True).tolist() == [[[[True, False]]]]
+
+
+def test_bins_overflow_is_refused_without_a_warning():
+    """(p - offset) / pitch past the float range: refused with the documented message, no
+    RuntimeWarning on the way (the overflow to inf is expected and checked)."""
+    import warnings
+
+    part = _sample([[1e-300]], [[0.0]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(
+            ValueError,
+            match=r"^partition: bin index floor\(\(p - offset\) / pitch\) leaves the int64 "
+            r"range; pitch too small for these positions$",
+        ):
+            P.bins(part, [10**10])
+
+
+def test_count_bias_of_zero_counts_warns_nothing():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = P.count_bias([0, 2], 2)
+        ext = P.count_bias([0, 1], 3, dtype=np.longdouble)
+    assert out.tolist() == [-np.inf, 0.0]
+    assert ext.dtype == np.longdouble and ext[0] == -np.inf
+    assert ext[1] == np.log(np.longdouble(1) / np.longdouble(3))
+
+
+def test_blocks_of_unsorted_positions_list_each_block_in_index_order():
+    # 40 shuffled positions in 4 bins: each block is its bin's indices, increasing (a stable
+    # sort; an unstable one returns the same sets in another order)
+    pos = np.random.default_rng(3).permutation(40)
+    part = _sample([[10.0]], [[0.0]])
+    got = P.blocks(part, pos, 0, 0)
+    want = [np.flatnonzero(pos // 10 == k) for k in range(4)]
+    assert [blk.tolist() for blk in got] == [w.tolist() for w in want]
+
+
+def test_sample_offset_must_be_two_dimensional():
+    with pytest.raises(ValueError, match=r"^offset: must have 2 dimensions, got shape \(1,\)$"):
+        _sample([[1.0]], [0.0])
+
+
+def test_draw_names_sigma_in_its_value_refusals():
+    with pytest.raises(ValueError, match=r"^sigma: every entry must be > 0, got min -1.0$"):
+        P.draw_partition([2.0, -1.0], 4, seed=0)
+    with pytest.raises(TypeError, match=r"^sigma: must be a real numeric array"):
+        P.draw_partition(["a"], 4, seed=0)
+
+
+def test_draw_checks_the_seed_before_the_sampler():
+    # a negative seed is the draw's own refusal, whatever else is wrong with the call
+    with pytest.raises(ValueError, match=r"^seed: must be >= 0, got -1$"):
+        P.draw_partition([2.0], 4, seed=-1, sampler="bogus")
+
+
+def test_draw_refuses_a_users_kernel_that_is_not_of_polya_type():
+    from plsh_ref.kernels import DistanceKernel, Exponential
+
+    class Gaussian(DistanceKernel):
+        """exp(-r^2): decreasing, not convex near 0 (no pitch law)."""
+
+        def k(self, r):
+            return np.exp(-(np.asarray(r, dtype=float) ** 2))
+
+        def dk(self, r):
+            r = np.asarray(r, dtype=float)
+            return -2 * r * np.exp(-(r**2))
+
+        def d2k(self, r):
+            r = np.asarray(r, dtype=float)
+            return (4 * r**2 - 2) * np.exp(-(r**2))
+
+    with pytest.raises(ValueError, match=r"^sigma: head 1: Gaussian is not convex"):
+        P.draw_partition([Exponential(4.0), Gaussian()], 4, seed=0)
+
+
+def test_resolve_partition_checks_a_given_partition_against_the_call():
+    part = P.draw_partition([2.0, 3.0], 4, seed=1)
+    assert P.resolve_partition(part, num_heads=2, slopes=[0.5, 0.25]) is part
+    assert P.resolve_partition(part, num_heads=2) is part
+    with pytest.raises(ValueError, match=r"^partition: has 2 heads, query has 3$"):
+        P.resolve_partition(part, num_heads=3)
+    with pytest.raises(ValueError, match=r"^slopes: "):
+        P.resolve_partition(part, num_heads=2, slopes=[0.5, -0.25])
+    with pytest.raises(ValueError, match=r"^slopes: "):
+        P.resolve_partition(part, num_heads=2, slopes=[0.5, 0.25, 0.125])
+    with pytest.raises(ValueError, match=r"^num_samples: 3 differs from the partition's 4$"):
+        P.resolve_partition(part, num_heads=2, num_samples=3)
+    with pytest.raises(ValueError, match=r"^seed: pass either a partition or a seed"):
+        P.resolve_partition(part, num_heads=2, seed=0)
+    drawn = P.resolve_partition(num_heads=2, slopes=[0.5, 0.25], num_samples=3, seed=7)
+    assert drawn == P.draw_partition([2.0, 4.0], 3, seed=7)

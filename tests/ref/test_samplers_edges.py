@@ -400,13 +400,19 @@ def test_largest_pitch_quantile_of_a_given_group_size():
 
 @pytest.mark.parametrize("sampler", ["iid", "stratified", "shared"])
 def test_variance_at_distance_zero_is_exactly_zero(sampler):
-    """At r = 0 every hash collides: M~_ii = 1, no variance, for every group size."""
+    """At r = 0 every hash collides: M~_ii = 1, no variance, for every group size (and no
+    RuntimeWarning from E1(0) = inf on the way)."""
+    import warnings
+
     s = 12
     for g in [d for d in range(1, s + 1) if s % d == 0] if sampler != "iid" else [1]:
         for sigma in (0.3, 3.0, 1e3):
-            w, b = S.variance_split(0.0, sigma, s, sampler=sampler, group_size=g)
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")
+                w, b = S.variance_split(0.0, sigma, s, sampler=sampler, group_size=g)
+                r = np.array([0.0, 1.0])
+                var = S.entry_variance(r, sigma, s, sampler=sampler, group_size=g)
             assert w == 0.0 and b == 0.0, (g, sigma)
-            var = S.entry_variance(np.array([0.0, 1.0]), sigma, s, sampler=sampler, group_size=g)
             assert var[0] == 0.0 and var[1] > 0.0, (g, sigma)
 
 
@@ -517,3 +523,36 @@ def test_design_refusals_name_their_arguments():
             S.resolve_group_size("shared", s, 2)
     with pytest.raises(TypeError, match=r"^sampler: must be a str, got int$"):
         S.check_sampler(3)
+
+
+def test_window_width_at_a_stratum_edge_just_below_the_cutoff():
+    """s' = 2, r = 1: the upper stratum's lower edge q_1 a relative 1e-14 below the cutoff
+    c = r s' / (s' - 1) = 2. The probability that the group's offsets miss r on (q_1, c)
+    is a difference of nearly equal terms that rounds below 0; clipped at 0, the widths
+    stay finite, warn nothing and are continuous in sigma."""
+    import warnings
+
+    sigma = 2.0 / S.stratum_edges(1.0, 2)[1] * (1 - 1e-14)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        width = S.window_width(sigma, 4, 3, sampler="stratified", group_size=2)
+        near = S.window_width(sigma * (1 - 1e-9), 4, 3, sampler="stratified", group_size=2)
+    assert np.all(np.isfinite(width))
+    np.testing.assert_allclose(width, near, rtol=1e-7)
+
+
+def test_optimal_group_size_checks_causal():
+    with pytest.raises(TypeError, match=r"^causal: must be a bool"):
+        S.optimal_group_size(4.0, 8, 4, causal=0)
+
+
+@pytest.mark.parametrize("sampler, g", [("iid", 1), ("stratified", 2), ("shared", 2)])
+def test_variance_where_r_over_sigma_overflows_is_zero_and_warns_nothing(sampler, g):
+    """r / sigma = 1e310, past the float range (inf): no hash collides, Var = 0 exactly,
+    and the overflow to inf raises no RuntimeWarning."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        split = S.variance_split(1e10, 1e-300, 4, sampler=sampler, group_size=g)
+    assert split == (0.0, 0.0)
