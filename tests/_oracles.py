@@ -13,6 +13,8 @@ from fractions import Fraction
 import mpmath
 import numpy as np
 
+from plsh_ref.kernels import DistanceKernel
+
 __all__ = [
     "binary64_bin",
     "dense_weighted_attention",
@@ -131,3 +133,18 @@ def mp_slope(exponent: Fraction, dps: int = 50) -> mpmath.mpf:
     """``2^exponent`` at ``dps`` digits."""
     with mpmath.workdps(dps):
         return mpmath.power(2, mpmath.mpf(exponent.numerator) / exponent.denominator)
+
+
+class Gaussian(DistanceKernel):
+    """``exp(-r^2)``: positive definite, decreasing, but not convex near 0 (not Pólya)."""
+
+    def k(self, r):
+        return np.exp(-(np.asarray(r, dtype=float) ** 2))
+
+    def dk(self, r):
+        r = np.asarray(r, dtype=float)
+        return -2 * r * np.exp(-(r**2))
+
+    def d2k(self, r):
+        r = np.asarray(r, dtype=float)
+        return (4 * r**2 - 2) * np.exp(-(r**2))

@@ -14,6 +14,7 @@ import math
 import mpmath
 import numpy as np
 import pytest
+from _oracles import Gaussian
 
 from plsh_ref import expectation as E
 from plsh_ref import samplers as S
@@ -61,21 +62,6 @@ def pair_means(partition, distances):
     pos = np.concatenate([[0], np.asarray(distances)])
     b = bins(partition, pos)
     return (b[:, :, :1] == b[:, :, 1:]).mean(axis=1)
-
-
-class Gaussian(DistanceKernel):
-    """``exp(-r^2)``: positive definite, decreasing, but not convex near 0 (not Pólya)."""
-
-    def k(self, r):
-        return np.exp(-(np.asarray(r, dtype=float) ** 2))
-
-    def dk(self, r):
-        r = np.asarray(r, dtype=float)
-        return -2 * r * np.exp(-(r**2))
-
-    def d2k(self, r):
-        r = np.asarray(r, dtype=float)
-        return (4 * r**2 - 2) * np.exp(-(r**2))
 
 
 class HandExponential(DistanceKernel):

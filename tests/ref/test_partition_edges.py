@@ -460,21 +460,9 @@ def test_draw_checks_the_seed_before_the_sampler():
 
 
 def test_draw_refuses_a_users_kernel_that_is_not_of_polya_type():
-    from plsh_ref.kernels import DistanceKernel, Exponential
+    from _oracles import Gaussian
 
-    class Gaussian(DistanceKernel):
-        """exp(-r^2): decreasing, not convex near 0 (no pitch law)."""
-
-        def k(self, r):
-            return np.exp(-(np.asarray(r, dtype=float) ** 2))
-
-        def dk(self, r):
-            r = np.asarray(r, dtype=float)
-            return -2 * r * np.exp(-(r**2))
-
-        def d2k(self, r):
-            r = np.asarray(r, dtype=float)
-            return (4 * r**2 - 2) * np.exp(-(r**2))
+    from plsh_ref.kernels import Exponential
 
     with pytest.raises(ValueError, match=r"^sigma: head 1: Gaussian is not convex"):
         P.draw_partition([Exponential(4.0), Gaussian()], 4, seed=0)
