@@ -46,9 +46,16 @@ DOT_KERNELS = ("_fwd_kernel", "_bwd_dq_kernel", "_bwd_dkdv_kernel")
 #: until its entry is removed). Keys: (check, configuration name).
 KNOWN: dict[tuple[str, str], str] = {}
 
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None, reason="triton is not installed"
-)
+#: One xdist group: the whole file runs on one worker, which compiles the report once while
+#: the other worker goes on with the rest of the suite (``make test`` uses ``--dist
+#: loadgroup``). Spread over both workers, one of them waited on the other's lock for the
+#: whole compile (~175 s of a loaded CI run) doing nothing.
+pytestmark = [
+    pytest.mark.skipif(
+        importlib.util.find_spec("triton") is None, reason="triton is not installed"
+    ),
+    pytest.mark.xdist_group("aot_compile"),
+]
 
 
 def _compile_report(out) -> tuple[dict, str]:
@@ -85,7 +92,9 @@ def _shared_rows_file(basetemp, environ):
 def rows(tmp_path_factory):
     """The report, compiled once per test session: under pytest-xdist the first worker
     compiles and the others read its result (a file lock in the base temporary directory
-    that the workers share; the xdist recipe for session fixtures). Two workers used to
+    that the workers share; the xdist recipe for session fixtures). Under ``make test``'s
+    ``--dist loadgroup`` the file's xdist group keeps all its tests on one worker; the lock
+    covers the other distribution modes. Two workers used to
     compile everything at once, each taking twice as long on the 2-core CI machine."""
     done = _shared_rows_file(tmp_path_factory.getbasetemp(), os.environ)
     if done is None:
