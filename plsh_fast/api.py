@@ -110,7 +110,9 @@ def plsh_attention(
         inside int64. They cost one extra read of every input (``O(n d)``, against the
         attention's ``O(n w d)``) and one host read of the results (a device
         synchronisation on CUDA); pass ``False`` in a hot loop whose inputs you trust.
-        With it off, a NaN input propagates to the rows that can reach it. Under
+        With it off the results for such inputs are unspecified: a NaN or inf in a key or
+        value can reach every output row of its head, also rows that cannot attend to it
+        (a masked weight 0 times NaN is NaN). Under
         ``torch.compile`` they are skipped (they would need values while tracing).
 
     Returns

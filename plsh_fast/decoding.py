@@ -535,8 +535,9 @@ class PLSHDecodingCache:
             Also return the LSE ``(batch, num_heads, m)`` (float32, float64 for float64).
         check_finite : bool
             Refuse NaN/inf in ``query``, ``key``, ``value`` (default, as
-            :func:`plsh_fast.plsh_attention`; one read of the new tokens). With it off a NaN
-            input propagates to the rows that reach it, and stays in the cache while live.
+            :func:`plsh_fast.plsh_attention`; one read of the new tokens). With it off the
+            results for such inputs are unspecified (a NaN key or value can reach rows that
+            cannot attend to it, as there), and a bad token stays in the cache while live.
 
         Returns
         -------
