@@ -112,7 +112,9 @@ def collision_probability_mp(
 
     Evaluates ``int_r^inf (1 - r / delta) delta exp(-delta / sigma) / sigma^2 d delta``
     (the Gamma(2, sigma) density times the probability ``1 - r / delta`` that a uniform
-    offset leaves both points in one bin) with tanh-sinh quadrature. The inputs are taken
+    offset leaves both points in one bin) with tanh-sinh quadrature, in the pitch's excess
+    ``t = delta - r``: ``exp(-r / sigma) int_0^inf t exp(-t / sigma) / sigma^2 dt``, any
+    ``r / sigma`` (mpmath's exponent range holds ``exp(-1e300)``). The inputs are taken
     as the exact binary64 values they hold (or as given if already ``mpmath.mpf``).
     mpmath's global precision is restored on exit, also on error.
 
@@ -149,16 +151,20 @@ def collision_probability_mp(
         if s <= 0:
             raise ValueError(f"sigma: must be finite and > 0, got {sigma}")
 
-        def integrand(delta):
-            return (delta - r) * mpmath.exp(-delta / s) / s**2
+        def integrand(t):  # the pitch delta = r + t, without its factor exp(-r / sigma)
+            return t * mpmath.exp(-t / s) / s**2
 
-        # mpmath.quad stops on an absolute error estimate, and the integrand is of size
-        # exp(-r / sigma): divide it by its own value at the mode ``r + sigma`` so that the
-        # stopping rule becomes relative, and multiply back. Break points at the scale of
-        # the density keep tanh-sinh accurate for any r / sigma.
-        scale = integrand(r + s)
-        points = [r, r + s / 4, r + s, r + 4 * s, r + 16 * s, r + 64 * s, mpmath.inf]
-        value = scale * mpmath.quad(lambda d: integrand(d) / scale, points)
+        # In the excess t the break points stay apart at any r / sigma (in delta, r + sigma
+        # rounds to r once r / sigma passes 10^(dps + 10), and the quadrature divided by
+        # zero), and exp(-(r + t) / sigma) = exp(-r / sigma) exp(-t / sigma) keeps t's
+        # digits, which r + t would drop. The integrand is of size 1 (mpmath.quad stops on
+        # an absolute error estimate); break points at the scale of the density keep
+        # tanh-sinh accurate.
+        points = [0, s / 4, s, 4 * s, 16 * s, 64 * s, mpmath.inf]
+        # exp(-x) to p bits needs x to p bits after its binary point: mag(x) more bits
+        with mpmath.workprec(mpmath.mp.prec + max(0, mpmath.mag(r) - mpmath.mag(s))):
+            factor = mpmath.exp(-r / s)
+        value = factor * mpmath.quad(integrand, points)
     with mpmath.workdps(dps):
         return +value
 

@@ -56,6 +56,16 @@ def test_collision_probability_mp_accurate_far_below_one_token(r):
     assert abs(got / want - 1) < mp.mpf(10) ** -13
 
 
+@pytest.mark.parametrize("r", [1e61, 1e65, 1e300])
+def test_collision_probability_mp_beyond_the_working_precision(r):
+    # r / sigma past 10^(dps + 10): r + sigma rounds to r at the working precision, where
+    # the quadrature in delta took its scale as 0 and raised ZeroDivisionError
+    got = E.collision_probability_mp(r, 1.0, dps=50)
+    with mp.workdps(400):  # exp(-r) to 50 digits needs r's 300 digits of the exponent
+        want = mp.exp(-mp.mpf(r))
+    assert abs(got / want - 1) < mp.mpf(10) ** -40
+
+
 def test_collision_probability_mp_inputs():
     big = 2**60 + 1  # an int is taken exactly (float(2**60 + 1) == 2**60)
     got = E.collision_probability_mp(big, mp.mpf(2) ** 60, dps=30)
