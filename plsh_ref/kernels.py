@@ -683,10 +683,11 @@ def check_polya(kernel: DistanceKernel, *, r_max: float = 1e12, num: int = 4001)
     Parameters
     ----------
     kernel : DistanceKernel
+        The kernel ``k(r)`` to check (its ``k``, ``dk``, ``d2k`` are evaluated in float64).
     r_max : float
-        Largest distance checked (tokens).
+        Largest distance checked, tokens, finite and > 0.
     num : int
-        Grid points.
+        Grid points, ``>= 2``.
 
     Returns
     -------
@@ -699,7 +700,12 @@ def check_polya(kernel: DistanceKernel, *, r_max: float = 1e12, num: int = 4001)
         ``kernel`` is not a :class:`DistanceKernel`.
     ValueError
         The first violated condition, named, with the distance (message starts with
-        ``kernel``), e.g. the Gaussian ``exp(-r^2)``: ``kernel: not convex ...``.
+        ``kernel``), e.g. the Gaussian ``exp(-r^2)``: ``kernel: not convex ...``; a bad
+        ``r_max`` or ``num`` (named).
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 1 (theorem 1, the Pólya conditions).
     """
     if not isinstance(kernel, DistanceKernel):
         raise TypeError(f"kernel: must be a DistanceKernel, got {type(kernel).__name__}")
@@ -747,10 +753,15 @@ def is_builtin(kernel: DistanceKernel) -> bool:
     Parameters
     ----------
     kernel : DistanceKernel
+        Any object (one that is not a built-in kernel gives False; nothing is raised).
 
     Returns
     -------
     bool
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 2 (the pitch laws of the built-in kernels).
     """
     if type(kernel) is Mixture:
         return all(is_builtin(c) for c in kernel.kernels)
@@ -788,6 +799,10 @@ def check_kernels(
     ValueError
         Empty, or not ``num_heads`` long; with ``polya``, a kernel violating a Pólya
         condition (``"{name}: head {h}: ..."``, the condition named).
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 1 (theorem 1).
     """
     if isinstance(kernels, DistanceKernel) or isinstance(kernels, (str, bytes)):
         raise TypeError(f"{name}: must be a sequence of DistanceKernel, one per head")
@@ -838,19 +853,26 @@ def collision_probability_mp(
     Parameters
     ----------
     kernel : DistanceKernel
+        The kernel; only its :meth:`DistanceKernel.d2k_mp` is read.
     distance : float
-        ``r >= 0`` tokens.
+        ``r >= 0``, tokens (finite).
     dps : int
-        Decimal digits.
+        Decimal digits of the quadrature (the density is evaluated at ``dps + 10``).
 
     Returns
     -------
     mpmath.mpf
+        ``P(same bin)`` at distance ``r``: ``kernel.k_mp(r)`` for a kernel of Pólya type
+        (checked to a relative 1e-18 at ``dps = 25`` in ``tests/ref/test_kernels.py``).
 
     Raises
     ------
     TypeError, ValueError
         Bad ``kernel`` or ``distance < 0``.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 1 (theorem 1: ``P(same bin) = k(r)``).
     """
     kernel = _check_kernel(kernel)
     r0 = check_positive_float("distance", distance, allow_zero=True)
@@ -883,7 +905,9 @@ def kernel_matrix(
     ----------
     kernel : DistanceKernel
     query_positions, key_positions : array_like of int, shapes ``(n_q,)``, ``(n_k,)``
+        Positions in tokens.
     causal : bool
+        Zero where ``p_j > p_i``.
 
     Returns
     -------
@@ -915,10 +939,28 @@ def expected_mask(
 ) -> np.ndarray:
     """``E[M(h)]`` for every head: the kernel matrices, float64 ``(num_heads, n_q, n_k)``.
 
+    Parameters
+    ----------
+    kernels : sequence of DistanceKernel
+        One per head (``num_heads >= 1``).
+    query_positions, key_positions : array_like of int
+        Positions ``(n_q,)``, ``(n_k,)`` in tokens.
+    causal : bool
+        Zero where ``p_j > p_i``.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``(num_heads, n_q, n_k)``: head ``h`` is ``kernel_matrix(kernels[h], ...)``.
+
     Raises
     ------
     TypeError, ValueError
         As :func:`check_kernels` and :func:`kernel_matrix`.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 1 (theorem 1: ``E[M] = K``).
     """
     ks = check_kernels(kernels)
     return np.stack([kernel_matrix(c, query_positions, key_positions, causal=causal) for c in ks])
@@ -931,10 +973,16 @@ def expected_mask_square(kernel: DistanceKernel, n: int) -> np.ndarray:
     ``E[M^2]_ij = (d + 1) k(d) + sum_{a=1}^{i} k(d + a) + sum_{a=1}^{n-1-j} k(d + a)`` for
     ``i <= j``, ``d = j - i``; ``O(n^2)`` with cumulative sums.
 
+    Parameters
+    ----------
+    kernel : DistanceKernel
+    n : int
+        Number of positions, ``>= 1`` (the result takes ``8 n^2`` bytes).
+
     Returns
     -------
     numpy.ndarray
-        float64 ``(n, n)``.
+        float64 ``(n, n)``, symmetric.
 
     Raises
     ------
@@ -943,7 +991,7 @@ def expected_mask_square(kernel: DistanceKernel, n: int) -> np.ndarray:
 
     References
     ----------
-    ``proofs_notes/general_kernels.md`` (second moments).
+    ``proofs_notes/general_kernels.md``, section 3 (one mask squared).
     """
     kernel = _check_kernel(kernel)
     n = check_int("n", n, minimum=1)
@@ -961,6 +1009,20 @@ def expected_mask_square(kernel: DistanceKernel, n: int) -> np.ndarray:
 def variance_proxy(kernel: DistanceKernel, n: int) -> float:
     """``v = ||E[(M - K)^2]||_2 = ||E[M^2] - K^2||_2`` on positions ``0..n-1`` (exact).
 
+    The variance proxy of the matrix Bernstein bound, by ``eigvalsh`` of the ``(n, n)``
+    matrix (``O(n^3)`` time, ``O(n^2)`` memory).
+
+    Parameters
+    ----------
+    kernel : DistanceKernel
+    n : int
+        Number of positions, ``>= 1``.
+
+    Returns
+    -------
+    float
+        ``v >= 0`` (dimensionless: masks are 0/1).
+
     Raises
     ------
     TypeError, ValueError
@@ -968,7 +1030,8 @@ def variance_proxy(kernel: DistanceKernel, n: int) -> float:
 
     References
     ----------
-    ``proofs_notes/general_kernels.md`` (Theorem 2.1/2.2).
+    ``proofs_notes/general_kernels.md``, section 7 (theorem 2.2 for a general kernel), and
+    section 3 for ``E[M^2]``.
     """
     n = check_int("n", n, minimum=1)
     pos = np.arange(n)
@@ -1018,21 +1081,29 @@ def entry_variance(
     ----------
     kernel : DistanceKernel
     distance : array_like of float
-        ``r >= 0`` tokens.
+        ``r >= 0``, tokens (finite).
     num_samples : int
         ``s >= 1``.
     sampler : {"iid", "stratified", "shared"}
+        The sampler (:mod:`plsh_ref.samplers`).
     group_size : int, optional
-        ``s'`` (divides ``s``).
+        ``s'`` offsets per pitch (divides ``s``); default as
+        :func:`plsh_ref.samplers.resolve_group_size`.
 
     Returns
     -------
     float or numpy.ndarray
+        float64 variance ``>= 0``, the shape of ``distance`` (a float for a scalar).
 
     Raises
     ------
     TypeError, ValueError
         Bad kernel, distance, ``num_samples``, ``sampler`` or ``group_size``.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, sections 3 (correlated samplers) and 8;
+    ``proofs_notes/samplers.md``.
     """
     from .samplers import group_moments, resolve_group_size
 
@@ -1070,10 +1141,27 @@ def frobenius_error_square(
 
     ``sum_{r=1}^{n-1} 2 (n - r) Var_r`` with ``Var_r`` from :func:`entry_variance`.
 
+    Parameters
+    ----------
+    kernel : DistanceKernel
+    n : int
+        Number of positions, ``>= 1``.
+    num_samples, sampler, group_size
+        As :func:`entry_variance`.
+
+    Returns
+    -------
+    float
+        ``E||M~ - K||_F^2 >= 0`` (0 at ``n = 1``).
+
     Raises
     ------
     TypeError, ValueError
         As :func:`entry_variance`; ``n < 1``.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 3.
     """
     n = check_int("n", n, minimum=1)
     if n == 1:
@@ -1093,10 +1181,25 @@ def block_extent_sf(kernel: DistanceKernel, b: ArrayLike) -> float | np.ndarray:
 
     ``P(L >= a, R >= b) = k(a + b)`` (positions ``x - a`` and ``x + b`` share the bin).
 
+    Parameters
+    ----------
+    kernel : DistanceKernel
+    b : float or array_like
+        Extents ``b >= 0``, tokens.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        float64 probabilities, the shape of ``b``.
+
     Raises
     ------
     TypeError, ValueError
         Bad kernel or ``b < 0``.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 4.
     """
     return _check_kernel(kernel).k(_distance("b", b))
 
@@ -1104,14 +1207,25 @@ def block_extent_sf(kernel: DistanceKernel, b: ArrayLike) -> float | np.ndarray:
 def block_size_pmf(kernel: DistanceKernel, size: ArrayLike) -> float | np.ndarray:
     """``P(K = j) = j (k(j-1) - 2 k(j) + k(j+1))``: size of the block containing a position.
 
+    Parameters
+    ----------
+    kernel : DistanceKernel
+    size : int or array_like of int
+        Block sizes ``j >= 1``, tokens.
+
+    Returns
+    -------
+    float or numpy.ndarray
+        float64 probabilities, the shape of ``size``.
+
     Raises
     ------
     TypeError, ValueError
-        Bad kernel or ``size < 1``.
+        Bad kernel or ``size`` not an integer ``>= 1``.
 
     References
     ----------
-    ``proofs_notes/general_kernels.md`` (block-size law).
+    ``proofs_notes/general_kernels.md``, section 4 (block-size law).
     """
     kernel = _check_kernel(kernel)
     j = _as_array("size", size)
@@ -1129,10 +1243,25 @@ def block_size_mean(kernel: DistanceKernel, n: int | None = None) -> float:
     With ``n`` given: the partial sum ``1 + 2 sum_{b=1}^{n-1} k(b)``, the mean block size at
     the centre of ``n`` positions is at most this.
 
+    Parameters
+    ----------
+    kernel : DistanceKernel
+    n : int, optional
+        Number of positions, ``>= 1`` (None: the infinite line).
+
+    Returns
+    -------
+    float
+        Tokens; ``inf`` where the series diverges (KERPLE-log with ``r1 <= 1``).
+
     Raises
     ------
     TypeError, ValueError
         Bad kernel or ``n``.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 4.
     """
     kernel = _check_kernel(kernel)
     if n is not None:
@@ -1150,10 +1279,27 @@ def block_size_mean(kernel: DistanceKernel, n: int | None = None) -> float:
 def largest_pitch_sf(kernel: DistanceKernel, b: ArrayLike, num_samples: int) -> float | np.ndarray:
     """``P(max_t delta_t > b) = 1 - F(b)^s`` for ``s`` independent pitches.
 
+    Parameters
+    ----------
+    kernel : DistanceKernel
+    b : float or array_like
+        Pitch levels ``b >= 0``, tokens.
+    num_samples : int
+        ``s >= 1`` independent pitches (the iid sampler).
+
+    Returns
+    -------
+    float or numpy.ndarray
+        float64 probabilities, the shape of ``b``.
+
     Raises
     ------
     TypeError, ValueError
         Bad kernel, ``b < 0`` or ``num_samples < 1``.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 5.
     """
     kernel = _check_kernel(kernel)
     s = check_int("num_samples", num_samples, minimum=1)
@@ -1167,10 +1313,27 @@ def largest_pitch_quantile(kernel: DistanceKernel, q: float, num_samples: int) -
     For :class:`KerpleLog` it grows like ``((r1 + 1) s / (1 - q))^(1/r1) / r2`` (a power of
     ``s``) against ``sigma ln s`` for ALiBi.
 
+    Parameters
+    ----------
+    kernel : DistanceKernel
+    q : float
+        Probability in ``(0, 1)``.
+    num_samples : int
+        ``s >= 1`` independent pitches.
+
+    Returns
+    -------
+    float
+        The quantile, tokens (from the upper probability ``1 - q^(1/s)``, no cancellation).
+
     Raises
     ------
     TypeError, ValueError
         Bad kernel, ``q`` outside ``(0, 1)``, ``num_samples < 1``.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 5.
     """
     kernel = _check_kernel(kernel)
     q = check_probability("q", q)
@@ -1186,15 +1349,27 @@ def expected_window_width(kernel: DistanceKernel, num_samples: int, n: int) -> n
     extents of the ``s`` blocks of a query are independent with ``P(R >= r) = k(r)``).
     For :class:`KerpleLog` with ``r1 <= 1`` it grows without bound in ``n``.
 
+    Parameters
+    ----------
+    kernel : DistanceKernel
+    num_samples : int
+        ``s >= 1`` independent binnings.
+    n : int
+        Number of positions, ``>= 1``.
+
     Returns
     -------
     numpy.ndarray
-        float64 ``(n,)``.
+        float64 ``(n,)``, keys per query (between 1 and ``n``).
 
     Raises
     ------
     TypeError, ValueError
         Bad kernel, ``num_samples`` or ``n``.
+
+    References
+    ----------
+    ``proofs_notes/general_kernels.md``, section 6.
     """
     kernel = _check_kernel(kernel)
     s = check_int("num_samples", num_samples, minimum=1)
@@ -1215,6 +1390,19 @@ def expected_max_extent(kernel: DistanceKernel, num_samples: int, limit: int) ->
     (``proofs_notes/decoding_cache.md``) are this with ``limit`` the positions available.
     For :class:`KerpleLog` with ``r1 <= 1`` it diverges as ``limit -> inf`` (about
     ``s limit^(1 - r1) r2^(-r1) / (1 - r1)``).
+
+    Parameters
+    ----------
+    kernel : DistanceKernel
+    num_samples : int
+        ``s >= 1`` independent binnings.
+    limit : int
+        Positions available on the side, ``>= 0``.
+
+    Returns
+    -------
+    float
+        Tokens, in ``[0, limit]``.
 
     Raises
     ------
