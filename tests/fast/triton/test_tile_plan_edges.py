@@ -392,16 +392,17 @@ def test_the_query_ranges_convert_no_row_range():
 
 @pytest.mark.parametrize("causal", [True, False])
 def test_counts_tile_with_bin_starts_and_ends_on_tile_starts(causal):
-    """Bins of 4 and 8 positions on tiles of 4: a row's bin start (and end) falls exactly
-    on a key tile's start ``n0`` (0, 4 and 8), where its event ``[j >= a]`` is 1 on the
-    whole tile pair (a "full" event, ``a(m_last) <= n0``, not a mixed or an empty one).
-    The counts tile, both orientations, with the tile classification, equals the
-    reference counts (the small, fast case of ``test_tile_counts.py``)."""
-    partition = PartitionSample(np.array([[4.0, 8.0]]), np.array([[0.0, 4.0]]))
-    qpos = kpos = np.arange(12)
-    plan = tile_plan(partition, qpos, kpos, causal, 4, 4)
-    assert set(plan.row_start.flatten().tolist()) == {0, 4, 8}  # the premise: on tile starts
+    """Bins of 16 and 32 positions on tiles of 16 (the tile size of the kernel tests): a
+    row's bin start (and end) falls exactly on a key tile's start ``n0`` (0, 16 and 32),
+    where its event ``[j >= a]`` is 1 on the whole tile pair (a "full" event, ``a(m_last)
+    <= n0``, not a mixed or an empty one). The counts tile, both orientations, with the
+    tile classification, equals the reference counts (the small, fast case of
+    ``test_tile_counts.py``)."""
+    partition = PartitionSample(np.array([[16.0, 32.0]]), np.array([[0.0, 16.0]]))
+    qpos = kpos = np.arange(48)
+    plan = tile_plan(partition, qpos, kpos, causal, 16, 16)
+    assert set(plan.row_start.flatten().tolist()) == {0, 16, 32}  # the premise: tile starts
     want = counts(partition, qpos, kpos, causal=causal)
     for transposed in (False, True):
-        got = kernel_counts(plan, 12, 2, 4, 4, transposed, True)
+        got = kernel_counts(plan, 48, 2, 16, 16, transposed, True)
         np.testing.assert_array_equal(got, want, err_msg=f"{transposed=}")
