@@ -148,6 +148,14 @@ BAD_INPUTS = [
             {"partition": draw_partition(np.ones(4), 4, seed=0), "num_samples": 8},
         ),
     ),
+    (
+        "slopes",
+        ValueError,
+        lambda q, k, v: (
+            (q, k, v),
+            {"partition": draw_partition(np.ones(4), 4, seed=0), "slopes": [0.5, -1, 0.2, 0.1]},
+        ),
+    ),
     ("seed", ValueError, lambda q, k, v: ((q, k, v), {"seed": -1})),
     ("scale", ValueError, lambda q, k, v: ((q, k, v), {"scale": 0.0})),
     ("query_positions", ValueError, lambda q, k, v: ((q, k, v), {"query_positions": np.arange(3)})),

@@ -1041,6 +1041,34 @@ def test_a_general_call_at_the_newest_position_is_out_of_order():
     assert cache.last_positions().tolist() == [4, 4]
 
 
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("path", ["ring", "general"])
+def test_repeating_one_sequences_newest_position_is_refused_on_every_path(path, m):
+    """One token or two, on a cache that has taken the ring or on the per-sequence path
+    only: a call whose first position for sequence 1 is that sequence's newest one (the
+    other sequence's positions are fine) is refused naming the argument, the sequence and
+    the positions, before any change (the held positions of both sequences stay)."""
+    (ring, _), (q, k, v) = _ring_cache()  # positions 0..7 in both sequences
+    if path == "ring":
+        cache = ring
+    else:
+        cache = _general()
+        _feed(cache, q, k, v, [0, 6, 7, 8])
+    held = [cache.cached_positions(b).tolist() for b in range(2)]
+    assert cache.last_positions().tolist() == [7, 7] and held[1][-1] == 7
+    new = [t[:, :, 8 : 8 + m] for t in (q, k, v)]
+    positions = torch.tensor([[8, 9][:m], [7, 8][:m]])
+    with pytest.raises(ValueError) as err:
+        cache.update(*new, query_positions=positions)
+    assert str(err.value) == (
+        "query_positions: decode step out of order for sequence 1: position 7 after 7"
+    )
+    assert cache.last_positions().tolist() == [7, 7]
+    assert [cache.cached_positions(b).tolist() for b in range(2)] == held
+    cache.update(*new, query_positions=positions + 1)  # one later: accepted
+    assert cache.last_positions().tolist() == [8 + m, 7 + m]
+
+
 def test_the_span_seen_is_the_lowest_of_any_sequence():
     """The span of positions seen starts at the lowest position of every sequence, also
     when a later sequence starts above the first one's newest position."""

@@ -142,6 +142,30 @@ def test_git_is_asked_with_a_short_timeout_in_the_given_folder(monkeypatch, tmp_
         assert 0 < kwargs["timeout"] <= 5
 
 
+def test_dependency_versions_names_only_the_imported_modules(monkeypatch):
+    """Only modules in ``sys.modules`` are recorded (an absent one is left out, not
+    recorded as ``None``); a module without a string ``__version__`` and without
+    distribution metadata is recorded as ``None``. Nothing is imported to ask."""
+    import platform
+    import types
+
+    monkeypatch.setattr(
+        provenance,
+        "DEPENDENCIES",
+        {"numpy": "numpy", "plsh_absent": "plsh-absent", "plsh_unversioned": "plsh-absent"},
+    )
+    monkeypatch.delitem(sys.modules, "plsh_absent", raising=False)
+    fake = types.ModuleType("plsh_unversioned")
+    fake.__version__ = (1, 2)  # not a string: the distribution's metadata, absent here
+    monkeypatch.setitem(sys.modules, "plsh_unversioned", fake)
+    assert provenance.dependency_versions() == {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "plsh_unversioned": None,
+    }
+    assert "plsh_absent" not in sys.modules
+
+
 def test_package_version_is_pyproject_version():
     import tomllib  # Python >= 3.11, as in tests/cli/test_cli.py
 

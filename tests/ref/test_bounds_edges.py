@@ -319,6 +319,29 @@ def test_spectral_variance_default_and_given():
     assert B.EXACT_VARIANCE_MAX_N == 1024
 
 
+def test_spectral_variance_is_the_exact_one_up_to_exact_variance_max_n(monkeypatch):
+    """At ``n == EXACT_VARIANCE_MAX_N`` the default proxy is still the exact ``||E[(M -
+    L*)^2]||`` (times ``1 + 1e-12``, capped by the limit), from ``n + 1`` the limit. The
+    threshold is lowered to 12 (the rule, not the value 1024, is under test; 1024 is pinned
+    above) and the exact proxy is recomputed here from the definition: three positions
+    share a bin with probability ``exp(-span / sigma)``, so ``E[M^2]_ij = sum_k
+    exp(-(max - min) / sigma)`` over ``i, j, k``, minus ``L*^2``."""
+    n, sigma, s, delta = 12, 3.0, 8, 0.05
+    monkeypatch.setattr(B, "EXACT_VARIANCE_MAX_N", n)
+    i, j, k = np.ix_(np.arange(n), np.arange(n), np.arange(n))
+    span = np.maximum(np.maximum(i, j), k) - np.minimum(np.minimum(i, j), k)
+    lstar = np.exp(-np.abs(np.subtract.outer(np.arange(n), np.arange(n))) / sigma)
+    e2 = np.exp(-span / sigma).sum(axis=2) - lstar @ lstar
+    limit = 1.0 / (2.0 * math.sinh(1.0 / (2.0 * sigma)) ** 2)
+    exact = np.max(np.abs(np.linalg.eigvalsh(e2))) * (1 + 1e-12)
+    assert exact < 0.9 * limit  # the premise: the two proxies differ at this n
+    at = B.spectral_error_bound(n, sigma, s, delta)
+    assert close(at.variance_proxy, exact, rtol=1e-13)
+    assert at == B.spectral_error_bound(n, sigma, s, delta, variance=at.variance_proxy)
+    above = B.spectral_error_bound(n + 1, sigma, s, delta)
+    assert close(above.variance_proxy, limit, rtol=1e-13)
+
+
 def test_spectral_required_samples_is_the_smallest():
     n, sigma, delta, eps = 16, 4.0, 0.1, 3.0
     s = B.spectral_required_samples(n, sigma, eps, delta)

@@ -400,3 +400,26 @@ def test_single_and_half_precision_arrays_are_real_numbers():
     for dtype in (np.float32, np.float16):
         out = V.as_float_array("x", np.array([0.5, 2.0], dtype=dtype))
         assert out.dtype == np.float64 and out.tolist() == [0.5, 2.0]
+
+
+# --- partition_argument ------------------------------------------------------------------
+
+
+def test_partition_argument_keeps_the_old_positional_form_returning_the_pair():
+    """The old call ``f(q, k, v, partition)`` warns once and, with ``return_lse`` not
+    given, is answered ``return_lse=True`` (its old return, the pair, without the second
+    warning of :func:`select_return`); a given ``return_lse`` and the keyword form are
+    passed through."""
+    part = object()  # partition_argument passes the partition on unchecked
+    with pytest.warns(V.PLSHDeprecationWarning, match=r"^f\(query, key, value, partition\) "):
+        assert V.partition_argument((part,), None, None, "f") == (part, True)
+    with pytest.warns(V.PLSHDeprecationWarning):
+        assert V.partition_argument((part,), None, False, "f") == (part, False)
+    assert V.partition_argument((), part, None, "f") == (part, None)
+    assert V.partition_argument((), part, False, "f") == (part, False)
+    with pytest.raises(TypeError, match=r"^partition: pass it once, as the keyword partition=$"):
+        V.partition_argument((part,), part, None, "f")
+    with pytest.raises(TypeError, match=r"^partition: pass it once"):
+        V.partition_argument((part, part), None, None, "f")
+    with pytest.raises(TypeError, match=r"^partition: required \(a PartitionSample"):
+        V.partition_argument((), None, True, "f")

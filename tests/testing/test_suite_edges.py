@@ -931,6 +931,41 @@ def test_rows_without_keys_are_skipped_for_kernels_declaring_empty_rows_false():
     assert res.passed and res.error < 1e-12, res
 
 
+def test_the_lse_is_not_compared_on_rows_that_are_not_compared():
+    """The LSE of a pad query slot (and, for a kernel declaring ``empty_rows`` False, of a
+    row without keys) is "don't care", as its output is: any value passes there, while a
+    wrong LSE on a real row still fails."""
+    padded = ProblemSpec(dtype="float64", positions="padded", pad=2, batch=2, n_q=4, n_k=4)
+    problem = padded.build()
+    q_keep = problem.positions_and_keep()[2][:, None, :]
+    ref_lse = problem.reference()[1]
+    pads = np.broadcast_to(~q_keep, ref_lse.shape)
+    assert pads.any() and np.isneginf(ref_lse[pads]).all()  # the reference: -inf there
+
+    def garbage_on_pads(out, lse):
+        return np.where(q_keep[..., None], out, 5.0), np.where(q_keep, lse, 7.0)
+
+    res = S.check_case(_kernel(garbage_on_pads), problem)
+    assert res.passed and res.message == "" and res.lse_error < 1e-12, res
+
+    def wrong_real_row(out, lse):
+        lse = np.where(q_keep, lse, 7.0)
+        lse[1, 0, 3] += 0.5  # sequence 1, query slot 3: a real token
+        return out, lse
+
+    res = S.check_case(_kernel(wrong_real_row), problem)
+    assert not res.passed and res.message.startswith("lse error 0.5 > allowed "), res
+
+    empty = _problem(n_q=6, n_k=2)  # query rows 0..3 have no admissible key
+
+    def finite_on_empty(out, lse):
+        return out, np.where(np.isneginf(lse), 7.0, lse)
+
+    assert not S.check_case(_kernel(finite_on_empty), empty).passed
+    res = S.check_case(_kernel(finite_on_empty), empty, supports={"empty_rows": False})
+    assert res.passed and res.lse_error < 1e-12 and res.empty_rows == 8, res
+
+
 def test_a_raising_kernel_fails_with_nothing_allowed():
     def raising(query, key, value, **kw):
         raise RuntimeError("no")

@@ -3,12 +3,13 @@
 interpreter on CPU (tests/_triton_interp.py).
 
 The kernels only see the counts through the attention they weight; here a small kernel
-stores every (query tile, key tile) pair's counts tile (event form), in both orientations
-(the forward/dQ tile with two columns per int32 and the key/value-gradient kernel's
-transposed sign-bit tile), causal (start events and the causal-end mask) and not (start
-and end events), with and without the tile classification (constant / mixed events), so that
-a wrong count anywhere (also in a pair that the attention tests would weight only
-slightly) fails. Rows and keys past the ends are not compared (every caller masks them).
+(``tests/_triton_counts.py``) stores every (query tile, key tile) pair's counts tile (event
+form), in both orientations (the forward/dQ tile with two columns per int32 and the
+key/value-gradient kernel's transposed sign-bit tile), causal (start events and the
+causal-end mask) and not (start and end events), with and without the tile classification
+(constant / mixed events), so that a wrong count anywhere (also in a pair that the
+attention tests would weight only slightly) fails. Rows and keys past the ends are not
+compared (every caller masks them).
 """
 
 from __future__ import annotations
@@ -16,102 +17,25 @@ from __future__ import annotations
 import _triton_interp  # noqa: F401  (picks compiled/interpreted before triton kernels load)
 import numpy as np
 import pytest
-import torch
-import triton
-import triton.language as tl
+from _triton_counts import kernel_counts, plsh_triton, tile_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from plsh_ref.partition import counts, draw_partition
 from plsh_ref.testing.strategies import draw_positions
 
-plsh_triton = _triton_interp.load("triton")
-tile_counts_all = _triton_interp.load("triton._tiling").tile_counts_all
-
 pytestmark = pytest.mark.triton
-
-
-@triton.jit
-def _counts_kernel(
-    RowStart, RowEnd, CausalEnd, Out, n_q, n_k, num_samples,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, S_BLOCK: tl.constexpr,
-    PASSES: tl.constexpr, TRANSPOSED: tl.constexpr, CLASSIFY: tl.constexpr,
-    CAUSAL: tl.constexpr,
-):  # fmt: skip
-    # grid (query tiles, key tiles, heads): Out[h, i, j] = C_ij of the tile pair.
-    m_tile = tl.program_id(0)
-    n0 = tl.program_id(1) * BLOCK_N
-    h = tl.program_id(2)
-    m_first = m_tile.to(tl.int64) * BLOCK_M
-    offs_m = m_first + tl.arange(0, BLOCK_M)
-    m_valid = offs_m < n_q
-    m_last = tl.minimum(m_first + BLOCK_M, n_q) - 1
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    n_valid = offs_n < n_k
-    c = tile_counts_all(
-        RowStart, RowEnd, CausalEnd, h, n0, offs_m, m_first, m_last, n_q, num_samples,
-        BLOCK_M, BLOCK_N, S_BLOCK, PASSES, TRANSPOSED, CLASSIFY, None, CAUSAL,
-    )  # fmt: skip
-    base = Out + h.to(tl.int64) * n_q * n_k
-    if TRANSPOSED:
-        tl.store(
-            base + offs_m[None, :] * n_k + offs_n[:, None],
-            c,
-            mask=n_valid[:, None] & m_valid[None, :],
-        )
-    else:
-        tl.store(
-            base + offs_m[:, None] * n_k + offs_n[None, :],
-            c,
-            mask=m_valid[:, None] & n_valid[None, :],
-        )
-
-
-def _kernel_counts(plan, n_k, num_samples, block_m, block_n, transposed, classify, passes=None):
-    """The kernel's counts ``(num_heads, n_q, n_k)``; ``passes``: override the number of
-    static passes of :func:`plsh_triton.sample_block` (0: its runtime loop, over passes of
-    ``MAX_SAMPLE_BLOCK`` samples as above ``MAX_STATIC_SAMPLES``)."""
-    num_heads, n_q, _ = plan.row_start.shape
-    s_block, default_passes = plsh_triton.sample_block(num_samples)
-    passes = default_passes if passes is None else passes
-    if passes == 0:
-        s_block = plsh_triton.MAX_SAMPLE_BLOCK
-    out = torch.full((num_heads, n_q, n_k), -1, dtype=torch.int32)
-
-    def run(row_start, row_end, causal_end, out):
-        grid = (triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n), num_heads)
-        _counts_kernel[grid](
-            row_start, row_end, causal_end, out, n_q, n_k, num_samples,
-            BLOCK_M=block_m, BLOCK_N=block_n, S_BLOCK=s_block, PASSES=passes,
-            TRANSPOSED=transposed, CLASSIFY=classify, CAUSAL=plan.causal,
-        )  # fmt: skip
-        return out
-
-    return _triton_interp.call(run, plan.row_start, plan.row_end, plan.causal_end, out).numpy()
-
-
-def _plan(partition, qpos, kpos, causal, block_m, block_n):
-    return _triton_interp.call(
-        plsh_triton.make_plan,
-        torch.from_numpy(qpos),
-        torch.from_numpy(kpos),
-        torch.from_numpy(np.array(partition.pitch)),
-        torch.from_numpy(np.array(partition.offset)),
-        causal=causal,
-        block_m=block_m,
-        block_n=block_n,
-    )
 
 
 def _check(
     qpos, kpos, sigma, s, seed, causal, block_m, block_n, passes=None, classify=(True, False)
 ):
     partition = draw_partition(np.asarray(sigma, dtype=np.float64), s, seed=seed)
-    plan = _plan(partition, qpos, kpos, causal, block_m, block_n)
+    plan = tile_plan(partition, qpos, kpos, causal, block_m, block_n)
     want = counts(partition, qpos, kpos, causal=causal)
     for transposed in (False, True):
         for cls in classify:
-            got = _kernel_counts(plan, len(kpos), s, block_m, block_n, transposed, cls, passes)
+            got = kernel_counts(plan, len(kpos), s, block_m, block_n, transposed, cls, passes)
             np.testing.assert_array_equal(got, want, err_msg=f"{transposed=} classify={cls}")
 
 
@@ -194,8 +118,8 @@ def test_counts_tile_negative_control():
     qpos = kpos = np.arange(24)
     partition = draw_partition(np.array([2.0]), 5, seed=1)
     other = draw_partition(np.array([2.0]), 5, seed=2)
-    plan = _plan(other, qpos, kpos, True, 16, 16)
+    plan = tile_plan(other, qpos, kpos, True, 16, 16)
     for transposed in (False, True):
-        got = _kernel_counts(plan, 24, 5, 16, 16, transposed, True)  # stored at [i, j]
+        got = kernel_counts(plan, 24, 5, 16, 16, transposed, True)  # stored at [i, j]
         assert not np.array_equal(got, counts(partition, qpos, kpos, causal=True))
         np.testing.assert_array_equal(got, counts(other, qpos, kpos, causal=True))

@@ -17,10 +17,11 @@ import _triton_interp  # noqa: F401  (picks compiled/interpreted before triton k
 import numpy as np
 import pytest
 import torch
+from _triton_counts import kernel_counts, tile_plan
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from plsh_ref.partition import draw_partition
+from plsh_ref.partition import PartitionSample, counts, draw_partition
 
 tiling = _triton_interp.load("triton._tiling")
 
@@ -387,3 +388,21 @@ def test_the_query_ranges_convert_no_row_range():
     ]
     assert [2 * 2, 40] not in converted, converted
     assert plan.query_range is not None
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_counts_tile_with_bin_starts_and_ends_on_tile_starts(causal):
+    """Bins of 16 and 32 positions on tiles of 16 (the tile size of the kernel tests): a
+    row's bin start (and end) falls exactly on a key tile's start ``n0`` (0, 16 and 32),
+    where its event ``[j >= a]`` is 1 on the whole tile pair (a "full" event, ``a(m_last)
+    <= n0``, not a mixed or an empty one). The counts tile, both orientations, with the
+    tile classification, equals the reference counts (the small, fast case of
+    ``test_tile_counts.py``)."""
+    partition = PartitionSample(np.array([[16.0, 32.0]]), np.array([[0.0, 16.0]]))
+    qpos = kpos = np.arange(48)
+    plan = tile_plan(partition, qpos, kpos, causal, 16, 16)
+    assert set(plan.row_start.flatten().tolist()) == {0, 16, 32}  # the premise: tile starts
+    want = counts(partition, qpos, kpos, causal=causal)
+    for transposed in (False, True):
+        got = kernel_counts(plan, 48, 2, 16, 16, transposed, True)
+        np.testing.assert_array_equal(got, want, err_msg=f"{transposed=}")
