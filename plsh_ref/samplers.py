@@ -519,9 +519,23 @@ def frobenius_error_square(
 def optimal_group_size(sigma: float, n: int, num_samples: int, *, causal: bool = False) -> int:
     """The divisor ``s'`` of ``s`` minimising the stratified :func:`frobenius_error_square`.
 
+    Parameters
+    ----------
+    sigma : float
+        > 0 (tokens).
+    n : int
+        Positions ``0..n-1``, ``>= 1``.
+    num_samples : int
+        ``s >= 1``.
+    causal : bool
+        Passed to :func:`frobenius_error_square`, where it halves every error (``c_r =
+        1`` instead of 2; exactly, outside float64's subnormal range), so it does not
+        change the answer; accepted so that the two functions take the same arguments.
+
     Returns
     -------
     int
+        The smallest minimising divisor of ``s`` (``s' = 1`` for ``s = 1``).
 
     Raises
     ------

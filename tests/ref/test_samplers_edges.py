@@ -192,6 +192,19 @@ def test_optimal_group_size_is_the_argmin():
         S.optimal_group_size(4.0, 8, 0)
 
 
+def test_causal_halves_the_error_exactly_and_leaves_the_optimal_group_size():
+    # the docstring's claim: causal counts each pair once (c_r = 1), so every stratified
+    # error is exactly half the bidirectional one and the argmin cannot move
+    for sigma, n, s in ((4.0, 32, 12), (64.0, 64, 16), (0.5, 9, 6)):
+        for d in (x for x in range(1, s + 1) if s % x == 0):
+            kw = dict(sampler="stratified", group_size=d)
+            both = S.frobenius_error_square(sigma, n, s, causal=False, **kw)
+            assert S.frobenius_error_square(sigma, n, s, causal=True, **kw) == both / 2
+        assert S.optimal_group_size(sigma, n, s, causal=True) == S.optimal_group_size(
+            sigma, n, s, causal=False
+        )
+
+
 def test_default_group_size_rule():
     expected = {1: 1, 4: 1, 16: 2, 64: 4, 256: 8, 1024: 16, 7: 1, 12: 2, 6: 2}
     for s, g in expected.items():
