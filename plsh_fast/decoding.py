@@ -364,6 +364,8 @@ class PLSHDecodingCache:
             Indices not 1-D, or outside ``[0, batch)``.
         """
         idx = np.asarray(indices.cpu() if isinstance(indices, torch.Tensor) else indices)
+        if idx.size == 0 and not isinstance(indices, torch.Tensor):
+            idx = idx.astype(np.int64)  # an empty list keeps no sequence (np.asarray: float64)
         if idx.dtype == np.bool_ or not np.issubdtype(idx.dtype, np.integer):
             raise TypeError(f"indices: must be integers, got dtype {idx.dtype}")
         if idx.ndim != 1:

@@ -766,6 +766,18 @@ def test_select_keeps_and_reorders_sequences():
     assert cache.batch_size == 0 and cache.cached_tokens().tolist() == []
 
 
+def test_select_of_an_empty_list_keeps_no_sequence():
+    # np.asarray([]) is float64: the empty list was refused as "must be integers", while
+    # the empty int64 tensor (above) empties the cache; an empty float tensor stays refused
+    cache, _ = _two_seq_cache()
+    assert (
+        _message(TypeError, cache.select, torch.zeros(0))
+        == "indices: must be integers, got dtype float32"
+    )
+    cache.select([])
+    assert cache.batch_size == 0 and cache.cached_tokens().tolist() == []
+
+
 def test_select_refuses_bad_indices_with_their_messages():
     cache, _ = _two_seq_cache()
     assert (
