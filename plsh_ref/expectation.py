@@ -112,9 +112,12 @@ def collision_probability_mp(
 
     Evaluates ``int_r^inf (1 - r / delta) delta exp(-delta / sigma) / sigma^2 d delta``
     (the Gamma(2, sigma) density times the probability ``1 - r / delta`` that a uniform
-    offset leaves both points in one bin) with tanh-sinh quadrature, in the pitch's excess
-    ``t = delta - r``: ``exp(-r / sigma) int_0^inf t exp(-t / sigma) / sigma^2 dt``, any
-    ``r / sigma`` (mpmath's exponent range holds ``exp(-1e300)``). The inputs are taken
+    offset leaves both points in one bin) with tanh-sinh quadrature, after the
+    substitution ``delta = r + sigma u``: ``exp(-r / sigma) int_0^inf u exp(-u) du``, at any
+    ``r / sigma`` (mpmath's exponent range holds ``exp(-1e300)``) and any ``sigma``. What it
+    checks is the model's integral, reduced by that substitution; the general kernels'
+    :func:`plsh_ref.kernels.collision_probability_mp` integrates a kernel's pitch density
+    as it is. The inputs are taken
     as the exact binary64 values they hold (or as given if already ``mpmath.mpf``).
     mpmath's global precision is restored on exit, also on error.
 
@@ -151,20 +154,22 @@ def collision_probability_mp(
         if s <= 0:
             raise ValueError(f"sigma: must be finite and > 0, got {sigma}")
 
-        def integrand(t):  # the pitch delta = r + t, without its factor exp(-r / sigma)
-            return t * mpmath.exp(-t / s) / s**2
+        def integrand(u):  # delta = r + sigma u, without the factor exp(-r / sigma)
+            return u * mpmath.exp(-u)
 
-        # In the excess t the break points stay apart at any r / sigma (in delta, r + sigma
-        # rounds to r once r / sigma passes 10^(dps + 10), and the quadrature divided by
-        # zero), and exp(-(r + t) / sigma) = exp(-r / sigma) exp(-t / sigma) keeps t's
-        # digits, which r + t would drop. The integrand is of size 1 (mpmath.quad stops on
-        # an absolute error estimate); break points at the scale of the density keep
-        # tanh-sinh accurate.
-        points = [0, s / 4, s, 4 * s, 16 * s, 64 * s, mpmath.inf]
+        # In u the break points stay apart at any r / sigma (in delta, r + sigma rounds to
+        # r once r / sigma passes 10^(dps + 10), and the quadrature divided by zero), and
+        # exp(-delta / sigma) = exp(-r / sigma) exp(-u) keeps u's digits, which r + sigma u
+        # would drop; mpmath's map of [a, inf) is not scale-free (in t = delta - r the
+        # last interval lost 8 digits at sigma <= 1e-30), u is. mpmath.quad stops on an
+        # absolute error estimate: the integrand divided by its value at its mode u = 1 is
+        # of size 1, so the stopping rule is relative.
+        scale = integrand(1)
+        points = [0, mpmath.mpf(1) / 4, 1, 4, 16, 64, mpmath.inf]
         # exp(-x) to p bits needs x to p bits after its binary point: mag(x) more bits
         with mpmath.workprec(mpmath.mp.prec + max(0, mpmath.mag(r) - mpmath.mag(s))):
             factor = mpmath.exp(-r / s)
-        value = factor * mpmath.quad(integrand, points)
+        value = factor * scale * mpmath.quad(lambda u: integrand(u) / scale, points)
     with mpmath.workdps(dps):
         return +value
 
