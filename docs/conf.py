@@ -2,8 +2,10 @@
 
 Build (from the repository root; the Makefile target ``docs`` runs both)::
 
-    python -m sphinx -W --keep-going -n -b html docs docs/_build/html
-    python -m sphinx -W --keep-going -n -b doctest docs docs/_build/doctest
+    python -m sphinx -W --keep-going -n -b html -d docs/_build/doctrees docs docs/_build/html
+    python -m sphinx -W --keep-going -n -b doctest -d docs/_build/doctrees docs docs/_build/doctest
+
+(one doctree folder for both: the doctest build reuses the environment the html build read).
 
 When the builder starts (event ``builder-inited``, so importing this file writes nothing),
 it generates sources that git ignores and that are rewritten only when their content
@@ -409,15 +411,18 @@ def _figures(app) -> None:
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    for script, product in _FIGURE_SCRIPTS.items():
-        if app.builder.name == "doctest" and (out / product).exists():
-            continue
-        subprocess.run(
-            [sys.executable, str(DOCS / "_scripts" / script), str(out)],
-            check=True,
-            cwd=ROOT,
-            env=env,
+    # The scripts are independent: they run at once (the build waits for all of them), and a
+    # failing one fails the build with its name, after the others have finished.
+    running = {
+        script: subprocess.Popen(
+            [sys.executable, str(DOCS / "_scripts" / script), str(out)], cwd=ROOT, env=env
         )
+        for script, product in _FIGURE_SCRIPTS.items()
+        if not (app.builder.name == "doctest" and (out / product).exists())
+    }
+    failed = [script for script, proc in running.items() if proc.wait() != 0]
+    if failed:
+        raise RuntimeError(f"docs/_scripts: {', '.join(failed)} failed (its output is above)")
 
 
 # --- events: generated toctrees, re-exported names ---------------------------------------

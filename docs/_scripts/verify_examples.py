@@ -9,8 +9,10 @@ so when those are not installed.
 """
 
 import importlib.util
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 EX = "plsh_ref.testing.examples"
@@ -61,22 +63,35 @@ def run(command, args):
 
 def main(out: Path):
     out.mkdir(parents=True, exist_ok=True)
-    first_failure = None
+    runnable = {}
     for name, (command, args, needs) in RUNS.items():
         missing = [m for m in needs if importlib.util.find_spec(m) is None]
         if missing:
             (out / f"{name}.txt").write_text(
                 f"({', '.join(missing)} not installed on the machine that built these docs)\n"
             )
-            continue
-        if "CASE" in args:
-            args = [first_failure if a == "CASE" else a for a in args]
-        text, stdout = run(command, args)
-        if name == "averaged_plsh":
-            first_failure = next(
-                line.split("--case ")[1].strip() for line in stdout.splitlines() if "rerun:" in line
-            )
-        (out / f"{name}.txt").write_text(text)
+        else:
+            runnable[name] = (command, args)
+    # Each run is its own process: the independent ones run side by side (one per core);
+    # the one that reruns a case waits for the run that names it.
+    later = {name: run_ for name, run_ in runnable.items() if "CASE" in run_[1]}
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {
+            name: pool.submit(run, command, args)
+            for name, (command, args) in runnable.items()
+            if name not in later
+        }
+        results = {name: future.result() for name, future in futures.items()}
+    if later:
+        stdout = results["averaged_plsh"][1]
+        case = next(
+            line.split("--case ")[1].strip() for line in stdout.splitlines() if "rerun:" in line
+        )
+        for name, (command, args) in later.items():
+            results[name] = run(command, [case if a == "CASE" else a for a in args])
+    for name in RUNS:
+        if name in results:
+            (out / f"{name}.txt").write_text(results[name][0])
 
 
 if __name__ == "__main__":
