@@ -32,6 +32,7 @@ import pkgutil
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
@@ -411,18 +412,27 @@ def _figures(app) -> None:
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
-    # The scripts are independent: they run at once (the build waits for all of them), and a
+    # The scripts are independent: they run at once (the build waits for all of them). Each
+    # one's output goes to its own file, printed whole after it ends (not interleaved), and a
     # failing one fails the build with its name, after the others have finished.
-    running = {
-        script: subprocess.Popen(
-            [sys.executable, str(DOCS / "_scripts" / script), str(out)], cwd=ROOT, env=env
-        )
-        for script, product in _FIGURE_SCRIPTS.items()
-        if not (app.builder.name == "doctest" and (out / product).exists())
-    }
-    failed = [script for script, proc in running.items() if proc.wait() != 0]
+    running = {}
+    for script, product in _FIGURE_SCRIPTS.items():
+        if app.builder.name == "doctest" and (out / product).exists():
+            continue
+        log = tempfile.TemporaryFile(mode="w+")
+        command = [sys.executable, str(DOCS / "_scripts" / script), str(out)]
+        proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+        running[script] = (proc, log)
+    failed = []
+    for script, (proc, log) in running.items():
+        code = proc.wait()
+        log.seek(0)
+        print(f"--- docs/_scripts/{script} (exit status {code}) ---\n{log.read()}", end="")
+        log.close()
+        if code != 0:
+            failed.append(script)
     if failed:
-        raise RuntimeError(f"docs/_scripts: {', '.join(failed)} failed (its output is above)")
+        raise RuntimeError(f"docs/_scripts failed: {', '.join(failed)} (output above)")
 
 
 # --- events: generated toctrees, re-exported names ---------------------------------------
