@@ -26,6 +26,7 @@ from plsh_ref.partition import (
     count_bias,  # noqa: E402
     counts,
     draw_partition,
+    masks,
 )
 from plsh_ref.testing.baseline import plain_attention_torch
 from plsh_ref.testing.strategies import draw_positions  # noqa: E402
@@ -220,16 +221,34 @@ def test_plan_row_ranges_give_reference_counts(mode, causal, n_q, n_k, s, seed):
     np.testing.assert_array_equal(got, counts(partition, qpos, kpos, causal=causal))
 
 
+def _tile_pair_classes(partition, qpos, kpos, causal):
+    """Which of ``"full"``, ``"disjoint"`` and ``"partial"`` occur among the (head, sample,
+    query tile, key tile) blocks of the masks on ``BLOCK x BLOCK`` tiles (a last tile may
+    be short): the three cases of the per-tile-pair classification."""
+    m = masks(partition, qpos, kpos, causal=causal)
+    found = set()
+    for i in range(0, len(qpos), BLOCK):
+        for j in range(0, len(kpos), BLOCK):
+            tile = m[:, :, i : i + BLOCK, j : j + BLOCK]
+            full, none = tile.all(axis=(2, 3)), ~tile.any(axis=(2, 3))
+            found |= {"full"} if full.any() else set()
+            found |= {"disjoint"} if none.any() else set()
+            found |= {"partial"} if (~full & ~none).any() else set()
+    return found
+
+
 @pytest.mark.parametrize("s", [6, 70])
 def test_tile_classification_is_exact(s):
     """Skipping full/disjoint samples per tile pair gives bit-identical results to comparing
-    every sample (one sample block, and two for s = 70)."""
+    every sample (one sample block, and two for s = 70), on 2 x 3 tile pairs where full,
+    disjoint and partial samples all occur, causal or not."""
     rng = np.random.default_rng(8)
     partition = draw_partition(np.array([1.5, 9.0, 40.0]), s, seed=8)
-    qpos, kpos = np.arange(50) + 4, np.arange(54)
-    q = torch.from_numpy(rng.standard_normal((1, 3, 50, 6))).float()
-    k, v = (torch.from_numpy(rng.standard_normal((1, 3, 54, 6))).float() for _ in range(2))
+    qpos, kpos = np.arange(26) + 4, np.arange(40)
+    q = torch.from_numpy(rng.standard_normal((1, 3, 26, 6))).float()
+    k, v = (torch.from_numpy(rng.standard_normal((1, 3, 40, 6))).float() for _ in range(2))
     for causal in (True, False):
+        assert _tile_pair_classes(partition, qpos, kpos, causal) == {"full", "disjoint", "partial"}
         fast = _run(q, k, v, partition, qpos, kpos, causal, 0.6)
         slow = _run(q, k, v, partition, qpos, kpos, causal, 0.6, classify=False)
         assert torch.equal(fast[0], slow[0]) and torch.equal(fast[1], slow[1])
