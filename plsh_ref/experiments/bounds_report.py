@@ -22,17 +22,20 @@ from ..bounds import (
 from ..expectation import block_size_mean, expected_window_width, variance_proxy_limit
 from ..provenance import run_metadata
 from ..validation import check_int, check_positive_float, check_probability
-from .options import Values, add_out_option, add_quiet_option, integer, number, option_message
+from .options import (
+    MAX_SIGMA,
+    Values,
+    add_out_option,
+    add_quiet_option,
+    integer,
+    number,
+    option_message,
+)
 
 #: one line for ``plsh --help``
 SUMMARY = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
 
 HELP = "Theorem 2.1/2.2 bounds and the samples needed for a target error"
-
-#: largest sigma of the report, as the expected-window column sums about ``44 sigma`` terms
-#: (:func:`plsh_ref.expectation.expected_window_width`, float64 arrays of that length)
-MAX_SIGMA = 1e6
-
 
 #: parameters of :func:`rows` that are options of the command (same name, ``--`` and dashes)
 _OPTIONS = ("n", "sigma", "num_samples", "eps", "delta", "spectral_eps")
@@ -84,7 +87,7 @@ def rows(
     Raises
     ------
     ValueError, TypeError
-        ``n < 1``, ``sigma <= 0`` or ``> MAX_SIGMA``, ``num_samples < 1``, ``eps`` or
+        ``n < 1``, ``sigma <= 0`` or ``> options.MAX_SIGMA``, ``num_samples < 1``, ``eps`` or
         ``delta`` outside (0, 1).
     """
     n = check_int("n", n, minimum=1)
@@ -96,8 +99,8 @@ def rows(
         sigma = check_positive_float("sigma", sigma)
         if sigma > MAX_SIGMA:
             raise ValueError(
-                f"sigma: must be <= {MAX_SIGMA:g} in this report (the expected window sums "
-                f"about 44 sigma terms), got {sigma:g}"
+                f"sigma: must be <= {MAX_SIGMA:g} (options.MAX_SIGMA, the largest length "
+                f"scale the commands accept), got {sigma:g}"
             )
         sb = spectral_error_bound(n, sigma, s, delta)
         target = (

@@ -318,6 +318,161 @@ def test_expected_window_width_sums(sigma, s):
     assert E.expected_window_width(sigma, s, 1).tolist() == [1.0]
 
 
+# -- the line's sum in closed form (proofs_notes/window_width.md section 2a) ----------------
+
+
+def _line_sum_exact(sigma, s):
+    """``sum_{r >= 1} [1 - (1 - rho^r)^s]`` exactly, as the alternating binomial sum
+    ``sum_{j=1}^{s} C(s, j) (-1)^(j+1) rho^j / (1 - rho^j)`` (sum over ``r`` of each
+    geometric series), at enough digits for its cancellation (about ``s log10(2)``)."""
+    with mp.workdps(int(s * 0.302) + 40):
+        rho = mp.exp(-1 / mp.mpf(sigma))
+        total = mp.fsum(
+            mp.binomial(s, j) * (-1) ** (j + 1) * rho**j / (1 - rho**j) for j in range(1, s + 1)
+        )
+        return +total
+
+
+def _g_derivative_at_0(s, m):
+    """``g^(m)(0)`` of ``g(u) = 1 - (1 - e^-u)^s`` by mpmath's numerical differentiation."""
+    return mp.diff(lambda u: 1 - (1 - mp.exp(-u)) ** s, 0, m)
+
+
+#: the remainder bound of the closed form is ``REMAINDER_CONSTANT * sigma^-5`` (3840 / 30240)
+REMAINDER_CONSTANT = 3840 / 30240
+
+LINE_SUM_CASES = [
+    (sigma, s) for sigma in (1.5, 2.0, 4.0, 8.0) for s in (1, 2, 3, 4, 5, 6, 7, 10, 50)
+]
+
+
+def _closed_form(monkeypatch, sigma, s):
+    """The library's closed form at any sigma: the switch moved below it (public constant)."""
+    monkeypatch.setattr(E, "EULER_MACLAURIN_SIGMA", 1.0)
+    return mp.mpf(E.expected_window_width(sigma, s, causal=True)) - 1
+
+
+@pytest.mark.parametrize("sigma, s", LINE_SUM_CASES)
+def test_window_sum_euler_maclaurin_within_its_remainder(monkeypatch, sigma, s):
+    """Section 2a: ``|closed form - sum| <= 0.127 sigma^-5``; at these small sigma the
+    bound (4e-3 to 4e-6) is far above rounding, so the test sees the remainder itself."""
+    exact = _line_sum_exact(sigma, s)
+    bound = REMAINDER_CONSTANT * sigma**-5
+    got = _closed_form(monkeypatch, sigma, s)
+    assert abs(got - exact) <= bound + 1e-15 * exact
+
+
+@pytest.mark.parametrize("sigma, s, m, weight", [(8.0, 1, 1, 1 / 12), (8.0, 2, 3, -1 / 720)])
+def test_window_sum_without_a_correction_leaves_the_bound(monkeypatch, sigma, s, m, weight):
+    """Negative control of the test above: the closed form with its ``B_2`` (``s = 1``) or
+    ``B_4`` (``s = 2``) correction undone lies outside the bound (by 1300x and 4x)."""
+    exact = _line_sum_exact(sigma, s)
+    bound = REMAINDER_CONSTANT * sigma**-5
+    undone = _closed_form(monkeypatch, sigma, s) + weight * _g_derivative_at_0(s, m) / sigma**m
+    assert abs(undone - exact) > 3 * bound
+
+
+@pytest.mark.parametrize("s", range(1, 8))
+def test_window_sum_derivatives_at_0_are_the_stirling_table(s):
+    """Section 2a: odd ``g^(m)(0) = sum_j C(s, j) (-1)^j j^m = (-1)^s s! S(m, s)``, the
+    listed values, 0 for ``s > m``."""
+    table = {1: [-1], 3: [-1, 6, -6], 5: [-1, 30, -150, 240, -120]}
+    for m, values in table.items():
+        numeric = _g_derivative_at_0(s, m)
+        alternating = mp.fsum(mp.binomial(s, j) * (-1) ** j * j**m for j in range(1, s + 1))
+        stirling = (-1) ** s * mp.factorial(s) * mp.stirling2(m, s)
+        want = values[s - 1] if s <= len(values) else 0
+        assert abs(numeric - want) < 1e-20 and alternating == want and stirling == want
+
+
+def _sixth_derivative(s):
+    """``g^(6)`` of ``g(u) = 1 - (1 - y)^s``, ``y = e^-u``, as exact integer coefficients of
+    ``y^a (1 - y)^b``: ``d/du [y^a (1 - y)^b] = -a y^a (1 - y)^b + b y^(a+1) (1 - y)^(b-1)``
+    (no alternating binomial sum, so float64 evaluation cancels nothing)."""
+    terms = {(0, s): -1}  # g - 1
+    for _ in range(6):
+        nxt: dict = {}
+        for (a, b), c in terms.items():
+            if a:
+                nxt[(a, b)] = nxt.get((a, b), 0) - a * c
+            if b:
+                nxt[(a + 1, b - 1)] = nxt.get((a + 1, b - 1), 0) + b * c
+        terms = nxt
+    return terms
+
+
+def _remainder_integral(s, points=400_001):
+    """``K_s = int_0^inf |g^(6)(u)| du``: trapezoid rule on ``[0, ln s + 45]`` (beyond,
+    ``|g^(6)| <= s^6 ... e^-u`` is below 1e-12)."""
+    u = np.linspace(0.0, math.log(s) + 45, points)
+    log_y, log_1my = -u, np.log(-np.expm1(-u[1:]))
+    log_1my = np.concatenate([[-np.inf], log_1my])
+    h = np.zeros_like(u)
+    for (a, b), c in _sixth_derivative(s).items():
+        with np.errstate(invalid="ignore"):
+            h += c * np.exp(a * log_y + np.where(b == 0, 0.0, b * log_1my))
+    return float(np.trapezoid(np.abs(h), u))
+
+
+def test_window_sum_remainder_integral_is_exact_where_known():
+    """The quadrature of the next test against ``K_s`` in closed form: ``s = 1``,
+    ``g^(6) = e^-u``, ``K = 1``; ``s = 2``, ``g^(6) = 2 e^-u - 64 e^-2u`` (sign change at
+    ``e^-u = 1/32``), ``K = 30 + 1/32 + 1/32 = 30.0625``."""
+    assert _sixth_derivative(1) == {(1, 0): 1}
+    # the trapezoid's error: about h^2 / 12 ~ 1e-9 relative for a smooth integrand (step h
+    # ~ 1.1e-4), of order h^2 max|h''| ~ 1e-7 where |g^(6)| has its kink (s = 2)
+    assert abs(_remainder_integral(1) - 1.0) < 1e-8
+    assert abs(_remainder_integral(2) - 30.0625) < 1e-6
+
+
+@pytest.mark.parametrize("s", [1, 2, 3, 4, 5, 6, 9, 16, 40, 1000, 10**6])
+def test_window_sum_remainder_constant(s):
+    """Section 2a: ``K_s <= 3840`` for every ``s`` (Rényi's representation for ``s >= 5``)
+    and ``K_s <= sum_j C(s, j) j^5`` for ``s <= 4``."""
+    k = _remainder_integral(s) / (1 + 1e-6)  # less the quadrature's error (test above)
+    assert k <= 3840
+    if s <= 4:
+        assert k <= sum(math.comb(s, j) * j**5 for j in range(1, s + 1))
+
+
+@pytest.mark.parametrize("s", [1, 2, 3, 5, 6, 16, 1000, 10**6])
+def test_window_width_on_the_line_switches_to_the_closed_form(monkeypatch, s):
+    """Section 2a: just below the switch (direct sum) and at it (closed form) the line's
+    width is within 5e-16 of the exact sum (``s = 1000``: the alternating binomial sum at
+    340 digits), so the two agree to 1e-15. The direct sum took ``np.cumsum(terms)[-1]``
+    before, which carried up to ``10^5`` roundings: 1.0e-12 off at ``s = 1``, just below
+    the switch. From the switch on, the direct sum is not called."""
+    switch = E.EULER_MACLAURIN_SIGMA
+    assert switch == 1000.0
+    below = E.expected_window_width(math.nextafter(switch, 0.0), s)
+    at = E.expected_window_width(switch, s)
+    assert close(at, below, rtol=1e-15)
+    if s <= 1000:
+        assert close(below, 1 + 2 * _line_sum_exact(math.nextafter(switch, 0.0), s), rtol=5e-16)
+        assert close(at, 1 + 2 * _line_sum_exact(switch, s), rtol=5e-16)
+
+    def refuse(*args):
+        raise AssertionError("direct sum called above the switch")
+
+    monkeypatch.setattr(E, "_max_extent_mean_direct", refuse)
+    for sigma in (switch, 1e6, 1e300):
+        width = E.expected_window_width(sigma, s, causal=True)
+        assert math.isfinite(width)
+    with pytest.raises(AssertionError, match="direct sum called"):
+        E.expected_window_width(math.nextafter(switch, 0.0), s)
+
+
+def test_variance_proxy_limit_overflows_to_inf():
+    """``2 rho / (1 - rho)^2`` was a ZeroDivisionError from sigma ~ 1e154 on (``(1 -
+    rho)^2`` underflowed to 0); the value ``~2 sigma^2`` exceeds float64 there: ``inf``.
+    Just below, the value is finite and exact."""
+    for sigma in (1.3e154, 1e200, 1e308):
+        assert E.variance_proxy_limit(sigma) == math.inf
+    for sigma in (1e100, 1e150, 1.2e153):
+        x = 1 / (2 * mp.mpf(sigma))
+        assert close(E.variance_proxy_limit(sigma), 1 / (2 * mp.sinh(x) ** 2))
+
+
 def test_expected_window_width_refusals():
     with pytest.raises(ValueError, match=r"^n: must be >= 1, got 0$"):
         E.expected_window_width(1.0, 1, 0)
