@@ -554,6 +554,7 @@ def pitch_sf(b: ArrayLike, sigma: float) -> float | np.ndarray:
     Returns
     -------
     float or numpy.ndarray
+        In ``[0, 1]``; 0 where ``b / sigma`` overflows float64 (was NaN).
 
     Raises
     ------
@@ -568,8 +569,10 @@ def pitch_sf(b: ArrayLike, sigma: float) -> float | np.ndarray:
     b = as_float_array("b", b)
     if np.any(b < 0):
         raise ValueError("b: every entry must be >= 0")
-    x = b / sigma
-    return _scalar_or_array((1.0 + x) * np.exp(-x))
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = b / sigma  # inf once b / sigma overflows (a tiny sigma): the tail is 0 there
+        tail = np.where(np.isinf(x), 0.0, (1.0 + x) * np.exp(-x))  # (1 + inf) 0 is NaN
+    return _scalar_or_array(tail)
 
 
 def largest_pitch_sf(b: ArrayLike, sigma: float, num_samples: int) -> float | np.ndarray:
@@ -621,7 +624,8 @@ def largest_pitch_cdf(b: ArrayLike, sigma: float, num_samples: int) -> float | n
     # One-sample CDF 1 - (1 + x) e^-x: from the tail it cancels for small x (about x^2/2
     # is left, with an absolute error of one ulp of 1); the regularised incomplete gamma
     # P(2, x) keeps its relative accuracy there.
-    head = gammainc(2.0, np.asarray(b, dtype=np.float64) / check_positive_float("sigma", sigma))
+    with np.errstate(over="ignore"):  # b / sigma = inf: gammainc gives 1, the CDF's limit
+        head = gammainc(2.0, np.asarray(b, dtype=np.float64) / check_positive_float("sigma", sigma))
     with np.errstate(divide="ignore"):
         out = np.where(tail < 0.5, np.exp(s * np.log1p(-tail)), np.exp(s * np.log(head)))
     return _scalar_or_array(out)

@@ -601,8 +601,10 @@ def largest_pitch_sf_of(
     sigma, m, g, _, _, _ = _design(sampler, sigma, num_samples, group_size)
     if sampler != "stratified":
         return largest_pitch_sf(b, sigma, m)
-    x = np.maximum(as_float_array("b", b), 0.0) / sigma
-    out = np.minimum(1.0, m * np.exp(-x) * (1.0 + x))
+    b = np.maximum(as_float_array("b", b), 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):
+        x = b / sigma  # inf where it overflows: the tail is 0 there, not m * 0 * inf = NaN
+        out = np.minimum(1.0, np.where(np.isinf(x), 0.0, m * np.exp(-x) * (1.0 + x)))
     return float(out) if np.ndim(out) == 0 else out
 
 
@@ -633,17 +635,24 @@ def largest_pitch_quantile_of(
 
 
 def _no_reach(r, sampler, sigma, num_samples, group_size):
-    """``log P(max_t R_t < r)`` for extents ``r`` (last axis summed over groups)."""
-    sigma, m, g, lo, hi, weight = _design(sampler, sigma, num_samples, group_size)
-    x = r[..., None]
+    """``log P(max_t R_t < r)`` for extents ``r`` (last axis summed over groups).
 
-    def sf(d):
+    In units of ``sigma`` (pitches, strata and ``r``): at a subnormal ``sigma`` the strata
+    ``sigma q_k`` kept one or two bits (``sigma = 5e-324`` gave a window of 3.05, not 1)
+    and ``r / sigma`` overflows; ``x = inf`` makes every term below 0 or its limit."""
+    _, m, g, lo, hi, weight = _design(sampler, 1.0, num_samples, group_size)
+    with np.errstate(over="ignore"):
+        x = (r / sigma)[..., None]
+
+    def sf(d):  # P(delta > d), d in units of sigma
         with np.errstate(invalid="ignore"):
-            val = np.exp(-d / sigma) * (1.0 + d / sigma)
+            val = np.exp(-d) * (1.0 + d)
         return np.where(np.isinf(d), 0.0, val)
 
-    def e(d):
-        return np.where(np.isinf(d), 0.0, np.exp(-d / sigma))
+    def xe(d):  # x exp(-d) for d >= x (0 at d = inf, not inf * 0)
+        with np.errstate(invalid="ignore"):
+            val = x * np.exp(-d)
+        return np.where(np.isinf(d), 0.0, val)
 
     # P(no offset of the group reaches r | delta) = 1 for delta <= r,
     # 1 - s' + s' r / delta on (r, c), c = r s' / (s' - 1), 0 beyond.
@@ -651,8 +660,10 @@ def _no_reach(r, sampler, sigma, num_samples, group_size):
     c = x * g / (g - 1) if g > 1 else np.full_like(x, np.inf)
     a = np.maximum(lo, x)
     bnd = np.minimum(hi, c)
-    mid = np.where(a < bnd, g * x / sigma * (e(a) - e(bnd)) - (g - 1) * (sf(a) - sf(bnd)), 0.0)
-    p = np.clip(weight * (below + mid), 0.0, 1.0)
+    mid = np.where(a < bnd, g * (xe(a) - xe(bnd)) - (g - 1) * (sf(a) - sf(bnd)), 0.0)
+    # a stratum wholly at or below r reaches nothing: exactly 1, not m (sf(lo) - sf(hi)),
+    # which the rounding of the strata's edges puts a few ulps off (1e-14 at r / sigma > 40)
+    p = np.where(hi <= x, 1.0, np.clip(weight * (below + mid), 0.0, 1.0))
     with np.errstate(divide="ignore"):
         logp = np.sum(np.log(p), axis=-1)
     # "shared" (and iid): m independent groups with the same law

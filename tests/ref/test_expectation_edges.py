@@ -482,6 +482,18 @@ def test_expected_window_width_refusals():
         E.expected_window_width(0.0, 1)
 
 
+def test_pitch_tails_where_b_over_sigma_overflows():
+    """``b / sigma = inf`` (``b = 1e300``, ``sigma = 1e-10``): the tail is 0 and the CDF 1,
+    without warnings; ``(1 + x) e^-x`` gave NaN there (``(1 + inf) 0``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert E.pitch_sf(1e300, 1e-10) == 0.0
+        assert E.pitch_sf([0.0, 1e300], 1e-10).tolist() == [1.0, 0.0]
+        assert E.largest_pitch_sf(1e300, 1e-10, 4) == 0.0
+        assert E.largest_pitch_cdf(1e300, 1e-10, 4) == 1.0
+        assert E.pitch_sf(1e300, 1e-8) == 0.0  # b / sigma = 1e308, just inside the range
+
+
 def test_largest_pitch_sf_at_zero_raises_no_warning():
     # b = 0: the one-pitch tail is 1 and log1p(-1) = -inf (a division by zero, ignored)
     with warnings.catch_warnings():

@@ -13,6 +13,7 @@ points ``r g / k``), compared at relative 1e-10; the refusals are tested at thei
 from __future__ import annotations
 
 import math
+import warnings
 
 import mpmath as mp
 import numpy as np
@@ -381,6 +382,35 @@ def test_window_width_unbounded_and_iid():
         S.window_width(2.0, 6, causal=None)
     with pytest.raises(ValueError, match=r"^sigma: must be finite and > 0"):
         S.window_width(0.0, 6, sampler="shared", group_size=3)
+
+
+@pytest.mark.parametrize("sampler, g", [("iid", None), ("stratified", 2), ("shared", 2)])
+def test_largest_pitch_sf_of_where_b_over_sigma_overflows(sampler, g):
+    """``b / sigma = inf``: the tail is 0 without warnings (stratified gave NaN:
+    ``m e^-inf (1 + inf)``)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert S.largest_pitch_sf_of(1e300, 1e-10, 6, sampler=sampler, group_size=g) == 0.0
+        got = S.largest_pitch_sf_of([0.0, 1e300], 1e-10, 6, sampler=sampler, group_size=g)
+        assert got.tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("sigma", [1e-5, 1e-300, 1e-310, 5e-324])
+@pytest.mark.parametrize(
+    "sampler, s, g", [("stratified", 4, 1), ("stratified", 6, 2), ("shared", 6, 3)]
+)
+def test_window_width_at_a_tiny_sigma_is_one(sigma, sampler, s, g):
+    """Every pitch is far below one token, so no block holds two positions: width 1,
+    exactly. It was 1.000000000000008 at sigma = 1e-5 (stratified: ``m (sf(lo) - sf(hi))``
+    of a stratum wholly below ``r`` is a few ulps off 1), NaN at 1e-310 (``r / sigma``
+    overflows: ``inf * 0``) and 3.05 at 5e-324 (strata ``sigma q_k`` with one or two bits
+    of a subnormal)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no overflow warnings on the way
+        assert S.window_width(sigma, s, sampler=sampler, group_size=g) == 1.0
+        assert S.window_width(sigma, s, 5, sampler=sampler, group_size=g).tolist() == [1.0] * 5
+        got = S.window_width(sigma, s, 5, sampler=sampler, group_size=g, causal=True)
+        assert got.tolist() == [1.0] * 5
 
 
 def test_stratified_pitch_zero_uniform_is_two_to_the_minus_54():
