@@ -114,6 +114,13 @@ def plsh_attention(
         value can reach every output row of its head, also rows that cannot attend to it
         (a masked weight 0 times NaN is NaN). Under
         ``torch.compile`` they are skipped (they would need values while tracing).
+        Finite inputs whose logits ``scale q_i . k_j`` overflow the working dtype (float32
+        for half and float32 inputs: beyond about ``3.4e38``) are not refused: a row whose
+        logits all overflow to ``-inf`` has output 0 on the dense and CPU paths, LSE
+        ``-inf`` on the dense path but 0 on the CPU path, and the gradients of such
+        inputs overflow to NaN (on the CPU path in every key's and value's gradient of the
+        head; measured 2026-12-03,
+        ``tests/fast/test_api.py::test_logits_overflowing_the_working_dtype``).
 
     Returns
     -------

@@ -183,6 +183,36 @@ def test_bad_input_names_the_argument(no_kernel, name, error, make):
         plsh_attention(*args, **kwargs)
 
 
+def test_logits_overflowing_the_working_dtype(monkeypatch):
+    """The documented behaviour (``check_finite`` in ``plsh_attention``) at finite float32
+    inputs whose logits overflow: query row 10 is ``1e20`` and every key ``-1e20 |k|``, so
+    the row's logits are all ``-inf``. Its output is 0 on the dense and CPU paths; its LSE
+    ``-inf`` on the dense path and 0 on the CPU path (torch's fused CPU operator). The
+    gradients of such inputs overflow: NaN in the query's and key's gradients on both
+    paths, and on the CPU path in every key's and value's gradient of the head."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 1, 64, 8, generator=gen) for _ in range(3))
+    q[0, 0, 10] = 1e20
+    k = k.abs() * -1e20
+    from plsh_fast import dense
+
+    monkeypatch.setitem(dense.DENSE_CROSSOVER, "cpu", 64)  # "auto" is dense at n = 64
+    lse_of_row = {}
+    for backend in ("auto", "cpu"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out, lse = plsh_attention(*leaves, num_samples=4, seed=0, return_lse=True, backend=backend)
+        assert torch.all(out[0, 0, 10] == 0) and torch.isfinite(out).all()
+        others = torch.cat([lse[0, 0, :10], lse[0, 0, 11:]])
+        assert torch.isfinite(others).all()
+        lse_of_row[backend] = lse[0, 0, 10].item()
+        out.sum().backward()
+        nan = [bool(torch.isnan(t.grad).any()) for t in leaves]
+        assert nan[0] and nan[1]
+        if backend == "cpu":
+            assert torch.isnan(leaves[1].grad).all() and torch.isnan(leaves[2].grad).all()
+    assert lse_of_row == {"auto": -np.inf, "cpu": 0.0}
+
+
 def test_triton_backend_on_cpu_needs_the_interpreter(no_kernel, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="^backend:"):
