@@ -74,6 +74,12 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    """A lazy submodule (``_LAZY_SUBMODULES``), imported on first access.
+
+    References
+    ----------
+    PEP 562 (module ``__getattr__``); the package docstring names the lazy submodules.
+    """
     if name in _LAZY_SUBMODULES:
         module = importlib.import_module(f".{name}", __name__)
         globals()[name] = module
@@ -82,4 +88,10 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
+    """The module's names and its lazy submodules, sorted.
+
+    References
+    ----------
+    PEP 562 (module ``__dir__``).
+    """
     return sorted(set(globals()) | _LAZY_SUBMODULES)

@@ -136,6 +136,10 @@ def sigma_from_slopes(slopes: ArrayLike) -> np.ndarray:
     ValueError
         If a slope is not finite and > 0, or so small that ``1 / slope`` overflows float64
         (argument name ``slopes``).
+
+    References
+    ----------
+    SPEC section 1 (``sigma_h = 1 / m_h``).
     """
     with np.errstate(divide="ignore", over="ignore"):
         sigma = 1.0 / check_sigma("slopes", slopes)
@@ -159,6 +163,10 @@ def default_positions(n_q: int, n_k: int) -> tuple[np.ndarray, np.ndarray]:
     ------
     TypeError, ValueError
         If ``n_q`` or ``n_k`` is not an integer ``>= 0``.
+
+    References
+    ----------
+    SPEC section 1 (query/key positions, end-aligned queries as in FlashAttention).
     """
     n_q = check_int("n_q", n_q, minimum=0)
     n_k = check_int("n_k", n_k, minimum=0)
@@ -179,6 +187,10 @@ def resolve_positions(
         If positions are not integers.
     ValueError
         If their lengths differ from ``n_q``/``n_k`` or they are not one-dimensional.
+
+    References
+    ----------
+    SPEC section 1 (default and explicit position ids); CONTRIBUTING.md, "Conventions" (positions).
     """
     default_q, default_k = default_positions(n_q, n_k)
     qpos = (
@@ -306,6 +318,10 @@ def causal_mask(query_positions: ArrayLike, key_positions: ArrayLike) -> np.ndar
     ------
     TypeError, ValueError
         If positions are not one-dimensional integers with ``|p| < 2**53``.
+
+    References
+    ----------
+    SPEC section 1 (causal: ``-inf`` for ``p_j > p_i``); CONTRIBUTING.md, "Conventions" (causal).
     """
     qpos = as_positions("query_positions", query_positions)
     kpos = as_positions("key_positions", key_positions)

@@ -90,6 +90,11 @@ def precision_dtype(precision: str) -> type[np.floating]:
     ValueError
         If ``precision`` is unknown, or ``"extended"`` where ``numpy.longdouble`` is no wider
         than float64 (:data:`EXTENDED_AVAILABLE` false).
+
+    References
+    ----------
+    ``docs/validation.md``, "The tolerance rule" (float64 problems judged against the extended
+    reference).
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision: must be one of {PRECISIONS}, got {precision!r}")
@@ -126,6 +131,10 @@ def validate_qkv(
         If an input is not a real numeric array.
     ValueError
         On wrong rank, NaN/inf, or inconsistent batch, head, length or head_dim.
+
+    References
+    ----------
+    SPEC section 5 (layout ``(batch, num_heads, seq_len, head_dim)``, grouped-query attention).
     """
     q = as_float_array("query", query, ndim=4)
     k = as_float_array("key", key, ndim=4)
@@ -161,6 +170,10 @@ def expand_kv(x: np.ndarray, num_heads: int) -> np.ndarray:
     numpy.ndarray
         ``(batch, num_heads, n, dim)``, same dtype (``group = num_heads // num_heads_kv``
         consecutive copies of each kv head: grouped-query attention, CONTRIBUTING.md).
+
+    References
+    ----------
+    SPEC section 5 (grouped-query attention: query head ``h`` uses kv head ``h // group``).
     """
     return np.repeat(x, num_heads // x.shape[1], axis=1)
 
@@ -422,6 +435,10 @@ def no_bias_attention(
 
     Shapes, padding (``attention_mask``, per-sequence positions), returns and errors as
     :func:`alibi_attention`. The paper's "no bias" baseline.
+
+    References
+    ----------
+    ``docs/experiments.md`` (the no-bias baseline of the output experiment).
     """
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
@@ -462,6 +479,10 @@ def fixed_block_attention(
         (length ``num_heads``).
 
     Other parameters (padding included), returns and errors as :func:`alibi_attention`.
+
+    References
+    ----------
+    ``docs/experiments.md`` (the fixed-block baseline of the output experiment).
     """
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)

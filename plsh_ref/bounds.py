@@ -366,6 +366,11 @@ class SpectralBound:
         Bound on ``||E[(M - L*) 1[delta > k]]||``.
     bernstein : float
         The matrix-Bernstein deviation ``tau``.
+
+    References
+    ----------
+    ``proofs_notes/spectral_bound.md``, sections 2 (truncation) and 3 (matrix Bernstein and the
+    bound).
     """
 
     eps: float

@@ -73,7 +73,13 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 
 
 def commands() -> dict[str, importlib.metadata.EntryPoint]:
-    """The installed subcommands: name -> entry point (its value is the module's name)."""
+    """The installed subcommands: name -> entry point (its value is the module's name).
+
+    References
+    ----------
+    ``importlib.metadata.entry_points`` (group ``plsh.commands``, declared in ``pyproject.toml``);
+    README.md, "Command line".
+    """
     found = {ep.name: ep for ep in importlib.metadata.entry_points(group=GROUP)}
     # the default command first, the rest in the order their packages declare them
     return dict(sorted(found.items(), key=lambda item: item[0] != DEFAULT_COMMAND))
@@ -106,6 +112,10 @@ def install_hint(what: str) -> str:
     -------
     str
         One sentence of pip commands (no trailing period).
+
+    References
+    ----------
+    ``docs/quickstart.md``, "Install" (torch from the PyTorch CPU wheel index, then the extras).
     """
     extras = "`pip install -e '.[fast]'` in the positional-lsh checkout"
     if what != "torch":
@@ -132,6 +142,11 @@ def load_command(name: str) -> ModuleType:
         ``name`` is not an installed subcommand.
     ImportError
         The module (or a package it imports) cannot be imported.
+
+    References
+    ----------
+    ``importlib.import_module`` of the entry point's value (``pyproject.toml``,
+    ``[project.entry-points."plsh.commands"]``).
     """
     return importlib.import_module(commands()[name].value)
 
@@ -190,6 +205,10 @@ def command_summary(ep: importlib.metadata.EntryPoint) -> str:
     -------
     str
         One line; never raises for a module that cannot be imported (it says so).
+
+    References
+    ----------
+    README.md, "Command line" (the table of commands that ``plsh --help`` summarises).
     """
     filename = _module_file(ep.value)
     constants = _static_constants(filename) if filename else {}
@@ -226,6 +245,11 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     argparse's own ``error`` prints the whole usage block before the message; every ``plsh``
     command reports bad options in one line instead (``plsh COMMAND --help`` shows the
     usage).
+
+    References
+    ----------
+    ``argparse.ArgumentParser.error`` (overridden); README.md, "Command line" (a bad option ends in
+    one line, exit status 2).
     """
 
     def error(self, message: str) -> NoReturn:  # noqa: D102 - argparse API
@@ -243,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     Ctrl-C ends it with one line on stderr and status :data:`INTERRUPTED` (130), SIGTERM
     while a command runs with one line and :data:`TERMINATED` (143); either way the
     output folders the run created and left empty are removed.
+
+    References
+    ----------
+    README.md, "Command line" (exit statuses 2, 130, 143); Python's ``signal`` documentation,
+    "Note on SIGPIPE" (``BrokenPipeError``).
     """
     try:
         status = _main(argv)

@@ -63,6 +63,11 @@ def weighted_attention_mp(
     ValueError, TypeError
         As :func:`plsh_ref.attention.validate_qkv`; ``dps < 15``; a weight array of the
         wrong shape or with negative entries.
+
+    References
+    ----------
+    SPEC sections 1 and 3 (weighted attention and its LSE; empty rows);
+    ``proofs_notes/softmax_bias_identity.md``, sections 1-2.
     """
     dps = check_dps(dps)
     q, k, v = validate_qkv(query, key, value)
@@ -163,6 +168,10 @@ def alibi_attention_mp(
     binary64 slopes. Returns object arrays of ``mpmath.mpf``: ``output``, or ``(output, lse)``
     with ``return_lse=True`` (not given: the pair, with a DeprecationWarning, for one
     release); raises as the float64 version and on ``dps < 15``.
+
+    References
+    ----------
+    SPEC section 1; Press et al. (2022).
     """
     causal = check_bool("causal", causal)
     q, k, v = validate_qkv(query, key, value)
@@ -208,6 +217,10 @@ def plsh_attention_mp(
     ------
     TypeError, ValueError
         As :func:`plsh_ref.attention.plsh_attention`, and on ``dps < 15``.
+
+    References
+    ----------
+    Wolfson & Wagner (2026), Theorem 2.2; SPEC section 3.
     """
     partition, return_lse = partition_argument(args, partition, return_lse, "plsh_attention_mp")
     q, k, v = validate_qkv(query, key, value)

@@ -209,6 +209,11 @@ def head_rng(seed: int, head: int) -> np.random.Generator:
     ------
     TypeError, ValueError
         If ``seed`` or ``head`` is not an integer ``>= 0``.
+
+    References
+    ----------
+    SPEC section 2 (the stream of global head ``h`` derived from ``(seed, h)``); CONTRIBUTING.md,
+    "Conventions" (``PartitionSample``).
     """
     seed = check_int("seed", seed, minimum=0)
     head = check_int("head", head, minimum=0)
@@ -398,6 +403,11 @@ def check_partition(
     ValueError
         Its head count differs from ``num_heads``; ``num_samples`` disagrees with it; a
         ``seed`` is passed as well.
+
+    References
+    ----------
+    SPEC section 5 (the ``partition`` argument of the attention family); ``docs/changelog.md``
+    (``check_partition`` checks ``num_samples``, refuses a seed alongside a partition).
     """
     if not isinstance(partition, PartitionSample):
         raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")
@@ -525,6 +535,10 @@ def blocks(
     ValueError
         If ``head`` or ``sample`` is out of range, or positions are invalid (see
         :func:`bins`).
+
+    References
+    ----------
+    SPEC section 2 (contiguous bins); ``proofs_notes/collision_probability.md``, section 5.
     """
     partition = check_partition(partition)
     head = check_int("head", head, minimum=0)
@@ -549,6 +563,11 @@ def block_sizes(partition: PartitionSample, positions: ArrayLike) -> list[list[n
     ------
     TypeError, ValueError
         As :func:`bins`.
+
+    References
+    ----------
+    ``proofs_notes/collision_probability.md``, section 5 (spectrum);
+    ``proofs_notes/kms_spectrum.md``, section 5; SPEC section 4.
     """
     partition = check_partition(partition)
     b = bins(partition, positions)
@@ -580,6 +599,10 @@ def masks(
     ValueError
         If positions are not one-dimensional or ``|p| >= 2**53``, or a bin index leaves
         the int64 range (argument name ``partition``).
+
+    References
+    ----------
+    SPEC section 2 (the mask ``M(h)``).
     """
     causal = check_bool("causal", causal)
     qpos = as_positions("query_positions", query_positions)
@@ -748,6 +771,11 @@ def derived_seed(seed: int, *keys: int) -> int:
     ------
     TypeError, ValueError
         If ``seed`` or a key is not an integer ``>= 0``.
+
+    References
+    ----------
+    CONTRIBUTING.md, "Seeds (one policy)" (layer ``l`` uses ``derived_seed(seed, l)``); numpy
+    ``SeedSequence``.
     """
     seed = check_int("seed", seed, minimum=0)
     key_ints = [check_int("keys", k, minimum=0) for k in keys]

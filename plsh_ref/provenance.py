@@ -52,6 +52,11 @@ def dependency_versions() -> dict:
     dict
         ``{"python": "3.11.7", "numpy": "2.4.6", ...}``: the module's ``__version__``,
         else its distribution's metadata version, else ``None``.
+
+    References
+    ----------
+    README.md, "Command line" (each ``results.json`` records the versions of the libraries the run
+    imported); ``importlib.metadata.version``.
     """
     versions: dict[str, str | None] = {"python": platform.python_version()}
     for module_name, distribution in DEPENDENCIES.items():
@@ -76,6 +81,10 @@ def package_version() -> str:
     str
         e.g. ``"0.1.0"``; ``"0+unknown"`` when the package runs from a source tree that
         was never installed (no distribution metadata).
+
+    References
+    ----------
+    ``importlib.metadata.version``; the ``version`` of ``pyproject.toml``.
     """
     try:
         return importlib.metadata.version(DISTRIBUTION)
@@ -99,6 +108,11 @@ def git_commit(path: str | os.PathLike | None = None) -> str | None:
     -------
     str or None
         40 hexadecimal digits (optionally ``+dirty``), or ``None``.
+
+    References
+    ----------
+    ``git rev-parse HEAD`` and ``git status --porcelain --untracked-files=no``; README.md,
+    "Command line" (the git commit in each ``results.json``).
     """
     try:
         folder = Path(path) if path is not None else Path(__file__).resolve().parent
@@ -142,6 +156,10 @@ def run_metadata() -> dict:
     Never raises; a field that cannot be determined is ``None``. Imports nothing beyond
     numpy and the standard library; call it after the computation, so that the libraries
     the run used are imported (and recorded).
+
+    References
+    ----------
+    README.md, "Command line" (what each ``results.json`` records).
     """
     try:
         import numpy

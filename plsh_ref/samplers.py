@@ -76,6 +76,10 @@ def check_sampler(sampler: object) -> str:
         If ``sampler`` is not a str.
     ValueError
         If it is not ``"iid"``, ``"stratified"`` or ``"shared"``.
+
+    References
+    ----------
+    ``proofs_notes/samplers.md``, section 1 (the samplers); ``docs/samplers.md``.
     """
     if not isinstance(sampler, str):
         raise TypeError(f"sampler: must be a str, got {type(sampler).__name__}")
@@ -137,6 +141,10 @@ def resolve_group_size(sampler: str, num_samples: int, group_size: int | None = 
     ValueError
         Unknown ``sampler``; ``group_size < 1``, not dividing ``num_samples``, or not 1
         for ``"iid"``.
+
+    References
+    ----------
+    ``proofs_notes/samplers.md``, sections 1 (``s = m s'``) and 4 (group-size rule).
     """
     sampler = check_sampler(sampler)
     s = check_int("num_samples", num_samples, minimum=1)
@@ -181,6 +189,11 @@ def gamma2_quantile(lower: ArrayLike, upper: ArrayLike, sigma: float) -> np.ndar
     ------
     ValueError, TypeError
         Shapes differ, values outside ``[0, 1]``, bad ``sigma``.
+
+    References
+    ----------
+    ``proofs_notes/samplers.md``, section 1 (``F^-1`` in both tails); ``scipy.special.gammaincinv``,
+    ``gammainccinv``.
     """
     sigma = check_positive_float("sigma", sigma)
     lo = np.asarray(as_float_array("lower", lower), dtype=np.float64)
@@ -204,6 +217,10 @@ def stratum_edges(sigma: float, num_groups: int) -> np.ndarray:
     ------
     ValueError, TypeError
         Bad ``sigma`` or ``num_groups < 1``.
+
+    References
+    ----------
+    ``proofs_notes/samplers.md``, sections 1 and 3 (strata edges ``q_k = F^-1(k/m)``).
     """
     m = check_int("num_groups", num_groups, minimum=1)
     k = np.arange(m + 1, dtype=np.float64)

@@ -127,6 +127,10 @@ def kms_secular(theta: ArrayLike, n: int, sigma: float) -> float | np.ndarray:
     ------
     ValueError, TypeError
         Bad ``n``, ``sigma`` or ``theta``.
+
+    References
+    ----------
+    ``proofs_notes/kms_spectrum.md``, section 3 (the secular equation); SPEC section 4.
     """
     n, sigma = _check(n, sigma)
     th = as_float_array("theta", theta)

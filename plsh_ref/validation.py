@@ -58,6 +58,10 @@ def check_int(
         If ``value`` is not an integer (``bool`` and floats are refused).
     ValueError
         If ``value < minimum`` or ``value > maximum``.
+
+    References
+    ----------
+    CONTRIBUTING.md, "Conventions" (argument errors name the argument).
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name}: must be an integer, got {type(value).__name__} {value!r}")
@@ -74,6 +78,10 @@ def check_bool(name: str, value: Any) -> bool:
 
     Flags such as ``causal`` are never coerced from strings, numbers or ``None``: a typo like
     ``causal="no"`` would otherwise silently mean ``True``.
+
+    References
+    ----------
+    CONTRIBUTING.md, "Conventions" (argument errors name the argument).
     """
     if not isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name}: must be a bool, got {type(value).__name__} {value!r}")
@@ -84,6 +92,10 @@ def check_positive_float(name: str, value: Any, *, allow_zero: bool = False) -> 
     """Return ``value`` as a finite positive ``float`` or raise ``TypeError``/``ValueError``.
 
     ``allow_zero=True`` also accepts ``0`` (a finite, non-negative value).
+
+    References
+    ----------
+    CONTRIBUTING.md, "Conventions" (argument errors name the argument).
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: must be a real number, got {type(value).__name__} {value!r}")
@@ -97,7 +109,12 @@ def check_positive_float(name: str, value: Any, *, allow_zero: bool = False) -> 
 
 
 def check_probability(name: str, value: Any) -> float:
-    """Return ``value`` as a float in the open interval (0, 1) or raise."""
+    """Return ``value`` as a float in the open interval (0, 1) or raise.
+
+    References
+    ----------
+    CONTRIBUTING.md, "Conventions" (argument errors name the argument).
+    """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name}: must be a real number, got {type(value).__name__} {value!r}")
     value = float(value)
@@ -138,6 +155,11 @@ def as_float_array(
         If ``value`` is not a real numeric array.
     ValueError
         On a wrong number of dimensions or a non-finite entry.
+
+    References
+    ----------
+    CONTRIBUTING.md, "Conventions" (argument errors name the argument); SPEC section 5 (float64 on
+    the reference).
     """
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor without importing torch
         value = _tensor_to_numpy(name, value).astype(np.float64)
@@ -163,6 +185,11 @@ def check_sigma(name: str, value: Any) -> np.ndarray:
     """Return ``value`` as a float64 array of length scales (tokens), each finite and > 0.
 
     Accepts a scalar (returned with shape ``()``) or an array of any shape.
+
+    References
+    ----------
+    SPEC section 1 (``sigma = 1 / m``, float64); CONTRIBUTING.md, "Conventions" (argument errors
+    name the argument).
     """
     arr = as_float_array(name, value)
     if np.any(arr <= 0):
@@ -223,6 +250,11 @@ def check_num_samples(num_samples: Any, name: str = "num_samples") -> int:
         If it is not an integer.
     ValueError
         If it is ``< 1`` or ``> MAX_NUM_SAMPLES`` (500 000).
+
+    References
+    ----------
+    SPEC section 2 (``s`` samples per head); CONTRIBUTING.md, "Conventions" (argument errors name
+    the argument).
     """
     return check_int(name, num_samples, minimum=1, maximum=MAX_NUM_SAMPLES)
 
@@ -237,6 +269,11 @@ def check_dps(dps: Any) -> int:
     ValueError
         If ``dps < 15`` (below binary64 there is nothing to check) or
         ``dps > MAX_DPS`` (10 000).
+
+    References
+    ----------
+    mpmath's ``mp.dps`` (decimal digits); CONTRIBUTING.md, "Conventions" (argument errors name the
+    argument).
     """
     return check_int("dps", dps, minimum=15, maximum=MAX_DPS)
 
@@ -261,6 +298,11 @@ def check_scale(scale: Any, head_dim: int) -> float:
         If ``scale`` is not a real number.
     ValueError
         If ``scale`` is not finite and > 0.
+
+    References
+    ----------
+    SPEC section 1 (scale ``c``, default ``1/sqrt(head_dim)``);
+    ``torch.nn.functional.scaled_dot_product_attention`` (its default scale).
     """
     if scale is None:
         return 1.0 / math.sqrt(head_dim) if head_dim > 0 else 1.0
@@ -276,6 +318,10 @@ class PLSHDeprecationWarning(DeprecationWarning):
     errors without touching those of other libraries::
 
         warnings.simplefilter("error", PLSHDeprecationWarning)
+
+    References
+    ----------
+    CONTRIBUTING.md, "The attention family: one signature" (deprecations); ``docs/changelog.md``.
     """
 
 
@@ -293,6 +339,11 @@ def warn_deprecated(old: str, new: str, *, stacklevel: int = 3) -> None:
     stacklevel : int
         Passed to :func:`warnings.warn`; the default 3 names the caller of the function
         that calls this helper.
+
+    References
+    ----------
+    CONTRIBUTING.md, "The attention family: one signature" (an old spelling works for one release);
+    ``docs/changelog.md``.
     """
     warnings.warn(
         f"{old} is deprecated and will be removed in the next release; use {new}",
@@ -361,6 +412,12 @@ def partition_argument(
     ------
     TypeError
         The partition given twice, more than one extra positional argument, or none at all.
+
+    References
+    ----------
+    SPEC section 5 (``partition`` keyword-only); CONTRIBUTING.md,
+    "The attention family: one signature"; ``docs/changelog.md`` (the positional partition,
+    deprecated).
     """
     if args:
         if len(args) > 1 or partition is not None:
@@ -406,6 +463,11 @@ def keyword_argument(args: tuple, name: str, value: Any, old: str, new: str) -> 
     ------
     TypeError
         More than one positional argument, or the argument given both ways.
+
+    References
+    ----------
+    CONTRIBUTING.md, "The attention family: one signature" (``keyword_argument``);
+    ``docs/changelog.md``.
     """
     if not args:
         return value
@@ -428,6 +490,10 @@ def __getattr__(name: str) -> Any:
     They are looked up at attribute access, after the package has loaded (``plsh_ref``
     imports :mod:`plsh_ref.alibi` and :mod:`plsh_ref.partition`), so this leaf keeps no
     import of either.
+
+    References
+    ----------
+    PEP 562; ``docs/changelog.md`` (``check_slopes`` and ``check_partition`` moved).
     """
     if name in _MOVED:
         module, new = _MOVED[name]

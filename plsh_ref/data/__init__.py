@@ -99,6 +99,11 @@ def load_qkv(path: str | os.PathLike | None = None, layer: int | None = None) ->
         has the wrong shape or repeats a layer; an entry holds pickled objects; ``layer``
         is not among the stored layers. The message starts with the offending name.
 
+    References
+    ----------
+    ``plsh_ref/data/DATA_CARD.md`` (the shipped file); ``docs/experiments.md`` (part 2, real
+    activations; ``plsh reproduce --qkv FILE``).
+
     Examples
     --------
     >>> from plsh_ref.data import load_qkv

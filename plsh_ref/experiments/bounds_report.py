@@ -42,7 +42,12 @@ _OPTIONS = ("n", "sigma", "num_samples", "eps", "delta", "spectral_eps")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the options of ``plsh bounds``."""
+    """Register the options of ``plsh bounds``.
+
+    References
+    ----------
+    README.md, "Command line" (``plsh bounds`` and the options shared by the commands).
+    """
     parser.add_argument(
         "--n", type=integer(minimum=1), default=4096, help="sequence length (default: 4096)"
     )
@@ -89,6 +94,11 @@ def rows(
     ValueError, TypeError
         ``n < 1``, ``sigma <= 0`` or ``> options.MAX_SIGMA``, ``num_samples < 1``, ``eps`` or
         ``delta`` outside (0, 1).
+
+    References
+    ----------
+    ``proofs_notes/max_norm_bound.md``; ``proofs_notes/spectral_bound.md``;
+    ``proofs_notes/largest_pitch.md``, section 3; ``proofs_notes/window_width.md``, section 2.
     """
     n = check_int("n", n, minimum=1)
     s = check_int("num_samples", num_samples, minimum=1)
@@ -134,6 +144,10 @@ def run(args: argparse.Namespace) -> int:
     ------
     ValueError, TypeError
         As :func:`rows`.
+
+    References
+    ----------
+    README.md, "Command line" (``plsh bounds`` writes only when given ``--out``).
     """
     try:
         table = rows(args.n, args.sigma, args.num_samples, args.eps, args.delta, args.spectral_eps)

@@ -99,6 +99,11 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Callable[
     callable
         ``str -> int``; raises ``argparse.ArgumentTypeError`` (reported by argparse as
         ``--option: must be >= 1, got 0``) for text that is not an integer or out of range.
+
+    References
+    ----------
+    ``argparse`` ``type=`` callables (``argparse.ArgumentTypeError``); README.md, "Command line"
+    (option values checked before any computation).
     """
 
     def convert(text: str) -> int:
@@ -133,6 +138,11 @@ def number(
     callable
         ``str -> float``; raises ``argparse.ArgumentTypeError`` for text that is not a
         number, NaN, an infinity, or out of range.
+
+    References
+    ----------
+    ``argparse`` ``type=`` callables (``argparse.ArgumentTypeError``); README.md, "Command line"
+    (option values checked before any computation).
     """
 
     def convert(text: str) -> float:
@@ -206,6 +216,11 @@ def output_folder(text: str) -> Path:
     ------
     argparse.ArgumentTypeError
         Empty text, an existing file, or a folder that cannot be written or created.
+
+    References
+    ----------
+    README.md, "Command line" (``--out DIR``; output paths checked before any computation);
+    ``argparse`` ``type=`` callables.
     """
     if not str(text).strip():
         _refuse("expected a folder, got an empty path")
@@ -224,6 +239,11 @@ def output_file(text: str) -> str:
     argparse.ArgumentTypeError
         Empty text, an existing folder, an existing file that is not writable, or a
         parent folder that cannot be written or created.
+
+    References
+    ----------
+    README.md, "Command line" (``plsh verify --json PATH``; output paths checked before any
+    computation); ``argparse`` ``type=`` callables.
     """
     if not str(text).strip():
         _refuse("expected a file path, got an empty path")
@@ -251,6 +271,11 @@ def npz_archive(text: str) -> Path:
     argparse.ArgumentTypeError
         Empty text, no such file, a folder, an unreadable file, or a file that is not a
         numpy ``.npz`` archive (a zip file, as written by ``numpy.savez``).
+
+    References
+    ----------
+    ``numpy.savez`` (an ``.npz`` file is a zip archive); the file format of :mod:`plsh_ref.data`;
+    ``docs/experiments.md`` (``--qkv FILE``).
     """
     if not str(text).strip():
         _refuse("expected an .npz file, got an empty path")
@@ -282,6 +307,10 @@ class CreatedFolders:
     ----------
     path : path-like or None
         The ``--out`` folder; ``None``: the default ``plsh_out/<command>-<time>``.
+
+    References
+    ----------
+    README.md, "Command line" (no failed or interrupted command leaves an empty output folder).
     """
 
     def __init__(self, path: str | os.PathLike | None) -> None:
@@ -321,13 +350,22 @@ def default_out_dir(command: str, now: _dt.datetime | None = None) -> Path:
         The subcommand name, e.g. ``"reproduce"`` or ``"train-lm"``.
     now : datetime, optional
         Time stamp (default: now, UTC).
+
+    References
+    ----------
+    README.md, "Command line" (``--out DIR``, default ``plsh_out/<command>-<UTC time>/``).
     """
     stamp = now or _dt.datetime.now(_dt.timezone.utc)
     return OUT_ROOT / f"{command}-{stamp:%Y%m%d-%H%M%S}"
 
 
 def deprecation(old: str, new: str) -> None:
-    """Print the one-line deprecation notice for the option spelling ``old`` to stderr."""
+    """Print the one-line deprecation notice for the option spelling ``old`` to stderr.
+
+    References
+    ----------
+    README.md, "Command line" (old spellings work until 0.2, with a deprecation line on stderr).
+    """
     print(
         f"plsh: warning: {old} is deprecated and will be removed in {_REMOVED_IN}; use {new}",
         file=sys.stderr,
@@ -363,6 +401,10 @@ class StoreValue(_Deprecatable):
 
     Giving both spellings (``--out A --output B``) is a usage error: which one wins would
     depend on their order.
+
+    References
+    ----------
+    ``argparse.Action`` (``action="store"``); README.md, "Command line" (old spellings until 0.2).
     """
 
     def __call__(
@@ -378,7 +420,13 @@ class StoreValue(_Deprecatable):
 
 
 class StoreConst(_Deprecatable):
-    """A flag storing ``const`` (``store_true``/``store_false`` style), deprecatable."""
+    """A flag storing ``const`` (``store_true``/``store_false`` style), deprecatable.
+
+    References
+    ----------
+    ``argparse.Action`` (``action="store_const"``); README.md, "Command line" (old spellings until
+    0.2).
+    """
 
     def __init__(
         self,
@@ -408,6 +456,11 @@ class Values(_Deprecatable):
     ``minimum``, ``maximum`` (inclusive) and ``positive=True`` (``> 0``) are checked per value;
     ``unique_sorted=True`` stores the sorted distinct values. Bad values are an argparse
     usage error naming the option (exit status 2).
+
+    References
+    ----------
+    ``argparse.Action`` with ``nargs="+"``; README.md, "Command line" (``--sigma``: one or several
+    values, space- or comma-separated).
     """
 
     def __init__(
@@ -470,7 +523,12 @@ class Values(_Deprecatable):
 
 
 class JoinedValues(Values):
-    """:class:`Values` stored as one comma-separated string (for string-typed options)."""
+    """:class:`Values` stored as one comma-separated string (for string-typed options).
+
+    References
+    ----------
+    ``argparse.Action``; README.md, "Command line" (values space- or comma-separated).
+    """
 
     def __call__(
         self,
@@ -490,6 +548,10 @@ def add_out_option(
     """``--out DIR`` (dest ``out``, a :class:`~pathlib.Path` or ``None``) and ``--output``.
 
     ``optional=True``: the command writes nothing unless ``--out`` is given.
+
+    References
+    ----------
+    README.md, "Command line" (``--out DIR``; ``--output`` deprecated until 0.2).
     """
     text = (
         "also write results.json into this folder (default: print only)"
@@ -516,7 +578,12 @@ def add_out_option(
 
 
 def add_quiet_option(parser: argparse.ArgumentParser) -> None:
-    """``--quiet`` (dest ``quiet``): no progress bars and no commentary."""
+    """``--quiet`` (dest ``quiet``): no progress bars and no commentary.
+
+    References
+    ----------
+    README.md, "Command line" (``--quiet``: no progress bars or commentary).
+    """
     parser.add_argument(
         "--quiet",
         dest="quiet",
@@ -528,7 +595,12 @@ def add_quiet_option(parser: argparse.ArgumentParser) -> None:
 
 
 def add_max_memory_option(parser: argparse.ArgumentParser) -> None:
-    """``--max-memory GIB`` (dest ``max_memory``, float, default :data:`DEFAULT_MAX_MEMORY_GIB`)."""
+    """``--max-memory GIB`` (dest ``max_memory``, float, default :data:`DEFAULT_MAX_MEMORY_GIB`).
+
+    References
+    ----------
+    README.md, "Command line" (``--max-memory``, default 8 GiB).
+    """
     parser.add_argument(
         "--max-memory",
         dest="max_memory",
@@ -541,7 +613,13 @@ def add_max_memory_option(parser: argparse.ArgumentParser) -> None:
 
 
 def format_bytes(nbytes: float) -> str:
-    """``nbytes`` as a short human-readable string in binary units (``"12.5 GiB"``)."""
+    """``nbytes`` as a short human-readable string in binary units (``"12.5 GiB"``).
+
+    References
+    ----------
+    IEC 80000-13 binary prefixes (``KiB = 2**10`` bytes, ...), as in the ``--max-memory`` messages
+    (README.md, "Command line").
+    """
     for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.3g} {unit}"
@@ -557,6 +635,11 @@ def check_memory(option: str, value: object, needed_bytes: float, max_memory_gib
         ``"--max-memory: ..."`` if the limit is not a finite number > 0; else, when the
         estimate is over the limit, a message starting with ``option`` that names the
         memory the size would need and the limit.
+
+    References
+    ----------
+    README.md, "Command line" (sizes over ``--max-memory`` refused before allocating, naming the
+    option and the memory needed).
     """
     if not (isinstance(max_memory_gib, (int, float)) and math.isfinite(max_memory_gib)):
         raise ValueError(f"--max-memory: must be a finite number of GiB, got {max_memory_gib!r}")
@@ -581,6 +664,11 @@ def option_message(
     destination) or in ``options``, an optional mapping from parameter name to option for
     names spelled otherwise (``{"root": "--corpus"}``). Other messages are returned
     unchanged.
+
+    References
+    ----------
+    CONTRIBUTING.md, "Conventions" (messages start with the argument name); README.md,
+    "Command line" (a bad option value ends in one line naming the option).
     """
     text = str(exc)
     name, colon, rest = text.partition(":")

@@ -159,7 +159,12 @@ PARAMETER_OPTIONS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the options of ``plsh reproduce`` on ``parser`` (vocabulary: :mod:`.options`)."""
+    """Register the options of ``plsh reproduce`` on ``parser`` (vocabulary: :mod:`.options`).
+
+    References
+    ----------
+    ``docs/experiments.md``; README.md, "Command line" (the options shared by the commands).
+    """
     _add_grid_arguments(parser)
     _add_repetition_arguments(parser)
     _add_data_arguments(parser)
@@ -323,6 +328,10 @@ def resolve_kernel_options(args: argparse.Namespace) -> None:
     ValueError
         ``--r1`` without ``--kernel kerple-log``, or ``--p`` without ``--kernel
         kerple-power`` (the option would be ignored).
+
+    References
+    ----------
+    ``docs/kernels.md``, "Convergence on real activations" (``--kernel``, ``--r1``, ``--p``).
     """
     kind = getattr(args, "kernel", "alibi")
     for name, (owner, default) in KERNEL_OPTIONS.items():
@@ -362,6 +371,10 @@ def memory_estimate(
     dict
         ``"matrix_square"`` (the ``n^2`` arrays), ``"matrix_bins"`` (the ``s * n`` bins)
         and ``"output"``, in bytes.
+
+    References
+    ----------
+    README.md, "Command line" (``--max-memory``: sizes refused before allocating).
     """
     return {
         "matrix_square": 8 * (5 * num_sigmas + 2) * n * n,
@@ -1260,6 +1273,10 @@ def run(args: argparse.Namespace) -> int:
 
     Steps: :func:`_check_args`, :func:`_run_parts`, :func:`_fit_slopes`,
     :func:`_print_report`, :func:`_results_record`, then the plots.
+
+    References
+    ----------
+    ``docs/experiments.md`` (the two parts of the experiment and their tables).
     """
     try:
         cfg = _check_args(args)

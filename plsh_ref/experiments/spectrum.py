@@ -51,7 +51,12 @@ PARAMETER_OPTIONS = {"partition": "--sigma", "sigma": "--sigma", "num_samples": 
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the options of ``plsh spectrum`` (vocabulary: :mod:`.options`)."""
+    """Register the options of ``plsh spectrum`` (vocabulary: :mod:`.options`).
+
+    References
+    ----------
+    README.md, "Command line" (``plsh spectrum`` and the options shared by the commands).
+    """
     parser.add_argument(
         "--n", type=integer(minimum=1), default=256, help="sequence length (default: 256)"
     )
@@ -85,6 +90,10 @@ def memory_estimate(n: int, num_samples: int) -> int:
     ``L*``, the counts, ``M~``, ``M~ - L*`` and the eigenvalue solver's copy and workspace:
     seven float64/int64 ``(n, n)`` arrays, one boolean ``(n, n)`` temporary, and the bins
     of the ``s`` samples (int64 ``(s, n)``, queries and keys).
+
+    References
+    ----------
+    README.md, "Command line" (``--max-memory``: sizes refused before allocating).
     """
     return 57 * n * n + 16 * num_samples * n
 
@@ -96,6 +105,10 @@ def compute(n: int, sigma: float, num_samples: int, seed: int) -> dict:
     ------
     ValueError, TypeError
         ``n < 1``, ``sigma <= 0``, ``num_samples < 1``, ``seed < 0``.
+
+    References
+    ----------
+    ``proofs_notes/kms_spectrum.md``, sections 1-5; SPEC section 4 (the KMS facts).
     """
     n = check_int("n", n, minimum=1)
     sigma = check_positive_float("sigma", sigma)
@@ -198,6 +211,10 @@ def run(args: argparse.Namespace) -> int:
     ValueError, TypeError
         Bad options (as :func:`compute`), or ``--n`` / ``--num-samples`` whose
         :func:`memory_estimate` exceeds ``--max-memory`` (checked before allocating).
+
+    References
+    ----------
+    README.md, "Command line" (``plsh spectrum``); ``proofs_notes/kms_spectrum.md``.
     """
     n = check_int("--n", args.n, minimum=1)
     s = check_int("--num-samples", args.num_samples, minimum=1)
