@@ -16,6 +16,12 @@ __all__ = ["plsh_attention"]
 
 
 def __getattr__(name: str) -> Any:
+    """``plsh_attention``, imported (with torch) on first use.
+
+    References
+    ----------
+    PEP 562 (module ``__getattr__``).
+    """
     # torch is imported on first use of plsh_attention, not by ``import plsh_fast``: the
     # ``plsh`` command line imports plsh_fast.experiments.train_lm to show ``--help`` and
     # to say that torch is missing, which must work without torch (PEP 562).

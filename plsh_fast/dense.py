@@ -110,6 +110,11 @@ def expand_kv(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     ValueError
         ``num_heads`` not a positive multiple of ``num_heads_kv`` (it silently returned
         ``num_heads_kv`` or 0 heads before).
+
+    References
+    ----------
+    SPEC section 5 (grouped-query attention: query head ``h`` uses kv head
+    ``h // (num_heads / num_heads_kv)``).
     """
     if not isinstance(x, torch.Tensor) or x.dim() != 4:
         raise TypeError(f"x: must be a 4-D torch.Tensor, got {type(x).__name__}")
@@ -387,6 +392,11 @@ def below_crossover(n_q: int, n_k: int, device: torch.device) -> bool:
     Returns
     -------
     bool
+
+    References
+    ----------
+    ``docs/huggingface.md``, "Short sequences: the same function, computed densely" and
+    "Where the crossover lies".
     """
     limit = DENSE_CROSSOVER.get(torch.device(device).type)
     return limit is not None and n_q * n_k <= limit * limit
@@ -404,6 +414,10 @@ def dense_count_dtype(num_samples: int) -> torch.dtype:
     Returns
     -------
     torch.dtype
+
+    References
+    ----------
+    ``docs/huggingface.md``, "Kept counts, one cache per layer" (``uint8`` up to 255 samples).
     """
     return torch.uint8 if num_samples <= 255 else torch.int32
 
@@ -494,6 +508,10 @@ class DenseCountCache:
         Bytes of the kept counts.
     hits, misses : int
         Calls served from the cache and calls that built their counts.
+
+    References
+    ----------
+    ``docs/huggingface.md``, "Kept counts, one cache per layer".
     """
 
     def __init__(self) -> None:
@@ -607,7 +625,12 @@ _ACTIVE_DENSE = threading.local()  # use_dense_cache() instance of this thread
 
 def active_dense_cache() -> DenseCountCache:
     """The :class:`DenseCountCache` that dense calls of this thread use: the one of the
-    innermost :func:`use_dense_cache`, else the process-wide one."""
+    innermost :func:`use_dense_cache`, else the process-wide one.
+
+    References
+    ----------
+    ``docs/huggingface.md``, "Kept counts, one cache per layer".
+    """
     cache = getattr(_ACTIVE_DENSE, "cache", None)
     return _DEFAULT_DENSE_CACHE if cache is None else cache  # not `or`: empty is falsy
 
@@ -630,6 +653,10 @@ def use_dense_cache(cache: DenseCountCache) -> Iterator[DenseCountCache]:
     -----
     Thread-local and nesting, like :func:`plsh_fast.cpu.use_plan_cache`; eager calls only
     (a compiled graph's ``plsh::dense_counts`` uses the cache active when it runs).
+
+    References
+    ----------
+    ``docs/huggingface.md``, "Kept counts, one cache per layer".
     """
     if not isinstance(cache, DenseCountCache):
         raise TypeError(f"cache: must be a DenseCountCache, got {type(cache).__name__}")
@@ -656,6 +683,11 @@ def cached_partition_counts(
     gives the shape, symbolic in the lengths), so the cache lookup runs inside the compiled
     graph at every call without a graph break or a recompile per length. Parameters and
     returns as :func:`partition_counts`; the result must not be modified.
+
+    References
+    ----------
+    ``docs/huggingface.md``, "Kept counts, one cache per layer" (the operator
+    ``plsh::dense_counts`` under ``torch.compile``).
     """
     if torch.compiler.is_compiling():
         pitch, offset = partition
@@ -727,6 +759,11 @@ def dense_counts_op(
     compiled graph at every call, without a graph break or a recompile per length. Returns
     a copy of the kept counts (an operator's output may not be a tensor that outlives the
     call in a cache: the compiled graph could reuse its memory). No gradient (counts).
+
+    References
+    ----------
+    ``docs/huggingface.md``, "Kept counts, one cache per layer"; ``torch.library.custom_op``
+    with ``register_fake``.
     """
     count = active_dense_cache().counts(
         (pitch, offset), query_positions, key_positions, causal=causal
@@ -752,6 +789,11 @@ def log_count_table_op(like: torch.Tensor, num_samples: int) -> torch.Tensor:
     values instead of computing a float64 ``log`` per pair (Inductor inlines a computed
     table into its consumer). The values of :func:`log_count_table` (the
     reference's), copied (an operator's output may not be the kept table).
+
+    References
+    ----------
+    ``docs/huggingface.md``, "Where the crossover lies" (``plsh::log_count_table``); SPEC
+    section 3 (the bias ``log(C / s)``); ``torch.library.custom_op``.
     """
     return log_count_table(like, num_samples).clone()
 

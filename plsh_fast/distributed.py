@@ -245,6 +245,11 @@ class HaloPlan:
         chunk gives ``(start, start)``).
     causal : bool
         Whether the plan is for causal attention (no right halo).
+
+    References
+    ----------
+    ``proofs_notes/halo_bound.md``, sections 1 and 2 (the exact reach of a chunk,
+    ``HaloPlan.transfer``); ``docs/context_parallel.md``.
     """
 
     bounds: tuple
@@ -408,6 +413,11 @@ def partition_checksum(partition: PartitionSample) -> int:
     ------
     TypeError
         ``partition`` is not a PartitionSample.
+
+    References
+    ----------
+    ``docs/context_parallel.md`` (step 1: a checksum of the partition);
+    ``hashlib.blake2b``.
     """
     if not isinstance(partition, PartitionSample):
         raise TypeError(f"partition: must be a PartitionSample, got {type(partition).__name__}")

@@ -101,7 +101,13 @@ DEFAULT_SEED = 0
 
 
 def layer_seed(seed: int, layer: int) -> int:
-    """Seed of layer ``layer``'s partition: :func:`plsh_ref.partition.derived_seed` ``(seed, layer)``."""
+    """Seed of layer ``layer``'s partition: :func:`plsh_ref.partition.derived_seed` ``(seed, layer)``.
+
+    References
+    ----------
+    ``docs/huggingface.md`` (layer ``l`` draws with ``derived_seed(seed, l)``); SPEC section 5
+    (distinct partitions per layer from one model-level seed).
+    """
     return derived_seed(seed, layer)
 
 
@@ -181,6 +187,11 @@ def kernels_to_config(kernels: Iterable[Any]) -> list[dict[str, Any]]:
     ValueError
         A kernel of one's own (a config stores kernels by name and parameters; message
         starts with ``kernels``).
+
+    References
+    ----------
+    ``docs/kernels.md``, "In torch modules and Hugging Face models"
+    (``config.plsh_kernels``); SPEC section 8.
     """
     out = []
     for h, kernel in enumerate(kernels):
@@ -221,6 +232,11 @@ def kernels_from_config(entries: Iterable[Any]) -> tuple:
     ValueError
         An entry that is not a dict naming a built-in kernel with its parameters (message
         starts with ``config.plsh_kernels``); bad parameters (from the kernel classes).
+
+    References
+    ----------
+    ``docs/kernels.md``, "In torch modules and Hugging Face models"
+    (``config.plsh_kernels``); SPEC section 8.
     """
     from plsh_ref import kernels as K  # noqa: PLC0415 (the classes, by name)
 
@@ -282,6 +298,11 @@ def layer_partition(module: torch.nn.Module, num_heads: int) -> PartitionSample:
         If the module has no ``layer_idx`` and no partition (per-layer partitions need
         one), or its partition has another head count; ``config.plsh_kernels`` not
         ``num_heads`` valid kernels.
+
+    References
+    ----------
+    ``docs/huggingface.md``, "A RoPE model turned into an ALiBi/PLSH model" (``config.plsh_seed``,
+    ``config.plsh_num_samples``); ``CONTRIBUTING.md``, "Seeds (one policy)".
     """
     part = getattr(module, "plsh_partition", None)
     if part is None:
@@ -357,6 +378,11 @@ def prepare_layer(
     ------
     ValueError
         As :func:`layer_partition`.
+
+    References
+    ----------
+    ``docs/huggingface.md``, "Compiling: one graph, every length", "Kept plans, one cache per layer"
+    and "Kept counts, one cache per layer".
     """
     part = layer_partition(module, num_heads)
     device = _module_device(module) if device is None else torch.device(device)
@@ -661,7 +687,13 @@ def _padding_mask_builder(
 
 
 def register() -> None:
-    """Register ``"plsh"`` and ``"alibi"`` with transformers (done on import; idempotent)."""
+    """Register ``"plsh"`` and ``"alibi"`` with transformers (done on import; idempotent).
+
+    References
+    ----------
+    ``transformers.AttentionInterface.register`` and
+    ``transformers.masking_utils.AttentionMaskInterface.register``; ``docs/huggingface.md``.
+    """
     AttentionInterface.register("plsh", plsh_attention_forward)
     AttentionInterface.register("alibi", alibi_attention_forward)
     AttentionMaskInterface.register("plsh", _padding_mask_builder)

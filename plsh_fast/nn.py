@@ -113,6 +113,11 @@ def check_attention_inputs(
         query's (whether or not it requires grad).
     ValueError
         On a wrong rank, a device or shape mismatch, or a head count that does not fit.
+
+    References
+    ----------
+    SPEC section 5 (layout, grouped-query heads); ``CONTRIBUTING.md``,
+    Conventions section (errors name the argument).
     """
     V.check_qkv(query, key, value)
     if num_heads is not None and query.shape[1] != num_heads:
@@ -214,6 +219,11 @@ def has_torch_bias(kernel: DistanceKernel) -> bool:
     Returns
     -------
     bool
+
+    References
+    ----------
+    SPEC section 8 (the built-in kernels); ``docs/kernels.md``, "In torch modules
+    and Hugging Face models".
     """
     return is_builtin(kernel)
 
@@ -357,6 +367,11 @@ def resolve_seed(seed: int | None) -> int:
     ------
     TypeError, ValueError
         ``seed`` not an integer ``>= 0``.
+
+    References
+    ----------
+    ``CONTRIBUTING.md``, "Seeds (one policy)"; ``docs/dropin.md``, "One partition
+    per layer"; SPEC section 5.
     """
     if seed is None:
         return int(torch.randint(0, 2**63 - 1, ()).item())
@@ -392,6 +407,10 @@ def seed_layers(model: nn.Module, seed: int) -> list[int]:
         If ``model`` is not a ``torch.nn.Module``; if ``seed`` is not an integer.
     ValueError
         If ``seed < 0``.
+
+    References
+    ----------
+    ``docs/dropin.md``, "One partition per layer"; SPEC section 5.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model: must be a torch.nn.Module, got {type(model).__name__}")
@@ -1012,6 +1031,11 @@ class PLSHSelfAttention(nn.Module):
     ------
     TypeError, ValueError
         On non-integer or non-dividing sizes, or a core with another ``num_heads``.
+
+    References
+    ----------
+    ``docs/dropin.md``; ``torch.nn.MultiheadAttention`` (the layer it mirrors);
+    SPEC section 5.
     """
 
     def __init__(

@@ -164,7 +164,12 @@ def sdpa_alibi_bias(
 
 
 def alibi_bias(*args: Any, **kwargs: Any) -> torch.Tensor:
-    """Deprecated alias of :func:`sdpa_alibi_bias` (one release; DeprecationWarning)."""
+    """Deprecated alias of :func:`sdpa_alibi_bias` (one release; DeprecationWarning).
+
+    References
+    ----------
+    ``docs/changelog.md``, "Unreleased: one API for the attention family" (the rename).
+    """
     warn_deprecated("plsh_fast.peers.alibi_bias", "plsh_fast.peers.sdpa_alibi_bias")
     return sdpa_alibi_bias(*args, **kwargs)
 
@@ -216,6 +221,11 @@ def sdpa_alibi_attention(
     TypeError, ValueError
         As :func:`plsh_fast.plsh_attention` for the tensors; bad slopes, positions or scale;
         a ``bias`` of the wrong shape; a non-bool ``return_lse``.
+
+    References
+    ----------
+    ``torch.nn.functional.scaled_dot_product_attention``; SPEC sections 1 and 7
+    (the SDPA peer with a dense bias).
     """
     return_lse = check_bool("return_lse", return_lse)
     V.check_qkv(query, key, value)
@@ -334,6 +344,10 @@ def alibi_attention(*args: Any, **kwargs: Any) -> torch.Tensor | tuple[torch.Ten
 
     Renamed because its contract differs from :func:`plsh_ref.attention.alibi_attention`
     (no ``attention_mask``; a ``chunk_size``).
+
+    References
+    ----------
+    ``docs/changelog.md``, "Unreleased: one API for the attention family" (the rename).
     """
     warn_deprecated("plsh_fast.peers.alibi_attention", "plsh_fast.peers.chunked_alibi_attention")
     return chunked_alibi_attention(*args, **kwargs)
@@ -403,6 +417,11 @@ def causal_mask_mod(
     """FlexAttention ``mask_mod`` of the causal mask: key admissible iff ``p_j <= p_i``.
 
     Positions as :func:`alibi_score_mod`. Returns ``mask_mod(b, h, q_idx, kv_idx)``.
+
+    References
+    ----------
+    The ``mask_mod`` of ``torch.nn.attention.flex_attention``; SPEC section 1 (causal:
+    ``p_j <= p_i``) and section 7.
     """
     q_of, k_of = _index_positions(query_positions, key_positions)
 
@@ -443,6 +462,11 @@ def window_mask_mod(
     ------
     TypeError
         If ``window`` is not a tensor or ``causal`` not a bool.
+
+    References
+    ----------
+    The ``mask_mod`` of ``torch.nn.attention.flex_attention``; SPEC section 7 (exact ALiBi
+    truncated to a per-head window).
     """
     causal = check_bool("causal", causal)
     if not isinstance(window, torch.Tensor):
@@ -481,6 +505,10 @@ def block_mask(
     ------
     TypeError, ValueError
         Non-integer or non-positive lengths, head count or batch.
+
+    References
+    ----------
+    ``create_block_mask`` of ``torch.nn.attention.flex_attention``; SPEC section 7.
     """
     from torch.nn.attention.flex_attention import create_block_mask  # noqa: PLC0415
 
@@ -504,6 +532,11 @@ def causal_block_mask(n: int, *, device: str | torch.device = "cpu", block: int 
     ------
     TypeError, ValueError
         If ``n`` or ``block`` is not an integer ``>= 1``.
+
+    References
+    ----------
+    ``BlockMask.from_kv_blocks`` of ``torch.nn.attention.flex_attention``; SPEC section 7
+    (compiled FlexAttention with a causal block mask).
     """
     from torch.nn.attention.flex_attention import BlockMask  # noqa: PLC0415
 
@@ -532,6 +565,11 @@ def compiled_flex_attention() -> Callable[..., Any]:
 
     Call it as ``compiled_flex_attention()(q, k, v, score_mod=..., block_mask=...)``. The
     first call per shape compiles (about 15 s on the CPU).
+
+    References
+    ----------
+    ``torch.compile`` of ``flex_attention`` (``torch.nn.attention.flex_attention``);
+    SPEC section 7.
     """
     from torch.nn.attention.flex_attention import flex_attention  # noqa: PLC0415
 
@@ -564,6 +602,11 @@ def reduction_mask_mod(bins: torch.Tensor, *, causal: bool = True) -> Callable[.
     ------
     TypeError
         If ``bins`` is not a tensor or ``causal`` not a bool.
+
+    References
+    ----------
+    SPEC section 3, way (a) (the paper's reduction); SPEC section 2 (bins);
+    ``proofs_notes/softmax_bias_identity.md``, section 4.
     """
     causal = check_bool("causal", causal)
     if not isinstance(bins, torch.Tensor):
@@ -601,6 +644,11 @@ def reduction_block_mask(bins: torch.Tensor, *, block: int = 128) -> BlockMask:
     ------
     TypeError, ValueError
         ``bins`` not a 3-D integer tensor; ``block < 1``.
+
+    References
+    ----------
+    SPEC section 3, way (a) (the paper's reduction); SPEC section 2 (bins are
+    contiguous runs); ``BlockMask.from_kv_blocks`` of ``torch.nn.attention.flex_attention``.
     """
     from torch.nn.attention.flex_attention import BlockMask  # noqa: PLC0415
 
@@ -688,6 +736,11 @@ def flex_reduction_attention(
         As :func:`plsh_fast.plsh_attention` for the tensors; a batch other than 1;
         ``block_mask`` or ``num_samples`` missing or given twice; a non-bool
         ``return_lse``; the default ``flex`` on a CPU query (``flex``: no LSE there).
+
+    References
+    ----------
+    SPEC section 3, way (a) (the paper's reduction, merged by LSE);
+    ``proofs_notes/softmax_bias_identity.md``, section 4; SPEC section 7.
     """
     from torch.nn.attention.flex_attention import AuxRequest  # noqa: PLC0415
 

@@ -30,12 +30,23 @@ EXCLUDED_DIRS = frozenset(
 
 
 def default_root() -> str:
-    """The running interpreter's standard-library directory."""
+    """The running interpreter's standard-library directory.
+
+    References
+    ----------
+    ``sysconfig.get_paths()["stdlib"]``; ``README.md``, "Command line" (``plsh train-lm`` on the
+    CPython stdlib sources).
+    """
     return sysconfig.get_paths()["stdlib"]
 
 
 def is_validation(relative_path: str, val_fraction: float) -> bool:
-    """Whether ``relative_path`` (POSIX separators) belongs to the validation split."""
+    """Whether ``relative_path`` (POSIX separators) belongs to the validation split.
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training" (``plsh train-lm``); ``hashlib.sha256``.
+    """
     digest = hashlib.sha256(relative_path.encode("utf-8")).digest()
     return int.from_bytes(digest[:8], "big") % 10000 < round(10000 * val_fraction)
 
@@ -47,6 +58,10 @@ def list_files(root: str, suffix: str = ".py") -> list[str]:
     ------
     ValueError
         If ``root`` is not a directory.
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training" (``plsh train-lm``); ``os.walk``.
     """
     if not os.path.isdir(root):
         raise ValueError(f"root: not a directory: {root!r}")
@@ -62,7 +77,12 @@ def list_files(root: str, suffix: str = ".py") -> list[str]:
 
 @dataclass(frozen=True)
 class Corpus:
-    """Train and validation byte streams (uint8 numpy arrays) and their file lists."""
+    """Train and validation byte streams (uint8 numpy arrays) and their file lists.
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training" (``plsh train-lm``).
+    """
 
     root: str
     train: np.ndarray
@@ -113,6 +133,11 @@ def load_corpus(
     ValueError
         If ``root`` is not a directory, a split ends up empty, or the arguments are out
         of range.
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training"; ``README.md``, "Command line"
+    (``plsh train-lm`` on the CPython stdlib sources).
     """
     root = default_root() if root is None else root
     val_fraction = check_probability("val_fraction", val_fraction)

@@ -55,6 +55,11 @@ def parse_variant(name: str) -> tuple[str, int | None]:
     ------
     ValueError
         On an unknown name or ``S < 1``.
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training"; ``README.md``, "Command line"
+    (the ``plsh train-lm`` variants).
     """
     if name in ("alibi", "none", "blocks"):
         return name, None
@@ -67,7 +72,12 @@ def parse_variant(name: str) -> tuple[str, int | None]:
 
 
 def default_block_sizes(num_heads: int) -> list[int]:
-    """Per-head fixed block size ``round(2 sigma_h)`` (mean PLSH pitch), at least 1."""
+    """Per-head fixed block size ``round(2 sigma_h)`` (mean PLSH pitch), at least 1.
+
+    References
+    ----------
+    SPEC section 2 (pitch mean ``2 sigma``) and section 1 (``sigma_h = 1 / m_h``).
+    """
     return [max(1, int(round(2.0 / m))) for m in alibi_slopes(num_heads)]
 
 
@@ -93,7 +103,13 @@ class _MaskAttention(nn.Module):
 
 
 class NoBiasAttention(_MaskAttention):
-    """Baseline core: ``softmax(q k^T / sqrt(d))`` with the causal mask only."""
+    """Baseline core: ``softmax(q k^T / sqrt(d))`` with the causal mask only.
+
+    References
+    ----------
+    ``docs/experiments.md`` (the baseline without positional bias);
+    ``plsh_ref.attention.no_bias_attention``.
+    """
 
     def _allowed(self, qpos, kpos):
         return np.ones((1, qpos.size, kpos.size), dtype=bool)
@@ -110,6 +126,10 @@ class FixedBlockAttention(_MaskAttention):
     block_sizes : sequence of int
         One block size (tokens, >= 1) per head.
     causal : bool
+
+    References
+    ----------
+    ``docs/experiments.md`` (the baseline with fixed blocks).
     """
 
     def __init__(self, num_heads: int, block_sizes: Sequence[int], causal: bool = True) -> None:
@@ -137,7 +157,13 @@ def make_attention(
     resample: str = "every_forward",
     sampler: str = "iid",
 ) -> nn.Module:
-    """The attention core of one layer for ``variant`` (see :func:`parse_variant`)."""
+    """The attention core of one layer for ``variant`` (see :func:`parse_variant`).
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training"; ``README.md``, "Command line"
+    (the ``plsh train-lm`` variants).
+    """
     kind, s = parse_variant(variant)
     if kind == "alibi":
         return PLSHAttention(num_heads, 1, method="exact", seed=seed)

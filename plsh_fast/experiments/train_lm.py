@@ -191,6 +191,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     Shared spellings (``--out``, ``--seed``, ``--quiet``) follow
     :mod:`plsh_ref.experiments.options`; the old ones in :data:`DEPRECATED` still work.
+
+    References
+    ----------
+    ``README.md``, "Command line" (the shared option spellings); ``argparse``.
     """
     for flag, dest, typ, default, text in _OPTIONS:
         kw: dict[str, Any]
@@ -238,7 +242,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def command_line(args: argparse.Namespace) -> str:
-    """The full ``plsh train-lm`` command (every option spelled out) that reproduces ``args``."""
+    """The full ``plsh train-lm`` command (every option spelled out) that reproduces ``args``.
+
+    References
+    ----------
+    ``README.md``, "Command line" (``plsh train-lm``); ``docs/experiments.md``, "Training".
+    """
     parts = ["plsh", "train-lm"]
     for flag, dest, _, _, _ in _OPTIONS:
         value = getattr(args, dest)
@@ -260,6 +269,11 @@ def memory_estimate(
     PLSH; evaluation at the longest length ``f L`` holds four such arrays for
     ``max(1, 16384 // (f L))`` windows of one layer at a time. Model weights and
     activations of width ``d_model`` are small beside them at these sizes.
+
+    References
+    ----------
+    ``README.md``, "Command line" (sizes over ``--max-memory`` are refused before
+    allocating).
     """
     train = 4 * 4 * layers * batch_size * heads * seq_len**2 + 8 * layers * heads * seq_len**2
     length = longest_factor * seq_len
@@ -286,6 +300,11 @@ def model_memory_estimate(d_model: int, layers: int, mlp_ratio: int = 4) -> int:
     int
         Bytes. Nothing is raised here; ``plsh train-lm`` compares the result with
         ``--max-memory``.
+
+    References
+    ----------
+    ``README.md``, "Command line" (``--max-memory``); ``torch.optim.AdamW`` (two
+    moments per parameter).
     """
     per_layer = (4 + 2 * mlp_ratio) * d_model**2 + (8 + mlp_ratio) * d_model
     return int(16 * (2 * 256 * d_model + layers * per_layer))
@@ -414,6 +433,11 @@ def evaluate(
 
     The windows tile the first ``num_tokens`` (rounded down to a multiple of ``length``)
     predicted bytes of ``stream``; every position of every window is scored.
+
+    References
+    ----------
+    ``README.md``, "Command line" (evaluation at 1x/2x/4x the training length);
+    ``torch.nn.functional.cross_entropy``.
     """
     import torch
     from torch.nn import functional as F
@@ -441,7 +465,12 @@ def _metrics(loss: float) -> dict:
 
 
 def batch_order(corpus: Corpus, args: argparse.Namespace, seed: int) -> np.ndarray:
-    """Start offsets ``(steps, batch_size)`` of the training windows for ``seed``."""
+    """Start offsets ``(steps, batch_size)`` of the training windows for ``seed``.
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training"; ``numpy.random.SeedSequence``.
+    """
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     return rng.integers(0, corpus.train.size - args.seq_len - 1, size=(args.steps, args.batch_size))
 
@@ -455,7 +484,12 @@ def train_variant(
     factors: Sequence[int],
     block_sizes: Sequence[int],
 ) -> dict:
-    """Train one variant from the init of ``seed`` on ``batch_starts``; evaluate it."""
+    """Train one variant from the init of ``seed`` on ``batch_starts``; evaluate it.
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training"; ``torch.optim.AdamW``.
+    """
     import torch
     from torch.nn import functional as F
     from tqdm import tqdm
@@ -539,6 +573,10 @@ def summarize(results: list[dict], factors: Sequence[int]) -> list[dict]:
     Per evaluation length: mean and sample sd over seeds of the loss (as bits per byte and
     perplexity of the mean loss) and, when ``alibi`` was trained, the difference to
     ``alibi`` paired by seed (same initial weights and batches), mean and sd over seeds.
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training".
     """
     rows: dict[str, Any] = {}
     order: list[str] = []
@@ -585,7 +623,12 @@ def _pm(mean: float, sd: float, digits: int = 4, sign: bool = False) -> str:
 
 def markdown_table(rows: list[dict], factors: Sequence[int], seq_len: int) -> str:
     """Validation bits per byte (mean ± sd over seeds), the paired difference to exact
-    ALiBi (when trained) and the perplexity per byte, at each evaluation length."""
+    ALiBi (when trained) and the perplexity per byte, at each evaluation length.
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training".
+    """
     lengths = [f * seq_len for f in factors]
     has_delta = "delta_bpb_vs_alibi" in rows[0]["lengths"][str(factors[0])]
     head = ["variant"] + [f"bpb @ {n}" for n in lengths]
@@ -676,6 +719,10 @@ def run(args: argparse.Namespace) -> int:
     ------
     ValueError
         On invalid options (message starts with the option's name).
+
+    References
+    ----------
+    ``docs/experiments.md``, "Training"; ``README.md``, "Command line".
     """
     import torch
 

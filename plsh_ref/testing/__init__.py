@@ -66,6 +66,12 @@ __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
+    """A name of ``__all__``, imported from its submodule on first use.
+
+    References
+    ----------
+    PEP 562 (module ``__getattr__`` and ``__dir__``).
+    """
     if name in _EXPORTS:
         value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
         globals()[name] = value
@@ -74,4 +80,10 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
+    """The module's names, those imported lazily included.
+
+    References
+    ----------
+    PEP 562 (module ``__getattr__`` and ``__dir__``).
+    """
     return sorted(set(globals()) | set(_EXPORTS))

@@ -243,6 +243,11 @@ def from_bias_builder(
     >>> from transformers.models.bloom.modeling_bloom import build_alibi_tensor  # doctest: +SKIP
     >>> bloom = from_bias_builder(build_alibi_tensor,
     ...                           supports={"bidirectional": False, "positions": False})  # doctest: +SKIP
+
+    References
+    ----------
+    ``docs/validation.md``, "Adapters for the forms real code takes" (a bias builder);
+    the form of BLOOM's and Falcon's ``build_alibi_tensor`` (``transformers``).
     """
     if not callable(build):
         raise TypeError(f"build: must be callable, got {type(build).__name__}")
@@ -298,6 +303,11 @@ def from_score_mod(
         ``flex`` is not a bool.
     ValueError
         On an unknown ``slopes``.
+
+    References
+    ----------
+    ``docs/validation.md``, "Adapters for the forms real code takes" (a FlexAttention
+    ``score_mod``); ``torch.nn.attention.flex_attention.flex_attention``.
     """
     if (score_mod is None) == (factory is None):
         raise TypeError("score_mod: give exactly one of score_mod and factory")
@@ -419,6 +429,11 @@ def from_hf_attention(
         If ``attention_fn`` is not callable.
     ValueError
         On an unknown ``slopes``.
+
+    References
+    ----------
+    ``docs/validation.md``, "Adapters for the forms real code takes" (an HF attention
+    function); the ``transformers.AttentionInterface`` signature.
     """
     if not callable(attention_fn):
         raise TypeError(f"attention_fn: must be callable, got {type(attention_fn).__name__}")

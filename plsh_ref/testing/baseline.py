@@ -53,6 +53,11 @@ def plain_attention_numpy(
     ------
     ValueError
         If ``dtype`` is unknown.
+
+    References
+    ----------
+    SPEC section 6 (the yardstick: plain attention with the same dense bias in the
+    dtype of ``out``); ``docs/validation.md``, "The tolerance rule".
     """
 
     def r(x):
@@ -106,6 +111,11 @@ def plain_attention_torch(
     ------
     ImportError
         If torch is not installed.
+
+    References
+    ----------
+    SPEC section 6 (the yardstick: plain torch attention with the same dense bias
+    in the dtype of ``out``); ``docs/validation.md``, "The tolerance rule".
     """
     import torch
 

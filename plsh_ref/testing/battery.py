@@ -88,6 +88,11 @@ class NotCovered:
         The capability or option that excludes it (``"bidirectional"``, ``"--causal"``,
         ``"--positions"``, ``"attention_mask (the kernel takes no attention_mask
         argument)"``...).
+
+    References
+    ----------
+    ``docs/validation.md``, "What is run: the battery, then random problems" (battery cases
+    not covered, with what excludes them).
     """
 
     name: str
@@ -235,6 +240,11 @@ def battery_plan(
     ------
     ValueError
         As :func:`battery`, or on an unknown position mode or capability.
+
+    References
+    ----------
+    ``docs/validation.md``, "What is run: the battery, then random problems" and
+    "Capabilities: declaring what a kernel does not support".
     """
     if kind not in KINDS:
         raise ValueError(f"kind: must be one of {KINDS}, got {kind!r}")
@@ -333,5 +343,9 @@ def battery(
     ------
     ValueError
         On an unknown ``kind``, ``slopes`` or dtype, or an empty ``dtypes``.
+
+    References
+    ----------
+    ``docs/validation.md``, "What is run: the battery, then random problems".
     """
     return battery_plan(kind, seed=seed, dtypes=dtypes, slopes=slopes, **restrictions)[0]

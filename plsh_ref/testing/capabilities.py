@@ -26,6 +26,11 @@ class KernelContractError(ValueError):
     """The kernel cannot be imported, has the wrong signature, or returns the wrong thing.
 
     The message is one line meant for the user (``plsh verify`` prints it and exits 2).
+
+    References
+    ----------
+    ``docs/validation.md``: exit status 2, bad input (its opening table and "Reading
+    the report").
     """
 
 
@@ -92,6 +97,10 @@ def kernel_capabilities(
     ------
     KernelContractError
         On an unknown capability name or a value that is not a bool.
+
+    References
+    ----------
+    ``docs/validation.md``, "Capabilities: declaring what a kernel does not support".
     """
 
     declared = dict(getattr(kernel, "supports", None) or {})
@@ -126,6 +135,11 @@ def optional_inputs(kernel: Callable[..., Any]) -> dict:
     dict
         ``{"attention_mask": bool, "varlen": bool, "head_slice": bool}`` (all True for a
         callable without an inspectable signature, except ``varlen`` and ``head_slice``).
+
+    References
+    ----------
+    ``docs/validation.md``, "The kernel contracts" (the optional ``attention_mask``,
+    ``cu_seqlens``, ``head_start`` and ``num_heads_total`` keywords).
     """
     try:
         params = inspect.signature(kernel).parameters
@@ -163,6 +177,11 @@ def effective_capabilities(
     ------
     KernelContractError
         As :func:`kernel_capabilities`.
+
+    References
+    ----------
+    ``docs/validation.md``, "Capabilities: declaring what a kernel does not support" and
+    "Conventions: how to declare each one" (the tensor-parallel head slice).
     """
     caps = kernel_capabilities(kernel, supports)
     takes = optional_inputs(kernel)
@@ -175,7 +194,12 @@ def effective_capabilities(
 
 def required_capabilities(spec: ProblemSpec) -> list[str]:
     """The capabilities a problem needs (names of :data:`CAPABILITIES`; ``lse`` and
-    ``empty_rows`` excluded: those change what is compared, not what runs)."""
+    ``empty_rows`` excluded: those change what is compared, not what runs).
+
+    References
+    ----------
+    ``docs/validation.md``, "Capabilities: declaring what a kernel does not support".
+    """
     need = [spec.dtype, "causal" if spec.causal else "bidirectional"]
     if spec.num_heads_kv < spec.num_heads:
         need.append("gqa")
@@ -224,6 +248,11 @@ def restrict(spec: ProblemSpec, caps: dict) -> tuple[ProblemSpec | None, list[st
     (spec, changed) : (ProblemSpec or None, list of str)
         The restricted spec (``None`` if no supported problem is near: its dtype, a
         packed batch or a head slice unsupported) and the capabilities that were changed.
+
+    References
+    ----------
+    ``docs/validation.md``, "What is run: the battery, then random problems" (restricted to the
+    kernel, not skipped).
     """
     changed: list[str] = []
     s = spec

@@ -88,6 +88,10 @@ def numpy_alibi(
     -------
     (output, lse) : tuple of numpy.ndarray
         Output in the dtype of ``query``, LSE in float32 (float64 for float64 inputs).
+
+    References
+    ----------
+    SPEC sections 1 and 5; ``docs/validation.md``, "Reading the report" (the correct kernel).
     """
     bias = _padded_alibi_bias(
         query, key, np.asarray(slopes), causal, query_positions, key_positions, attention_mask
@@ -114,6 +118,10 @@ def press_slopes(num_heads: int) -> np.ndarray:
     -------
     numpy.ndarray
         float64 ``(num_heads,)``.
+
+    References
+    ----------
+    Press et al. (2022) and their reference code; SPEC section 1.
     """
 
     def power_of_2(n):
@@ -142,6 +150,10 @@ def numpy_alibi_standard_slopes(
 
     No ``slopes`` argument: ``plsh verify`` runs it in ``--slopes standard`` mode. Other
     parameters and returns as :func:`numpy_alibi`.
+
+    References
+    ----------
+    ``docs/validation.md``, "Kernels with their own slopes"; Press et al. (2022).
     """
     return numpy_alibi(
         query,
@@ -192,6 +204,11 @@ def sdpa_alibi(
     -------
     torch.Tensor
         Output in the dtype of ``query``, ``(batch, num_heads, n_q, head_dim_v)``.
+
+    References
+    ----------
+    ``torch.nn.functional.scaled_dot_product_attention`` (``attn_mask``,
+    ``enable_gqa``); SPEC sections 1 and 5.
     """
     import torch
     import torch.nn.functional as F
@@ -238,6 +255,11 @@ def sign_flipped_alibi(
     """Broken: ALiBi with the bias sign flipped (``+m |i - j|``), computed in float64.
 
     Same contract as :func:`numpy_alibi`; returns the output only, in the input dtype.
+
+    References
+    ----------
+    SPEC section 1 (the bias ``-m |p_i - p_j|``, negated here);
+    ``docs/validation.md``, "What is run: the battery, then random problems" (the sign of the bias).
     """
     bias = _padded_alibi_bias(
         query, key, np.asarray(slopes), causal, query_positions, key_positions, attention_mask
@@ -263,6 +285,11 @@ def interleaved_gqa_alibi(
     The layout ``repeat(k, 'b g n d -> b (r g) n d')`` gives (as in x-transformers'
     ``Attend``); right for ``num_heads_kv`` 1 or ``num_heads``, wrong in between. Same
     contract as :func:`numpy_alibi`.
+
+    References
+    ----------
+    SPEC section 5 (query head ``h`` uses kv head ``h // group``, not ``h % H_kv``);
+    ``docs/validation.md``, "Reading the report".
     """
     reps = query.shape[1] // key.shape[1]
     key, value = np.tile(key, (1, reps, 1, 1)), np.tile(value, (1, reps, 1, 1))
@@ -305,6 +332,12 @@ def averaged_plsh(
     -------
     numpy.ndarray
         Output in the input dtype.
+
+    References
+    ----------
+    SPEC section 4 (averaging the per-sample outputs is a different estimator);
+    ``proofs_notes/softmax_bias_identity.md``, section 5;
+    ``docs/validation.md``, "Reading the report".
     """
     qpos, kpos = _positions(query, key, query_positions, key_positions)
     outs = []
@@ -330,6 +363,10 @@ def mask_only_plsh(
 
     Same contract as :func:`averaged_plsh`; returns ``(output, lse)`` in float64 inputs'
     precision, cast to the input dtype for the output.
+
+    References
+    ----------
+    SPEC section 3 (keys weighted by the counts ``C_ij``, which this ignores).
     """
     qpos, kpos = _positions(query, key, query_positions, key_positions)
     c = counts(partition, qpos, kpos, causal=causal)

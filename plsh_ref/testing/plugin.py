@@ -33,7 +33,13 @@ __all__ = ["plsh_check", "plsh_kernel", "plsh_reference", "pytest_addoption"]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """Register the ``plsh`` option group (all defaults are inert)."""
+    """Register the ``plsh`` option group (all defaults are inert).
+
+    References
+    ----------
+    The ``pytest_addoption`` hook of pytest;
+    ``docs/validation.md``, "In your pytest suite".
+    """
     group = parser.getgroup("plsh", "positional-lsh kernel validation")
     group.addoption(
         "--plsh-kernel",
@@ -72,7 +78,13 @@ class _References:
 
 @pytest.fixture
 def plsh_reference() -> Any:
-    """Reference callables: ``.alibi`` (exact ALiBi) and ``.plsh`` (PLSH), float64."""
+    """Reference callables: ``.alibi`` (exact ALiBi) and ``.plsh`` (PLSH), float64.
+
+    References
+    ----------
+    A ``pytest`` fixture (``docs/validation.md``, "In your pytest suite"); exact ALiBi of
+    SPEC section 1 and PLSH attention of SPEC section 3.
+    """
     return _References()
 
 
@@ -81,6 +93,10 @@ def plsh_check(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """``check(kernel, problem, framework=None, device=None)``: assert that one case passes.
 
     ``framework`` and ``device`` default to ``--plsh-framework`` and ``--plsh-device``.
+
+    References
+    ----------
+    ``docs/validation.md``, "In your pytest suite"; SPEC section 6 (the rule it asserts).
     """
     from .suite import check_case
 
@@ -96,7 +112,12 @@ def plsh_check(request: pytest.FixtureRequest) -> Callable[..., Any]:
 
 @pytest.fixture
 def plsh_kernel(request: pytest.FixtureRequest) -> Callable[..., Any]:
-    """The kernel named by ``--plsh-kernel`` (skips the test when the option is absent)."""
+    """The kernel named by ``--plsh-kernel`` (skips the test when the option is absent).
+
+    References
+    ----------
+    ``docs/validation.md``, "In your pytest suite" (``--plsh-kernel MODULE:FUNCTION``).
+    """
     target = request.config.getoption("--plsh-kernel")
     if target is None:
         pytest.skip("no --plsh-kernel MODULE:FUNCTION given")

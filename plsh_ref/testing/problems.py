@@ -94,6 +94,11 @@ def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
     >>> from plsh_ref.testing.problems import round_to_dtype
     >>> round_to_dtype(np.array([1 + 2**-9]), "bfloat16").tolist()
     [1.0]
+
+    References
+    ----------
+    IEEE 754 rounding to nearest, ties to even (bfloat16: the upper 16 bits of binary32);
+    ``docs/validation.md``, "The tolerance rule" (the dtype-rounded inputs).
     """
     if dtype not in DTYPES:
         raise ValueError(f"dtype: must be one of {DTYPES}, got {dtype!r}")
@@ -154,6 +159,11 @@ class ProblemSpec:
     ------
     ValueError, TypeError
         On inconsistent or out-of-range fields (message starts with the field name).
+
+    References
+    ----------
+    ``docs/validation.md``, "What is run: the battery, then random problems" and "In CI"
+    (``--spec``); SPEC section 5 (shapes, positions, padding).
     """
 
     kind: str = "alibi"
@@ -388,6 +398,10 @@ class AttentionProblem:
         else ``None``.
     cu_seqlens : numpy.ndarray or None
         int64 ``(num_sequences + 1,)`` start offsets of a ``packed`` problem, else ``None``.
+
+    References
+    ----------
+    ``docs/validation.md``, "The kernel contracts" (the arguments table); SPEC section 5.
     """
 
     spec: ProblemSpec

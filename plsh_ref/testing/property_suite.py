@@ -78,6 +78,10 @@ def make_property_suite(
     >>> from plsh_ref.testing import examples, make_property_suite
     >>> test_numpy_alibi = make_property_suite(examples.numpy_alibi, max_examples=5)
     >>> test_numpy_alibi()  # passes silently; a broken kernel raises AssertionError
+
+    References
+    ----------
+    ``docs/validation.md``, "In your pytest suite"; Hypothesis ``given`` and ``assume``.
     """
     if kind not in KINDS:
         raise ValueError(f"kind: must be one of {KINDS}, got {kind!r}")

@@ -88,6 +88,11 @@ def reference_precision(query: Any, precision: str = "auto") -> str:
     >>> from plsh_ref.testing.reference import reference_precision
     >>> reference_precision(np.zeros(2, np.float32)), reference_precision(np.zeros(2))
     ('float64', 'extended')
+
+    References
+    ----------
+    ``docs/validation.md``, "The tolerance rule" (float64 problems judged against the
+    extended reference).
     """
     if precision not in REFERENCE_PRECISIONS:
         raise ValueError(f"precision: must be one of {REFERENCE_PRECISIONS}, got {precision!r}")
@@ -262,6 +267,11 @@ def reference_for(kind: str) -> Callable[..., tuple[np.ndarray, np.ndarray]]:
     ------
     ValueError
         If ``kind`` is unknown.
+
+    References
+    ----------
+    ``docs/validation.md``, "The kernel contracts" (the ``alibi`` and ``plsh`` kinds); SPEC
+    sections 1 and 3.
     """
     if kind == "alibi":
         return alibi_reference

@@ -91,6 +91,12 @@ def draw_positions(
     ------
     TypeError, ValueError
         On negative or non-integer lengths or an unknown ``mode``.
+
+    References
+    ----------
+    SPEC section 1 (default positions: keys ``0..n_k-1``, queries aligned to the end);
+    ``CONTRIBUTING.md``, Conventions section (the tests' position layouts come
+    from ``plsh_ref.testing``).
     """
     n_q = check_int("n_q", n_q, minimum=0)
     n_k = check_int("n_k", n_k, minimum=0)
@@ -145,6 +151,11 @@ def dtypes(allowed: Sequence[str] = DEFAULT_DTYPES) -> st.SearchStrategy[str]:
     ------
     ValueError
         If ``allowed`` is empty or names an unknown dtype.
+
+    References
+    ----------
+    SPEC section 5 (dtypes); Hypothesis ``sampled_from``;
+    ``docs/validation.md``, "Strategies for your own properties".
     """
     return st.sampled_from(_check_choices("allowed", allowed, DTYPES))
 
@@ -169,6 +180,11 @@ def slopes(num_heads: int, *, standard: bool | None = None) -> st.SearchStrategy
     ------
     TypeError, ValueError
         If ``num_heads`` is not an integer ``>= 1``.
+
+    References
+    ----------
+    Press et al. (2022); SPEC section 1; ``docs/validation.md``, "Strategies for your own
+    properties".
     """
     num_heads = check_int("num_heads", num_heads, minimum=1)
     exponents = st.lists(st.floats(-10.0, 1.0), min_size=num_heads, max_size=num_heads)
@@ -205,6 +221,11 @@ def positions(
     ------
     TypeError, ValueError
         On negative lengths or unknown modes.
+
+    References
+    ----------
+    SPEC sections 1 and 5 (default and explicit positions); ``docs/validation.md``, "Strategies for
+    your own properties".
     """
     n_q = check_int("n_q", n_q, minimum=0)
     n_k = check_int("n_k", n_k, minimum=0)
@@ -238,6 +259,11 @@ def partition_samples(
     ------
     TypeError, ValueError
         On invalid ``sigma`` or ``max_samples``.
+
+    References
+    ----------
+    SPEC section 2 (a partition sample); ``docs/validation.md``, "Strategies for your own
+    properties".
     """
     sig = np.array(sigma, dtype=np.float64)
     draw_partition(sig, 1, seed=0)  # validates sigma now rather than inside a test
@@ -424,6 +450,11 @@ def problem_specs(
     ------
     TypeError, ValueError
         On invalid bounds or choices (message starts with the argument name).
+
+    References
+    ----------
+    ``docs/validation.md``, "What is run: the battery, then random problems" (the balanced
+    distribution) and "Strategies for your own properties".
     """
     return _specs(
         *_bound_args(
@@ -513,6 +544,10 @@ def attention_problems(kind: str = "alibi", **bounds: Any) -> st.SearchStrategy[
     ...     out, lse = problem.reference()
     ...     assert np.all(np.abs(out) <= np.abs(problem.value).max(initial=0) + 1e-12)
     >>> test_rows_are_convex_combinations()
+
+    References
+    ----------
+    ``docs/validation.md``, "In your pytest suite" and "Strategies for your own properties".
     """
     return problem_specs(kind, **bounds).map(ProblemSpec.build)
 
@@ -581,6 +616,11 @@ def sample_specs(
     >>> a = sample_specs("alibi", seed=3, num_cases=5)
     >>> a == sample_specs("alibi", seed=3, num_cases=5)
     True
+
+    References
+    ----------
+    ``docs/validation.md``, "What is run: the battery, then random problems" (``--cases`` random
+    problems from ``--seed``, drawn with numpy's generator).
     """
     seed = check_int("seed", seed, minimum=0)
     num_cases = check_int("num_cases", num_cases, minimum=1)
@@ -663,6 +703,10 @@ def long_specs(
     ------
     TypeError, ValueError
         On an invalid ``seed`` or ``num_cases``.
+
+    References
+    ----------
+    ``docs/validation.md``, "What is run: the battery, then random problems" (``--long-cases``).
     """
     seed = check_int("seed", seed, minimum=0)
     num_cases = check_int("num_cases", num_cases, minimum=0)

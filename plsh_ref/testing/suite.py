@@ -112,6 +112,10 @@ class CaseResult:
         explained by rounding that grows with ``n * slope``; such a case passes in float32
         and float64 (it is reported) unless ``strict_precision``, and fails in half
         precision. Empty otherwise.
+
+    References
+    ----------
+    SPEC section 6 (error and allowed error); ``docs/validation.md``, "Reading the report".
     """
 
     passed: bool
@@ -182,6 +186,11 @@ def load_kernel(target: str, *, label: str = "kernel") -> Callable[..., Any]:
         If the string is malformed, the module cannot be imported (its exception, or the
         ``sys.exit`` status it called at import time, is named in the message), the
         attribute is missing, or it is not callable.
+
+    References
+    ----------
+    ``docs/validation.md``, its opening (``plsh verify`` puts the current folder on the import
+    path; ``MODULE:FUNCTION`` or a file path).
     """
     if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
         raise KernelContractError(f"{label}: expected MODULE:FUNCTION, got {target!r}")
@@ -265,6 +274,10 @@ def check_signature(kernel: Callable[..., Any], kind: str, slopes: str = "given"
         inspectable signature are accepted and assumed to take ``attention_mask``).
     ValueError
         If ``kind`` or ``slopes`` is unknown.
+
+    References
+    ----------
+    ``docs/validation.md``, "The kernel contracts".
     """
     if kind not in KINDS:
         raise ValueError(f"kind: must be one of {KINDS}, got {kind!r}")
@@ -296,7 +309,13 @@ def check_signature(kernel: Callable[..., Any], kind: str, slopes: str = "given"
 
 
 def slope_mode(kernel: Callable[..., Any]) -> str:
-    """``"given"`` if ``kernel`` takes a ``slopes`` argument (or ``**kwargs``), else ``"standard"``."""
+    """``"given"`` if ``kernel`` takes a ``slopes`` argument (or ``**kwargs``), else ``"standard"``.
+
+    References
+    ----------
+    ``docs/validation.md``, "The kernel contracts" (the slope mode is read from the signature) and
+    "Kernels with their own slopes".
+    """
     try:
         params = inspect.signature(kernel).parameters
     except (TypeError, ValueError):
@@ -329,6 +348,10 @@ def contract_kwargs(
     Returns
     -------
     dict
+
+    References
+    ----------
+    ``docs/validation.md``, "The kernel contracts"; SPEC section 5.
     """
     inputs = inputs or {}
     return problem.kernel_kwargs(
@@ -340,7 +363,13 @@ def contract_kwargs(
 
 
 def jax_x64_enabled() -> bool:
-    """Whether JAX runs in x64 mode (float64 arrays); False without JAX."""
+    """Whether JAX runs in x64 mode (float64 arrays); False without JAX.
+
+    References
+    ----------
+    JAX's ``jax_enable_x64`` option;
+    ``docs/validation.md``, "Conventions: how to declare each one" (a JAX kernel).
+    """
     try:
         import jax
     except ImportError:
@@ -532,6 +561,10 @@ def check_case(
     ValueError
         On an unknown ``framework``/``slopes``, a numpy or jax kernel asked for another
         device, or standard-slopes mode on a problem with random slopes.
+
+    References
+    ----------
+    SPEC section 6; ``docs/validation.md``, "The tolerance rule".
     """
     slopes, caps, inputs = _case_setup(
         kernel, problem, framework, device, slopes, attention_mask, supports
@@ -651,6 +684,10 @@ def row_constant_bias(problem: AttentionProblem) -> np.ndarray:
     ------
     ValueError
         If the problem is not a causal ALiBi problem.
+
+    References
+    ----------
+    ``docs/validation.md``, "The tolerance rule" (precision findings); SPEC section 1 (the bias).
     """
     spec = problem.spec
     if problem.kind != "alibi" or not spec.causal:
@@ -822,6 +859,11 @@ def detect_framework(
     ------
     KernelContractError
         If neither works (the message says what each attempt did).
+
+    References
+    ----------
+    ``docs/validation.md``, its opening (the framework is detected) and
+    "Conventions: how to declare each one" (``--framework``).
     """
     tried = []
     candidates = ["numpy"]
@@ -865,6 +907,11 @@ def probe_framework(
     (str or None, str)
         The framework whose arrays came back (``"jax"`` for jax arrays from numpy inputs),
         or ``None`` and what the call did instead (``"with torch inputs it raised ..."``).
+
+    References
+    ----------
+    ``docs/validation.md``, its opening (the framework is detected) and
+    "Conventions: how to declare each one" (``--framework``).
     """
     problem = ProblemSpec(kind=kind, n_q=4, n_k=4, num_heads=2, num_heads_kv=2).build()
     kwargs = contract_kwargs(

@@ -47,6 +47,11 @@ def dtype_eps(dtype: str | np.dtype) -> float:
     ------
     ValueError
         If the dtype is unknown or the float is not in ``(0, 1)``.
+
+    References
+    ----------
+    SPEC section 6 (the floor: a few ulps of the dtype); ``numpy.finfo(dtype).eps``,
+    and ``2**-7`` for bfloat16 (8 significand bits).
     """
     if isinstance(dtype, float):
         if not 0.0 < dtype < 1.0:
@@ -91,6 +96,11 @@ def max_error(out: ArrayLike, ref: ArrayLike) -> tuple[float, tuple | None]:
         If ``out`` or ``ref`` is not a real numeric array (the message names it).
     ValueError
         If the shapes differ.
+
+    References
+    ----------
+    SPEC section 6 (``max|out - ref|``); ``docs/validation.md``, "Reading the report" (the
+    worst element).
     """
     return _max_error(out, ref, "out")
 

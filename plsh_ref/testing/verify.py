@@ -133,7 +133,12 @@ _DEFAULTS = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the options of ``plsh verify`` to ``parser``."""
+    """Add the options of ``plsh verify`` to ``parser``.
+
+    References
+    ----------
+    ``docs/validation.md`` (``plsh verify`` and its options; "In CI"); ``argparse``.
+    """
     parser.add_argument(
         "kernel",
         metavar="MODULE:FUNCTION",
@@ -349,6 +354,11 @@ def parse_slopes(text: str) -> tuple[str, float]:
     ------
     KernelContractError
         On any other form (the message starts with ``--slopes``).
+
+    References
+    ----------
+    ``docs/validation.md``, "Kernels with their own slopes" (``--slopes standard:max_bias=B``);
+    Press et al. (2022).
     """
     mode, _, param = str(text).partition(":")
     if mode not in ("auto", "given", "standard") or (param and mode == "given"):
@@ -428,6 +438,11 @@ def case_memory_estimate(
     int
         Bytes. Nothing is checked or raised here; ``plsh verify`` compares the result with
         ``--max-memory`` (:func:`plsh_ref.experiments.options.check_memory`).
+
+    References
+    ----------
+    ``README.md``, "Command line" (sizes over ``--max-memory`` are refused before
+    allocating).
     """
     n_k = seq_len if n_k is None else n_k
     return 8 * batch * heads * (6 * seq_len * n_k + 8 * max(seq_len, n_k) * head_dim)
@@ -583,6 +598,10 @@ def case_features(spec: ProblemSpec, empty_rows: int = 0) -> list[str]:
     Returns
     -------
     list of str
+
+    References
+    ----------
+    ``docs/validation.md``, "Reading the report" (what the failing cases share).
     """
     h, g = spec.num_heads, spec.num_heads_kv
     labels = [
@@ -636,6 +655,10 @@ def shared_axes(records: Sequence[tuple[Any, ProblemSpec, Any]], top: int = 8) -
         ``{"axis", "failures", "num_failures", "passes", "num_passes"}`` for labels whose
         share among failures exceeds their share among passes: first those every failure
         has (by their share among passes, lowest first), then by the difference of shares.
+
+    References
+    ----------
+    ``docs/validation.md``, "Reading the report" (what the failing cases share).
     """
     failed = [
         case_features(s, r.empty_rows) for _, s, r in records if not r.passed and not r.skipped
@@ -994,6 +1017,10 @@ def precision_growth(
     -------
     list of dict
         ``{"n", "error", "allowed"}`` per length (float; ``error`` may exceed ``allowed``).
+
+    References
+    ----------
+    ``docs/validation.md``, "The tolerance rule" (precision findings: reruns at n = 64 to 512).
     """
     rows = []
     for n in lengths:
@@ -1179,7 +1206,13 @@ def _write_reports(args, setup, plan, records, axes, status, elapsed, findings):
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``plsh verify``; returns the exit status (:data:`EXIT_STATUSES`)."""
+    """Run ``plsh verify``; returns the exit status (:data:`EXIT_STATUSES`).
+
+    References
+    ----------
+    ``docs/validation.md``: the exit statuses (its opening table), "Reading the report" and "In
+    CI".
+    """
     try:
         setup = _setup(args)
     except KernelContractError as exc:

@@ -76,6 +76,10 @@ class SlopeReport:
         Over all heads and all ``num_heads``.
     first_detail : str
         The first wrong ``num_heads`` with its wrong entries (empty if none).
+
+    References
+    ----------
+    ``docs/validation.md``, "Kernels with their own slopes"; Press et al. (2022); SPEC section 1.
     """
 
     def __init__(self) -> None:
@@ -186,7 +190,12 @@ def check_slopes_function(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the options of ``plsh verify-slopes`` to ``parser``."""
+    """Add the options of ``plsh verify-slopes`` to ``parser``.
+
+    References
+    ----------
+    ``docs/validation.md``, "Kernels with their own slopes" (``plsh verify-slopes``); ``argparse``.
+    """
     parser.add_argument(
         "function",
         metavar="MODULE:FUNCTION",
@@ -213,7 +222,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run ``plsh verify-slopes``; 0 pass, 1 fail, 2 bad input."""
+    """Run ``plsh verify-slopes``; 0 pass, 1 fail, 2 bad input.
+
+    References
+    ----------
+    ``docs/validation.md``, "Kernels with their own slopes" (``plsh verify-slopes``).
+    """
     try:
         if not 1 <= args.max_heads <= MAX_HEADS:
             raise KernelContractError(
