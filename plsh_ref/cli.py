@@ -95,13 +95,19 @@ def _missing_requirement(module) -> str | None:
     return None
 
 
+#: the optional-dependency group (pyproject.toml) that installs a top-level module
+_EXTRA_OF = {"triton": "fast", "transformers": "hf"}
+
+
 def install_hint(what: str) -> str:
     """How to install ``what`` (``"torch"`` or another requirement) from a checkout.
 
     There is no published release: the package installs from its source folder. torch
-    comes first, from the PyTorch CPU wheel index on a machine without a CUDA GPU (the
-    public index serves the CUDA build, with its NVIDIA libraries, on Linux), plainly on a
-    CUDA machine.
+    comes from the PyTorch CPU wheel index on a machine without a CUDA GPU (the public
+    index serves the CUDA build, with its NVIDIA libraries, on Linux; nothing else is
+    needed for the CPU path) and with the ``fast`` extra (torch and triton) on a CUDA
+    machine; triton and transformers come with their extras (``fast``, ``hf``), anything
+    else by name.
 
     Parameters
     ----------
@@ -117,14 +123,16 @@ def install_hint(what: str) -> str:
     ----------
     ``docs/quickstart.md``, "Install" (torch from the PyTorch CPU wheel index, then the extras).
     """
-    extras = "`pip install -e '.[fast]'` in the positional-lsh checkout"
-    if what != "torch":
-        return extras
-    return (
-        "on a CPU-only machine `pip install torch --index-url "
-        "https://download.pytorch.org/whl/cpu`, on a CUDA machine `pip install torch`; "
-        f"then {extras} (see the quickstart)"
-    )
+    extra = _EXTRA_OF.get(what)
+    if what == "torch":
+        return (
+            "on a CPU-only machine `pip install torch --index-url "
+            "https://download.pytorch.org/whl/cpu`, on a CUDA machine `pip install -e "
+            "'.[fast]'` in the positional-lsh checkout (torch and triton; see the quickstart)"
+        )
+    if extra is not None:
+        return f"`pip install -e '.[{extra}]'` in the positional-lsh checkout"
+    return f"`pip install {what}`"
 
 
 def _needs_message(command: str, what: str) -> str:

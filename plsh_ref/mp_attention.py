@@ -160,7 +160,7 @@ def alibi_attention_mp(
     attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
     dps: int = 30,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """Exact ALiBi attention at ``dps`` digits (same arguments as
     :func:`plsh_ref.attention.alibi_attention`, padding included, plus ``dps``).
 
@@ -207,7 +207,7 @@ def plsh_attention_mp(
     attention_mask: ArrayLike | None = None,
     return_lse: bool | None = None,
     dps: int = 30,
-) -> tuple[np.ndarray, np.ndarray]:
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """PLSH attention with weights ``M~ = C / s`` at ``dps`` digits (arguments as
     :func:`plsh_ref.attention.plsh_attention`, padding included: ``partition`` keyword-only,
     ``(output, lse)`` with ``return_lse=True``). Counts are exact integers; ``C / s`` is

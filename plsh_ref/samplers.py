@@ -618,9 +618,9 @@ def largest_pitch_sf_of(
     sigma, m, g, _, _, _ = _design(sampler, sigma, num_samples, group_size)
     if sampler != "stratified":
         return largest_pitch_sf(b, sigma, m)
-    b = np.maximum(as_float_array("b", b), 0.0)
+    level = np.maximum(as_float_array("b", b), 0.0)
     with np.errstate(over="ignore", invalid="ignore"):
-        x = b / sigma  # inf where it overflows: the tail is 0 there, not m * 0 * inf = NaN
+        x = level / sigma  # inf where it overflows: the tail is 0 there, not m * 0 * inf = NaN
         out = np.minimum(1.0, np.where(np.isinf(x), 0.0, m * np.exp(-x) * (1.0 + x)))
     return float(out) if np.ndim(out) == 0 else out
 

@@ -119,7 +119,7 @@ def kms_spectral_norm_limit(sigma: float) -> float:
 
 
 def kms_secular(theta: ArrayLike, n: int, sigma: float) -> float | np.ndarray:
-    """The secular function ``g(theta) = sin((n+1)t) - 2 rho sin(n t) + rho^2 sin((n-1)t)``.
+    """The secular function ``g(theta) = sin((n+1) theta) - 2 rho sin(n theta) + rho^2 sin((n-1) theta)``.
 
     Its roots in ``(0, pi)`` are the angles of the eigenvalues of ``L*`` (float64).
 

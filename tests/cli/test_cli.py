@@ -150,6 +150,19 @@ def test_plsh_ref_and_its_commands_run_without_torch(no_torch_env):
     assert "pip install -e '.[fast]'" in proc.stderr, proc.stderr
 
 
+def test_install_hint_names_the_extra_that_installs_the_module():
+    """torch: the CPU wheel index, or the ``fast`` extra on CUDA (it said ``.[fast]`` after
+    the CPU torch too, which pulls triton, about 1 GB, that the CPU path does not use);
+    triton and transformers: their extras; anything else: by name."""
+    torch_hint = cli.install_hint("torch")
+    cpu, cuda = torch_hint.split(", on a CUDA machine ")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in cpu and ".[fast]" not in cpu
+    assert "pip install -e '.[fast]'" in cuda
+    assert cli.install_hint("triton").startswith("`pip install -e '.[fast]'`")
+    assert cli.install_hint("transformers").startswith("`pip install -e '.[hf]'`")
+    assert cli.install_hint("jax") == "`pip install jax`"
+
+
 def test_missing_requirement_is_one_line_exit_2(monkeypatch, capsys):
     # the REQUIRES check of the dispatcher, independently of how the module imports
     module = cli.load_command("bounds")
