@@ -716,11 +716,10 @@ def flex_reduction_attention(
         returned it); the output alone from the next release.
     flex : callable, optional
         ``flex_attention`` or :func:`compiled_flex_attention` ``()`` (default: compiled;
-        refused on the CPU, see above).
-
-    ``flex_reduction_attention(query, key, value, block_mask, num_samples)`` (positional,
-    the old form) still works for one release, with a ``PLSHDeprecationWarning``, and keeps
-    its old return, the pair.
+        refused on the CPU, see above). The old positional form
+        ``flex_reduction_attention(query, key, value, block_mask, num_samples)`` still
+        works for one release, with a ``PLSHDeprecationWarning``, and keeps its old
+        return, the pair.
 
     Returns
     -------

@@ -6,8 +6,8 @@ train and validation *by file*, deterministically: a file goes to validation iff
 8 bytes of ``sha256(relative path)`` read as a big-endian integer, modulo 10000, are below
 ``10000 * val_fraction``. The split does not depend on the file order, the machine or the
 other files present. Directories named ``test``, ``tests``, ``idle_test``,
-``site-packages`` and ``__pycache__`` are skipped (test suites hold long generated
-literals and binary fixtures).
+``site-packages``, ``dist-packages`` and ``__pycache__`` are skipped (test suites hold long
+generated literals and binary fixtures).
 """
 
 from __future__ import annotations

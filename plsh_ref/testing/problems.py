@@ -70,7 +70,11 @@ SLOPE_MODES = ("standard", "random")
 
 
 def round_to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
-    """Round float64 ``x`` to the nearest value of ``dtype`` (round to nearest even).
+    """Round float64 ``x`` to ``dtype`` as torch casts it (round to nearest even).
+
+    float16 and float32: the nearest value. bfloat16: through float32, two roundings, as
+    torch's float64 to bfloat16 cast does; it differs from the nearest bfloat16 only just
+    off a bfloat16 tie (``1 + 2^-8 + 2^-30`` gives 1.0, the nearest is ``1 + 2^-7``).
 
     Parameters
     ----------

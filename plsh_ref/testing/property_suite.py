@@ -46,7 +46,7 @@ def make_property_suite(
         error fails that test instead of the collection).
     kind : {"alibi", "plsh"}
         Its contract (:mod:`plsh_ref.testing.reference`).
-    framework : {"numpy", "torch"}
+    framework : {"numpy", "torch", "jax"}
         What it takes and returns.
     device : str
         torch device for ``framework="torch"``.

@@ -165,6 +165,10 @@ def load_kernel(target: str, *, label: str = "kernel") -> Callable[..., Any]:
     """Import ``"MODULE:FUNCTION"`` or ``"path/to/file.py:FUNCTION"`` (``FUNCTION`` may be
     dotted, e.g. ``Class.method``).
 
+    The current folder is put on the import path first (as ``python -m`` does), so a
+    kernel in ``./my_kernel.py`` loads as ``my_kernel:attention`` or
+    ``./my_kernel.py:attention`` without ``PYTHONPATH``.
+
     Parameters
     ----------
     target : str
@@ -175,10 +179,6 @@ def load_kernel(target: str, *, label: str = "kernel") -> Callable[..., Any]:
     Returns
     -------
     callable
-
-    The current folder is put on the import path first (as ``python -m`` does), so a
-    kernel in ``./my_kernel.py`` loads as ``my_kernel:attention`` or
-    ``./my_kernel.py:attention`` without ``PYTHONPATH``.
 
     Raises
     ------

@@ -71,7 +71,9 @@ class SlopeReport:
         ``num_heads`` values whose slopes are not bit-equal to Press et al.'s.
     rounded_to : dict
         ``num_heads -> class`` for those: ``"float64"``, ``"float32"``, ``"bfloat16"``,
-        ``"float16"`` (the right rule within 2 ulps of that dtype) or ``"wrong rule"``.
+        ``"float16"`` (the right rule within ``2 num_heads`` ulps of float64 or float32,
+        whose powers accumulate a rounding each, or within 2 ulps of bfloat16 or float16
+        for values held in it) or ``"wrong rule"``.
     max_relative_error : float
         Over all heads and all ``num_heads``.
     first_detail : str

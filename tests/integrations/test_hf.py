@@ -156,6 +156,24 @@ def test_from_config_with_attn_implementation_plsh_draws_per_layer_partitions():
     assert parts[1] == draw_partition(1 / alibi_slopes(4), 6, hf.layer_seed(5, 1))  # reproducible
 
 
+def test_from_config_without_a_seed_draws_one_and_writes_it_to_the_config():
+    """``docs/huggingface.md``: without ``config.plsh_seed`` the model draws a seed once
+    and writes it to the config (16 samples by default), so a model built from that config
+    draws the same partitions."""
+    cfg = _llama().config
+    assert getattr(cfg, "plsh_seed", None) is None
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="plsh").eval()
+    ids, _ = _batch()
+    model(ids)
+    seed = model.config.plsh_seed
+    assert isinstance(seed, int) and seed >= 0
+    parts = [m.plsh_partition for _, m in hf._attention_modules(model)]
+    assert parts[0].num_samples == 16
+    again = AutoModelForCausalLM.from_config(model.config, attn_implementation="plsh").eval()
+    again(ids)
+    assert [m.plsh_partition for _, m in hf._attention_modules(again)] == parts
+
+
 def test_rope_removed_only_in_chosen_layers():
     # with RoPE removed everywhere, the rotary frequencies do not matter; with it kept in
     # layer 1 (negative control) they do

@@ -107,6 +107,12 @@ def test_round_to_bfloat16_matches_torch():
     ours = round_to_dtype(x, "bfloat16")
     theirs = torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16).float().numpy()
     np.testing.assert_array_equal(ours, theirs)
+    # and as torch casts float64 to bfloat16: through float32, two roundings; just above
+    # the tie 1 + 2^-8 the nearest bfloat16 is 1 + 2^-7, both give 1.0 (the docstring)
+    x = np.concatenate([x, [1 + 2**-8 + 2**-30]])
+    theirs = torch.from_numpy(x).to(torch.bfloat16).float().numpy()
+    np.testing.assert_array_equal(round_to_dtype(x, "bfloat16"), theirs)
+    assert theirs[-1] == 1.0
 
 
 def test_sample_specs_reproducible_and_seed_dependent():
