@@ -176,7 +176,8 @@ def run(args: argparse.Namespace) -> int:
         return _write(args, table)
     print(
         "columns: max-norm bound (DKW); spectral bound (truncated matrix Bernstein) and "
-        "relative to ||L*||_inf = coth(1/(2 sigma)); variance proxy v (exact for "
+        "relative to coth(1/(2 sigma)) (||L*||_inf on the infinite line, above its "
+        "finite-n value); variance proxy v (exact for "
         "n <= 1024, else its limit) and its limit; "
         "pitch truncation level; block-size bound; expected fused window (keys/query); "
         f"samples for max-norm error {args.eps:g}; samples for spectral error "
