@@ -219,7 +219,15 @@ def plsh_attention(
     if slopes is not None and partition is not None and eager:
         check_slopes(slopes, num_heads)
     if eager and check_finite:
-        _check_values(query, key, value, pitch, offset, *P.real_positions(qpos, kpos, mask, batch))
+        _check_values(
+            query,
+            key,
+            value,
+            pitch,
+            offset,
+            *P.real_positions(qpos, kpos, mask, batch),
+            drawn_from_slopes=partition is None and slopes is not None,
+        )
     # Dense below the crossover; under torch.compile not with an integer mask, whose 0/1
     # values only the operator checks (at run time).
     integer_mask = mask is not None and mask.dtype != torch.bool
@@ -251,7 +259,9 @@ def plsh_attention(
     return (out, lse) if return_lse else out
 
 
-def _check_values(query, key, value, pitch, offset, real_q, real_k) -> None:
+def _check_values(
+    query, key, value, pitch, offset, real_q, real_k, *, drawn_from_slopes: bool = False
+) -> None:
     """Every check that reads tensor values, with one host read (one sync on CUDA).
 
     Finite ``query``/``key``/``value``; a partition with finite ``pitch > 0`` and finite
@@ -263,7 +273,8 @@ def _check_values(query, key, value, pitch, offset, real_q, real_k) -> None:
     ------
     ValueError
         Naming the first failing argument (``query``, ``key``, ``value``, ``partition``,
-        ``query_positions``, ``key_positions``, ``partition``).
+        ``query_positions``, ``key_positions``, and for the bin range ``partition``, or
+        ``slopes`` when ``drawn_from_slopes``: the partition was drawn from them).
     """
     true = torch.ones((), dtype=torch.bool, device=pitch.device)
     flags = [torch.isfinite(t).all() if t.numel() else true for t in (query, key, value)]
@@ -282,8 +293,11 @@ def _check_values(query, key, value, pitch, offset, real_q, real_k) -> None:
         "partition: pitch must be finite and > 0, offset finite",
         "query_positions: |position| must be < 2**53 so that float64 is exact",
         "key_positions: |position| must be < 2**53 so that float64 is exact",
-        "partition: bin index floor((p - offset) / pitch) leaves the int64 range; pitch too "
-        "small for these positions",
+        "slopes: the partition drawn from them has a bin index floor((p - offset) / pitch) "
+        "outside the int64 range; slope too large (pitch too small) for these positions"
+        if drawn_from_slopes
+        else "partition: bin index floor((p - offset) / pitch) leaves the int64 range; pitch "
+        "too small for these positions",
     )
     for ok, message in zip(torch.stack([f.to(pitch.device) for f in flags]).tolist(), messages):
         if not ok:

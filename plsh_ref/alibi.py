@@ -14,6 +14,7 @@ from numpy.typing import ArrayLike
 from .validation import as_positions, check_bool, check_int, check_sigma
 
 __all__ = [
+    "MAX_BIAS",
     "MAX_HEADS",
     "alibi_bias",
     "alibi_slopes",
@@ -36,6 +37,11 @@ def _power_of_two_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
 #: to allocate until the process was killed)
 MAX_HEADS = 2**20
 
+#: ``max_bias`` of :func:`alibi_slopes` must stay below it: the smallest slope is
+#: ``2**-max_bias``, whose length scale ``sigma = 2**max_bias`` is finite in float64 only
+#: below 1024 (at 1e308 the slopes underflowed to 0, with an overflow warning)
+MAX_BIAS = 1024.0
+
 
 def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     """ALiBi slopes ``m_h`` for ``num_heads`` heads, in head order (never sorted).
@@ -52,7 +58,8 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
         Number of attention heads, ``1 <= num_heads <=`` :data:`MAX_HEADS` (``2**20``: a
         bound on input, refused before allocating; models have at most a few hundred).
     max_bias : float
-        The maximum bias ``b`` of the rule, finite and ``> 0`` (default 8.0).
+        The maximum bias ``b`` of the rule, ``0 < b <`` :data:`MAX_BIAS` (1024: the
+        smallest slope ``2^-b`` keeps a finite ``sigma = 2^b``; default 8.0).
 
     Returns
     -------
@@ -64,7 +71,8 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     TypeError
         If ``num_heads`` is not an integer.
     ValueError
-        If ``num_heads < 1`` or ``> MAX_HEADS``, or ``max_bias`` is not finite and ``> 0``.
+        If ``num_heads < 1`` or ``> MAX_HEADS``, or ``max_bias`` is not in
+        ``(0, MAX_BIAS)``.
 
     Examples
     --------
@@ -80,8 +88,11 @@ def alibi_slopes(num_heads: int, max_bias: float = 8.0) -> np.ndarray:
     num_heads = check_int("num_heads", num_heads, minimum=1, maximum=MAX_HEADS)
     if isinstance(max_bias, bool) or not isinstance(max_bias, (int, float, np.floating)):
         raise TypeError(f"max_bias: must be a real number, got {type(max_bias).__name__}")
-    if not (np.isfinite(max_bias) and max_bias > 0):
-        raise ValueError(f"max_bias: must be finite and > 0, got {max_bias!r}")
+    if not (np.isfinite(max_bias) and 0 < max_bias < MAX_BIAS):
+        raise ValueError(
+            f"max_bias: must be > 0 and < {MAX_BIAS:g} (the smallest slope 2**-max_bias "
+            f"needs a finite sigma = 2**max_bias), got {max_bias!r}"
+        )
     max_bias = float(max_bias)
     if num_heads & (num_heads - 1) == 0:
         return _power_of_two_slopes(num_heads, max_bias)
@@ -404,7 +415,8 @@ def kernel_matrix(
     qpos = as_positions("query_positions", query_positions)
     kpos = as_positions("key_positions", key_positions)
     dist = _distance(qpos, kpos)
-    out = np.exp(-dist / sig[..., None, None])
+    with np.errstate(over="ignore"):  # dist / sigma = inf at a subnormal sigma: L* = 0 there
+        out = np.exp(-dist / sig[..., None, None])
     if causal:
         out = out * causal_mask(qpos, kpos)
     return out

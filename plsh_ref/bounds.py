@@ -403,9 +403,12 @@ def _truncation_terms(n: int, sigma: float, s: int, k: int, lnorm: float):
     if k >= n:
         return 0.0, 0.0, max(float(n), lnorm)
     tail = math.exp(-k / sigma)
-    p_one = (1 + k / sigma) * tail  # P(delta > k)
-    # E[(delta + 1) 1[delta > k]] for Gamma(2, sigma): e^{-k/s}(k^2/s + 2k + 2s) + P.
-    moment = tail * (k * k / sigma + 2 * k + 2 * sigma) + p_one
+    if tail == 0.0:  # k / sigma past ~745 (inf at a subnormal sigma): every term is 0,
+        p_one = moment = 0.0  # not (1 + inf) 0 = NaN
+    else:
+        p_one = (1 + k / sigma) * tail  # P(delta > k)
+        # E[(delta + 1) 1[delta > k]] for Gamma(2, sigma): e^{-k/s}(k^2/s + 2k + 2s) + P.
+        moment = tail * (k * k / sigma + 2 * k + 2 * sigma) + p_one
     bias = min(n * p_one, moment + lnorm * p_one)
     p_trunc = float(largest_pitch_sf(float(k), sigma, s))
     return p_trunc, bias, max(float(k), lnorm)

@@ -705,7 +705,10 @@ _BERNOULLI_OVER_FACTORIAL = {1: 1.0 / 12.0, 3: -1.0 / 720.0, 5: 1.0 / 30240.0}
 def _max_extent_terms(sigma: float, s: int, limit: int) -> np.ndarray:
     """``P(max_t R_t >= r) = 1 - (1 - rho^r)^s`` for ``r = 1..limit``, float64."""
     r = np.arange(1, limit + 1, dtype=np.float64)
-    return -np.expm1(s * np.log1p(-np.exp(-r / sigma)))
+    # r / sigma = inf at a subnormal sigma (the term is 0); rho^r = 1 at a huge one (log1p(-1)
+    # = -inf, the term is 1)
+    with np.errstate(over="ignore", divide="ignore"):
+        return -np.expm1(s * np.log1p(-np.exp(-r / sigma)))
 
 
 def _max_extent_tail_sum(sigma: float, s: int, limit: int) -> np.ndarray:

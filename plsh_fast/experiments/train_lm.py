@@ -365,6 +365,13 @@ def _check_args(args) -> tuple[list[str], list[int], list[int]]:
         args.backend = "auto"
     if args.backend not in BACKENDS:
         raise ValueError(f"backend: must be one of {', '.join(BACKENDS)}, got {args.backend!r}")
+    if args.backend == "triton" and os.environ.get("TRITON_INTERPRET") != "1":
+        # the models train on CPU tensors: found only at the first PLSH variant otherwise,
+        # after the variants before it had trained
+        raise ValueError(
+            "backend: 'triton' on CPU tensors (this command trains on the CPU) needs "
+            "TRITON_INTERPRET=1 set before triton is imported"
+        )
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise ValueError(f"lr: must be finite and > 0, got {args.lr}")
     if not (math.isfinite(args.weight_decay) and args.weight_decay >= 0):

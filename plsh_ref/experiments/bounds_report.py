@@ -131,10 +131,23 @@ def rows(
                 "window": expected_window_width(sigma, s),
                 "s_max_norm": required_samples(n, eps, delta),
                 "spectral_target": target,
-                "s_spectral": spectral_required_samples(n, sigma, target, delta),
+                "s_spectral": _spectral_samples(n, sigma, target, delta, spectral_eps),
             }
         )
     return out
+
+
+def _spectral_samples(
+    n: int, sigma: float, target: float, delta: float, spectral_eps: float | None
+) -> int:
+    """:func:`spectral_required_samples` for the target; a target that no sample count
+    reaches is named as the option that set it (``--spectral-eps`` when given)."""
+    try:
+        return spectral_required_samples(n, sigma, target, delta)
+    except ValueError as exc:
+        if spectral_eps is None or not str(exc).startswith("eps:"):
+            raise
+        raise ValueError("spectral_eps" + str(exc)[len("eps") :]) from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..alibi import alibi_slopes
+from ..alibi import MAX_BIAS, alibi_slopes
 from ..validation import check_int
 from .problems import round_to_dtype
 from .suite import KernelContractError, load_kernel
@@ -143,7 +143,8 @@ def check_slopes_function(
     KernelContractError
         If the function raises or returns a value of the wrong length or type.
     TypeError, ValueError
-        If ``max_heads`` is not an integer ``>= 1`` or ``max_bias`` is not finite and > 0.
+        If ``max_heads`` is not an integer ``>= 1`` or ``max_bias`` is not in
+        ``(0, plsh_ref.alibi.MAX_BIAS)``.
 
     References
     ----------
@@ -235,8 +236,10 @@ def run(args: argparse.Namespace) -> int:
             raise KernelContractError(
                 f"--max-heads: must be in 1..{MAX_HEADS}, got {args.max_heads}"
             )
-        if not (np.isfinite(args.max_bias) and args.max_bias > 0):
-            raise KernelContractError(f"--max-bias: must be finite and > 0, got {args.max_bias}")
+        if not (np.isfinite(args.max_bias) and 0 < args.max_bias < MAX_BIAS):
+            raise KernelContractError(
+                f"--max-bias: must be > 0 and < {MAX_BIAS:g}, got {args.max_bias:g}"
+            )
         function = load_kernel(args.function, label="function")
         report = check_slopes_function(function, args.max_heads, args.max_bias)
     except KernelContractError as exc:

@@ -4,6 +4,7 @@ spellings, default output folders, provenance, resource guards, and running with
 import argparse
 import importlib.metadata
 import json
+import math
 import os
 import re
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 
 import plsh_ref
 from plsh_ref import cli
-from plsh_ref.experiments import options
+from plsh_ref.experiments import bounds_report, options
 from plsh_ref.provenance import git_commit, package_version, run_metadata
 
 REPO = str(_paths.ROOT)
@@ -614,6 +615,26 @@ def test_bounds_refuses_a_huge_sigma_in_one_line(capsys):
         assert cli.main(["bounds", "--sigma", sigma]) == 2
         assert "error: --sigma: must be <= 1e+06" in _one_line_error(capsys, "bounds")
     assert cli.main(["bounds", "--sigma", "1e6", "--n", "64", "--quiet"]) == 0
+
+
+def test_bounds_names_the_target_that_no_sample_count_reaches(capsys):
+    """``--spectral-eps 1e-300`` was reported as ``--eps`` (the library's argument name)."""
+    assert cli.main(["bounds", "--sigma", "4", "--spectral-eps", "1e-300"]) == 2
+    err = _one_line_error(capsys, "bounds")
+    assert "error: --spectral-eps: not reached with num_samples <= " in err
+
+
+def test_bounds_at_a_subnormal_sigma_without_warnings(capsys):
+    """``--sigma 1e-320`` warned (overflow in ``r / sigma``) and then failed naming
+    ``--eps``: the spectral bound was NaN (``(1 + inf) 0``). Now the row is the exact
+    limit: no variance, window 1."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (row,) = bounds_report.rows(4096, [1e-320], 16, 0.1, 0.01)
+    assert row["variance_proxy"] == 0.0 and row["window"] == 1.0
+    assert math.isfinite(row["spectral_eps"]) and row["s_spectral"] >= 1
 
 
 def test_arithmetic_errors_escaping_a_command_are_one_line(monkeypatch, capsys):

@@ -183,6 +183,18 @@ def test_bad_input_names_the_argument(no_kernel, name, error, make):
         plsh_attention(*args, **kwargs)
 
 
+def test_slopes_too_large_for_the_positions_are_named():
+    """``slopes=1e30`` draws pitches of about ``1e-30``, whose bins leave the int64 range:
+    the error named ``partition``, which the caller never passed; a given partition is
+    still named ``partition`` (negative control)."""
+    q = k = v = torch.zeros(1, 4, 8, 8)
+    with pytest.raises(ValueError, match=r"^slopes: the partition drawn from them has a bin"):
+        plsh_attention(q, k, v, slopes=torch.full((4,), 1e30), num_samples=2, seed=0)
+    partition = draw_partition(1 / np.full(4, 1e30), 2, 0)
+    with pytest.raises(ValueError, match=r"^partition: bin index"):
+        plsh_attention(q, k, v, partition=partition)
+
+
 def test_logits_overflowing_the_working_dtype(monkeypatch):
     """The documented behaviour (``check_finite`` in ``plsh_attention``) at finite float32
     inputs whose logits overflow: query row 10 is ``1e20`` and every key ``-1e20 |k|``, so

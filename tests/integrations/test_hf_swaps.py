@@ -113,7 +113,7 @@ def test_mpt_alibi_swap_reproduces_the_models_own_logits():
                 input_ids=ids, attention_mask=mask
             ).logits
         assert (off[real] - expected[real]).abs().max() > 1e-3
-    with pytest.raises(ValueError, match="^max_bias: must be finite"):
+    with pytest.raises(ValueError, match="^max_bias: must be > 0 and < 1024"):
         hf.swap_mpt_attention(_mpt(), "alibi", alibi_bias_max=0.0)
     with pytest.raises(ValueError, match="^model: no MptAttention"):
         hf.swap_mpt_attention(_falcon(), "alibi")

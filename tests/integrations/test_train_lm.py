@@ -241,6 +241,19 @@ def test_errors_name_the_option(tmp_path, flag, message, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_triton_backend_without_the_interpreter_is_refused_before_training(
+    tmp_path, monkeypatch, capsys
+):
+    """The models train on CPU tensors: ``--backend triton`` needs ``TRITON_INTERPRET=1``
+    (which the test session sets: removed here). It was found only at the first PLSH
+    variant, after the alibi variant had trained."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert main(["train-lm", "--backend", "triton", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("plsh train-lm: error: --backend: 'triton' on CPU tensors"), err
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize(
     "flag",
     [["--lr", "nan"], ["--block-size", "-1"], ["--max-bytes", "-5"], ["--val-fraction", "0"]],

@@ -291,6 +291,32 @@ def test_refusals_name_the_argument():
         alibi.kernel_matrix(1.0, [0], [0.5])
 
 
+def test_max_bias_is_bounded_where_sigma_stays_finite():
+    """``max_bias = 1e308`` overflowed (a RuntimeWarning) and gave slopes 0; the bound is
+    ``MAX_BIAS = 1024`` (the smallest slope ``2**-max_bias`` keeps ``sigma = 2**max_bias``
+    finite), refused by name at and above it, accepted just below with positive slopes."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        below = alibi.alibi_slopes(4, max_bias=1023.5)
+        assert np.all(below > 0) and below[-1] == 2.0**-1023.5
+        assert np.all(np.isfinite(alibi.sigma_from_slopes(below)))
+        for bad in (alibi.MAX_BIAS, 1e308):
+            with pytest.raises(ValueError, match=r"^max_bias: must be > 0 and < 1024"):
+                alibi.alibi_slopes(4, max_bias=bad)
+
+
+def test_kernel_matrix_at_a_subnormal_sigma_is_the_identity_without_warnings():
+    """``dist / sigma`` overflows to inf at ``sigma = 1e-320`` (it warned): ``L* = I``."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = alibi.kernel_matrix(1e-320, np.arange(4), np.arange(4), causal=False)
+    assert np.array_equal(got, np.eye(4))
+
+
 def test_num_heads_is_bounded_before_any_allocation():
     """``alibi_slopes(10**9)`` allocated until the process was killed; the bound is refused
     by name, and the bound itself is accepted (the slopes of the largest head count are the

@@ -413,6 +413,29 @@ def test_window_width_at_a_tiny_sigma_is_one(sigma, sampler, s, g):
         assert got.tolist() == [1.0] * 5
 
 
+def test_window_width_refuses_more_terms_than_its_bound_before_allocating(monkeypatch):
+    """``sigma = 1e6`` took 415 s (stratified) and ``1e300`` failed inside ``np.arange``
+    without naming ``sigma``: the (extent, stratum) pairs are bounded by
+    ``MAX_WINDOW_TERMS``, refused by name (``sigma`` on the line, ``n`` otherwise), the
+    bound itself accepted (checked at a lowered bound); iid has no bound (closed form)."""
+    for sigma in (1e6, 1e300):
+        with pytest.raises(ValueError, match=r"^sigma: the stratified window sums about"):
+            S.window_width(sigma, 4, sampler="stratified", group_size=1)
+    with pytest.raises(ValueError, match=r"^n: the shared window sums n - 1 extents"):
+        S.window_width(2.0, 6, S.MAX_WINDOW_TERMS + 2, sampler="shared", group_size=3)
+    assert math.isfinite(S.window_width(1e300, 4))  # iid: no bound
+    monkeypatch.setattr(S, "MAX_WINDOW_TERMS", 1000)
+    strata, s = 4, 4
+    edge = 1000 / strata / (math.log(s) + 45.0) * (1 - 1e-12)  # within the bound
+    assert math.isfinite(S.window_width(edge, s, sampler="stratified", group_size=1))
+    with pytest.raises(ValueError, match=r"^sigma: "):
+        S.window_width(edge * 1.001, s, sampler="stratified", group_size=1)
+    # 3 strata: (n - 1) 3 <= 1000 up to n = 334
+    assert S.window_width(2.0, 6, 334, sampler="stratified", group_size=2).shape == (334,)
+    with pytest.raises(ValueError, match=r"^n: "):
+        S.window_width(2.0, 6, 335, sampler="stratified", group_size=2)
+
+
 def test_stratified_pitch_zero_uniform_is_two_to_the_minus_54():
     """U_k = 0 is replaced by 2^-54 (documented): the first pitch is F^-1(2^-54 / m)."""
     for m in (1, 3):

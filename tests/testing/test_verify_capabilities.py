@@ -289,6 +289,11 @@ def test_verify_slopes_with_a_max_bias(capsys, tmp_path, monkeypatch):
     out = capsys.readouterr().out
     assert out.startswith("FAIL: ") and "WRONG RULE" in out
     assert main(["verify-slopes", "user_slopes16:bias16", "--max-bias", "0"]) == 2
+    capsys.readouterr()
+    # a max bias whose slopes underflow to 0 is refused in one line (it warned and FAILed)
+    assert main(["verify-slopes", "user_slopes16:bias16", "--max-bias", "1e308"]) == 2
+    err = capsys.readouterr().err
+    assert err == "plsh verify-slopes: error: --max-bias: must be > 0 and < 1024, got 1e+308\n"
 
 
 def test_alibi_slopes_max_bias_default_is_bit_identical():
