@@ -363,13 +363,15 @@ def test_causal_must_be_bool(flag):
 
 @pytest.mark.parametrize("slope,base", [(1e12, 2**39), (1e300, 0)])
 def test_fast_path_refuses_bins_outside_int64_like_the_reference(slope, base):
-    """Regression: the fast path returned garbage where plsh_ref.partition.bins refuses."""
+    """Regression: the fast path returned garbage where plsh_ref.partition.bins refuses.
+    The partition is drawn from ``slopes``, so the error names them (it named
+    ``partition``, which the caller never passed)."""
     torch = pytest.importorskip("torch")
     from plsh_fast import plsh_attention
 
     q = k = v = torch.randn(1, 1, 16, 4)
     pos = torch.arange(16) + base
-    with pytest.raises(ValueError, match="partition: bin index"):
+    with pytest.raises(ValueError, match="^slopes: the partition drawn from them has a bin index"):
         plsh_attention(
             q, k, v, slopes=[slope], num_samples=4, seed=0, query_positions=pos, key_positions=pos
         )
