@@ -327,3 +327,20 @@ def test_num_heads_is_bounded_before_any_allocation():
         alibi.alibi_slopes(10**9)
     top = alibi.alibi_slopes(alibi.MAX_HEADS)
     assert top.shape == (alibi.MAX_HEADS,) and top[-1] == 2.0**-8
+
+
+def test_max_bias_is_checked_and_used_for_every_head_count():
+    """``max_bias``: refused by type and range with its exact messages (``0`` too, but
+    ``0.5`` accepted: the bound is ``> 0``), and used by both parts of the rule (a head
+    count that is not a power of two takes its extra slopes from ``2c`` heads at the same
+    ``max_bias``)."""
+    with pytest.raises(TypeError, match=r"^max_bias: must be a real number, got str$"):
+        alibi.alibi_slopes(4, max_bias="8")
+    with pytest.raises(TypeError, match=r"^max_bias: must be a real number, got bool$"):
+        alibi.alibi_slopes(4, max_bias=True)
+    with pytest.raises(ValueError, match=r"^max_bias: must be > 0 and < 1024 .*got 0\.0$"):
+        alibi.alibi_slopes(4, max_bias=0.0)
+    assert alibi.alibi_slopes(2, max_bias=0.5).tolist() == [2.0**-0.25, 2.0**-0.5]
+    # 6 heads: the 4-head slopes, then slopes(8)[0::2][:2], all at max_bias 16
+    want = [2.0**-4, 2.0**-8, 2.0**-12, 2.0**-16, 2.0**-2, 2.0**-6]
+    assert alibi.alibi_slopes(6, max_bias=16).tolist() == want

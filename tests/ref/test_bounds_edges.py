@@ -10,6 +10,7 @@ solve its equation.
 from __future__ import annotations
 
 import math
+import warnings
 
 import mpmath as mp
 import numpy as np
@@ -965,3 +966,21 @@ def test_output_bound_vanishing_rows_get_max_abs_value():
         B.output_error_bound(q[0], k, v, 0, 0.1)
     with pytest.raises(ValueError, match=r"^delta: must lie in the open interval"):
         B.output_error_bound(q[0], k, v, 4, 0.0)
+
+
+def test_spectral_bound_at_a_subnormal_sigma_is_the_limit():
+    """``k / sigma`` overflows to inf at ``sigma = 1e-320``: the truncation terms are 0 (they
+    were ``(1 + inf) 0 = NaN``, and ``spectral_required_samples`` then reported ``eps`` not
+    reached); the bound equals its value at ``sigma = 1e-300``, where the terms underflow to
+    0 without overflow."""
+    from plsh_ref.bounds import spectral_error_bound, spectral_required_samples
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tiny = spectral_error_bound(4096, 1e-320, 1000, 0.01)
+        ref = spectral_error_bound(4096, 1e-300, 1000, 0.01)
+        assert math.isfinite(tiny.eps) and tiny == ref
+        assert tiny.bias == 0.0 and tiny.truncation_probability == 0.0
+        assert spectral_required_samples(4096, 5e-324, 0.1, 0.01) == spectral_required_samples(
+            4096, 1e-300, 0.1, 0.01
+        )
