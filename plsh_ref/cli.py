@@ -123,13 +123,13 @@ def install_hint(what: str) -> str:
     ----------
     ``docs/quickstart.md``, "Install" (torch from the PyTorch CPU wheel index, then the extras).
     """
-    extra = _EXTRA_OF.get(what)
     if what == "torch":
         return (
             "on a CPU-only machine `pip install torch --index-url "
             "https://download.pytorch.org/whl/cpu`, on a CUDA machine `pip install -e "
             "'.[fast]'` in the positional-lsh checkout (torch and triton; see the quickstart)"
         )
+    extra = _EXTRA_OF.get(what)
     if extra is not None:
         return f"`pip install -e '.[{extra}]'` in the positional-lsh checkout"
     return f"`pip install {what}`"
